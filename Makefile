@@ -1,0 +1,47 @@
+# One entry point per thing CI and people do. `make test` is exactly what CI runs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+export PYSPARK_PYTHON := $(abspath $(BIN)/python)
+export SPARK_LOCAL_IP ?= 127.0.0.1
+
+.PHONY: install demo test test-fast lint ui bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+## demo: set everything up on embedded defaults and run the main pipeline
+demo: install
+	$(BIN)/sluice demo
+
+## test: the whole suite against a real Postgres, real local Spark, real Dagster
+test: install
+	$(BIN)/python -m pytest
+
+## test-fast: unit tests only (no Postgres, no Spark)
+test-fast: install
+	$(BIN)/python -m pytest tests/unit
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+## ui: Dagster UI on 127.0.0.1:3000 with DAGSTER_HOME under .sluice/
+ui: install
+	mkdir -p .sluice/dagster
+	DAGSTER_HOME=$(abspath .sluice/dagster) $(BIN)/dagster dev -h 127.0.0.1 -p 3000 \
+		-m dagster_project.definitions
+
+bench: install
+	$(BIN)/python bench/lookup.py
+
+clean:
+	rm -rf $(VENV) .sluice data .pytest_cache .mypy_cache .ruff_cache

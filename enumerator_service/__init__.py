@@ -1,0 +1,38 @@
+"""Sluice work discovery: settings, schema, splits, the split store and enumerators."""
+
+from enumerator_service._config import (
+    ConfigError,
+    Settings,
+    load_settings,
+    redact_url,
+    validate_identifier,
+)
+from enumerator_service._database import (
+    asyncpg_dsn,
+    connect_engine,
+    database_url,
+    upgrade_schema,
+)
+from enumerator_service._enumerator import DiscoveryResult, FileSplitEnumerator, SplitEnumerator
+from enumerator_service._split_store import FencedError, SplitStore
+from enumerator_service._splits import FileSplit, SplitAssignment, SplitState
+
+__all__ = [
+    "ConfigError",
+    "DiscoveryResult",
+    "FencedError",
+    "FileSplit",
+    "FileSplitEnumerator",
+    "Settings",
+    "SplitAssignment",
+    "SplitEnumerator",
+    "SplitState",
+    "SplitStore",
+    "asyncpg_dsn",
+    "connect_engine",
+    "database_url",
+    "load_settings",
+    "redact_url",
+    "upgrade_schema",
+    "validate_identifier",
+]

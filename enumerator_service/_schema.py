@@ -1,0 +1,167 @@
+"""The platform's Postgres schema (``sluice``) as SQLAlchemy Core metadata.
+
+This metadata is the single source of truth; ``sql/versions`` holds the Alembic migrations that
+produce it, and ``tests/integration/test_migrations.py`` proves the two agree.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Date,
+    DateTime,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+__all__ = [
+    "CHECKPOINT_STATUSES",
+    "SCHEMA",
+    "SPLIT_STATUSES",
+    "checkpoint_acks",
+    "checkpoints",
+    "dead_letters",
+    "enumerator_state",
+    "metadata",
+    "sink_transactions",
+    "splits",
+]
+
+SCHEMA = "sluice"
+
+#: UNASSIGNED: in the pool. ASSIGNED: given to a run, not yet pulled by a subtask.
+#: READING: pulled by a subtask under a lease. COMPLETED: output committed up to end_offset.
+SPLIT_STATUSES = ("UNASSIGNED", "ASSIGNED", "READING", "COMPLETED")
+CHECKPOINT_STATUSES = ("PENDING", "COMPLETED", "ABORTED")
+
+metadata = MetaData(
+    schema=SCHEMA,
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    },
+)
+
+_now = func.now()
+
+splits = Table(
+    "splits",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("source", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("uri", Text, nullable=False),
+    Column("start_offset", BigInteger, nullable=False, server_default="0"),
+    # NULL end offset: unbounded split (read until the source says there is no more).
+    Column("end_offset", BigInteger),
+    Column("partition_key", Date),
+    Column("status", Text, nullable=False, server_default="UNASSIGNED"),
+    # Resume rule: committed_offset is the first byte *not yet* covered by committed output;
+    # a restored reader starts exactly there. NULL means "from start_offset".
+    Column("committed_offset", BigInteger),
+    Column("committed_watermark", DateTime(timezone=True)),
+    Column("run_id", Text),
+    Column("subtask", Integer),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    # Fencing epoch: bumped on every hand-out; a commit must present the current epoch.
+    Column("epoch", BigInteger, nullable=False, server_default="0"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("registered_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("assigned_at", DateTime(timezone=True)),
+    Column("completed_at", DateTime(timezone=True)),
+    UniqueConstraint("source", "uri", "start_offset"),
+    CheckConstraint("status IN ('UNASSIGNED', 'ASSIGNED', 'READING', 'COMPLETED')", name="status"),
+    Index(None, "source", "status", "partition_key"),
+    Index(None, "run_id", "status"),
+)
+
+enumerator_state = Table(
+    "enumerator_state",
+    metadata,
+    Column("source", Text, primary_key=True),
+    # Bounded discovery cursor, e.g. {"mtime_watermark": ..., "recent_paths": [...]}.
+    Column("cursor", JSONB, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("checkpoint_id", BigInteger, primary_key=True),
+    Column("status", Text, nullable=False, server_default="PENDING"),
+    Column("triggered_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("completed_at", DateTime(timezone=True)),
+    CheckConstraint("status IN ('PENDING', 'COMPLETED', 'ABORTED')", name="status"),
+    Index(None, "status", "completed_at"),
+)
+
+checkpoint_acks = Table(
+    "checkpoint_acks",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("checkpoint_id", BigInteger, primary_key=True),
+    Column("subtask", Integer, primary_key=True),
+    # Per-subtask snapshot: split states, in-flight async inputs, staged files.
+    Column("snapshot", JSONB, nullable=False),
+    Column("acked_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    ForeignKeyConstraint(
+        ["run_id", "checkpoint_id"],
+        ["checkpoints.run_id", "checkpoints.checkpoint_id"],
+        ondelete="CASCADE",
+    ),
+)
+
+sink_transactions = Table(
+    "sink_transactions",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("run_id", Text, nullable=False),
+    Column("subtask", Integer, nullable=False),
+    Column("checkpoint_id", BigInteger),
+    Column("split_id", BigInteger, ForeignKey("splits.id", ondelete="CASCADE")),
+    Column("epoch", BigInteger, nullable=False),
+    Column("staged_path", Text, nullable=False),
+    Column("final_path", Text, nullable=False),
+    Column("row_count", BigInteger, nullable=False),
+    Column("committed", Boolean, nullable=False, server_default="false"),
+    Column("published", Boolean, nullable=False, server_default="false"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("committed_at", DateTime(timezone=True)),
+    Column("published_at", DateTime(timezone=True)),
+    Index(None, "committed", "published"),
+    Index(None, "split_id"),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("split_id", BigInteger, ForeignKey("splits.id", ondelete="CASCADE")),
+    Column("source", Text, nullable=False),
+    Column("uri", Text, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    # At most the first 4 KiB of the rejected input.
+    Column("raw", LargeBinary, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("run_id", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    # A split re-read after a crash re-rejects the same lines; this keeps them once.
+    UniqueConstraint("split_id", "offset"),
+)

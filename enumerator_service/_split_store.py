@@ -1,0 +1,241 @@
+"""The Postgres-backed split store: registration, two-level assignment, leases, fencing.
+
+Level 1 (enumerator side): splits are registered idempotently and assigned to a *run*.
+Level 2 (reader side): subtasks of that run *pull* their next split lazily with
+``SELECT … FOR UPDATE SKIP LOCKED``; every hand-out bumps the split's fencing epoch, and every
+commit must present that epoch, so a zombie attempt can never commit.
+
+Threading: every method blocks on the database; call them from a fetcher or committer thread,
+never from a mailbox thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.engine import Connection, Engine, Row
+
+from enumerator_service._schema import splits
+from enumerator_service._splits import FileSplit, SplitAssignment
+
+__all__ = ["FencedError", "SplitStore"]
+
+_ACTIVE = ("ASSIGNED", "READING")
+
+
+class FencedError(Exception):
+    """A commit presented a stale fencing epoch (the split was re-assigned meanwhile)."""
+
+
+def _lease(seconds: float) -> sa.ColumnElement[datetime]:
+    return sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.literal(seconds))
+
+
+def _to_assignment(row: Row[tuple[object, ...]]) -> SplitAssignment:
+    m = row._mapping
+    split = FileSplit(
+        source=m["source"],
+        kind=m["kind"],
+        path=m["uri"],
+        start=m["start_offset"],
+        end=m["end_offset"],
+        partition_key=m["partition_key"],
+    )
+    offset = m["committed_offset"] if m["committed_offset"] is not None else m["start_offset"]
+    return SplitAssignment(split_id=m["id"], split=split, epoch=m["epoch"], resume_offset=offset)
+
+
+class SplitStore:
+    """Split registration and assignment over one SQLAlchemy Engine (thread-safe)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    # -- registration -------------------------------------------------------------------
+
+    def register(self, new_splits: Iterable[FileSplit], *, batch_size: int = 5000) -> int:
+        """Insert splits not yet known; returns how many were new. Idempotent."""
+        added = 0
+        batch: list[dict[str, object]] = []
+        with self._engine.begin() as conn:
+            for split in new_splits:
+                batch.append(
+                    {
+                        "source": split.source,
+                        "kind": split.kind,
+                        "uri": split.path,
+                        "start_offset": split.start,
+                        "end_offset": split.end,
+                        "partition_key": split.partition_key,
+                    }
+                )
+                if len(batch) >= batch_size:
+                    added += self._insert(conn, batch)
+                    batch = []
+            if batch:
+                added += self._insert(conn, batch)
+        return added
+
+    @staticmethod
+    def _insert(conn: Connection, rows: list[dict[str, object]]) -> int:
+        stmt = (
+            insert(splits)
+            .values(rows)
+            .on_conflict_do_nothing(index_elements=["source", "uri", "start_offset"])
+            .returning(splits.c.id)
+        )
+        return len(conn.execute(stmt).fetchall())
+
+    # -- level 1: assignment to a run ----------------------------------------------------
+
+    def release_expired(self, source: str) -> int:
+        """Return splits whose run or subtask stopped renewing its lease to the pool."""
+        stmt = (
+            sa.update(splits)
+            .where(
+                splits.c.source == source,
+                splits.c.status.in_(_ACTIVE),
+                splits.c.lease_expires_at < sa.func.now(),
+            )
+            .values(status="UNASSIGNED", run_id=None, subtask=None, lease_expires_at=None)
+        )
+        with self._engine.begin() as conn:
+            return conn.execute(stmt).rowcount
+
+    def assign_to_run(
+        self,
+        run_id: str,
+        source: str,
+        *,
+        lease_seconds: float,
+        partition_keys: Sequence[date] | None = None,
+    ) -> int:
+        """Assign every unassigned split of ``source`` (optionally of some dates) to a run."""
+        conditions = [splits.c.source == source, splits.c.status == "UNASSIGNED"]
+        if partition_keys is not None:
+            conditions.append(splits.c.partition_key.in_(list(partition_keys)))
+        stmt = (
+            sa.update(splits)
+            .where(*conditions)
+            .values(
+                status="ASSIGNED",
+                run_id=run_id,
+                subtask=None,
+                assigned_at=sa.func.now(),
+                lease_expires_at=_lease(lease_seconds),
+            )
+        )
+        with self._engine.begin() as conn:
+            return conn.execute(stmt).rowcount
+
+    def heartbeat_run(self, run_id: str, lease_seconds: float) -> int:
+        """Extend the lease of every split the run holds; returns how many it holds."""
+        stmt = (
+            sa.update(splits)
+            .where(splits.c.run_id == run_id, splits.c.status.in_(_ACTIVE))
+            .values(lease_expires_at=_lease(lease_seconds))
+        )
+        with self._engine.begin() as conn:
+            return conn.execute(stmt).rowcount
+
+    def release_run(self, run_id: str) -> int:
+        """Return the run's splits that no commit covers to the pool (addSplitsBack)."""
+        stmt = (
+            sa.update(splits)
+            .where(splits.c.run_id == run_id, splits.c.status.in_(_ACTIVE))
+            .values(status="UNASSIGNED", run_id=None, subtask=None, lease_expires_at=None)
+        )
+        with self._engine.begin() as conn:
+            return conn.execute(stmt).rowcount
+
+    # -- level 2: pull-based hand-out to subtasks ----------------------------------------
+
+    def reclaim(self, run_id: str, subtask: int, lease_seconds: float) -> list[SplitAssignment]:
+        """Splits this subtask held in an earlier attempt, re-issued under a new epoch.
+
+        A retried task restores its splits exactly as it would be assigned new ones; the epoch
+        bump fences the earlier attempt if it is still alive somewhere.
+        """
+        stmt = (
+            sa.update(splits)
+            .where(
+                splits.c.run_id == run_id,
+                splits.c.subtask == subtask,
+                splits.c.status == "READING",
+            )
+            .values(epoch=splits.c.epoch + 1, lease_expires_at=_lease(lease_seconds))
+            .returning(*splits.c)
+        )
+        with self._engine.begin() as conn:
+            rows = conn.execute(stmt).fetchall()
+        return sorted((_to_assignment(r) for r in rows), key=lambda a: a.split_id)
+
+    def pull_next(self, run_id: str, subtask: int, lease_seconds: float) -> SplitAssignment | None:
+        """Hand the next split of the run to ``subtask``; None when the run has none left."""
+        candidate = (
+            sa.select(splits.c.id)
+            .where(splits.c.run_id == run_id, splits.c.status == "ASSIGNED")
+            .order_by(splits.c.partition_key, splits.c.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+        stmt = (
+            sa.update(splits)
+            .where(splits.c.id == candidate)
+            .values(
+                status="READING",
+                subtask=subtask,
+                epoch=splits.c.epoch + 1,
+                attempts=splits.c.attempts + 1,
+                lease_expires_at=_lease(lease_seconds),
+            )
+            .returning(*splits.c)
+        )
+        with self._engine.begin() as conn:
+            row = conn.execute(stmt).first()
+        return _to_assignment(row) if row is not None else None
+
+    @staticmethod
+    def complete(
+        conn: Connection,
+        assignment: SplitAssignment,
+        run_id: str,
+        committed_offset: int,
+        watermark: datetime | None,
+    ) -> None:
+        """Mark the split COMPLETED inside the caller's transaction; FencedError if stale."""
+        stmt = (
+            sa.update(splits)
+            .where(
+                splits.c.id == assignment.split_id,
+                splits.c.epoch == assignment.epoch,
+                splits.c.run_id == run_id,
+                splits.c.status == "READING",
+            )
+            .values(
+                status="COMPLETED",
+                committed_offset=committed_offset,
+                committed_watermark=watermark,
+                lease_expires_at=None,
+                completed_at=sa.func.now(),
+            )
+        )
+        if conn.execute(stmt).rowcount != 1:
+            raise FencedError(
+                f"split {assignment.split_id} epoch {assignment.epoch} is no longer held by run "
+                f"{run_id}; its output is discarded"
+            )
+
+    # -- inspection ----------------------------------------------------------------------
+
+    def counts(self, source: str | None = None) -> dict[str, int]:
+        """Number of splits per status."""
+        stmt = sa.select(splits.c.status, sa.func.count()).group_by(splits.c.status)
+        if source is not None:
+            stmt = stmt.where(splits.c.source == source)
+        with self._engine.connect() as conn:
+            return dict(conn.execute(stmt).tuples().all())

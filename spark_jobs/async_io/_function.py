@@ -1,0 +1,80 @@
+"""The user-facing async function API (Flink's AsyncFunction / ResultFuture)."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Iterable
+from typing import Generic, TypeVar
+
+__all__ = ["AsyncFunction", "AsyncTimeoutError", "CoroutineAsyncFunction", "ResultFuture"]
+
+IN = TypeVar("IN")
+OUT = TypeVar("OUT")
+
+
+class AsyncTimeoutError(TimeoutError):
+    """An async request did not complete within its timeout."""
+
+
+class ResultFuture(abc.ABC, Generic[OUT]):
+    """Completion handle of one input. Thread-safe; only the first completion counts."""
+
+    @abc.abstractmethod
+    def complete(self, results: Iterable[OUT]) -> None:
+        """Deliver the (possibly empty) list of outputs for the input."""
+
+    @abc.abstractmethod
+    def complete_exceptionally(self, error: BaseException) -> None:
+        """Fail the input; the error fails the task."""
+
+
+class AsyncFunction(abc.ABC, Generic[IN, OUT]):
+    """Starts an asynchronous operation per input and completes its ResultFuture later.
+
+    ``async_invoke`` runs on the mailbox thread and must not block: start the I/O and return.
+    ``open``/``close`` run on the task's event loop (create and dispose clients there).
+    """
+
+    async def open(self) -> None:
+        """Acquire clients (connection pools …) before the first input."""
+
+    async def close(self) -> None:
+        """Release what ``open`` acquired."""
+
+    @abc.abstractmethod
+    def async_invoke(self, value: IN, result_future: ResultFuture[OUT]) -> None:
+        """Start the request for ``value``; complete ``result_future`` when it finishes."""
+
+    def timeout(self, value: IN, result_future: ResultFuture[OUT]) -> None:
+        """Called when ``value`` timed out; by default fails the task."""
+        result_future.complete_exceptionally(
+            AsyncTimeoutError(f"async request timed out: {value!r}")
+        )
+
+
+class CoroutineAsyncFunction(AsyncFunction[IN, OUT]):
+    """Coroutine style: implement ``invoke`` as ``async def`` returning the list of outputs."""
+
+    @abc.abstractmethod
+    async def invoke(self, value: IN) -> list[OUT]:
+        """Produce the outputs for ``value``."""
+
+    _tasks: set[asyncio.Task[list[OUT]]]
+
+    def async_invoke(self, value: IN, result_future: ResultFuture[OUT]) -> None:
+        task = asyncio.get_running_loop().create_task(self.invoke(value))
+        # asyncio keeps only weak references to tasks: hold them until they finish.
+        tasks = self.__dict__.setdefault("_tasks", set())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+        def done(t: asyncio.Task[list[OUT]]) -> None:
+            if t.cancelled():
+                result_future.complete_exceptionally(asyncio.CancelledError())
+            elif (error := t.exception()) is not None:
+                result_future.complete_exceptionally(error)
+            else:
+                result_future.complete(t.result())
+
+        task.add_done_callback(done)

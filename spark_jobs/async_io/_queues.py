@@ -1,0 +1,190 @@
+"""In-flight element queues of the async operator (Flink's StreamElementQueue).
+
+One interface, two implementations. All methods run on the mailbox thread and never block.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from spark_jobs.async_io._elements import Marker, StreamRecord
+
+__all__ = ["OrderedQueue", "QueueEntry", "StreamElementQueue", "UnorderedQueue"]
+
+OUT = TypeVar("OUT")
+Element = StreamRecord[Any] | Marker
+
+
+class QueueEntry(Generic[OUT]):
+    """One element in flight. Records complete later; markers are complete on insertion."""
+
+    __slots__ = ("element", "results", "segment", "seq")
+
+    def __init__(self, element: Element, seq: int = 0) -> None:
+        self.element = element
+        self.seq = seq
+        self.results: list[OUT] | None = None if isinstance(element, StreamRecord) else []
+        self.segment: _Segment[OUT] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.results is not None
+
+
+class Output(Generic[OUT]):
+    """Where emitted results and markers go (the next operator)."""
+
+    def __init__(
+        self, collect: Callable[[OUT, int | None], None], marker: Callable[[Marker], None]
+    ) -> None:
+        self.collect = collect
+        self.emit_marker = marker
+
+
+class StreamElementQueue(abc.ABC, Generic[OUT]):
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def is_empty(self) -> bool:
+        return self._size == 0
+
+    def has_capacity(self) -> bool:
+        return self._size < self.capacity
+
+    @abc.abstractmethod
+    def try_put(self, element: Element) -> QueueEntry[OUT] | None:
+        """Add ``element``; returns its entry, or None when the queue is full."""
+
+    @abc.abstractmethod
+    def on_completed(self, entry: QueueEntry[OUT]) -> None:
+        """Tell the queue that ``entry`` (already holding its results) completed."""
+
+    @abc.abstractmethod
+    def emit_completed(self, output: Output[OUT]) -> int:
+        """Emit every element that may leave now; returns how many left."""
+
+    @abc.abstractmethod
+    def values(self) -> list[Element]:
+        """Every element not yet emitted, in input order (for snapshots)."""
+
+
+def _emit(entry: QueueEntry[OUT], output: Output[OUT]) -> None:
+    element = entry.element
+    if isinstance(element, StreamRecord):
+        assert entry.results is not None
+        for result in entry.results:
+            output.collect(result, element.timestamp)
+    else:
+        output.emit_marker(element)
+
+
+class OrderedQueue(StreamElementQueue[OUT]):
+    """Emits in input order: an element leaves only when it and all before it completed."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._entries: deque[QueueEntry[OUT]] = deque()
+
+    def try_put(self, element: Element) -> QueueEntry[OUT] | None:
+        if self._size >= self.capacity:
+            return None
+        entry: QueueEntry[OUT] = QueueEntry(element)
+        self._entries.append(entry)
+        self._size += 1
+        return entry
+
+    def on_completed(self, entry: QueueEntry[OUT]) -> None:
+        """Nothing to move: the head check in ``emit_completed`` does the work."""
+
+    def emit_completed(self, output: Output[OUT]) -> int:
+        entries = self._entries
+        emitted = 0
+        while entries and entries[0].done:
+            _emit(entries.popleft(), output)
+            emitted += 1
+        self._size -= emitted
+        return emitted
+
+    def values(self) -> list[Element]:
+        return [e.element for e in self._entries]
+
+
+class _Segment(Generic[OUT]):
+    """Records between two markers (or one marker alone): free to overtake each other."""
+
+    __slots__ = ("completed", "incomplete")
+
+    def __init__(self) -> None:
+        self.incomplete: set[QueueEntry[OUT]] = set()
+        self.completed: deque[QueueEntry[OUT]] = deque()
+
+    def is_empty(self) -> bool:
+        return not self.incomplete and not self.completed
+
+
+class UnorderedQueue(StreamElementQueue[OUT]):
+    """Completed records leave as soon as they complete, but never across a marker.
+
+    Without markers (processing time) this is fully unordered. With watermarks (event time) each
+    marker is a boundary: no record overtakes a watermark and no watermark overtakes a record.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._segments: deque[_Segment[OUT]] = deque()
+        self._last_is_marker = True
+        self._seq = 0
+
+    def try_put(self, element: Element) -> QueueEntry[OUT] | None:
+        if self._size >= self.capacity:
+            return None
+        self._seq += 1
+        entry: QueueEntry[OUT] = QueueEntry(element, self._seq)
+        is_marker = not isinstance(element, StreamRecord)
+        if is_marker or self._last_is_marker or not self._segments:
+            self._segments.append(_Segment())
+        segment = self._segments[-1]
+        entry.segment = segment
+        if is_marker:
+            segment.completed.append(entry)
+        else:
+            segment.incomplete.add(entry)
+        self._last_is_marker = is_marker
+        self._size += 1
+        return entry
+
+    def on_completed(self, entry: QueueEntry[OUT]) -> None:
+        segment = entry.segment
+        assert segment is not None
+        if entry in segment.incomplete:
+            segment.incomplete.discard(entry)
+            segment.completed.append(entry)
+
+    def emit_completed(self, output: Output[OUT]) -> int:
+        emitted = 0
+        segments = self._segments
+        while segments:
+            head = segments[0]
+            while head.completed:
+                entry = head.completed.popleft()
+                _emit(entry, output)
+                emitted += 1
+            if not head.incomplete and (len(segments) > 1 or self._last_is_marker):
+                segments.popleft()
+                continue
+            break
+        self._size -= emitted
+        return emitted
+
+    def values(self) -> list[Element]:
+        entries = [e for s in self._segments for e in (*s.incomplete, *s.completed)]
+        return [e.element for e in sorted(entries, key=lambda e: e.seq)]

@@ -1,0 +1,200 @@
+"""The reader job's driver: assign splits to a run, run the subtasks on Spark, report.
+
+The driver holds the run's leases (a heartbeat thread renews them) and returns whatever the run
+did not commit to the pool when it ends, successfully or not.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert
+
+from enumerator_service import Settings, SplitStore, asyncpg_dsn, connect_engine, database_url
+from enumerator_service._schema import checkpoint_acks, checkpoints, splits
+from spark_jobs._spark import get_spark
+from spark_jobs.jobs._reader_task import TaskConfig, run_reader_subtask
+from spark_jobs.sink import publish_pending
+
+__all__ = ["RunSummary", "run_enrichment"]
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    splits: int
+    rows_in: int
+    rows_out: int
+    dead_letters: int
+    fenced: int
+    seconds: float
+    rows_per_second: float
+    nothing_new: bool
+
+
+def _subtask_partition(config: TaskConfig, index: int, _rows: Iterator[Any]) -> Iterator[Any]:
+    yield run_reader_subtask(config, index)
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the run's leases and reports progress until stopped."""
+
+    def __init__(
+        self,
+        store: SplitStore,
+        engine: sa.Engine,
+        run_id: str,
+        lease: float,
+        progress: Progress | None,
+    ) -> None:
+        super().__init__(name="sluice-heartbeat", daemon=True)
+        self._store, self._engine, self._run_id = store, engine, run_id
+        self._lease, self._progress = lease, progress
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        last_renewal = time.monotonic()
+        while not self._stop_event.wait(0.5):
+            if time.monotonic() - last_renewal >= self._lease / 3:
+                self._store.heartbeat_run(self._run_id, self._lease)
+                last_renewal = time.monotonic()
+            if self._progress is not None:
+                self._progress(*_run_progress(self._engine, self._run_id))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10)
+
+
+def _run_progress(engine: sa.Engine, run_id: str) -> tuple[int, int]:
+    with engine.connect() as conn:
+        done, total = conn.execute(
+            sa.select(
+                sa.func.count().filter(splits.c.status == "COMPLETED"), sa.func.count()
+            ).where(splits.c.run_id == run_id)
+        ).one()
+    return int(done), int(total)
+
+
+def _clean_staging(engine: sa.Engine, staging: Path) -> None:
+    """Delete staged files of runs that hold no split any more (aborted pre-commits)."""
+    if not staging.is_dir():
+        return
+    with engine.connect() as conn:
+        live = set(
+            conn.execute(
+                sa.select(splits.c.run_id)
+                .where(splits.c.status.in_(("ASSIGNED", "READING")))
+                .distinct()
+            ).scalars()
+        )
+    for folder in staging.iterdir():
+        if folder.is_dir() and folder.name not in live:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_enrichment(
+    settings: Settings,
+    *,
+    dates: Sequence[date] | None = None,
+    progress: Progress | None = None,
+    run_id: str | None = None,
+) -> RunSummary:
+    """Assign the unassigned splits (of ``dates`` if given) to a new run and process them."""
+    started = time.monotonic()
+    run_id = run_id or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    url = database_url(settings)
+    engine = connect_engine(url)
+    store = SplitStore(engine)
+    source = settings.source_name
+    output_root = settings.output_path
+    # Outside the table folder, so no reader of the table ever sees staged files.
+    staging_root = settings.warehouse_path / "_staging" / output_root.name
+    try:
+        # Recovery first: publish committed-but-unpublished output, return dead leases.
+        publish_pending(engine)
+        store.release_expired(source)
+        _clean_staging(engine, staging_root)
+        assigned = store.assign_to_run(
+            run_id, source, lease_seconds=settings.lease_seconds, partition_keys=dates
+        )
+        if assigned == 0:
+            return RunSummary(run_id, 0, 0, 0, 0, 0, time.monotonic() - started, 0.0, True)
+        config = TaskConfig(
+            database_url=url,
+            asyncpg_dsn=asyncpg_dsn(url),
+            run_id=run_id,
+            lease_seconds=settings.lease_seconds,
+            output_root=str(output_root),
+            staging_root=str(staging_root),
+            lookup_schema=settings.lookup_schema,
+            lookup_table=settings.lookup_table,
+            lookup_key=settings.lookup_key,
+            capacity=settings.lookup_capacity,
+            batch_size=settings.lookup_batch_size,
+            pool_size=settings.lookup_pool_size,
+            max_line_bytes=settings.max_line_bytes,
+        )
+        parallelism = min(settings.parallelism, assigned)
+        heartbeat = _Heartbeat(store, engine, run_id, settings.lease_seconds, progress)
+        heartbeat.start()
+        try:
+            spark = get_spark(settings.spark_master)
+            results: list[dict[str, Any]] = (
+                spark.sparkContext.parallelize(range(parallelism), parallelism)
+                .mapPartitionsWithIndex(functools.partial(_subtask_partition, config))
+                .collect()
+            )
+        finally:
+            heartbeat.stop()
+            # Whatever the run did not commit goes back to the pool (addSplitsBack).
+            store.release_run(run_id)
+        if progress is not None:
+            progress(*_run_progress(engine, run_id))
+        _record_final_checkpoint(engine, run_id, results)
+        shutil.rmtree(staging_root / run_id, ignore_errors=True)
+        rows_out = sum(r["rows_out"] for r in results)
+        dead = sum(r["dead_letters"] for r in results)
+        seconds = time.monotonic() - started
+        return RunSummary(
+            run_id=run_id,
+            splits=sum(r["splits"] for r in results),
+            rows_in=rows_out + dead,
+            rows_out=rows_out,
+            dead_letters=dead,
+            fenced=sum(r["fenced"] for r in results),
+            seconds=seconds,
+            rows_per_second=(rows_out + dead) / seconds if seconds > 0 else 0.0,
+            nothing_new=False,
+        )
+    finally:
+        engine.dispose()
+
+
+def _record_final_checkpoint(engine: sa.Engine, run_id: str, results: list[dict[str, Any]]) -> None:
+    """The end-of-input checkpoint of a bounded run: every subtask finished and acknowledged."""
+    with engine.begin() as conn:
+        conn.execute(
+            insert(checkpoints).values(
+                run_id=run_id, checkpoint_id=1, status="COMPLETED", completed_at=sa.func.now()
+            )
+        )
+        conn.execute(
+            insert(checkpoint_acks),
+            [
+                {"run_id": run_id, "checkpoint_id": 1, "subtask": r["subtask"], "snapshot": r}
+                for r in results
+            ],
+        )

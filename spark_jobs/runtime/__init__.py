@@ -1,0 +1,29 @@
+"""Mailbox thread model: one thread owns all task state; everything else posts mails."""
+
+from spark_jobs.runtime._mailbox import (
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
+    Mail,
+    MailboxClosedError,
+    MailboxController,
+    MailboxExecutor,
+    MailboxProcessor,
+    MailboxState,
+    Suspension,
+    TaskMailbox,
+    WrongThreadError,
+)
+
+__all__ = [
+    "DEFAULT_PRIORITY",
+    "MAX_PRIORITY",
+    "Mail",
+    "MailboxClosedError",
+    "MailboxController",
+    "MailboxExecutor",
+    "MailboxProcessor",
+    "MailboxState",
+    "Suspension",
+    "TaskMailbox",
+    "WrongThreadError",
+]

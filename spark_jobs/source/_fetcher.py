@@ -1,0 +1,121 @@
+"""The fetcher thread and its bounded hand-off queue to the mailbox thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from enumerator_service import SplitAssignment
+from spark_jobs.source._jsonl_reader import JsonLinesSplitReader
+from spark_jobs.source._records import RecordsWithSplitIds
+
+__all__ = ["HandoffQueue", "SplitFetcher"]
+
+_log = logging.getLogger(__name__)
+
+
+class HandoffQueue:
+    """Bounded queue from fetcher threads to the mailbox thread.
+
+    ``put`` blocks while full (back-pressure on the fetcher) and wakes on ``close``. ``poll``
+    never blocks; ``availability`` returns a future that completes once an item is waiting.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._items: deque[RecordsWithSplitIds | BaseException] = deque()
+        self._capacity = capacity
+        self._cond = threading.Condition()
+        self._closed = False
+        self._waiter: Future[None] | None = None
+
+    def put(self, item: RecordsWithSplitIds | BaseException) -> bool:
+        """Append ``item``; False if the queue was closed meanwhile (item dropped)."""
+        with self._cond:
+            while len(self._items) >= self._capacity and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return False
+            self._items.append(item)
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.set_result(None)
+        return True
+
+    def poll(self) -> RecordsWithSplitIds | BaseException | None:
+        with self._cond:
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            self._cond.notify()
+            return item
+
+    def availability(self) -> Future[None]:
+        with self._cond:
+            if self._items or self._closed:
+                done: Future[None] = Future()
+                done.set_result(None)
+                return done
+            if self._waiter is None:
+                self._waiter = Future()
+            return self._waiter
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+class SplitFetcher(threading.Thread):
+    """Runs the blocking side of a reader: asks for splits and fetches their records.
+
+    ``request_split`` may block (it queries the split store); it is called only when the split
+    reader has run out of splits, so assignment is lazy and idle subtasks pull more work.
+    """
+
+    def __init__(
+        self,
+        reader: JsonLinesSplitReader,
+        handoff: HandoffQueue,
+        request_split: Callable[[], SplitAssignment | None],
+        restored: list[SplitAssignment],
+        *,
+        name: str = "split-fetcher",
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self._reader = reader
+        self._handoff = handoff
+        self._request = request_split
+        self._restored = restored
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        try:
+            added = list(self._restored)
+            for assignment in added:
+                self._reader.add_split(assignment)
+            while not self._stop_event.is_set():
+                if not self._reader.has_splits():
+                    requested = self._request()
+                    if requested is None:
+                        self._handoff.put(RecordsWithSplitIds(end_of_input=True))
+                        return
+                    self._reader.add_split(requested)
+                    added.append(requested)
+                batch = self._reader.fetch()
+                batch.added, added = added, []
+                if not self._handoff.put(batch):
+                    return
+        except BaseException as exc:  # handed to the mailbox thread, which fails the task
+            _log.debug("fetcher failed", exc_info=True)
+            self._handoff.put(exc)
+        finally:
+            self._reader.close()
+
+    def shutdown(self) -> None:
+        self._stop_event.set()
+        self._reader.wake_up()
+        self._handoff.close()
+        self.join(timeout=10)

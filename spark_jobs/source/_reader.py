@@ -1,0 +1,126 @@
+"""SourceReader: the non-blocking, mailbox-thread side of a FLIP-27 source."""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from concurrent.futures import Future
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from enumerator_service import SplitAssignment, SplitState
+from spark_jobs.source._events import Event, parse_event
+from spark_jobs.source._fetcher import HandoffQueue, SplitFetcher
+from spark_jobs.source._records import RawLine
+
+__all__ = ["InputStatus", "ReaderOutput", "SourceReader"]
+
+
+class InputStatus(enum.Enum):
+    MORE_AVAILABLE = "more"
+    NOTHING_AVAILABLE = "nothing"
+    END_OF_INPUT = "end"
+
+
+class ReaderOutput(Protocol):
+    """Where the reader emits (implemented by the task)."""
+
+    def split_added(self, assignment: SplitAssignment, state: SplitState) -> None: ...
+    def collect(self, event: Event, timestamp: int) -> None: ...
+    def dead_letter(self, split_id: int, line: RawLine, reason: str) -> None: ...
+    def split_finished(self, split_id: int, state: SplitState) -> None: ...
+
+
+class SourceReader:
+    """Emits one element per ``poll_next`` call. Mailbox thread only; never blocks.
+
+    The record emitter step (parse, event time, per-split watermark with bounded
+    out-of-orderness) updates each split's state *as it emits*, so a snapshot taken between two
+    calls is exact.
+    """
+
+    def __init__(
+        self,
+        fetcher: SplitFetcher,
+        handoff: HandoffQueue,
+        *,
+        max_line_bytes: int,
+        out_of_orderness: timedelta = timedelta(seconds=5),
+    ) -> None:
+        self._fetcher = fetcher
+        self._handoff = handoff
+        self._max_line = max_line_bytes
+        self._delay = out_of_orderness
+        self._states: dict[int, SplitState] = {}
+        self._max_event_time: dict[int, datetime] = {}
+        self._lines: deque[RawLine] = deque()
+        self._lines_split = -1
+        self._finished: deque[int] = deque()
+        self._pending_batches: deque[tuple[int, list[RawLine]]] = deque()
+        self._end_of_input = False
+
+    def start(self) -> None:
+        self._fetcher.start()
+
+    def close(self) -> None:
+        self._fetcher.shutdown()
+
+    def is_available(self) -> Future[None]:
+        return self._handoff.availability()
+
+    @property
+    def split_states(self) -> dict[int, SplitState]:
+        return self._states
+
+    def watermark(self) -> datetime | None:
+        """The task watermark: the minimum over the active splits' watermarks."""
+        marks = [s.watermark for s in self._states.values() if s.watermark is not None]
+        return min(marks) if marks else None
+
+    def poll_next(self, output: ReaderOutput) -> InputStatus:
+        while True:
+            if self._lines:
+                self._emit(self._lines.popleft(), output)
+                return InputStatus.MORE_AVAILABLE
+            if self._pending_batches:
+                self._lines_split, lines = self._pending_batches.popleft()
+                self._lines.extend(lines)
+                continue
+            if self._finished:
+                split_id = self._finished.popleft()
+                output.split_finished(split_id, self._states.pop(split_id))
+                self._max_event_time.pop(split_id, None)
+                return InputStatus.MORE_AVAILABLE
+            if self._end_of_input:
+                return InputStatus.END_OF_INPUT
+            item = self._handoff.poll()
+            if item is None:
+                return InputStatus.NOTHING_AVAILABLE
+            if isinstance(item, BaseException):
+                raise item
+            for assignment in item.added:
+                state = assignment.initial_state()
+                self._states[assignment.split_id] = state
+                output.split_added(assignment, state)
+            self._pending_batches.extend(item.records.items())
+            self._finished.extend(item.finished)
+            self._end_of_input = item.end_of_input
+
+    def _emit(self, line: RawLine, output: ReaderOutput) -> None:
+        split_id = self._lines_split
+        state = self._states[split_id]
+        parsed = parse_event(split_id, line, self._max_line)
+        state.offset = line.next_offset
+        if parsed is None:
+            return
+        if isinstance(parsed, str):
+            state.dead_letters += 1
+            output.dead_letter(split_id, line, parsed)
+            return
+        state.records += 1
+        event_time = parsed.event_time
+        latest = self._max_event_time.get(split_id)
+        if latest is None or event_time > latest:
+            self._max_event_time[split_id] = event_time
+            state.watermark = event_time - self._delay
+        output.collect(parsed, int(event_time.timestamp() * 1000))

@@ -1,0 +1,74 @@
+"""Shared fixtures: a real Postgres (embedded, or SLUICE_DATABASE_URL) with a fresh database.
+
+The suite creates one database per test session (``sluice_test_<random>``) on the server and
+drops it afterwards, so it never touches data in the server's other databases. With
+``SLUICE_DATABASE_URL`` set, that server is used and its role needs CREATEDB.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from enumerator_service import Settings, load_settings
+from enumerator_service._database import database_url
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """URL of the Postgres server under test (its default database)."""
+    if os.environ.get("SLUICE_DATABASE_URL"):
+        return os.environ["SLUICE_DATABASE_URL"]
+    # Short path: the embedded server's Unix socket path must stay under ~100 bytes.
+    home = Path(os.environ.get("SLUICE_TEST_HOME", str(REPO / ".sluice" / "test")))
+    return database_url(Settings(home=home, database_url=None))
+
+
+@pytest.fixture(scope="session")
+def db_url(server_url: str) -> Iterator[str]:
+    """A fresh, empty database for this test session."""
+    name = f"sluice_test_{secrets.token_hex(4)}"
+    admin = sa.create_engine(
+        make_url(server_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT"
+    )
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = make_url(server_url).set(database=name)
+    yield url.render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def make_settings(db_url: str, tmp_path: Path) -> object:
+    """Factory of Settings on the test database with data under ``tmp_path``."""
+
+    def factory(**overrides: object) -> Settings:
+        base: dict[str, object] = {
+            "database_url": db_url,
+            "home": tmp_path / "home",
+            "data_dir": tmp_path / "data",
+            # A source of its own per test: splits, cursors and dead letters never mix.
+            "source_name": f"ev_{secrets.token_hex(3)}",
+            "spark_master": "local[2]",
+            "parallelism": 2,
+            "demo_events": 3000,
+            "demo_users": 5000,
+            "demo_days": 2,
+            "demo_files_per_day": 3,
+            "demo_start_date": date(2026, 1, 1),
+        }
+        base.update(overrides)
+        return load_settings(**base)
+
+    return factory

@@ -1,0 +1,153 @@
+"""Split registration, two-level assignment, leases and fencing on a real Postgres."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from enumerator_service import FencedError, FileSplit, Settings, SplitStore
+from enumerator_service._operations import Platform, discover, open_platform
+from enumerator_service._schema import splits
+
+
+@pytest.fixture
+def platform(make_settings: Any) -> Platform:
+    settings: Settings = make_settings()
+    p = open_platform(settings)
+    yield p
+    p.close()
+
+
+def _splits(source: str, n: int, day: date = date(2026, 1, 1)) -> list[FileSplit]:
+    return [FileSplit(source, "jsonl", f"/landing/f{i:05d}.jsonl", 0, 100, day) for i in range(n)]
+
+
+def test_registration_is_idempotent(platform: Platform) -> None:
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    assert store.register(_splits(source, 50)) == 50
+    assert store.register(_splits(source, 60)) == 10
+    assert store.counts(source) == {"UNASSIGNED": 60}
+
+
+def test_concurrent_pullers_get_each_split_exactly_once(platform: Platform) -> None:
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    store.register(_splits(source, 400))
+    assert store.assign_to_run("run-a", source, lease_seconds=60) == 400
+    got: list[list[int]] = [[] for _ in range(8)]
+
+    def pull(subtask: int) -> None:
+        while (a := store.pull_next("run-a", subtask, 60)) is not None:
+            got[subtask].append(a.split_id)
+
+    threads = [threading.Thread(target=pull, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [s for per in got for s in per]
+    assert len(ids) == 400 and len(set(ids)) == 400
+    assert sum(1 for per in got if per) >= 2  # more than one puller got work
+
+
+def test_stale_epoch_cannot_commit(platform: Platform) -> None:
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    store.register(_splits(source, 1))
+    store.assign_to_run("run-b", source, lease_seconds=60)
+    first = store.pull_next("run-b", 0, 60)
+    assert first is not None
+    # The task is retried: the new attempt reclaims the split under a new epoch.
+    (second,) = store.reclaim("run-b", 0, 60)
+    assert second.split_id == first.split_id and second.epoch == first.epoch + 1
+    with platform.engine.begin() as conn, pytest.raises(FencedError):
+        SplitStore.complete(conn, first, "run-b", 100, None)
+    with platform.engine.begin() as conn:
+        SplitStore.complete(conn, second, "run-b", 100, None)
+    assert store.counts(source) == {"COMPLETED": 1}
+
+
+def test_expired_leases_return_to_the_pool(platform: Platform) -> None:
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    store.register(_splits(source, 3))
+    store.assign_to_run("run-c", source, lease_seconds=0.2)
+    zombie = store.pull_next("run-c", 0, 0.2)
+    assert zombie is not None
+    time.sleep(0.5)  # the lease is measured by the database clock
+    assert store.release_expired(source) == 3
+    assert store.counts(source) == {"UNASSIGNED": 3}
+    store.assign_to_run("run-d", source, lease_seconds=60)
+    with platform.engine.begin() as conn, pytest.raises(FencedError):
+        SplitStore.complete(conn, zombie, "run-c", 100, None)
+
+
+def test_release_run_returns_uncommitted_splits_only(platform: Platform) -> None:
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    store.register(_splits(source, 3))
+    store.assign_to_run("run-e", source, lease_seconds=60)
+    done = store.pull_next("run-e", 0, 60)
+    assert done is not None
+    store.pull_next("run-e", 1, 60)
+    with platform.engine.begin() as conn:
+        SplitStore.complete(conn, done, "run-e", 100, None)
+    assert store.release_run("run-e") == 2
+    assert store.counts(source) == {"COMPLETED": 1, "UNASSIGNED": 2}
+
+
+def test_assignment_restricted_to_dates(platform: Platform) -> None:
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    store.register(_splits(source, 2, date(2026, 1, 1)))
+    store.register(
+        [
+            FileSplit(source, "jsonl", f"/landing/g{i}.jsonl", 0, 9, date(2026, 1, 2))
+            for i in range(3)
+        ]
+    )
+    assert (
+        store.assign_to_run("run-f", source, lease_seconds=60, partition_keys=[date(2026, 1, 2)])
+        == 3
+    )
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_discovery_registers_each_file_once_with_a_bounded_cursor(platform: Platform) -> None:
+    landing = platform.settings.landing_path
+    for day in ("2026-01-01", "2026-01-02"):
+        for part in range(2):
+            _write(landing / f"dt={day}" / f"part-{part}.jsonl", '{"a": 1}\n')
+    _write(landing / "dt=2026-01-01" / ".part-9.jsonl.tmp", "partial")
+    _write(landing / "not-a-partition" / "x.jsonl", "{}\n")
+    first = discover(platform)
+    assert (first.files_seen, first.splits_registered) == (4, 4)
+    again = discover(platform)
+    assert again.splits_registered == 0
+    _write(landing / "dt=2026-01-03" / "part-0.jsonl", '{"a": 2}\n')
+    third = discover(platform)
+    assert third.splits_registered == 1
+    assert len(third.cursor["recent_paths"]) <= 5
+    with platform.engine.connect() as conn:
+        keys = conn.execute(
+            sa.select(splits.c.partition_key, sa.func.count())
+            .where(splits.c.source == platform.settings.source_name)
+            .group_by(splits.c.partition_key)
+            .order_by(splits.c.partition_key)
+        ).all()
+    assert [(k.isoformat(), n) for k, n in keys] == [
+        ("2026-01-01", 2),
+        ("2026-01-02", 2),
+        ("2026-01-03", 1),
+    ]
