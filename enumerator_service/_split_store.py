@@ -238,4 +238,4 @@ class SplitStore:
         if source is not None:
             stmt = stmt.where(splits.c.source == source)
         with self._engine.connect() as conn:
-            return dict(conn.execute(stmt).tuples().all())
+            return {str(status): int(n) for status, n in conn.execute(stmt).all()}
