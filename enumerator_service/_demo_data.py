@@ -19,6 +19,8 @@ from pathlib import Path
 import asyncpg
 import orjson
 
+from enumerator_service._config import Settings
+
 __all__ = ["DemoSpec", "GeneratedData", "generate_events", "load_users"]
 
 EVENT_TYPES = ("page_view", "click", "add_to_cart", "order")
@@ -42,6 +44,17 @@ class DemoSpec:
     users: int
     start_date: date
     seed: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DemoSpec:
+        return cls(
+            events=settings.demo_events,
+            days=settings.demo_days,
+            files_per_day=settings.demo_files_per_day,
+            users=settings.demo_users,
+            start_date=settings.demo_start_date,
+            seed=settings.demo_seed,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,27 +139,28 @@ class FileSplitEnumerator(SplitEnumerator):
 
         cursor = self._load_cursor()
         watermark: float | None = cursor["mtime_watermark"]
-        recent = set(cursor["recent_paths"])
-        horizon = None if watermark is None else watermark - self._lookback
-        fresh: list[tuple[FileSplit, float]] = []
+        known = set(cursor["recent_paths"])
+        horizon = float("-inf") if watermark is None else watermark - self._lookback
+        fresh: list[FileSplit] = []
+        window: dict[str, float] = {}  # files modified inside the lookback window
         seen = 0
         for split, mtime in self._list():
             seen += 1
-            if horizon is not None and mtime < horizon:
-                continue
-            if split.path in recent and watermark is not None and mtime <= watermark:
-                continue
-            fresh.append((split, mtime))
-        added = self._store.register(split for split, _ in fresh)
-        if fresh:
-            watermark = max([mtime for _, mtime in fresh] + ([watermark] if watermark else []))
+            if mtime < horizon:
+                continue  # older than the window: known since an earlier tick
+            window[split.path] = mtime
+            if split.path not in known:
+                fresh.append(split)
+        added = self._store.register(fresh)
+        if window:
+            watermark = (
+                max(window.values()) if watermark is None else max(watermark, *window.values())
+            )
         assert watermark is None or isinstance(watermark, float)
-        if watermark is not None:
-            keep_after = watermark - self._lookback
-            recent = {p for p in recent if p} | {s.path for s, m in fresh if m >= keep_after}
-            # Drop paths that fell out of the window: the cursor stays bounded.
-            recent = {p for p in recent if _mtime_or_zero(p) >= keep_after}
-        new_cursor = {"mtime_watermark": watermark, "recent_paths": sorted(recent)}
+        keep_after = float("-inf") if watermark is None else watermark - self._lookback
+        # Only paths inside the window are remembered: the cursor stays bounded.
+        recent = sorted(path for path, mtime in window.items() if mtime >= keep_after)
+        new_cursor = {"mtime_watermark": watermark, "recent_paths": recent}
         self._save_cursor(new_cursor)
         return DiscoveryResult(seen, added, new_cursor)
 
@@ -171,10 +172,3 @@ class FileSplitEnumerator(SplitEnumerator):
 
     def snapshot_state(self) -> dict[str, Any]:
         return self._load_cursor()
-
-
-def _mtime_or_zero(path: str) -> float:
-    try:
-        return os.stat(path).st_mtime
-    except FileNotFoundError:
-        return 0.0

@@ -71,14 +71,7 @@ def db_upgrade(ctx: click.Context) -> None:
 
 
 def _demo_data(settings: Settings, platform: Platform) -> None:
-    spec = DemoSpec(
-        events=settings.demo_events,
-        days=settings.demo_days,
-        files_per_day=settings.demo_files_per_day,
-        users=settings.demo_users,
-        start_date=settings.demo_start_date,
-        seed=settings.demo_seed,
-    )
+    spec = DemoSpec.from_settings(settings)
     with _progress() as progress:
         task = progress.add_task("events", total=spec.events)
         events = generate_events(settings.landing_path, spec, lambda n: progress.advance(task, n))

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
+from pathlib import Path
 from typing import Any
+
+from enumerator_service import ConfigError
 
 __all__ = ["get_spark"]
 
@@ -20,8 +24,20 @@ def _with_retries(master: str, attempts: int) -> str:
     return master
 
 
+_LOG4J = Path(__file__).with_name("log4j2.properties")
+
+
+def _check_java() -> None:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return
+    if shutil.which("java") is None:
+        raise ConfigError("JAVA_HOME", "no java found on PATH; Spark needs Java 17 or newer")
+
+
 def get_spark(master: str, *, app_name: str = "sluice", task_attempts: int = 4) -> Any:
     """Get or create the SparkSession; Python workers use this very interpreter."""
+    _check_java()
     # Workers must run the driver's interpreter (the virtualenv), not python3 from PATH.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -40,6 +56,7 @@ def get_spark(master: str, *, app_name: str = "sluice", task_attempts: int = 4) 
         .config("spark.task.maxFailures", str(task_attempts))
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_LOG4J.as_uri()}")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

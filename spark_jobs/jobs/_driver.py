@@ -21,7 +21,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 
 from enumerator_service import Settings, SplitStore, asyncpg_dsn, connect_engine, database_url
-from enumerator_service._schema import checkpoint_acks, checkpoints, splits
+from enumerator_service._schema import (
+    checkpoint_acks,
+    checkpoints,
+    dead_letters,
+    sink_transactions,
+    splits,
+)
 from spark_jobs._spark import get_spark
 from spark_jobs.jobs._reader_task import TaskConfig, run_reader_subtask
 from spark_jobs.sink import publish_pending
@@ -165,12 +171,12 @@ def run_enrichment(
             progress(*_run_progress(engine, run_id))
         _record_final_checkpoint(engine, run_id, results)
         shutil.rmtree(staging_root / run_id, ignore_errors=True)
-        rows_out = sum(r["rows_out"] for r in results)
-        dead = sum(r["dead_letters"] for r in results)
+        # From Postgres, not from task results: a retried task's earlier commits count too.
+        committed, rows_out, dead = _run_totals(engine, run_id)
         seconds = time.monotonic() - started
         return RunSummary(
             run_id=run_id,
-            splits=sum(r["splits"] for r in results),
+            splits=committed,
             rows_in=rows_out + dead,
             rows_out=rows_out,
             dead_letters=dead,
@@ -181,6 +187,20 @@ def run_enrichment(
         )
     finally:
         engine.dispose()
+
+
+def _run_totals(engine: sa.Engine, run_id: str) -> tuple[int, int, int]:
+    """Splits committed, rows committed and dead letters recorded by the run."""
+    with engine.connect() as conn:
+        splits_done, rows = conn.execute(
+            sa.select(
+                sa.func.count(), sa.func.coalesce(sa.func.sum(sink_transactions.c.row_count), 0)
+            ).where(sink_transactions.c.run_id == run_id, sink_transactions.c.committed)
+        ).one()
+        dead = conn.execute(
+            sa.select(sa.func.count()).where(dead_letters.c.run_id == run_id)
+        ).scalar_one()
+    return int(splits_done), int(rows), int(dead)
 
 
 def _record_final_checkpoint(engine: sa.Engine, run_id: str, results: list[dict[str, Any]]) -> None:

@@ -6,6 +6,7 @@ No ``__init__.py`` in this folder on purpose: as a package it would be importabl
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import subprocess
@@ -53,16 +54,7 @@ def resource_for(settings: Settings) -> SluiceResource:
 
 
 def demo_spec(settings: Settings, **changes: Any) -> DemoSpec:
-    values: dict[str, Any] = {
-        "events": settings.demo_events,
-        "days": settings.demo_days,
-        "files_per_day": settings.demo_files_per_day,
-        "users": settings.demo_users,
-        "start_date": settings.demo_start_date,
-        "seed": settings.demo_seed,
-    }
-    values.update(changes)
-    return DemoSpec(**values)
+    return dataclasses.replace(DemoSpec.from_settings(settings), **changes)
 
 
 def split_counts(settings: Settings) -> dict[str, int]:

@@ -24,14 +24,7 @@ pytestmark = pytest.mark.spark
 
 
 def _spec(settings: Settings) -> DemoSpec:
-    return DemoSpec(
-        settings.demo_events,
-        settings.demo_days,
-        settings.demo_files_per_day,
-        settings.demo_users,
-        settings.demo_start_date,
-        settings.demo_seed,
-    )
+    return DemoSpec.from_settings(settings)
 
 
 @pytest.fixture
