@@ -41,7 +41,7 @@ ui: install
 		-m dagster_project.definitions
 
 bench: install
-	$(BIN)/python bench/lookup.py
+	$(BIN)/python bench/async_io.py
 
 clean:
 	rm -rf $(VENV) .sluice data .pytest_cache .mypy_cache .ruff_cache

@@ -85,6 +85,21 @@ class Settings(BaseSettings):
     lookup_pool_size: int = Field(
         default=4, ge=1, le=32, description="asyncpg connections per task."
     )
+    lookup_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="Bound on one lookup, all retries included."
+    )
+    lookup_retries: int = Field(
+        default=3, ge=0, le=20, description="Retries of a failed lookup (exponential backoff)."
+    )
+    lookup_max_linger_ms: float = Field(
+        default=0.0, ge=0, description="Wait this long for a lookup batch to fill."
+    )
+    lookup_cache_rows: int = Field(
+        default=100_000, ge=0, description="Rows cached per task (0 disables the cache)."
+    )
+    lookup_cache_ttl_seconds: float = Field(
+        default=300.0, gt=0, description="Cached rows expire this long after they were read."
+    )
     lease_seconds: float = Field(default=60.0, gt=0, description="Split lease before reassignment.")
     max_line_bytes: int = Field(
         default=1 << 20, ge=64, description="Longer lines are dead-lettered."

@@ -7,7 +7,7 @@ from spark_jobs.async_io._function import (
     CoroutineAsyncFunction,
     ResultFuture,
 )
-from spark_jobs.async_io._operator import AsyncWaitOperator, OutputMode, QueueFullError
+from spark_jobs.async_io._operator import AsyncWaitOperator, OutputMode
 from spark_jobs.async_io._queues import (
     OrderedQueue,
     Output,
@@ -15,9 +15,21 @@ from spark_jobs.async_io._queues import (
     StreamElementQueue,
     UnorderedQueue,
 )
+from spark_jobs.async_io._retry import (
+    EMPTY_RESULT,
+    HAS_EXCEPTION,
+    NO_RETRY,
+    AsyncRetryStrategy,
+    exponential_backoff,
+    fixed_delay,
+)
 
 __all__ = [
+    "EMPTY_RESULT",
+    "HAS_EXCEPTION",
+    "NO_RETRY",
     "AsyncFunction",
+    "AsyncRetryStrategy",
     "AsyncTimeoutError",
     "AsyncWaitOperator",
     "CoroutineAsyncFunction",
@@ -26,10 +38,11 @@ __all__ = [
     "Output",
     "OutputMode",
     "QueueEntry",
-    "QueueFullError",
     "ResultFuture",
     "StreamElementQueue",
     "StreamRecord",
     "UnorderedQueue",
     "Watermark",
+    "exponential_backoff",
+    "fixed_delay",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import itertools
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
@@ -60,21 +61,26 @@ class CoroutineAsyncFunction(AsyncFunction[IN, OUT]):
     async def invoke(self, value: IN) -> list[OUT]:
         """Produce the outputs for ``value``."""
 
-    _tasks: set[asyncio.Task[list[OUT]]]
-
     def async_invoke(self, value: IN, result_future: ResultFuture[OUT]) -> None:
-        task = asyncio.get_running_loop().create_task(self.invoke(value))
-        # asyncio keeps only weak references to tasks: hold them until they finish.
-        tasks = self.__dict__.setdefault("_tasks", set())
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        try:
+            running = self.__running
+        except AttributeError:
+            running = self.__running = {}
+            self.__keys = itertools.count()
+        key = next(self.__keys)
+        # asyncio keeps only weak references to tasks: hold each one until it is done.
+        running[key] = asyncio.get_running_loop().create_task(self.__run(value, result_future, key))
 
-        def done(t: asyncio.Task[list[OUT]]) -> None:
-            if t.cancelled():
-                result_future.complete_exceptionally(asyncio.CancelledError())
-            elif (error := t.exception()) is not None:
-                result_future.complete_exceptionally(error)
-            else:
-                result_future.complete(t.result())
+    async def __run(self, value: IN, result_future: ResultFuture[OUT], key: int) -> None:
+        # Completing from inside the task saves the done-callback hop through the loop.
+        try:
+            results = await self.invoke(value)
+        except BaseException as error:  # handed to the operator, which fails the task
+            result_future.complete_exceptionally(error)
+        else:
+            result_future.complete(results)
+        finally:
+            del self.__running[key]
 
-        task.add_done_callback(done)
+    __running: dict[int, asyncio.Task[None]]
+    __keys: itertools.count[int]

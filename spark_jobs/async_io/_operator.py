@@ -1,14 +1,21 @@
 """Flink's AsyncWaitOperator on the Sluice mailbox.
 
 Threading contract: every public method runs on the mailbox thread and never blocks. Result
-futures may be completed from any thread; a completion only posts a mail, and the mail (on the
-mailbox thread) records the results and emits what the queue allows.
+futures may be completed from any thread. A completion never touches operator state directly:
+from a foreign thread it posts one mail; on the mailbox thread (asyncio callbacks) it is queued
+and one mail drains all completions queued meanwhile, so a batch of lookups costs one mail.
+
+Back-pressure: at most ``capacity`` elements are in flight. Elements offered beyond that wait
+in a backlog, un-invoked, and ``has_capacity()`` turns False so the task's default action
+suspends itself until ``notify_when_available`` fires; nothing ever blocks the thread.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from threading import get_ident
 from typing import Any, Generic, TypeVar
 
 from spark_jobs.async_io._elements import Marker, StreamRecord
@@ -20,12 +27,15 @@ from spark_jobs.async_io._queues import (
     StreamElementQueue,
     UnorderedQueue,
 )
-from spark_jobs.runtime import MailboxExecutor, MailboxProcessor
+from spark_jobs.async_io._retry import NO_RETRY, AsyncRetryStrategy
+from spark_jobs.runtime import MailboxClosedError, MailboxProcessor
+from spark_jobs.runtime._timers import AsyncioTimerService, TimerHandle, TimerService
 
-__all__ = ["AsyncWaitOperator", "OutputMode", "QueueFullError"]
+__all__ = ["AsyncWaitOperator", "OutputMode"]
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
+Element = StreamRecord[Any] | Marker
 
 
 class OutputMode(enum.Enum):
@@ -33,36 +43,35 @@ class OutputMode(enum.Enum):
     UNORDERED = "unordered"
 
 
-class QueueFullError(RuntimeError):
-    """An element was offered while the operator had no free slot (check has_capacity)."""
+class _Attempt(ResultFuture[OUT]):
+    """ResultFuture of one attempt of one entry; completions of superseded attempts drop."""
 
+    __slots__ = ("_attempt", "_entry", "_operator")
 
-class _Handler(ResultFuture[OUT]):
-    """ResultFuture of one entry: posts the completion to the mailbox (first one wins there)."""
-
-    __slots__ = ("_entry", "_operator")
-
-    def __init__(self, operator: AsyncWaitOperator[Any, OUT], entry: QueueEntry[OUT]) -> None:
+    def __init__(
+        self, operator: AsyncWaitOperator[Any, OUT], entry: QueueEntry[OUT], attempt: int
+    ) -> None:
         self._operator = operator
         self._entry = entry
+        self._attempt = attempt
 
     def complete(self, results: Iterable[OUT]) -> None:
-        results = list(results)
-        self._operator._executor.execute(
-            lambda: self._operator._on_result(self._entry, results), "async result"
-        )
+        if type(results) is not list:
+            results = list(results)
+        self._operator._deliver(self._entry, self._attempt, results, None)
 
     def complete_exceptionally(self, error: BaseException) -> None:
-        self._operator._executor.execute(
-            lambda: self._operator._on_error(self._entry, error), "async failure"
-        )
+        self._operator._deliver(self._entry, self._attempt, None, error)
 
 
 class AsyncWaitOperator(Generic[IN, OUT]):
-    """Keeps at most ``capacity`` elements in flight and emits results in the chosen mode.
+    """Runs an AsyncFunction per element; emits in input order (ORDERED) or as completed,
+    never across a marker (UNORDERED).
 
-    When full, ``has_capacity()`` is False and the caller (the task's default action) suspends
-    itself and registers ``notify_when_available``; it never blocks the thread.
+    ``timeout`` (seconds) bounds each element across all its attempts; on expiry the function's
+    ``timeout()`` decides the outcome. ``retry`` needs a timeout. A failed element (exception,
+    or the default ``timeout()``) completes empty, input stops, and the failure is raised from
+    the mailbox once everything in flight was emitted — which fails the task.
     """
 
     def __init__(
@@ -73,99 +82,293 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         *,
         capacity: int = 100,
         mode: OutputMode = OutputMode.ORDERED,
+        timeout: float | None = None,
+        retry: AsyncRetryStrategy = NO_RETRY,
+        timer_service: TimerService | None = None,
     ) -> None:
+        if retry.enabled and not (timeout and timeout > 0):
+            raise ValueError("a retry strategy needs a timeout > 0 (it spans all attempts)")
         self._function = function
         self._output = output
         self._processor = processor
-        self._executor: MailboxExecutor = processor.executor()
+        self._executor = processor.executor()
         queue_type = OrderedQueue if mode is OutputMode.ORDERED else UnorderedQueue
         self._queue: StreamElementQueue[OUT] = queue_type(capacity)
+        self._backlog: deque[Element] = deque()
+        self._timeout = timeout if timeout and timeout > 0 else None
+        self._retry = retry
+        self._retry_enabled = retry.enabled
+        self._timers = timer_service or AsyncioTimerService(self._executor)
+        self._deadlines: deque[tuple[float, QueueEntry[OUT]]] = deque()
+        self._timer: TimerHandle | None = None
+        self._retrying: set[QueueEntry[OUT]] = set()  # entries waiting for a retry timer
+        self._completions: list[
+            tuple[QueueEntry[OUT], int, list[OUT] | None, BaseException | None]
+        ] = []
+        self._drain_posted = False
         self._available: list[Callable[[], None]] = []
         self._drained: list[Callable[[], None]] = []
         self._failure: BaseException | None = None
         self._finishing = False
         self.records_in = 0
         self.records_out = 0
+        self.retries = 0
+        self.timeouts = 0
 
     async def open(self) -> None:
         await self._function.open()
 
     async def close(self) -> None:
+        """Stop: late results are dropped from now on, timers cancelled, function closed."""
         self._finishing = True
+        self._cancel_timer()
+        for entry in self._retrying:
+            if entry.retry_timer is not None:
+                entry.retry_timer.cancel()
+                entry.retry_timer = None
+        self._retrying.clear()
         await self._function.close()
 
     # -- input (mailbox thread) ----------------------------------------------------------
 
     def has_capacity(self) -> bool:
-        return self._queue.has_capacity()
+        """True while new input can be invoked at once (no backlog, a free slot, no failure)."""
+        return self._failure is None and not self._backlog and self._queue.has_capacity()
 
     def in_flight(self) -> int:
-        return len(self._queue)
+        """Elements invoked or queued and not yet emitted, backlog included."""
+        return len(self._queue) + len(self._backlog)
+
+    def pending_timers(self) -> int:
+        return self._timers.pending()
 
     def process_element(self, value: IN, timestamp: int | None = None) -> None:
-        self._check()
-        entry = self._queue.try_put(StreamRecord(value, timestamp))
-        if entry is None:
-            raise QueueFullError("async operator is at capacity")
+        if self._failure is not None or self._processor.debug:
+            self._check()
+        record = StreamRecord(value, timestamp)
+        if self._backlog or not self._queue.has_capacity():
+            self._backlog.append(record)
+            return
+        # The common path of _invoke, inlined: this runs once per element.
+        entry = self._queue.try_put(record)
+        assert entry is not None
         self.records_in += 1
-        self._function.async_invoke(value, _Handler(self, entry))
+        if self._timeout is not None:
+            self._deadlines.append((self._timers.now() + self._timeout, entry))
+            if self._timer is None:
+                self._arm()
+        self._function.async_invoke(value, _Attempt(self, entry, 0))
 
     def process_marker(self, marker: Marker) -> None:
         """Queue an in-band marker (watermark, end of split); it takes a slot like a record."""
         self._check()
-        if self._queue.try_put(marker) is None:
-            raise QueueFullError("async operator is at capacity")
-        self._queue.emit_completed(self._output)
-        self._after_emit()
+        if self._backlog or not self._queue.has_capacity():
+            self._backlog.append(marker)
+            return
+        self._queue.try_put(marker)
+        self._emit()
+
+    def restore(self, elements: Sequence[Element]) -> None:
+        """Re-invoke the elements of a snapshot, in order (their results were never emitted)."""
+        for element in elements:
+            if isinstance(element, StreamRecord):
+                self.process_element(element.value, element.timestamp)
+            else:
+                self.process_marker(element)
 
     def notify_when_available(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` (on the mailbox thread) once a slot is free."""
-        if self._queue.has_capacity():
+        """Run ``callback`` (on the mailbox thread) once input can be invoked again."""
+        if self.has_capacity():
             callback()
         else:
             self._available.append(callback)
 
     def notify_when_drained(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once nothing is in flight (end of input waits for this)."""
-        if self._queue.is_empty():
+        if self.in_flight() == 0:
             callback()
         else:
             self._drained.append(callback)
 
-    def snapshot(self) -> list[StreamRecord[Any] | Marker]:
-        """Every element not yet emitted, completed or not, in input order."""
-        self._check()
-        return self._queue.values()
+    def snapshot(self) -> list[Element]:
+        """Every element not yet emitted, completed or not, backlog included, in input order."""
+        self._check_thread()
+        return [*self._queue.values(), *self._backlog]
 
-    # -- completions (mail, mailbox thread) ----------------------------------------------
+    # -- internals (mailbox thread) ------------------------------------------------------
 
-    def _on_result(self, entry: QueueEntry[OUT], results: list[OUT]) -> None:
-        if entry.done or self._finishing:
-            return  # only the first completion counts; late results while finishing drop
+    def _invoke(self, record: StreamRecord[Any]) -> None:
+        entry = self._queue.try_put(record)
+        assert entry is not None
+        self.records_in += 1
+        if self._timeout is not None:
+            self._deadlines.append((self._timers.now() + self._timeout, entry))
+            if self._timer is None:
+                self._arm()
+        self._function.async_invoke(record.value, _Attempt(self, entry, 0))
+
+    def _deliver(
+        self,
+        entry: QueueEntry[OUT],
+        attempt: int,
+        results: list[OUT] | None,
+        error: BaseException | None,
+    ) -> None:
+        """Called by result futures from any thread: hand the completion to the mailbox."""
+        if self._finishing:
+            return  # the task is finishing: late results are dropped, never raised
+        try:
+            if get_ident() == self._processor.mailbox.mailbox_thread:
+                self._completions.append((entry, attempt, results, error))
+                if not self._drain_posted:
+                    self._drain_posted = True
+                    self._executor.execute(self._drain_completions, "async results")
+            else:
+                self._executor.execute(
+                    lambda: self._complete_and_emit(entry, attempt, results, error),
+                    "async result",
+                )
+        except MailboxClosedError:
+            pass  # the task already ended: nobody is left to take the result
+
+    def _drain_completions(self) -> None:
+        self._drain_posted = False
+        batch, self._completions = self._completions, []
+        progressed = False
+        for entry, attempt, results, error in batch:
+            progressed |= self._complete(entry, attempt, results, error)
+        if progressed:
+            self._emit()
+
+    def _complete_and_emit(
+        self,
+        entry: QueueEntry[OUT],
+        attempt: int,
+        results: list[OUT] | None,
+        error: BaseException | None,
+    ) -> None:
+        if self._complete(entry, attempt, results, error):
+            self._emit()
+
+    def _complete(
+        self,
+        entry: QueueEntry[OUT],
+        attempt: int,
+        results: list[OUT] | None,
+        error: BaseException | None,
+    ) -> bool:
+        """Record one completion; False when it was dropped or turned into a retry."""
+        if entry.results is not None or self._finishing or attempt != entry.attempt:
+            return False  # only the first completion of the current attempt counts
+        retry = self._retry
+        if self._retry_enabled and not entry.timed_out and retry.can_retry(entry.attempt):
+            if error is None:
+                assert results is not None
+                wants_retry = retry.on_result is not None and retry.on_result(results)
+            else:
+                wants_retry = retry.on_exception is not None and retry.on_exception(error)
+            if wants_retry:
+                self._schedule_retry(entry)
+                return False
+        if error is not None:
+            if self._failure is None:
+                self._failure = error
+            results = []
+        assert results is not None
         entry.results = results
         self.records_out += len(results)
+        if entry.retry_timer is not None:
+            entry.retry_timer.cancel()
+            entry.retry_timer = None
+            self._retrying.discard(entry)
         self._queue.on_completed(entry)
-        self._queue.emit_completed(self._output)
-        self._after_emit()
+        return True
 
-    def _on_error(self, entry: QueueEntry[OUT], error: BaseException) -> None:
-        if entry.done or self._finishing:
+    def _schedule_retry(self, entry: QueueEntry[OUT]) -> None:
+        entry.attempt += 1
+        self.retries += 1
+        when = self._timers.now() + self._retry.backoff(entry.attempt)
+        entry.retry_timer = self._timers.register(when, lambda: self._reinvoke(entry))
+        self._retrying.add(entry)
+
+    def _reinvoke(self, entry: QueueEntry[OUT]) -> None:
+        entry.retry_timer = None
+        self._retrying.discard(entry)
+        if entry.done or self._finishing or entry.timed_out:
             return
-        self._failure = error
-        raise error
+        record = entry.element
+        assert isinstance(record, StreamRecord)
+        self._function.async_invoke(record.value, _Attempt(self, entry, entry.attempt))
 
-    def _after_emit(self) -> None:
-        if self._available and self._queue.has_capacity():
+    # -- timeouts: one timer for the earliest deadline (deadlines are monotonic) --------
+
+    def _arm(self) -> None:
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1].done:
+            deadlines.popleft()
+        if deadlines and self._timer is None:
+            self._timer = self._timers.register(deadlines[0][0], self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._finishing:
+            return
+        now = self._timers.now()
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, entry = deadlines.popleft()
+            if not entry.done:
+                self._expire(entry)
+        self._arm()
+
+    def _expire(self, entry: QueueEntry[OUT]) -> None:
+        entry.timed_out = True
+        self.timeouts += 1
+        if entry.retry_timer is not None:
+            entry.retry_timer.cancel()
+            entry.retry_timer = None
+            self._retrying.discard(entry)
+        record = entry.element
+        assert isinstance(record, StreamRecord)
+        self._function.timeout(record.value, _Attempt(self, entry, entry.attempt))
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._deadlines.clear()
+
+    # -- emission ------------------------------------------------------------------------
+
+    def _emit(self) -> None:
+        queue, backlog = self._queue, self._backlog
+        queue.emit_completed(self._output)
+        while backlog and queue.has_capacity() and self._failure is None:
+            element = backlog.popleft()
+            if isinstance(element, StreamRecord):
+                self._invoke(element)
+            else:
+                queue.try_put(element)
+                queue.emit_completed(self._output)
+        if queue.is_empty():
+            self._cancel_timer()  # nothing can time out any more: no timer stays behind
+        if self._available and self.has_capacity():
             callbacks, self._available = self._available, []
             for callback in callbacks:
                 callback()
-        if self._drained and self._queue.is_empty():
+        if self._failure is not None and queue.is_empty():
+            self._backlog.clear()
+            raise self._failure  # in a mail: fails the task, after the queue drained
+        if self._drained and self.in_flight() == 0:
             callbacks, self._drained = self._drained, []
             for callback in callbacks:
                 callback()
 
-    def _check(self) -> None:
+    def _check_thread(self) -> None:
         if self._processor.debug:
             self._processor.check_mailbox_thread()
+
+    def _check(self) -> None:
+        self._check_thread()
         if self._failure is not None:
             raise self._failure

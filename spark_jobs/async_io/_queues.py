@@ -21,12 +21,16 @@ Element = StreamRecord[Any] | Marker
 class QueueEntry(Generic[OUT]):
     """One element in flight. Records complete later; markers are complete on insertion."""
 
-    __slots__ = ("element", "results", "segment", "seq")
+    __slots__ = ("attempt", "element", "results", "retry_timer", "segment", "seq", "timed_out")
 
     def __init__(self, element: Element, seq: int = 0) -> None:
         self.element = element
         self.seq = seq
-        self.results: list[OUT] | None = None if isinstance(element, StreamRecord) else []
+        # Bookkeeping of the operator (retries, timeouts); the queue itself ignores it.
+        self.attempt = 0
+        self.retry_timer: Any = None
+        self.timed_out = False
+        self.results: list[OUT] | None = None if type(element) is StreamRecord else []
         self.segment: _Segment[OUT] | None = None
 
     @property
@@ -149,25 +153,29 @@ class UnorderedQueue(StreamElementQueue[OUT]):
             return None
         self._seq += 1
         entry: QueueEntry[OUT] = QueueEntry(element, self._seq)
-        is_marker = not isinstance(element, StreamRecord)
-        if is_marker or self._last_is_marker or not self._segments:
-            self._segments.append(_Segment())
-        segment = self._segments[-1]
-        entry.segment = segment
-        if is_marker:
-            segment.completed.append(entry)
-        else:
-            segment.incomplete.add(entry)
-        self._last_is_marker = is_marker
         self._size += 1
+        if entry.results is None:  # a record: joins the open segment
+            if self._last_is_marker:
+                self._segments.append(_Segment())
+                self._last_is_marker = False
+            segment = self._segments[-1]
+            segment.incomplete.add(entry)
+        else:  # a marker: a segment of its own, complete at once
+            segment = _Segment()
+            self._segments.append(segment)
+            segment.completed.append(entry)
+            self._last_is_marker = True
+        entry.segment = segment
         return entry
 
     def on_completed(self, entry: QueueEntry[OUT]) -> None:
         segment = entry.segment
         assert segment is not None
-        if entry in segment.incomplete:
-            segment.incomplete.discard(entry)
-            segment.completed.append(entry)
+        try:
+            segment.incomplete.remove(entry)
+        except KeyError:
+            return  # already completed
+        segment.completed.append(entry)
 
     def emit_completed(self, output: Output[OUT]) -> int:
         emitted = 0

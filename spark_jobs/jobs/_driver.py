@@ -48,6 +48,11 @@ class RunSummary:
     seconds: float
     rows_per_second: float
     nothing_new: bool
+    lookups: int = 0
+    lookup_queries: int = 0
+    cache_hit_rate: float = 0.0
+    lookup_p50_ms: float = 0.0
+    lookup_p99_ms: float = 0.0
 
 
 def _subtask_partition(config: TaskConfig, index: int, _rows: Iterator[Any]) -> Iterator[Any]:
@@ -152,6 +157,11 @@ def run_enrichment(
             batch_size=settings.lookup_batch_size,
             pool_size=settings.lookup_pool_size,
             max_line_bytes=settings.max_line_bytes,
+            timeout_seconds=settings.lookup_timeout_seconds,
+            retries=settings.lookup_retries,
+            max_linger_ms=settings.lookup_max_linger_ms,
+            cache_rows=settings.lookup_cache_rows,
+            cache_ttl_seconds=settings.lookup_cache_ttl_seconds,
         )
         parallelism = min(settings.parallelism, assigned)
         heartbeat = _Heartbeat(store, engine, run_id, settings.lease_seconds, progress)
@@ -184,9 +194,22 @@ def run_enrichment(
             seconds=seconds,
             rows_per_second=(rows_out + dead) / seconds if seconds > 0 else 0.0,
             nothing_new=False,
+            **_lookup_totals(results),
         )
     finally:
         engine.dispose()
+
+
+def _lookup_totals(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Lookup metrics over the subtasks (latency quantiles: the worst subtask's)."""
+    lookups = sum(r["lookups"] for r in results)
+    return {
+        "lookups": lookups,
+        "lookup_queries": sum(r["lookup_batches"] for r in results),
+        "cache_hit_rate": sum(r["cache_hits"] for r in results) / lookups if lookups else 0.0,
+        "lookup_p50_ms": max((r["lookup_p50_ms"] for r in results), default=0.0),
+        "lookup_p99_ms": max((r["lookup_p99_ms"] for r in results), default=0.0),
+    }
 
 
 def _run_totals(engine: sa.Engine, run_id: str) -> tuple[int, int, int]:

@@ -15,9 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from enumerator_service import SplitAssignment, SplitState, SplitStore, connect_engine
-from spark_jobs.async_io import AsyncWaitOperator, Marker, Output, OutputMode
-from spark_jobs.lookup import PostgresLookup
+from spark_jobs.async_io import (
+    NO_RETRY,
+    AsyncWaitOperator,
+    Marker,
+    Output,
+    OutputMode,
+    exponential_backoff,
+)
+from spark_jobs.lookup import LookupCache, PostgresLookup
 from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension
 from spark_jobs.sink import CommitResult, SplitCommitter, SplitOutput
 from spark_jobs.source import (
@@ -54,12 +63,30 @@ class TaskConfig:
     batch_size: int
     pool_size: int
     max_line_bytes: int
+    timeout_seconds: float = 30.0
+    retries: int = 3
+    max_linger_ms: float = 0.0
+    cache_rows: int = 0
+    cache_ttl_seconds: float = 300.0
     debug: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class _SplitFinished:
     split_id: int
+
+
+def _is_transient(error: BaseException) -> bool:
+    """Connection-level failures worth retrying; SQL errors (a missing table …) are not."""
+    return isinstance(error, OSError | _TRANSIENT)
+
+
+_TRANSIENT = (
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.InterfaceError,
+)
 
 
 def _resume_on(suspension: Suspension) -> Callable[[Future[None]], None]:
@@ -96,6 +123,16 @@ class ReaderTask:
             joiner=_join,
             max_batch_size=config.batch_size,
             pool_size=config.pool_size,
+            max_linger=config.max_linger_ms / 1000,
+            cache=LookupCache(config.cache_rows, expire_after_write=config.cache_ttl_seconds)
+            if config.cache_rows
+            else None,
+        )
+        # Transient database errors (a dropped connection, a restart) are retried.
+        retry = (
+            exponential_backoff(config.retries, 0.1, 5.0, on_exception=_is_transient)
+            if config.retries
+            else NO_RETRY
         )
         self._operator = AsyncWaitOperator(
             lookup,
@@ -103,6 +140,8 @@ class ReaderTask:
             processor,
             capacity=config.capacity,
             mode=OutputMode.ORDERED,
+            timeout=config.timeout_seconds,
+            retry=retry,
         )
         self._committer = SplitCommitter(
             engine,
@@ -132,14 +171,20 @@ class ReaderTask:
             self._commit_pool.shutdown(wait=True)
             await self._operator.close()
             engine.dispose()
+        metrics = lookup.metrics()
         return {
             "subtask": self._subtask,
             "splits": sum(1 for r in self.results if not r.fenced),
             "fenced": sum(1 for r in self.results if r.fenced),
             "rows_out": sum(r.rows for r in self.results),
             "dead_letters": sum(r.dead_letters for r in self.results),
-            "lookups": lookup.lookups,
-            "lookup_batches": lookup.batches,
+            "lookups": metrics.lookups,
+            "lookup_batches": metrics.batches,
+            "lookup_keys_queried": metrics.keys_queried,
+            "cache_hits": metrics.cache_hits,
+            "lookup_p50_ms": metrics.p50_ms,
+            "lookup_p99_ms": metrics.p99_ms,
+            "lookup_retries": self._operator.retries,
         }
 
     # -- default action: move input into the async operator -----------------------------

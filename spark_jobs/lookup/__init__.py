@@ -1,5 +1,15 @@
-"""Lookup functions for the async I/O operator."""
+"""Lookup functions for the async I/O operator, with a partial cache and latency metrics."""
 
+from spark_jobs.lookup._cache import CacheHit, LookupCache
+from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
 from spark_jobs.lookup._postgres import PostgresLookup, acquire_pool, release_pool
 
-__all__ = ["PostgresLookup", "acquire_pool", "release_pool"]
+__all__ = [
+    "CacheHit",
+    "LatencyHistogram",
+    "LookupCache",
+    "LookupMetrics",
+    "PostgresLookup",
+    "acquire_pool",
+    "release_pool",
+]

@@ -1,21 +1,32 @@
-"""Dimension lookups in Postgres over asyncpg, coalesced into ``= ANY($1)`` batches.
+"""Dimension lookups in Postgres over asyncpg: micro-batched, single-flight, optionally cached.
 
-Concurrent lookups issued while the mailbox thread processes a slice of input are collected and
-sent as one query when the event loop next runs (or as soon as ``max_batch_size`` keys are
-waiting); identical keys in a batch share one row. Misses complete with ``joiner(value, None)``.
+Lookups issued while the mailbox thread processes a slice of input are collected into one
+batch and sent as one query (``= ANY($1)`` for a single key column, a join against
+``unnest($1, $2, …)`` for a composite key) when the batch is full, on the next event-loop
+iteration (``max_linger=0``) or ``max_linger`` seconds after its first key. A key that is
+already waiting, in the batch being collected or in a query in flight, joins that request
+instead of being sent again. Misses complete with ``joiner(value, None)``.
+
+Threading contract: a :class:`PostgresLookup` lives on one asyncio event loop, the mailbox
+thread's. ``open``/``close`` run on it and ``async_invoke`` is called on it (never blocks: it
+only files the request); every ResultFuture is completed from that thread too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections import deque
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any, Generic, TypeVar
 
 import asyncpg
 
-from enumerator_service import validate_identifier
+from enumerator_service import ConfigError, validate_identifier
 from spark_jobs.async_io import AsyncFunction, ResultFuture
+from spark_jobs.lookup._cache import LookupCache
+from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
 
 __all__ = ["PostgresLookup", "acquire_pool", "release_pool"]
 
@@ -25,8 +36,17 @@ OUT = TypeVar("OUT")
 # One pool per (process, event loop, dsn): asyncpg pools belong to the loop that created them.
 _pools: dict[tuple[int, int, str], tuple[asyncpg.Pool, int]] = {}
 
+# The key columns' types without typmod: casting keys to e.g. varchar(20) would silently
+# truncate a longer key and match the wrong row.
+_COLUMN_TYPES = """
+SELECT attname, format_type(atttypid, NULL)
+FROM pg_catalog.pg_attribute
+WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
+"""
+
 
 async def acquire_pool(dsn: str, size: int) -> asyncpg.Pool:
+    """The shared pool of ``dsn`` on the running loop (created with ``size`` connections)."""
     key = (os.getpid(), id(asyncio.get_running_loop()), dsn)
     entry = _pools.get(key)
     if entry is None:
@@ -38,6 +58,7 @@ async def acquire_pool(dsn: str, size: int) -> asyncpg.Pool:
 
 
 async def release_pool(dsn: str) -> None:
+    """Give back one :func:`acquire_pool`; the last user closes the pool."""
     key = (os.getpid(), id(asyncio.get_running_loop()), dsn)
     pool, users = _pools[key]
     if users > 1:
@@ -50,7 +71,19 @@ async def release_pool(dsn: str) -> None:
 class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
     """Look up each input's key in ``schema.table`` and join the row (or None) onto it.
 
-    Identifiers are validated; key values are always bound parameters.
+    ``key_column`` is one column name (``key_of`` returns the value) or a sequence of names
+    (``key_of`` returns a tuple in that order). The joined record holds the key column(s)
+    first, then ``columns``. Keys are matched by Python equality of the returned key values,
+    and the key should be unique: with several matching rows one of them is joined.
+
+    Keyword-only extras (all optional): ``max_linger`` seconds a partial batch may wait for
+    more keys (0: flush on the next loop iteration); ``cache`` answers repeated keys without a
+    query and receives every query result; ``latency`` seconds are slept per round trip while
+    holding the connection (benchmarks simulate a remote database with it).
+
+    Identifiers are validated; key values are always bound parameters. The key columns' SQL
+    types are read from the catalog at ``open()``, which fails with a ConfigError naming a
+    missing table or column. A failed query completes every waiter of its batch exceptionally.
     """
 
     def __init__(
@@ -59,79 +92,260 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
         *,
         schema: str,
         table: str,
-        key_column: str,
+        key_column: str | Sequence[str],
         columns: Sequence[str],
         key_of: Callable[[IN], Any],
         joiner: Callable[[IN, asyncpg.Record | None], OUT],
         max_batch_size: int = 256,
         pool_size: int = 4,
+        max_linger: float = 0.0,
+        cache: LookupCache[Any, Any] | None = None,
+        latency: float = 0.0,
     ) -> None:
-        for name, setting in ((schema, "schema"), (table, "table"), (key_column, "key_column")):
-            validate_identifier(name, setting)
+        validate_identifier(schema, "schema")
+        validate_identifier(table, "table")
+        self._tuple_keys = not isinstance(key_column, str)
+        key_columns = (key_column,) if isinstance(key_column, str) else tuple(key_column)
+        if not key_columns:
+            raise ConfigError("key_column", "at least one key column is required")
+        for name in key_columns:
+            validate_identifier(name, "key_column")
         for column in columns:
             validate_identifier(column, "columns")
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if max_linger < 0 or latency < 0:
+            raise ValueError("max_linger and latency must not be negative")
         self._dsn = dsn
-        self._sql = (
-            f"SELECT {key_column}, {', '.join(columns)} FROM {schema}.{table} "
-            f"WHERE {key_column} = ANY($1::bigint[])"
-        )
+        self._schema = schema
+        self._table = table
+        self._key_columns = key_columns
+        self._columns = tuple(columns)
         self._key_of = key_of
         self._joiner = joiner
         self._max_batch = max_batch_size
         self._pool_size = pool_size
+        self._linger = max_linger
+        self._cache = cache
+        self._latency = latency
         self._pool: asyncpg.Pool | None = None
-        self._pending: dict[Any, list[tuple[IN, ResultFuture[OUT]]]] = {}
-        self._flush_scheduled = False
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._sql: str | None = None
+        # Every key pending or in flight → its waiters (value, future, perf_counter at invoke).
+        # One dict for both states makes single-flight one lookup per invoke, and a key leaves
+        # it exactly when its query's result (or failure) is delivered.
+        self._waiting: dict[Any, list[tuple[IN, ResultFuture[OUT], float]]] = {}
+        self._batch: list[Any] = []  # keys of the batch being collected, in arrival order
+        self._flush_handle: asyncio.Handle | None = None
+        # At most pool_size queries run; more would only queue inside the pool as many small
+        # batches. Instead full batches wait here, and a batch whose linger ran out while all
+        # connections were busy stays open (``_batch_due``) and keeps filling until one frees.
+        self._running = 0
+        self._ready: deque[list[Any]] = deque()
+        self._batch_due = False
+        # asyncio keeps only weak references to tasks: hold them until they finish.
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._latencies = LatencyHistogram()
         self.lookups = 0
         self.batches = 0
+        self.keys_queried = 0
+        self.rows_fetched = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    # -- lifecycle (event loop) ----------------------------------------------------------
 
     async def open(self) -> None:
-        self._pool = await acquire_pool(self._dsn, self._pool_size)
+        pool = await acquire_pool(self._dsn, self._pool_size)
+        try:
+            async with pool.acquire() as conn:
+                self._sql = await self._build_sql(conn)
+        except BaseException:
+            await release_pool(self._dsn)
+            raise
+        self._pool = pool
 
     async def close(self) -> None:
-        if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
+        # A lingering batch is sent now rather than left behind with futures never completed;
+        # finishing queries start the queued ones, hence the loop.
+        self._close_batch()
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._pool is not None:
             self._pool = None
             await release_pool(self._dsn)
 
+    async def _build_sql(self, conn: asyncpg.Connection) -> str:
+        qualified = f"{self._schema}.{self._table}"
+        oid = await conn.fetchval("SELECT to_regclass($1)::oid", qualified)
+        if oid is None:
+            raise ConfigError("table", f"lookup table {qualified} does not exist")
+        types: dict[str, str] = dict(await conn.fetch(_COLUMN_TYPES, oid))
+        for setting, names in (("key_column", self._key_columns), ("columns", self._columns)):
+            for name in names:
+                if name not in types:
+                    raise ConfigError(setting, f"lookup table {qualified} has no column {name}")
+        if not self._tuple_keys:
+            (key,) = self._key_columns
+            select = ", ".join((key, *self._columns))
+            return f"SELECT {select} FROM {qualified} WHERE {key} = ANY($1::{types[key]}[])"
+        select = ", ".join(f"_t.{name}" for name in (*self._key_columns, *self._columns))
+        arrays = ", ".join(
+            f"${i}::{types[name]}[]" for i, name in enumerate(self._key_columns, start=1)
+        )
+        aliases = ", ".join(self._key_columns)
+        on = " AND ".join(f"_t.{name} = _q.{name}" for name in self._key_columns)
+        return (
+            f"SELECT {select} FROM unnest({arrays}) AS _q({aliases}) JOIN {qualified} AS _t ON {on}"
+        )
+
+    # -- requests (mailbox thread) -------------------------------------------------------
+
     def async_invoke(self, value: IN, result_future: ResultFuture[OUT]) -> None:
         self.lookups += 1
+        start = perf_counter()
         key = self._key_of(value)
-        waiters = self._pending.get(key)
-        if waiters is None:
-            self._pending[key] = [(value, result_future)]
-        else:
-            waiters.append((value, result_future))
-        if len(self._pending) >= self._max_batch:
-            self._flush()
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if not self._pending:
+        cache = self._cache
+        if cache is not None:
+            hit = cache.get(key)
+            if hit is not None:
+                self.cache_hits += 1
+                # Completing here only posts a mail: the operator emits it later, in order.
+                self._complete(value, result_future, hit.row, start)
+                return
+            self.cache_misses += 1
+        waiters = self._waiting.get(key)
+        if waiters is not None:  # single-flight: already pending or in flight
+            waiters.append((value, result_future, start))
             return
-        batch, self._pending = self._pending, {}
-        task = asyncio.get_running_loop().create_task(self._query(batch))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+        self._waiting[key] = [(value, result_future, start)]
+        batch = self._batch
+        batch.append(key)
+        if len(batch) >= self._max_batch:
+            self._close_batch()
+        elif len(batch) == 1:
+            loop = asyncio.get_running_loop()
+            self._flush_handle = (
+                loop.call_later(self._linger, self._on_linger)
+                if self._linger > 0
+                else loop.call_soon(self._on_linger)
+            )
 
-    async def _query(self, batch: dict[Any, list[tuple[IN, ResultFuture[OUT]]]]) -> None:
-        assert self._pool is not None, "PostgresLookup used before open()"
-        self.batches += 1
+    def metrics(self) -> LookupMetrics:
+        """A snapshot of the counters and the invoke-to-completion latency quantiles."""
+        latencies = self._latencies
+        return LookupMetrics(
+            lookups=self.lookups,
+            batches=self.batches,
+            keys_queried=self.keys_queried,
+            rows_fetched=self.rows_fetched,
+            cache_hits=self.cache_hits,
+            cache_misses=self.cache_misses,
+            p50_ms=latencies.quantile(0.5) * 1e3,
+            p99_ms=latencies.quantile(0.99) * 1e3,
+            mean_batch_size=self.keys_queried / self.batches if self.batches else 0.0,
+        )
+
+    def _complete(self, value: IN, future: ResultFuture[OUT], row: Any, start: float) -> None:
         try:
-            rows = await self._pool.fetch(self._sql, list(batch))
+            out = self._joiner(value, row)
         except Exception as exc:
-            for waiters in batch.values():
-                for _, future in waiters:
-                    future.complete_exceptionally(exc)
+            future.complete_exceptionally(exc)
             return
-        found = {row[0]: row for row in rows}
-        joiner = self._joiner
-        for key, waiters in batch.items():
+        future.complete([out])
+        self._latencies.record(perf_counter() - start)
+
+    def _on_linger(self) -> None:
+        self._flush_handle = None
+        if self._running < self._pool_size:
+            self._close_batch()
+        else:
+            self._batch_due = True  # keeps filling; sent when a query finishes
+
+    def _close_batch(self) -> None:
+        """Close the open batch (if any): start its query, or queue it while all are busy."""
+        if self._flush_handle is not None:
+            # The timer must not cut the next batch's linger window short.
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._batch_due = False
+        keys = self._batch
+        if not keys:
+            return
+        self._batch = []
+        if self._running < self._pool_size:
+            self._start(keys)
+        else:
+            self._ready.append(keys)
+
+    def _start(self, keys: list[Any]) -> None:
+        self._running += 1
+        task = asyncio.get_running_loop().create_task(self._query(keys))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- queries (event loop) ------------------------------------------------------------
+
+    async def _query(self, keys: list[Any]) -> None:
+        try:
+            await self._run_query(keys)
+        finally:
+            # The connection is free again: hand it the next batch straight away.
+            self._running -= 1
+            if self._ready:
+                self._start(self._ready.popleft())
+            elif self._batch_due:
+                self._close_batch()
+
+    async def _run_query(self, keys: list[Any]) -> None:
+        pool, sql = self._pool, self._sql
+        if pool is None or sql is None:
+            self._fail(keys, RuntimeError("PostgresLookup used before open() or after close()"))
+            return
+        self.batches += 1
+        self.keys_queried += len(keys)
+        # Composite keys travel as one array per key column (transposed tuples).
+        args: Sequence[Any] = list(zip(*keys, strict=True)) if self._tuple_keys else (keys,)
+        try:
+            async with pool.acquire() as conn:
+                if self._latency:
+                    await asyncio.sleep(self._latency)
+                rows = await conn.fetch(sql, *args)
+        except asyncio.CancelledError as exc:
+            self._fail(keys, exc)
+            raise
+        except Exception as exc:
+            self._fail(keys, exc)
+            return
+        self._deliver(keys, rows)
+
+    def _deliver(self, keys: list[Any], rows: list[asyncpg.Record]) -> None:
+        self.rows_fetched += len(rows)
+        if self._tuple_keys:
+            width = len(self._key_columns)
+            found = {row[:width]: row for row in rows}
+        else:
+            found = {row[0]: row for row in rows}
+        cache, joiner, pop = self._cache, self._joiner, self._waiting.pop
+        elapsed: list[float] = []
+        took = elapsed.append
+        # One timestamp for the whole batch: its waiters complete within microseconds.
+        now = perf_counter()
+        for key in keys:
             row = found.get(key)
-            for value, future in waiters:
-                future.complete([joiner(value, row)])
+            if cache is not None:
+                cache.put(key, row)
+            for value, future, start in pop(key):
+                try:
+                    out = joiner(value, row)
+                except Exception as exc:
+                    future.complete_exceptionally(exc)
+                    continue
+                future.complete([out])
+                took(now - start)
+        self._latencies.record_many(elapsed)
+
+    def _fail(self, keys: list[Any], error: BaseException) -> None:
+        pop = self._waiting.pop
+        for key in keys:
+            for _, future, _start in pop(key):
+                future.complete_exceptionally(error)

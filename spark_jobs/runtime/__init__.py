@@ -13,17 +13,27 @@ from spark_jobs.runtime._mailbox import (
     TaskMailbox,
     WrongThreadError,
 )
+from spark_jobs.runtime._timers import (
+    AsyncioTimerService,
+    ManualTimerService,
+    TimerHandle,
+    TimerService,
+)
 
 __all__ = [
     "DEFAULT_PRIORITY",
     "MAX_PRIORITY",
+    "AsyncioTimerService",
     "Mail",
     "MailboxClosedError",
     "MailboxController",
     "MailboxExecutor",
     "MailboxProcessor",
     "MailboxState",
+    "ManualTimerService",
     "Suspension",
     "TaskMailbox",
+    "TimerHandle",
+    "TimerService",
     "WrongThreadError",
 ]

@@ -23,7 +23,6 @@ from spark_jobs.async_io import (
     Marker,
     Output,
     OutputMode,
-    QueueFullError,
     ResultFuture,
     StreamRecord,
     Watermark,
@@ -264,10 +263,6 @@ def test_capacity_back_pressure_and_notify_when_available() -> None:
         assert not op.has_capacity()
         assert op.in_flight() == 2
         assert fn.invoked == [1, 2]  # the input stopped at the capacity
-        with pytest.raises(QueueFullError):
-            op.process_element(99, 99)
-        with pytest.raises(QueueFullError):
-            op.process_marker(Watermark(timestamp=0))
 
         op.notify_when_available(
             lambda: notified.append((list(h.out), h.processor.is_mailbox_thread()))
@@ -349,19 +344,24 @@ class LookupFailedError(Exception):
     pass
 
 
-def test_complete_exceptionally_fails_the_loop_with_that_error() -> None:
+def test_complete_exceptionally_fails_the_loop_once_the_queue_drained() -> None:
     fn = ManualFunction()
-    h = Harness(fn, [rec(1), rec(2)], mode=OutputMode.ORDERED, capacity=10)
+    h = Harness(fn, [rec(1), rec(2), rec(3)], mode=OutputMode.ORDERED, capacity=2)
     error = LookupFailedError("lookup failed for 2")
 
     async def drive(h: Harness) -> None:
         await h.wait_until(lambda: len(fn.pending) == 2 and h.idle())
         fn.take(2).complete_exceptionally(error)
+        await h.settle()
+        assert not h.operator.has_capacity()  # a failed operator takes no more input
+        assert fn.invoked == [1, 2]
+        fn.take(1).complete([10])  # the failure surfaces once nothing is in flight
 
     with pytest.raises(LookupFailedError) as raised:
         h.run(drive)
     assert raised.value is error
-    assert h.out == []
+    assert h.out == [rec(10, 1)]  # the failed element itself emits nothing
+    assert fn.invoked == [1, 2]  # record 3 was never invoked
     with pytest.raises(LookupFailedError):  # the operator stays failed
         h.operator.process_element(3, 3)
 

@@ -1,0 +1,69 @@
+"""Shared pieces of the benchmarks: driving an AsyncWaitOperator over an input iterator."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from spark_jobs.async_io import (
+    NO_RETRY,
+    AsyncFunction,
+    AsyncRetryStrategy,
+    AsyncWaitOperator,
+    Output,
+    OutputMode,
+)
+from spark_jobs.runtime import MailboxController, MailboxProcessor
+
+__all__ = ["run_operator", "timed"]
+
+
+async def run_operator(
+    function: AsyncFunction[Any, Any],
+    inputs: Iterator[Any],
+    *,
+    capacity: int,
+    mode: OutputMode,
+    timeout: float | None = None,
+    retry: AsyncRetryStrategy = NO_RETRY,
+    collect: Callable[[Any, int | None], None] | None = None,
+) -> AsyncWaitOperator[Any, Any]:
+    """Feed ``inputs`` through an operator on a fresh mailbox until everything was emitted."""
+    sink = collect or (lambda _v, _t: None)
+
+    def default_action(controller: MailboxController) -> None:
+        for _ in range(512):
+            if not operator.has_capacity():
+                operator.notify_when_available(controller.suspend_default_action().resume)
+                return
+            value = next(inputs, _END)
+            if value is _END:
+                controller.suspend_default_action()
+                operator.notify_when_drained(processor.all_actions_completed)
+                return
+            operator.process_element(value)
+
+    processor = MailboxProcessor(default_action)
+    operator: AsyncWaitOperator[Any, Any] = AsyncWaitOperator(
+        function,
+        Output(sink, lambda _m: None),
+        processor,
+        capacity=capacity,
+        mode=mode,
+        timeout=timeout,
+        retry=retry,
+    )
+    await operator.open()
+    await processor.run_loop()
+    await operator.close()
+    return operator
+
+
+_END = object()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result

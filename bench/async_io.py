@@ -1,0 +1,256 @@
+"""Async I/O benchmark: operator overhead, and lookups against the database.
+
+    python bench/async_io.py [--elements 1000000] [--keys 200000] [--quick]
+
+Part 1 runs a trivial async function through the AsyncWaitOperator in every mode and compares
+it with a hand-rolled ``asyncio.Semaphore`` + tasks loop measured in the same run. Part 2 looks
+up random keys of the 1M-row ``users`` table with an injected client-side latency L per round
+trip (held while the connection is held, like network latency): synchronous per-row lookups
+(psycopg), the operator doing per-row lookups (capacity 100), and the operator with batched
+lookups. Each figure is the best of ``--repeat`` runs; ratios come from this run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import run_operator
+
+from enumerator_service import asyncpg_dsn, load_settings
+from enumerator_service._demo_data import load_users
+from enumerator_service._operations import open_platform
+from spark_jobs.async_io import (
+    AsyncFunction,
+    CoroutineAsyncFunction,
+    OutputMode,
+    ResultFuture,
+)
+from spark_jobs.lookup import PostgresLookup
+
+console = Console(width=150)
+CAPACITY = 100
+
+
+class TrivialCoroutine(CoroutineAsyncFunction[int, int]):
+    async def invoke(self, value: int) -> list[int]:
+        return [value]
+
+
+class TrivialCallback(AsyncFunction[int, int]):
+    """Flink's callback style: completes on the next event-loop iteration."""
+
+    def async_invoke(self, value: int, result_future: ResultFuture[int]) -> None:
+        asyncio.get_running_loop().call_soon(result_future.complete, [value])
+
+
+async def hand_rolled(n: int, capacity: int) -> int:
+    """What a Python developer writes without Sluice: a semaphore and one task per element."""
+    semaphore = asyncio.Semaphore(capacity)
+    done = 0
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def function(x: int) -> list[int]:
+        return [x]
+
+    async def one(x: int) -> None:
+        nonlocal done
+        try:
+            done += len(await function(x))
+        finally:
+            semaphore.release()
+
+    for x in range(n):
+        await semaphore.acquire()
+        task = asyncio.create_task(one(x))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    while tasks:
+        await asyncio.gather(*list(tasks))
+    return done
+
+
+def best(fn: Callable[[], Any], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def part1(n: int, repeat: int) -> Table:
+    base = best(lambda: asyncio.run(hand_rolled(n, CAPACITY)), repeat)
+    table = Table(title=f"1. Operator overhead: {n:,} elements, capacity {CAPACITY}")
+    for column in ("variant", "elements/s", "vs hand-rolled", "target"):
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    table.add_row("hand-rolled asyncio.Semaphore + tasks", f"{n / base:,.0f}", "1.00x", "")
+    for style, function in (("coroutine", TrivialCoroutine), ("callback", TrivialCallback)):
+        for mode in OutputMode:
+            for timeout in (None, 60.0):
+                seconds = best(
+                    lambda f=function, m=mode, t=timeout: asyncio.run(
+                        run_operator(f(), iter(range(n)), capacity=CAPACITY, mode=m, timeout=t)
+                    ),
+                    repeat,
+                )
+                ratio = base / seconds
+                target = 0.6 if timeout else 0.8
+                table.add_row(
+                    f"Sluice {mode.value}, {style} function, timeouts {'on' if timeout else 'off'}",
+                    f"{n / seconds:,.0f}",
+                    f"{ratio:.2f}x",
+                    f"{'ok' if ratio >= target else 'MISS'} (>= {target})",
+                )
+    return table
+
+
+SQL_ONE = "SELECT id, name, country, tier, signup_time FROM public.users WHERE id = %s"
+
+
+def sync_per_row(dsn: str, keys: list[int], latency: float) -> int:
+    found = 0
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        for key in keys:
+            if latency:
+                time.sleep(latency)
+            cur.execute(SQL_ONE, (key,), prepare=True)
+            found += cur.fetchone() is not None
+    return found
+
+
+def operator_lookups(
+    dsn: str, keys: list[int], latency: float, *, batch: int, capacity: int, pool: int
+) -> tuple[int, dict[str, Any]]:
+    found = 0
+
+    def collect(row: Any, _ts: int | None) -> None:
+        nonlocal found
+        found += row is not None
+
+    lookup: PostgresLookup[int, Any] = PostgresLookup(
+        dsn,
+        schema="public",
+        table="users",
+        key_column="id",
+        columns=("name", "country", "tier", "signup_time"),
+        key_of=lambda k: k,
+        joiner=lambda _k, row: row,
+        max_batch_size=batch,
+        pool_size=pool,
+        latency=latency,
+    )
+    asyncio.run(
+        run_operator(
+            lookup, iter(keys), capacity=capacity, mode=OutputMode.ORDERED, collect=collect
+        )
+    )
+    metrics = lookup.metrics()
+    return found, {"batches": metrics.batches, "p50": metrics.p50_ms, "p99": metrics.p99_ms}
+
+
+def part2(dsn: str, keys: list[int], latencies: list[float], sync_budget: float) -> Table:
+    table = Table(title=f"2. Lookups of {len(keys):,} random keys in 1,000,000 users")
+    for column in (
+        "L",
+        "variant",
+        "lookups/s",
+        "vs sync per-row",
+        "queries",
+        "p50 / p99 ms",
+        "target",
+    ):
+        table.add_column(column, justify="left" if column in ("L", "variant") else "right")
+    for latency in latencies:
+        # The synchronous baseline is measured on a prefix sized to ~sync_budget seconds.
+        sample = keys[: max(500, min(len(keys), int(sync_budget / (latency + 25e-6))))]
+        start = time.perf_counter()
+        assert sync_per_row(dsn, sample, latency) == len(sample)
+        base_rate = len(sample) / (time.perf_counter() - start)
+        label = f"{latency * 1000:g} ms"
+        table.add_row(
+            label,
+            f"sync per-row, psycopg ({len(sample):,} keys)",
+            f"{base_rate:,.0f}",
+            "1.0x",
+            f"{len(sample):,}",
+            "",
+            "",
+        )
+        variants = (
+            ("Sluice per-row, capacity 100, pool 64", 1, 100, 64, 30.0 if latency else None),
+            (
+                "Sluice batched (256), capacity 1024, pool 4",
+                256,
+                1024,
+                4,
+                100.0 if latency else 10.0,
+            ),
+        )
+        for name, batch, capacity, pool, target in variants:
+            start = time.perf_counter()
+            found, metrics = operator_lookups(
+                dsn, keys, latency, batch=batch, capacity=capacity, pool=pool
+            )
+            rate = len(keys) / (time.perf_counter() - start)
+            assert found == len(keys), f"{name}: {found} of {len(keys)} found"
+            ratio = rate / base_rate
+            verdict = (
+                ""
+                if target is None
+                else (f"{'ok' if ratio >= target else 'MISS'} (>= {target:g}x)")
+            )
+            table.add_row(
+                label,
+                name,
+                f"{rate:,.0f}",
+                f"{ratio:.1f}x",
+                f"{metrics['batches']:,}",
+                f"{metrics['p50']:.2f} / {metrics['p99']:.2f}",
+                verdict,
+            )
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--elements", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--users", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--sync-seconds",
+        type=float,
+        default=5.0,
+        help="time budget of the synchronous per-row baseline per latency",
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
+    args = parser.parse_args()
+    if args.quick:
+        args.elements, args.keys, args.repeat, args.sync_seconds = 100_000, 20_000, 1, 1.0
+
+    console.print(part1(args.elements, args.repeat))
+
+    settings = load_settings()
+    platform = open_platform(settings)
+    dsn = asyncpg_dsn(platform.url)
+    with console.status(f"Preparing users table ({args.users:,} rows)…"):
+        load_users(dsn, schema="public", table="users", key="id", users=args.users, seed=7)
+    keys = [random.Random(1).randint(1, args.users) for _ in range(args.keys)]
+    console.print(part2(dsn, keys, [0.0, 0.001], args.sync_seconds))
+    platform.close()
+
+
+if __name__ == "__main__":
+    main()
