@@ -247,7 +247,8 @@ def main() -> None:
     dsn = asyncpg_dsn(platform.url)
     with console.status(f"Preparing users table ({args.users:,} rows)…"):
         load_users(dsn, schema="public", table="users", key="id", users=args.users, seed=7)
-    keys = [random.Random(1).randint(1, args.users) for _ in range(args.keys)]
+    rng = random.Random(1)
+    keys = [rng.randint(1, args.users) for _ in range(args.keys)]
     console.print(part2(dsn, keys, [0.0, 0.001], args.sync_seconds))
     platform.close()
 

@@ -21,6 +21,8 @@ class AsyncTimeoutError(TimeoutError):
 class ResultFuture(abc.ABC, Generic[OUT]):
     """Completion handle of one input. Thread-safe; only the first completion counts."""
 
+    __slots__ = ()
+
     @abc.abstractmethod
     def complete(self, results: Iterable[OUT]) -> None:
         """Deliver the (possibly empty) list of outputs for the input."""

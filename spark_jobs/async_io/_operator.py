@@ -12,6 +12,7 @@ suspends itself until ``notify_when_available`` fires; nothing ever blocks the t
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -64,6 +65,25 @@ class _Attempt(ResultFuture[OUT]):
         self._operator._deliver(self._entry, self._attempt, None, error)
 
 
+class _Entry(QueueEntry[OUT], ResultFuture[OUT]):
+    """A queue entry that is also its element's ResultFuture (when there are no retries).
+
+    Saves an object and a call per element; each operator binds its own subclass so the entry
+    knows its operator without a per-entry reference.
+    """
+
+    __slots__ = ()
+    operator: AsyncWaitOperator[Any, OUT]
+
+    def complete(self, results: Iterable[OUT]) -> None:
+        if type(results) is not list:
+            results = list(results)
+        self.operator._deliver_own(self, results, None)
+
+    def complete_exceptionally(self, error: BaseException) -> None:
+        self.operator._deliver_own(self, None, error)
+
+
 class AsyncWaitOperator(Generic[IN, OUT]):
     """Runs an AsyncFunction per element; emits in input order (ORDERED) or as completed,
     never across a marker (UNORDERED).
@@ -93,7 +113,10 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         self._processor = processor
         self._executor = processor.executor()
         queue_type = OrderedQueue if mode is OutputMode.ORDERED else UnorderedQueue
-        self._queue: StreamElementQueue[OUT] = queue_type(capacity)
+        entry_type: type[_Entry[OUT]] = type(
+            "BoundEntry", (_Entry,), {"__slots__": (), "operator": self}
+        )
+        self._queue: StreamElementQueue[OUT] = queue_type(capacity, entry_type)
         self._backlog: deque[Element] = deque()
         self._timeout = timeout if timeout and timeout > 0 else None
         self._retry = retry
@@ -105,6 +128,7 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         self._completions: list[
             tuple[QueueEntry[OUT], int, list[OUT] | None, BaseException | None]
         ] = []
+        self._own_completions: list[_Entry[OUT]] = []
         self._drain_posted = False
         self._available: list[Callable[[], None]] = []
         self._drained: list[Callable[[], None]] = []
@@ -145,19 +169,22 @@ class AsyncWaitOperator(Generic[IN, OUT]):
     def process_element(self, value: IN, timestamp: int | None = None) -> None:
         if self._failure is not None or self._processor.debug:
             self._check()
-        record = StreamRecord(value, timestamp)
         if self._backlog or not self._queue.has_capacity():
-            self._backlog.append(record)
+            self._backlog.append(StreamRecord(value, timestamp))
             return
         # The common path of _invoke, inlined: this runs once per element.
-        entry = self._queue.try_put(record)
+        entry = self._queue.try_put_record(value, timestamp)
         assert entry is not None
         self.records_in += 1
         if self._timeout is not None:
             self._deadlines.append((self._timers.now() + self._timeout, entry))
             if self._timer is None:
                 self._arm()
-        self._function.async_invoke(value, _Attempt(self, entry, 0))
+        # Retries need a fresh future per attempt, so that a superseded attempt is ignored.
+        self._function.async_invoke(
+            value,
+            _Attempt(self, entry, 0) if self._retry_enabled else entry,  # type: ignore[arg-type]
+        )
 
     def process_marker(self, marker: Marker) -> None:
         """Queue an in-band marker (watermark, end of split); it takes a slot like a record."""
@@ -198,14 +225,17 @@ class AsyncWaitOperator(Generic[IN, OUT]):
     # -- internals (mailbox thread) ------------------------------------------------------
 
     def _invoke(self, record: StreamRecord[Any]) -> None:
-        entry = self._queue.try_put(record)
+        entry = self._queue.try_put_record(record.value, record.timestamp)
         assert entry is not None
         self.records_in += 1
         if self._timeout is not None:
             self._deadlines.append((self._timers.now() + self._timeout, entry))
             if self._timer is None:
                 self._arm()
-        self._function.async_invoke(record.value, _Attempt(self, entry, 0))
+        self._function.async_invoke(
+            record.value,
+            _Attempt(self, entry, 0) if self._retry_enabled else entry,  # type: ignore[arg-type]
+        )
 
     def _deliver(
         self,
@@ -231,12 +261,33 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         except MailboxClosedError:
             pass  # the task already ended: nobody is left to take the result
 
+    def _deliver_own(
+        self, entry: _Entry[OUT], results: list[OUT] | None, error: BaseException | None
+    ) -> None:
+        """Completion of an entry that is its own future (no retries): no tuple per element."""
+        if self._finishing or entry.pending is not None or entry.error is not None:
+            return  # finishing, or not the first completion
+        if get_ident() != self._processor.mailbox.mailbox_thread:
+            self._deliver(entry, 0, results, error)  # a foreign thread: one mail each
+            return
+        entry.pending, entry.error = results, error
+        self._own_completions.append(entry)
+        if not self._drain_posted:
+            self._drain_posted = True
+            with contextlib.suppress(MailboxClosedError):
+                self._executor.execute(self._drain_completions, "async results")
+
     def _drain_completions(self) -> None:
         self._drain_posted = False
-        batch, self._completions = self._completions, []
         progressed = False
-        for entry, attempt, results, error in batch:
-            progressed |= self._complete(entry, attempt, results, error)
+        if self._own_completions:
+            own, self._own_completions = self._own_completions, []
+            for entry in own:
+                progressed |= self._complete(entry, 0, entry.pending, entry.error)
+        if self._completions:
+            batch, self._completions = self._completions, []
+            for queued, attempt, results, error in batch:
+                progressed |= self._complete(queued, attempt, results, error)
         if progressed:
             self._emit()
 
@@ -296,9 +347,7 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         self._retrying.discard(entry)
         if entry.done or self._finishing or entry.timed_out:
             return
-        record = entry.element
-        assert isinstance(record, StreamRecord)
-        self._function.async_invoke(record.value, _Attempt(self, entry, entry.attempt))
+        self._function.async_invoke(entry.value, _Attempt(self, entry, entry.attempt))
 
     # -- timeouts: one timer for the earliest deadline (deadlines are monotonic) --------
 
@@ -328,9 +377,7 @@ class AsyncWaitOperator(Generic[IN, OUT]):
             entry.retry_timer.cancel()
             entry.retry_timer = None
             self._retrying.discard(entry)
-        record = entry.element
-        assert isinstance(record, StreamRecord)
-        self._function.timeout(record.value, _Attempt(self, entry, entry.attempt))
+        self._function.timeout(entry.value, _Attempt(self, entry, entry.attempt))
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

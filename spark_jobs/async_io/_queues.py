@@ -19,23 +19,51 @@ Element = StreamRecord[Any] | Marker
 
 
 class QueueEntry(Generic[OUT]):
-    """One element in flight. Records complete later; markers are complete on insertion."""
+    """One element in flight. Records complete later; markers are complete on insertion.
 
-    __slots__ = ("attempt", "element", "results", "retry_timer", "segment", "seq", "timed_out")
+    A record's value and timestamp live on the entry itself (its StreamRecord is built only for
+    snapshots): with hundreds of elements in flight, every object per element counts against
+    CPython's young-generation GC threshold.
+    """
 
-    def __init__(self, element: Element, seq: int = 0) -> None:
-        self.element = element
+    __slots__ = (
+        "attempt",
+        "error",
+        "marker",
+        "pending",
+        "results",
+        "retry_timer",
+        "segment",
+        "seq",
+        "timed_out",
+        "timestamp",
+        "value",
+    )
+
+    def __init__(
+        self, value: Any, timestamp: int | None, marker: Marker | None = None, seq: int = 0
+    ) -> None:
+        self.value = value
+        self.timestamp = timestamp
+        self.marker = marker
         self.seq = seq
-        # Bookkeeping of the operator (retries, timeouts); the queue itself ignores it.
+        self.results: list[OUT] | None = None if marker is None else []
+        self.segment: _Segment[OUT] | None = None
+        # Bookkeeping of the operator (completions not yet processed, retries, timeouts).
+        self.pending: list[OUT] | None = None
+        self.error: BaseException | None = None
         self.attempt = 0
         self.retry_timer: Any = None
         self.timed_out = False
-        self.results: list[OUT] | None = None if type(element) is StreamRecord else []
-        self.segment: _Segment[OUT] | None = None
 
     @property
     def done(self) -> bool:
         return self.results is not None
+
+    @property
+    def element(self) -> Element:
+        marker = self.marker
+        return StreamRecord(self.value, self.timestamp) if marker is None else marker
 
 
 class Output(Generic[OUT]):
@@ -49,11 +77,12 @@ class Output(Generic[OUT]):
 
 
 class StreamElementQueue(abc.ABC, Generic[OUT]):
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, entry_type: type[QueueEntry[OUT]] = QueueEntry) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
         self._size = 0
+        self._entry_type = entry_type
 
     def __len__(self) -> int:
         return self._size
@@ -64,9 +93,21 @@ class StreamElementQueue(abc.ABC, Generic[OUT]):
     def has_capacity(self) -> bool:
         return self._size < self.capacity
 
-    @abc.abstractmethod
     def try_put(self, element: Element) -> QueueEntry[OUT] | None:
         """Add ``element``; returns its entry, or None when the queue is full."""
+        if isinstance(element, StreamRecord):
+            return self.try_put_record(element.value, element.timestamp)
+        return self._put(None, None, element)
+
+    def try_put_record(self, value: Any, timestamp: int | None) -> QueueEntry[OUT] | None:
+        """Add a record without building its StreamRecord (the operator's hot path)."""
+        return self._put(value, timestamp, None)
+
+    @abc.abstractmethod
+    def _put(
+        self, value: Any, timestamp: int | None, marker: Marker | None
+    ) -> QueueEntry[OUT] | None:
+        """Add a record (``marker`` None) or a marker; None when full."""
 
     @abc.abstractmethod
     def on_completed(self, entry: QueueEntry[OUT]) -> None:
@@ -82,26 +123,29 @@ class StreamElementQueue(abc.ABC, Generic[OUT]):
 
 
 def _emit(entry: QueueEntry[OUT], output: Output[OUT]) -> None:
-    element = entry.element
-    if isinstance(element, StreamRecord):
+    marker = entry.marker
+    if marker is None:
         assert entry.results is not None
+        timestamp = entry.timestamp
         for result in entry.results:
-            output.collect(result, element.timestamp)
+            output.collect(result, timestamp)
     else:
-        output.emit_marker(element)
+        output.emit_marker(marker)
 
 
 class OrderedQueue(StreamElementQueue[OUT]):
     """Emits in input order: an element leaves only when it and all before it completed."""
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
+    def __init__(self, capacity: int, entry_type: type[QueueEntry[OUT]] = QueueEntry) -> None:
+        super().__init__(capacity, entry_type)
         self._entries: deque[QueueEntry[OUT]] = deque()
 
-    def try_put(self, element: Element) -> QueueEntry[OUT] | None:
+    def _put(
+        self, value: Any, timestamp: int | None, marker: Marker | None
+    ) -> QueueEntry[OUT] | None:
         if self._size >= self.capacity:
             return None
-        entry: QueueEntry[OUT] = QueueEntry(element)
+        entry = self._entry_type(value, timestamp, marker)
         self._entries.append(entry)
         self._size += 1
         return entry
@@ -142,17 +186,19 @@ class UnorderedQueue(StreamElementQueue[OUT]):
     marker is a boundary: no record overtakes a watermark and no watermark overtakes a record.
     """
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
+    def __init__(self, capacity: int, entry_type: type[QueueEntry[OUT]] = QueueEntry) -> None:
+        super().__init__(capacity, entry_type)
         self._segments: deque[_Segment[OUT]] = deque()
         self._last_is_marker = True
         self._seq = 0
 
-    def try_put(self, element: Element) -> QueueEntry[OUT] | None:
+    def _put(
+        self, value: Any, timestamp: int | None, marker: Marker | None
+    ) -> QueueEntry[OUT] | None:
         if self._size >= self.capacity:
             return None
         self._seq += 1
-        entry: QueueEntry[OUT] = QueueEntry(element, self._seq)
+        entry = self._entry_type(value, timestamp, marker, self._seq)
         self._size += 1
         if entry.results is None:  # a record: joins the open segment
             if self._last_is_marker:

@@ -124,6 +124,9 @@ class ReaderTask:
             max_batch_size=config.batch_size,
             pool_size=config.pool_size,
             max_linger=config.max_linger_ms / 1000,
+            # Below the operator's timeout, so a retry re-queries instead of re-attaching to
+            # a hung query.
+            query_timeout=config.timeout_seconds / (config.retries + 2),
             cache=LookupCache(config.cache_rows, expire_after_write=config.cache_ttl_seconds)
             if config.cache_rows
             else None,

@@ -8,6 +8,7 @@ that records into it (the mailbox thread for :class:`~spark_jobs.lookup.Postgres
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,21 +16,21 @@ __all__ = ["LatencyHistogram", "LookupMetrics"]
 
 
 class LatencyHistogram:
-    """Latencies in seconds in log-spaced buckets: O(1) ``record``, bounded memory.
+    """Latencies in seconds in log-spaced buckets: O(1) ``record`` (a binary search over a
+    fixed set of about 520 bounds), bounded memory.
 
     Bucket ``i`` covers ``[lowest * growth**i, lowest * growth**(i+1))``; a quantile is
     reported as the bucket's geometric midpoint (clamped to the observed min/max), so its
     relative error is at most ``sqrt(growth) - 1`` (about 2.5% for the default 1.05) for
     values inside ``[lowest, highest]``. Values outside that range land in the first/last
-    bucket (their min/max are still exact).
+    bucket; the extremes (q=0, q=1) are exact.
     """
 
     __slots__ = (
+        "_bounds",
         "_counts",
         "_growth",
-        "_inv_log_growth",
         "_last",
-        "_log_lowest",
         "_lowest",
         "count",
         "max",
@@ -44,9 +45,10 @@ class LatencyHistogram:
             raise ValueError("growth must be > 1")
         self._lowest = lowest
         self._growth = growth
-        self._log_lowest = math.log(lowest)
-        self._inv_log_growth = 1.0 / math.log(growth)
-        buckets = math.ceil((math.log(highest) - self._log_lowest) * self._inv_log_growth) + 1
+        buckets = math.ceil(math.log(highest / lowest) / math.log(growth)) + 1
+        # Bucket lower bounds, searched with bisect: the same bounds decide both the bucket
+        # of a value and record_many's "same bucket as the previous value" shortcut.
+        self._bounds = [lowest * math.pow(growth, i) for i in range(buckets + 1)]
         self._last = buckets - 1
         self._counts = [0] * buckets
         self.count = 0
@@ -54,15 +56,15 @@ class LatencyHistogram:
         self.min = math.inf
         self.max = 0.0
 
+    def _index(self, seconds: float) -> int:
+        index = bisect_right(self._bounds, seconds) - 1
+        return 0 if index < 0 else min(index, self._last)
+
     def record(self, seconds: float) -> None:
         """Add one observation (negative values, from clock jitter, count as 0)."""
+        seconds = max(seconds, 0.0)
+        self._counts[self._index(seconds)] += 1
         self.count += 1
-        if seconds > self._lowest:
-            index = int((math.log(seconds) - self._log_lowest) * self._inv_log_growth)
-            self._counts[index if index < self._last else self._last] += 1
-        else:
-            seconds = max(seconds, 0.0)
-            self._counts[0] += 1
         self.total += seconds
         if seconds < self.min:
             self.min = seconds
@@ -70,23 +72,34 @@ class LatencyHistogram:
             self.max = seconds
 
     def record_many(self, values: Sequence[float]) -> None:
-        """Add a batch of observations: the same as ``record`` each, with less overhead."""
+        """Add a batch of observations: the same as ``record`` each, much cheaper.
+
+        The latencies of one completed batch are close to each other, so most values fall
+        into the previous value's bucket: two comparisons instead of a search.
+        """
         if not values:
             return
-        counts, log, lowest = self._counts, math.log, self._lowest
-        log_lowest, inv, last = self._log_lowest, self._inv_log_growth, self._last
-        clamped = 0.0
+        counts, bounds, last = self._counts, self._bounds, self._last
+        low = high = 0.0  # the previous value's bucket range; empty at first
+        index = run = 0
         for seconds in values:
-            if seconds > lowest:
-                index = int((log(seconds) - log_lowest) * inv)
-                counts[index if index < last else last] += 1
+            if low <= seconds < high:
+                run += 1
+                continue
+            counts[index] += run
+            run = 1
+            index = bisect_right(bounds, seconds) - 1
+            if index < 0:  # below the first bucket, including clock jitter below 0
+                index, low, high = 0, -math.inf, bounds[0]
+            elif index >= last:
+                index, low, high = last, bounds[last], math.inf
             else:
-                counts[0] += 1
-                if seconds < 0:
-                    clamped -= seconds  # undo the negative part in the total below
+                low, high = bounds[index], bounds[index + 1]
+        counts[index] += run
+        smallest = min(values)
         self.count += len(values)
-        self.total += sum(values) + clamped
-        self.min = min(self.min, max(min(values), 0.0))
+        self.total += sum(values) if smallest >= 0 else sum(max(v, 0.0) for v in values)
+        self.min = min(self.min, max(smallest, 0.0))
         self.max = max(self.max, max(values))
 
     def quantile(self, q: float) -> float:

@@ -3,9 +3,12 @@
 Lookups issued while the mailbox thread processes a slice of input are collected into one
 batch and sent as one query (``= ANY($1)`` for a single key column, a join against
 ``unnest($1, $2, …)`` for a composite key) when the batch is full, on the next event-loop
-iteration (``max_linger=0``) or ``max_linger`` seconds after its first key. A key that is
-already waiting, in the batch being collected or in a query in flight, joins that request
-instead of being sent again. Misses complete with ``joiner(value, None)``.
+iteration (``max_linger=0``) or ``max_linger`` seconds after its first key. At most
+``pool_size`` queries run at once: meanwhile full batches queue, and a partial batch that is
+due keeps filling until a connection frees (fewer, fuller queries exactly when the database
+is the bottleneck). A key that is already waiting, in the batch being collected or in a
+query in flight, joins that request instead of being sent again. Misses complete with
+``joiner(value, None)``.
 
 Threading contract: a :class:`PostgresLookup` lives on one asyncio event loop, the mailbox
 thread's. ``open``/``close`` run on it and ``async_invoke`` is called on it (never blocks: it
@@ -15,7 +18,6 @@ only files the request); every ResultFuture is completed from that thread too.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from time import perf_counter
@@ -26,16 +28,15 @@ import asyncpg
 from enumerator_service import ConfigError, validate_identifier
 from spark_jobs.async_io import AsyncFunction, ResultFuture
 from spark_jobs.lookup._cache import LookupCache
+from spark_jobs.lookup._connections import ConnectionPool, acquire_pool, release_pool
 from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
 
-__all__ = ["PostgresLookup", "acquire_pool", "release_pool"]
+__all__ = ["PostgresLookup"]
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
 
 # One pool per (process, event loop, dsn): asyncpg pools belong to the loop that created them.
-_pools: dict[tuple[int, int, str], tuple[asyncpg.Pool, int]] = {}
-
 # The key columns' types without typmod: casting keys to e.g. varchar(20) would silently
 # truncate a longer key and match the wrong row.
 _COLUMN_TYPES = """
@@ -43,29 +44,6 @@ SELECT attname, format_type(atttypid, NULL)
 FROM pg_catalog.pg_attribute
 WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
 """
-
-
-async def acquire_pool(dsn: str, size: int) -> asyncpg.Pool:
-    """The shared pool of ``dsn`` on the running loop (created with ``size`` connections)."""
-    key = (os.getpid(), id(asyncio.get_running_loop()), dsn)
-    entry = _pools.get(key)
-    if entry is None:
-        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=size)
-        _pools[key] = (pool, 1)
-        return pool
-    _pools[key] = (entry[0], entry[1] + 1)
-    return entry[0]
-
-
-async def release_pool(dsn: str) -> None:
-    """Give back one :func:`acquire_pool`; the last user closes the pool."""
-    key = (os.getpid(), id(asyncio.get_running_loop()), dsn)
-    pool, users = _pools[key]
-    if users > 1:
-        _pools[key] = (pool, users - 1)
-        return
-    del _pools[key]
-    await pool.close()
 
 
 class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
@@ -79,7 +57,11 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
     Keyword-only extras (all optional): ``max_linger`` seconds a partial batch may wait for
     more keys (0: flush on the next loop iteration); ``cache`` answers repeated keys without a
     query and receives every query result; ``latency`` seconds are slept per round trip while
-    holding the connection (benchmarks simulate a remote database with it).
+    holding the connection (benchmarks simulate a remote database with it); ``query_timeout``
+    seconds fail a query that takes longer (asyncpg cancels it on the server). Because a key in
+    flight is joined rather than queried again, a retry after an operator timeout waits for
+    the original query: keep ``query_timeout`` below the operator's timeout so that a hung
+    query fails and the retry queries afresh.
 
     Identifiers are validated; key values are always bound parameters. The key columns' SQL
     types are read from the catalog at ``open()``, which fails with a ConfigError naming a
@@ -101,6 +83,7 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
         max_linger: float = 0.0,
         cache: LookupCache[Any, Any] | None = None,
         latency: float = 0.0,
+        query_timeout: float | None = None,
     ) -> None:
         validate_identifier(schema, "schema")
         validate_identifier(table, "table")
@@ -128,7 +111,8 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
         self._linger = max_linger
         self._cache = cache
         self._latency = latency
-        self._pool: asyncpg.Pool | None = None
+        self._query_timeout = query_timeout
+        self._pool: ConnectionPool | None = None
         self._sql: str | None = None
         # Every key pending or in flight → its waiters (value, future, perf_counter at invoke).
         # One dict for both states makes single-flight one lookup per invoke, and a key leaves
@@ -155,9 +139,9 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
     # -- lifecycle (event loop) ----------------------------------------------------------
 
     async def open(self) -> None:
-        pool = await acquire_pool(self._dsn, self._pool_size)
+        pool = acquire_pool(self._dsn, self._pool_size)
         try:
-            async with pool.acquire() as conn:
+            async with pool.connection() as conn:
                 self._sql = await self._build_sql(conn)
         except BaseException:
             await release_pool(self._dsn)
@@ -306,10 +290,16 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
         # Composite keys travel as one array per key column (transposed tuples).
         args: Sequence[Any] = list(zip(*keys, strict=True)) if self._tuple_keys else (keys,)
         try:
-            async with pool.acquire() as conn:
+            conn = await pool.acquire()
+            try:
+                statement = await pool.prepared(conn, sql, self._query_timeout)
                 if self._latency:
                     await asyncio.sleep(self._latency)
-                rows = await conn.fetch(sql, *args)
+                rows = await statement.fetch(*args, timeout=self._query_timeout)
+            except BaseException:
+                pool.discard(conn)
+                raise
+            pool.release(conn)
         except asyncio.CancelledError as exc:
             self._fail(keys, exc)
             raise

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from enumerator_service import ConfigError, asyncpg_dsn
 from spark_jobs.async_io import ResultFuture
 from spark_jobs.lookup import LookupCache, PostgresLookup
-from spark_jobs.lookup import _postgres as postgres_module
+from spark_jobs.lookup import _connections as connections_module
 
 USERS = 1000  # ids 1..USERS exist; anything above is a miss
 TIMEOUT = 10.0
@@ -420,7 +420,7 @@ def test_open_names_a_missing_table_or_column(
             await lookup.open()
         # The pool acquired by open() was given back.
         loop = id(asyncio.get_running_loop())
-        assert not [key for key in postgres_module._pools if key[1] == loop]
+        assert not [key for key in connections_module._pools if key[1] == loop]
 
     run(scenario)
 
@@ -472,6 +472,20 @@ def test_a_dropped_table_fails_the_waiters_with_the_database_error(tables: Table
         await conn.close()
         failed = await results(invoke(lookup, [1, 2, 3, 3]))
         assert all(isinstance(f, asyncpg.UndefinedTableError) for f in failed)
+        await lookup.close()
+
+    run(scenario)
+
+
+def test_a_query_over_its_timeout_fails_and_the_keys_are_queried_afresh(tables: Tables) -> None:
+    async def scenario() -> None:
+        lookup = user_lookup(tables, query_timeout=0.02)
+        await lookup.open()
+        async with table_locked(tables, tables.users):
+            failed = await results(invoke(lookup, [1, 1, 2]))
+        assert all(isinstance(f, TimeoutError) for f in failed)
+        assert await results(invoke(lookup, [1, 2])) == [expected_user(1), expected_user(2)]
+        assert lookup.batches == 2
         await lookup.close()
 
     run(scenario)

@@ -1,0 +1,142 @@
+"""A minimal asyncpg connection pool for lookups, one per (process, event loop, DSN).
+
+asyncpg's own Pool resets every connection on release (a second round trip) and shields a
+task per release; together that doubled the cost of a per-row lookup. Lookups never change
+session state and bound their own concurrency, so a free list is all they need.
+
+Threading: event-loop thread only. asyncpg connections belong to the loop that opened them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+
+__all__ = ["ConnectionPool", "acquire_pool", "release_pool"]
+
+
+class ConnectionPool:
+    """Up to ``size`` connections, opened on demand, handed out LIFO (warm ones first)."""
+
+    def __init__(self, dsn: str, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"pool size must be at least 1, got {size}")
+        self._dsn = dsn
+        self.size = size
+        self._idle: list[asyncpg.Connection] = []
+        self._opened = 0
+        self._waiters: deque[asyncio.Future[asyncpg.Connection | None]] = deque()
+        self._statements: dict[tuple[int, str], asyncpg.prepared_stmt.PreparedStatement] = {}
+        self._closed = False
+
+    async def acquire(self) -> asyncpg.Connection:
+        if self._closed:
+            raise RuntimeError("connection pool is closed")
+        if self._idle:
+            return self._idle.pop()
+        if self._opened < self.size:
+            self._opened += 1
+            try:
+                return await asyncpg.connect(self._dsn)
+            except BaseException:
+                self._opened -= 1
+                raise
+        waiter: asyncio.Future[asyncpg.Connection | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._waiters.append(waiter)
+        conn = await waiter
+        # None: a connection died meanwhile, so there is room to open a fresh one.
+        return conn if conn is not None else await self.acquire()
+
+    def release(self, conn: asyncpg.Connection) -> None:
+        if conn.is_closed():  # broken (server restart, network): forget it
+            self._opened -= 1
+            self._forget(conn)
+            self._wake(None)
+            return
+        if self._closed:
+            conn.terminate()
+            return
+        self._wake(conn)
+
+    def discard(self, conn: asyncpg.Connection) -> None:
+        """Drop a connection whose last operation failed: its protocol state is unknown
+        (a timed-out query may still be cancelling), so it is never handed out again."""
+        conn.terminate()
+        self.release(conn)
+
+    def _wake(self, conn: asyncpg.Connection | None) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        if conn is not None:
+            self._idle.append(conn)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        conn = await self.acquire()
+        try:
+            yield conn
+        finally:
+            self.release(conn)
+
+    async def prepared(
+        self, conn: asyncpg.Connection, sql: str, timeout: float | None = None
+    ) -> asyncpg.prepared_stmt.PreparedStatement:
+        """``sql`` prepared once per connection (parsed and planned once, bound per call).
+
+        Preparing reads the catalog and can wait on table locks, hence the timeout.
+        """
+        key = (id(conn), sql)
+        statement = self._statements.get(key)
+        if statement is None:
+            statement = await conn.prepare(sql, timeout=timeout)
+            self._statements[key] = statement
+        return statement
+
+    def _forget(self, conn: asyncpg.Connection) -> None:
+        for key in [k for k in self._statements if k[0] == id(conn)]:
+            del self._statements[key]
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        self._statements.clear()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.cancel()
+        await asyncio.gather(*(conn.close() for conn in idle), return_exceptions=True)
+
+
+_pools: dict[tuple[int, int, str], tuple[ConnectionPool, int]] = {}
+
+
+def acquire_pool(dsn: str, size: int) -> ConnectionPool:
+    """The shared pool of ``dsn`` on the running loop (sized by its first user)."""
+    key = (os.getpid(), id(asyncio.get_running_loop()), dsn)
+    entry = _pools.get(key)
+    if entry is None:
+        pool = ConnectionPool(dsn, size)
+        _pools[key] = (pool, 1)
+        return pool
+    _pools[key] = (entry[0], entry[1] + 1)
+    return entry[0]
+
+
+async def release_pool(dsn: str) -> None:
+    """Give back one :func:`acquire_pool`; the last user closes the pool."""
+    key = (os.getpid(), id(asyncio.get_running_loop()), dsn)
+    pool, users = _pools[key]
+    if users > 1:
+        _pools[key] = (pool, users - 1)
+        return
+    del _pools[key]
+    await pool.close()
