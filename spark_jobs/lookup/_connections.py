@@ -88,6 +88,12 @@ class ConnectionPool:
         finally:
             self.release(conn)
 
+    def cached(
+        self, conn: asyncpg.Connection, sql: str
+    ) -> asyncpg.prepared_stmt.PreparedStatement | None:
+        """``sql`` as already prepared on ``conn``, or None (no await on the hot path)."""
+        return self._statements.get((id(conn), sql))
+
     async def prepared(
         self, conn: asyncpg.Connection, sql: str, timeout: float | None = None
     ) -> asyncpg.prepared_stmt.PreparedStatement:

@@ -114,6 +114,7 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
         self._query_timeout = query_timeout
         self._pool: ConnectionPool | None = None
         self._sql: str | None = None
+        self._sql_one: str | None = None
         # Every key pending or in flight → its waiters (value, future, perf_counter at invoke).
         # One dict for both states makes single-flight one lookup per invoke, and a key leaves
         # it exactly when its query's result (or failure) is delivered.
@@ -168,6 +169,11 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
             for name in names:
                 if name not in types:
                     raise ConfigError(setting, f"lookup table {qualified} has no column {name}")
+        equal = " AND ".join(f"{name} = ${i}" for i, name in enumerate(self._key_columns, 1))
+        self._sql_one = (
+            f"SELECT {', '.join((*self._key_columns, *self._columns))} FROM {qualified} "
+            f"WHERE {equal}"
+        )
         if not self._tuple_keys:
             (key,) = self._key_columns
             select = ", ".join((key, *self._columns))
@@ -271,28 +277,23 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
 
     async def _query(self, keys: list[Any]) -> None:
         try:
-            await self._run_query(keys)
-        finally:
-            # The connection is free again: hand it the next batch straight away.
-            self._running -= 1
-            if self._ready:
-                self._start(self._ready.popleft())
-            elif self._batch_due:
-                self._close_batch()
-
-    async def _run_query(self, keys: list[Any]) -> None:
-        pool, sql = self._pool, self._sql
-        if pool is None or sql is None:
-            self._fail(keys, RuntimeError("PostgresLookup used before open() or after close()"))
-            return
-        self.batches += 1
-        self.keys_queried += len(keys)
-        # Composite keys travel as one array per key column (transposed tuples).
-        args: Sequence[Any] = list(zip(*keys, strict=True)) if self._tuple_keys else (keys,)
-        try:
+            pool, sql, sql_one = self._pool, self._sql, self._sql_one
+            if pool is None or sql is None or sql_one is None:
+                raise RuntimeError("PostgresLookup used before open() or after close()")
+            self.batches += 1
+            self.keys_queried += len(keys)
+            args: Sequence[Any]
+            if len(keys) == 1:
+                # A lone key takes the plain "key = $1" statement: cheaper on both sides.
+                sql, args = sql_one, keys[0] if self._tuple_keys else keys
+            else:
+                # Composite keys travel as one array per key column (transposed tuples).
+                args = list(zip(*keys, strict=True)) if self._tuple_keys else (keys,)
             conn = await pool.acquire()
             try:
-                statement = await pool.prepared(conn, sql, self._query_timeout)
+                statement = pool.cached(conn, sql) or await pool.prepared(
+                    conn, sql, self._query_timeout
+                )
                 if self._latency:
                     await asyncio.sleep(self._latency)
                 rows = await statement.fetch(*args, timeout=self._query_timeout)
@@ -305,8 +306,15 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
             raise
         except Exception as exc:
             self._fail(keys, exc)
-            return
-        self._deliver(keys, rows)
+        else:
+            self._deliver(keys, rows)
+        finally:
+            # The connection is free again: hand it the next batch straight away.
+            self._running -= 1
+            if self._ready:
+                self._start(self._ready.popleft())
+            elif self._batch_due:
+                self._close_batch()
 
     def _deliver(self, keys: list[Any], rows: list[asyncpg.Record]) -> None:
         self.rows_fetched += len(rows)
