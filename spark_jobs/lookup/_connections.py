@@ -34,6 +34,10 @@ class ConnectionPool:
         self._statements: dict[tuple[int, str], asyncpg.prepared_stmt.PreparedStatement] = {}
         self._closed = False
 
+    def try_acquire(self) -> asyncpg.Connection | None:
+        """An idle connection, or None (then await :meth:`acquire`). Never suspends."""
+        return self._idle.pop() if self._idle and not self._closed else None
+
     async def acquire(self) -> asyncpg.Connection:
         if self._closed:
             raise RuntimeError("connection pool is closed")

@@ -289,7 +289,7 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
             else:
                 # Composite keys travel as one array per key column (transposed tuples).
                 args = list(zip(*keys, strict=True)) if self._tuple_keys else (keys,)
-            conn = await pool.acquire()
+            conn = pool.try_acquire() or await pool.acquire()
             try:
                 statement = pool.cached(conn, sql) or await pool.prepared(
                     conn, sql, self._query_timeout
