@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
 from spark_jobs.source._records import RawLine
 
-__all__ = ["Event", "parse_event"]
+__all__ = ["Event", "parse_event", "validate_event"]
 
 _REQUIRED = ("event_id", "user_id", "event_time", "event_type", "amount")
 
@@ -39,6 +39,12 @@ def parse_event(split_id: int, line: RawLine, max_line_bytes: int) -> Event | st
         return f"invalid JSON: {exc}"
     if not isinstance(obj, dict):
         return f"wrong type: expected a JSON object, got {type(obj).__name__}"
+    return validate_event(split_id, obj)
+
+
+def validate_event(split_id: int, obj: dict[str, Any]) -> Event | str:
+    """The event in a decoded record (JSON object, CSV row, Parquet row), or a dead-letter
+    reason (``"category: detail"``)."""
     missing = [name for name in _REQUIRED if obj.get(name) is None]
     if missing:
         return f"missing field: {', '.join(missing)}"
