@@ -1,5 +1,6 @@
 """Sluice work discovery: settings, schema, splits, the split store and enumerators."""
 
+from enumerator_service._assignment_tracker import NO_CHECKPOINT, SplitAssignmentTracker
 from enumerator_service._config import (
     ConfigError,
     Settings,
@@ -13,21 +14,29 @@ from enumerator_service._database import (
     database_url,
     upgrade_schema,
 )
-from enumerator_service._enumerator import DiscoveryResult, FileSplitEnumerator, SplitEnumerator
+from enumerator_service._enumerator import (
+    ContinuousFileEnumerator,
+    DiscoveryResult,
+    SplitEnumerator,
+    StaticFileEnumerator,
+)
 from enumerator_service._split_store import FencedError, SplitStore
 from enumerator_service._splits import FileSplit, SplitAssignment, SplitState
 
 __all__ = [
+    "NO_CHECKPOINT",
     "ConfigError",
+    "ContinuousFileEnumerator",
     "DiscoveryResult",
     "FencedError",
     "FileSplit",
-    "FileSplitEnumerator",
     "Settings",
     "SplitAssignment",
+    "SplitAssignmentTracker",
     "SplitEnumerator",
     "SplitState",
     "SplitStore",
+    "StaticFileEnumerator",
     "asyncpg_dsn",
     "connect_engine",
     "database_url",

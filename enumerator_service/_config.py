@@ -101,6 +101,9 @@ class Settings(BaseSettings):
         default=300.0, gt=0, description="Cached rows expire this long after they were read."
     )
     lease_seconds: float = Field(default=60.0, gt=0, description="Split lease before reassignment.")
+    target_split_bytes: int = Field(
+        default=128 << 20, ge=1024, description="Files larger than this are cut into byte ranges."
+    )
     max_line_bytes: int = Field(
         default=1 << 20, ge=64, description="Longer lines are dead-lettered."
     )

@@ -1,9 +1,13 @@
 """FLIP-27 work discovery: split enumerators over landing folders.
 
-Discovery is separate from reading: an enumerator lists files, registers one split per file in
-the split store, and hands splits to readers that ask for them. Every enumerator works bounded
-(``dates`` given: a backfill lists those dates once) and continuous (each ``discover()`` call is
-one tick, resumed from a bounded cursor persisted in ``enumerator_state``).
+Discovery is separate from reading: an enumerator finds files, registers their splits in the
+split store, and hands splits to the reader subtasks that ask for them (pull-based, so idle
+readers take more work). Every enumerator works bounded (``StaticFileEnumerator``: lists once,
+optionally only some dates — backfills) and continuous (``ContinuousFileEnumerator``: each
+``discover()`` is one tick, resumed from a bounded cursor persisted in ``enumerator_state``).
+
+Threading: methods block on Postgres and the file system; the enumerator is owned by one
+thread (the Dagster sensor tick, or the job driver).
 """
 
 from __future__ import annotations
@@ -25,10 +29,18 @@ from enumerator_service._schema import enumerator_state
 from enumerator_service._split_store import SplitStore
 from enumerator_service._splits import FileSplit, SplitAssignment
 
-__all__ = ["DiscoveryResult", "FileSplitEnumerator", "SplitEnumerator"]
+__all__ = [
+    "ContinuousFileEnumerator",
+    "DiscoveryResult",
+    "SplitEnumerator",
+    "StaticFileEnumerator",
+]
 
 _PARTITION_DIR = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
+#: File suffix -> split kind. Only kinds that have a split reader are registered.
 _KINDS = {".jsonl": "jsonl", ".json": "jsonl"}
+#: Kinds that can be cut into byte ranges (a record is one line).
+_SPLITTABLE = frozenset({"jsonl"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,32 +53,184 @@ class DiscoveryResult:
 
 
 class SplitEnumerator(abc.ABC):
-    """Discovers splits and hands them to reader subtasks on request (pull-based)."""
+    """Discovers splits and hands them to the reader subtasks of one run, on request.
+
+    Assignment state lives in the split store: ``snapshot_state`` records which hand-outs a
+    checkpoint captured, and a reader restoring checkpoint k gets back exactly what it held
+    at k (see ``SplitStore.restore_assignments``).
+    """
+
+    def __init__(self, engine: Engine, source: str, *, lease_seconds: float = 60.0) -> None:
+        self._engine = engine
+        self._store = SplitStore(engine)
+        self._source = source
+        self._lease = lease_seconds
+        self._run_id: str | None = None
+        self._readers: set[int] = set()
+        self._completed_checkpoint: int | None = None
+
+    @property
+    def store(self) -> SplitStore:
+        return self._store
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self, run_id: str | None = None) -> DiscoveryResult:
+        """Begin serving ``run_id`` (if given) and run a first discovery."""
+        self._run_id = run_id
+        return self.discover()
+
+    def close(self) -> None:
+        self._readers.clear()
+        self._run_id = None
 
     @abc.abstractmethod
     def discover(self) -> DiscoveryResult:
-        """Run one discovery tick: find new splits and register them. Blocks on I/O."""
+        """Find new splits and register them (idempotent). Blocks on I/O."""
 
-    @abc.abstractmethod
-    def handle_split_request(self, run_id: str, subtask: int) -> SplitAssignment | None:
-        """The next split for ``subtask`` of ``run_id``, or None when there is none."""
+    def assign_pending(self, dates: Sequence[date] | None = None) -> int:
+        """Level-1 assignment: give the source's unassigned splits to this run."""
+        return self._store.assign_to_run(
+            self._require_run(), self._source, lease_seconds=self._lease, partition_keys=dates
+        )
 
-    @abc.abstractmethod
-    def add_splits_back(self, run_id: str) -> int:
-        """Return the run's uncommitted splits to the pool (after a failure)."""
+    # -- readers -------------------------------------------------------------------------
 
-    @abc.abstractmethod
-    def snapshot_state(self) -> dict[str, Any]:
-        """The enumerator's own state (its discovery cursor) as JSON."""
+    def add_reader(self, subtask: int) -> None:
+        self._readers.add(subtask)
+
+    def remove_reader(self, subtask: int) -> None:
+        self._readers.discard(subtask)
+
+    def handle_split_request(self, subtask: int) -> SplitAssignment | None:
+        """The next split for a registered reader; a reader that has gone away gets nothing."""
+        if subtask not in self._readers:
+            return None
+        return self._store.pull_next(self._require_run(), subtask, self._lease)
+
+    def add_splits_back(self, split_ids: Sequence[int], subtask: int) -> int:
+        """Splits of a failed ``subtask`` that no completed checkpoint covers: back to the pool."""
+        self._readers.discard(subtask)
+        return self._store.return_splits(self._require_run(), split_ids)
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def snapshot_state(self, checkpoint_id: int) -> dict[str, Any]:
+        """Record the hand-outs checkpoint ``checkpoint_id`` captures; the enumerator state."""
+        captured = self._store.snapshot_assignments(self._require_run(), checkpoint_id)
+        return {"checkpoint_id": checkpoint_id, "captured": captured, "cursor": self.cursor()}
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Completing k forgets what k covers: only hand-outs after it are ever returned."""
+        if self._completed_checkpoint is None or checkpoint_id > self._completed_checkpoint:
+            self._completed_checkpoint = checkpoint_id
+
+    def restore(self, subtask: int | None) -> list[int]:
+        """A reader (None: all) restarts from the last completed checkpoint."""
+        return self._store.restore_assignments(
+            self._require_run(), subtask, self._completed_checkpoint
+        )
+
+    def cursor(self) -> dict[str, Any]:
+        return {}
+
+    def _require_run(self) -> str:
+        if self._run_id is None:
+            raise RuntimeError("the enumerator serves no run: call start(run_id) first")
+        return self._run_id
 
 
-class FileSplitEnumerator(SplitEnumerator):
-    """One split per JSON Lines file under ``<landing>/dt=YYYY-MM-DD/``.
+class _FileEnumerator(SplitEnumerator):
+    """Lists ``<landing>/dt=YYYY-MM-DD/*`` and cuts large files into byte ranges."""
 
-    The continuous cursor is bounded: a modification-time watermark plus the paths seen inside
-    the last ``lookback_seconds`` before it — never the set of every path ever seen (Flink's
-    FileSource runs out of memory that way). Files older than the window are assumed known;
-    registration is idempotent, so a file seen twice is still registered once.
+    def __init__(
+        self,
+        engine: Engine,
+        source: str,
+        landing: Path,
+        *,
+        lease_seconds: float = 60.0,
+        target_split_bytes: int = 128 << 20,
+    ) -> None:
+        super().__init__(engine, source, lease_seconds=lease_seconds)
+        if target_split_bytes < 1:
+            raise ValueError("target_split_bytes must be positive")
+        self._landing = landing
+        self._target = target_split_bytes
+
+    def _files(self, dates: frozenset[date] | None) -> Iterator[tuple[str, str, date, int, float]]:
+        """(path, kind, partition date, size, mtime) of every data file."""
+        with os.scandir(self._landing) as partitions:
+            for entry in partitions:
+                match = _PARTITION_DIR.match(entry.name)
+                if not match or not entry.is_dir():
+                    continue
+                day = date.fromisoformat(match.group(1))
+                if dates is not None and day not in dates:
+                    continue
+                with os.scandir(entry.path) as files:
+                    for file in files:
+                        kind = _KINDS.get(os.path.splitext(file.name)[1])
+                        # Hidden and "_" files are in-flight writes or markers, never data.
+                        if kind is None or file.name.startswith((".", "_")) or not file.is_file():
+                            continue
+                        stat = file.stat()
+                        path = os.path.abspath(file.path)
+                        yield path, kind, day, stat.st_size, stat.st_mtime
+
+    def _splits_of(self, path: str, kind: str, day: date, size: int) -> list[FileSplit]:
+        if kind not in _SPLITTABLE or size <= self._target:
+            return [FileSplit(self._source, kind, path, 0, size, day)]
+        # Byte ranges; the reader applies the line rule at each boundary.
+        return [
+            FileSplit(self._source, kind, path, start, min(start + self._target, size), day)
+            for start in range(0, size, self._target)
+        ]
+
+
+class StaticFileEnumerator(_FileEnumerator):
+    """Bounded: lists the landing folder once (only ``dates`` if given). For backfills."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        source: str,
+        landing: Path,
+        *,
+        dates: Sequence[date] | None = None,
+        lease_seconds: float = 60.0,
+        target_split_bytes: int = 128 << 20,
+    ) -> None:
+        super().__init__(
+            engine,
+            source,
+            landing,
+            lease_seconds=lease_seconds,
+            target_split_bytes=target_split_bytes,
+        )
+        self._dates = frozenset(dates) if dates is not None else None
+
+    def discover(self) -> DiscoveryResult:
+        found: list[FileSplit] = []
+        seen = 0
+        for path, kind, day, size, _mtime in self._files(self._dates):
+            seen += 1
+            found.extend(self._splits_of(path, kind, day, size))
+        return DiscoveryResult(seen, self._store.register(found), {})
+
+
+class ContinuousFileEnumerator(_FileEnumerator):
+    """Continuous: each ``discover()`` registers the files that appeared since the last tick.
+
+    The cursor is bounded: a modification-time watermark plus the paths seen inside the last
+    ``lookback_seconds`` before it — never the set of every path ever seen (Flink's FileSource
+    runs out of memory that way). Files older than the window are assumed known; landing files
+    must be written under a hidden name and renamed into place (immutable once visible).
+    Registration is idempotent, so a file seen twice is still registered once.
     """
 
     def __init__(
@@ -77,46 +241,18 @@ class FileSplitEnumerator(SplitEnumerator):
         *,
         lease_seconds: float = 60.0,
         lookback_seconds: float = 600.0,
-        dates: Sequence[date] | None = None,
+        target_split_bytes: int = 128 << 20,
     ) -> None:
-        self._engine = engine
-        self._store = SplitStore(engine)
-        self._source = source
-        self._landing = landing
-        self._lease = lease_seconds
+        super().__init__(
+            engine,
+            source,
+            landing,
+            lease_seconds=lease_seconds,
+            target_split_bytes=target_split_bytes,
+        )
         self._lookback = lookback_seconds
-        self._dates = frozenset(dates) if dates is not None else None
 
-    @property
-    def store(self) -> SplitStore:
-        return self._store
-
-    def _list(self) -> Iterator[tuple[FileSplit, float]]:
-        with os.scandir(self._landing) as partitions:
-            for entry in partitions:
-                match = _PARTITION_DIR.match(entry.name)
-                if not match or not entry.is_dir():
-                    continue
-                day = date.fromisoformat(match.group(1))
-                if self._dates is not None and day not in self._dates:
-                    continue
-                with os.scandir(entry.path) as files:
-                    for file in files:
-                        kind = _KINDS.get(os.path.splitext(file.name)[1])
-                        if kind is None or file.name.startswith((".", "_")) or not file.is_file():
-                            continue
-                        stat = file.stat()
-                        split = FileSplit(
-                            source=self._source,
-                            kind=kind,
-                            path=os.path.abspath(file.path),
-                            start=0,
-                            end=stat.st_size,
-                            partition_key=day,
-                        )
-                        yield split, stat.st_mtime
-
-    def _load_cursor(self) -> dict[str, Any]:
+    def cursor(self) -> dict[str, Any]:
         stmt = sa.select(enumerator_state.c.cursor).where(enumerator_state.c.source == self._source)
         with self._engine.connect() as conn:
             cursor = conn.execute(stmt).scalar()
@@ -131,44 +267,27 @@ class FileSplitEnumerator(SplitEnumerator):
             conn.execute(stmt)
 
     def discover(self) -> DiscoveryResult:
-        if self._dates is not None:
-            # Bounded (backfill) listing: every file of the requested dates, no cursor.
-            found = [split for split, _ in self._list()]
-            added = self._store.register(found)
-            return DiscoveryResult(len(found), added, self.snapshot_state())
-
-        cursor = self._load_cursor()
+        cursor = self.cursor()
         watermark: float | None = cursor["mtime_watermark"]
         known = set(cursor["recent_paths"])
         horizon = float("-inf") if watermark is None else watermark - self._lookback
         fresh: list[FileSplit] = []
         window: dict[str, float] = {}  # files modified inside the lookback window
         seen = 0
-        for split, mtime in self._list():
+        for path, kind, day, size, mtime in self._files(None):
             seen += 1
             if mtime < horizon:
                 continue  # older than the window: known since an earlier tick
-            window[split.path] = mtime
-            if split.path not in known:
-                fresh.append(split)
+            window[path] = mtime
+            if path not in known:
+                fresh.extend(self._splits_of(path, kind, day, size))
         added = self._store.register(fresh)
         if window:
-            watermark = (
-                max(window.values()) if watermark is None else max(watermark, *window.values())
-            )
-        assert watermark is None or isinstance(watermark, float)
+            newest = max(window.values())
+            watermark = newest if watermark is None else max(watermark, newest)
         keep_after = float("-inf") if watermark is None else watermark - self._lookback
         # Only paths inside the window are remembered: the cursor stays bounded.
         recent = sorted(path for path, mtime in window.items() if mtime >= keep_after)
         new_cursor = {"mtime_watermark": watermark, "recent_paths": recent}
         self._save_cursor(new_cursor)
         return DiscoveryResult(seen, added, new_cursor)
-
-    def handle_split_request(self, run_id: str, subtask: int) -> SplitAssignment | None:
-        return self._store.pull_next(run_id, subtask, self._lease)
-
-    def add_splits_back(self, run_id: str) -> int:
-        return self._store.release_run(run_id)
-
-    def snapshot_state(self) -> dict[str, Any]:
-        return self._load_cursor()

@@ -12,7 +12,12 @@ from sqlalchemy.engine import Engine
 
 from enumerator_service._config import ConfigError, Settings
 from enumerator_service._database import connect_engine, database_url, upgrade_schema
-from enumerator_service._enumerator import DiscoveryResult, FileSplitEnumerator
+from enumerator_service._enumerator import (
+    ContinuousFileEnumerator,
+    DiscoveryResult,
+    SplitEnumerator,
+    StaticFileEnumerator,
+)
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions
 from enumerator_service._split_store import SplitStore
 
@@ -46,13 +51,24 @@ def discover(platform: Platform, *, dates: Sequence[date] | None = None) -> Disc
     landing = settings.landing_path
     if not landing.is_dir():
         raise ConfigError("SLUICE_LANDING_DIR", f"folder does not exist: {landing}")
-    enumerator = FileSplitEnumerator(
-        platform.engine,
-        settings.source_name,
-        landing,
-        lease_seconds=settings.lease_seconds,
-        dates=dates,
-    )
+    enumerator: SplitEnumerator
+    if dates is not None:
+        enumerator = StaticFileEnumerator(
+            platform.engine,
+            settings.source_name,
+            landing,
+            dates=dates,
+            lease_seconds=settings.lease_seconds,
+            target_split_bytes=settings.target_split_bytes,
+        )
+    else:
+        enumerator = ContinuousFileEnumerator(
+            platform.engine,
+            settings.source_name,
+            landing,
+            lease_seconds=settings.lease_seconds,
+            target_split_bytes=settings.target_split_bytes,
+        )
     return enumerator.discover()
 
 

@@ -79,6 +79,9 @@ splits = Table(
     Column("run_id", Text),
     Column("subtask", Integer),
     Column("lease_expires_at", DateTime(timezone=True)),
+    # The checkpoint whose snapshot first captured the current hand-out to a subtask; NULL
+    # while no snapshot has. Restoring checkpoint k returns the splits handed out after k.
+    Column("assigned_checkpoint", BigInteger),
     # Fencing epoch: bumped on every hand-out; a commit must present the current epoch.
     Column("epoch", BigInteger, nullable=False, server_default="0"),
     Column("attempts", Integer, nullable=False, server_default="0"),

@@ -24,6 +24,14 @@ from enumerator_service._splits import FileSplit, SplitAssignment
 __all__ = ["FencedError", "SplitStore"]
 
 _ACTIVE = ("ASSIGNED", "READING")
+#: A split given back to the pool: no run, no subtask, no lease, no checkpointed hand-out.
+_RETURNED: dict[str, object] = {
+    "status": "UNASSIGNED",
+    "run_id": None,
+    "subtask": None,
+    "lease_expires_at": None,
+    "assigned_checkpoint": None,
+}
 
 
 class FencedError(Exception):
@@ -100,7 +108,7 @@ class SplitStore:
                 splits.c.status.in_(_ACTIVE),
                 splits.c.lease_expires_at < sa.func.now(),
             )
-            .values(status="UNASSIGNED", run_id=None, subtask=None, lease_expires_at=None)
+            .values(**_RETURNED)
         )
         with self._engine.begin() as conn:
             return conn.execute(stmt).rowcount
@@ -146,7 +154,7 @@ class SplitStore:
         stmt = (
             sa.update(splits)
             .where(splits.c.run_id == run_id, splits.c.status.in_(_ACTIVE))
-            .values(status="UNASSIGNED", run_id=None, subtask=None, lease_expires_at=None)
+            .values(**_RETURNED)
         )
         with self._engine.begin() as conn:
             return conn.execute(stmt).rowcount
@@ -229,6 +237,66 @@ class SplitStore:
                 f"split {assignment.split_id} epoch {assignment.epoch} is no longer held by run "
                 f"{run_id}; its output is discarded"
             )
+
+    # -- enumerator state relative to checkpoints (SplitAssignmentTracker in Postgres) ---
+
+    def snapshot_assignments(self, run_id: str, checkpoint_id: int) -> int:
+        """Checkpoint ``checkpoint_id`` captures the run's hand-outs no snapshot has yet."""
+        stmt = (
+            sa.update(splits)
+            .where(
+                splits.c.run_id == run_id,
+                splits.c.status == "READING",
+                splits.c.assigned_checkpoint.is_(None),
+            )
+            .values(assigned_checkpoint=checkpoint_id)
+        )
+        with self._engine.begin() as conn:
+            return conn.execute(stmt).rowcount
+
+    def restore_assignments(
+        self, run_id: str, subtask: int | None, checkpoint_id: int | None
+    ) -> list[int]:
+        """``subtask`` (every subtask: None) restores ``checkpoint_id`` (None: before any).
+
+        The splits handed to it after that checkpoint go back to the run's pool
+        (addSplitsBack), where any subtask can pull them; the ones handed out up to the
+        checkpoint stay with it — they are part of its restored reader state. Completing a
+        checkpoint needs no bookkeeping here: only the latest completed one is ever restored,
+        so the hand-outs it covers are never returned again.
+        """
+        conditions = [splits.c.run_id == run_id, splits.c.status == "READING"]
+        if subtask is not None:
+            conditions.append(splits.c.subtask == subtask)
+        if checkpoint_id is not None:
+            conditions.append(
+                sa.or_(
+                    splits.c.assigned_checkpoint.is_(None),
+                    splits.c.assigned_checkpoint > checkpoint_id,
+                )
+            )
+        stmt = (
+            sa.update(splits)
+            .where(*conditions)
+            .values(status="ASSIGNED", subtask=None, assigned_checkpoint=None)
+            .returning(splits.c.id)
+        )
+        with self._engine.begin() as conn:
+            return sorted(conn.execute(stmt).scalars())
+
+    def return_splits(self, run_id: str, split_ids: Sequence[int]) -> int:
+        """Give specific hand-outs of the run back to its pool (Flink's addSplitsBack)."""
+        stmt = (
+            sa.update(splits)
+            .where(
+                splits.c.run_id == run_id,
+                splits.c.status == "READING",
+                splits.c.id.in_(list(split_ids)),
+            )
+            .values(status="ASSIGNED", subtask=None, assigned_checkpoint=None)
+        )
+        with self._engine.begin() as conn:
+            return conn.execute(stmt).rowcount
 
     # -- inspection ----------------------------------------------------------------------
 

@@ -9,9 +9,11 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 
 from enumerator_service import connect_engine, upgrade_schema
+from enumerator_service._database import alembic_config
 from enumerator_service._schema import SCHEMA, metadata
 
 
@@ -67,4 +69,5 @@ def test_upgrade_is_idempotent(empty_engine: sa.Engine) -> None:
         version = conn.execute(
             sa.text(f"SELECT version_num FROM {SCHEMA}.alembic_version")
         ).scalar()
-    assert version == "0001"
+    head = ScriptDirectory.from_config(alembic_config(empty_engine)).get_current_head()
+    assert version == head == "0002"

@@ -204,3 +204,28 @@ def test_a_dead_run_returns_its_splits_and_the_next_run_takes_them(
     assert summary.rows_out == len(expected)
     ids = [r["event_id"] for r in _read_output(settings)]
     assert sorted(ids) == sorted(e["event_id"] for e in expected)
+
+
+def test_byte_range_splits_produce_the_same_output(make_settings: Any) -> None:
+    settings: Settings = make_settings(target_split_bytes=4096)
+    platform = open_platform(settings)
+    try:
+        generate_events(settings.landing_path, _spec(settings))
+        load_users(
+            asyncpg_dsn(platform.url),
+            schema="public",
+            table="users",
+            key="id",
+            users=settings.demo_users,
+            seed=settings.demo_seed,
+        )
+        files = settings.demo_days * settings.demo_files_per_day
+        found = discover(platform)
+        assert found.splits_registered > 4 * files  # every file was cut into byte ranges
+        summary = run_enrichment(settings)
+        expected, malformed = _expected_events(settings.landing_path)
+        assert (summary.rows_out, summary.dead_letters) == (len(expected), malformed)
+        ids = sorted(r["event_id"] for r in _read_output(settings))
+        assert ids == sorted(e["event_id"] for e in expected)
+    finally:
+        platform.close()

@@ -151,3 +151,34 @@ def test_discovery_registers_each_file_once_with_a_bounded_cursor(platform: Plat
         ("2026-01-02", 2),
         ("2026-01-03", 1),
     ]
+
+
+def test_restoring_a_checkpoint_returns_exactly_the_later_hand_outs(platform: Platform) -> None:
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    store.register(_splits(source, 6))
+    store.assign_to_run("run-g", source, lease_seconds=60)
+
+    def pull(subtask: int) -> int:
+        assignment = store.pull_next("run-g", subtask, 60)
+        assert assignment is not None
+        return assignment.split_id
+
+    early = [pull(0), pull(0), pull(1)]
+    assert store.snapshot_assignments("run-g", 1) == 3
+    after_one = [pull(0)]
+    assert store.snapshot_assignments("run-g", 2) == 1
+    unsnapshotted = [pull(0)]
+
+    # Subtask 0 fails and restores checkpoint 1: what it got after 1 goes back to the pool.
+    assert store.restore_assignments("run-g", 0, 1) == sorted(after_one + unsnapshotted)
+    assert store.counts(source) == {"READING": 3, "ASSIGNED": 3}
+    # The returned splits are handed out again (to anyone), as new, uncheckpointed hand-outs.
+    again = {pull(1), pull(1), pull(1)}
+    assert set(after_one + unsnapshotted) <= again
+    assert store.snapshot_assignments("run-g", 3) == 3
+
+    # Restoring "before any checkpoint" returns every hand-out of the run.
+    returned = store.restore_assignments("run-g", None, None)
+    assert set(early) <= set(returned)
+    assert store.counts(source) == {"ASSIGNED": 6}
