@@ -42,6 +42,7 @@ ui: install
 
 bench: install
 	$(BIN)/python bench/async_io.py
+	$(BIN)/python bench/enumerator.py
 
 clean:
 	rm -rf $(VENV) .sluice data .pytest_cache .mypy_cache .ruff_cache

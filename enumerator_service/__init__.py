@@ -21,7 +21,14 @@ from enumerator_service._enumerator import (
     StaticFileEnumerator,
 )
 from enumerator_service._split_store import FencedError, SplitStore
-from enumerator_service._splits import FileSplit, SplitAssignment, SplitState
+from enumerator_service._splits import (
+    FileSplit,
+    Split,
+    SplitAssignment,
+    SplitState,
+    TableRangeSplit,
+)
+from enumerator_service._table_enumerator import TableRangeEnumerator
 
 __all__ = [
     "NO_CHECKPOINT",
@@ -31,12 +38,15 @@ __all__ = [
     "FencedError",
     "FileSplit",
     "Settings",
+    "Split",
     "SplitAssignment",
     "SplitAssignmentTracker",
     "SplitEnumerator",
     "SplitState",
     "SplitStore",
     "StaticFileEnumerator",
+    "TableRangeEnumerator",
+    "TableRangeSplit",
     "asyncpg_dsn",
     "connect_engine",
     "database_url",

@@ -37,10 +37,25 @@ __all__ = [
 ]
 
 _PARTITION_DIR = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
-#: File suffix -> split kind. Only kinds that have a split reader are registered.
-_KINDS = {".jsonl": "jsonl", ".json": "jsonl"}
-#: Kinds that can be cut into byte ranges (a record is one line).
-_SPLITTABLE = frozenset({"jsonl"})
+#: File suffix -> split kind; longest suffix first. Only kinds with a split reader.
+_KINDS = (
+    (".jsonl.gz", "jsonl.gz"),
+    (".csv.gz", "csv.gz"),
+    (".jsonl", "jsonl"),
+    (".json", "jsonl"),
+    (".csv", "csv"),
+    (".parquet", "parquet"),
+)
+#: Kinds that can be cut into byte ranges (a record is one line). A gzip stream cannot be
+#: entered mid-way and is one whole-file split; a Parquet file is one split (all row groups).
+_SPLITTABLE = frozenset({"jsonl", "csv"})
+
+
+def _kind_of(name: str) -> str | None:
+    for suffix, kind in _KINDS:
+        if name.endswith(suffix):
+            return kind
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +189,7 @@ class _FileEnumerator(SplitEnumerator):
                     continue
                 with os.scandir(entry.path) as files:
                     for file in files:
-                        kind = _KINDS.get(os.path.splitext(file.name)[1])
+                        kind = _kind_of(file.name)
                         # Hidden and "_" files are in-flight writes or markers, never data.
                         if kind is None or file.name.startswith((".", "_")) or not file.is_file():
                             continue
@@ -183,7 +198,9 @@ class _FileEnumerator(SplitEnumerator):
                         yield path, kind, day, stat.st_size, stat.st_mtime
 
     def _splits_of(self, path: str, kind: str, day: date, size: int) -> list[FileSplit]:
-        if kind not in _SPLITTABLE or size <= self._target:
+        if kind not in _SPLITTABLE:
+            return [FileSplit(self._source, kind, path, 0, None, day)]  # the whole file
+        if size <= self._target:
             return [FileSplit(self._source, kind, path, 0, size, day)]
         # Byte ranges; the reader applies the line rule at each boundary.
         return [

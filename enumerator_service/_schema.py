@@ -91,7 +91,9 @@ splits = Table(
     UniqueConstraint("source", "uri", "start_offset"),
     CheckConstraint("status IN ('UNASSIGNED', 'ASSIGNED', 'READING', 'COMPLETED')", name="status"),
     Index(None, "source", "status", "partition_key"),
-    Index(None, "run_id", "status"),
+    # Serves pull_next: the run's next ASSIGNED split in (partition_key, id) order, read off
+    # the index instead of sorting the run's splits on every pull.
+    Index(None, "run_id", "status", "partition_key", "id"),
 )
 
 enumerator_state = Table(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-__all__ = ["FileSplit", "SplitAssignment", "SplitState"]
+__all__ = ["FileSplit", "Split", "SplitAssignment", "SplitState", "TableRangeSplit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,52 @@ class FileSplit:
     @property
     def identity(self) -> tuple[str, str, int]:
         return (self.source, self.path, self.start)
+
+
+@dataclass(frozen=True, slots=True)
+class TableRangeSplit:
+    """Rows of a Postgres table whose integer key lies in ``[low, high)``. Immutable.
+
+    Offset rule: the offset of a table split is a key value — the smallest key not yet
+    emitted. Resuming from it reads exactly the rows with ``offset <= key < high``, in key
+    order (the reader emits in key order, so every emitted row's key is below the offset).
+    """
+
+    source: str
+    table: str  # schema-qualified, validated identifiers
+    key_column: str
+    low: int
+    high: int
+    kind: str = "table"
+
+    @property
+    def path(self) -> str:
+        """How the split is named in the split store (``uri``) and in dead letters."""
+        return f"{self.table}?key={self.key_column}"
+
+    @property
+    def start(self) -> int:
+        return self.low
+
+    @property
+    def end(self) -> int:
+        return self.high
+
+    @property
+    def partition_key(self) -> date | None:
+        return None
+
+    @property
+    def identity(self) -> tuple[str, str, int]:
+        return (self.source, self.path, self.low)
+
+    @classmethod
+    def from_uri(cls, source: str, uri: str, low: int, high: int) -> TableRangeSplit:
+        table, _, key = uri.partition("?key=")
+        return cls(source, table, key, low, high)
+
+
+Split = FileSplit | TableRangeSplit
 
 
 @dataclass(slots=True)
@@ -55,7 +101,7 @@ class SplitAssignment:
     """A split handed to one reader subtask, with the fencing epoch its commits must present."""
 
     split_id: int
-    split: FileSplit
+    split: Split
     epoch: int
     resume_offset: int
 

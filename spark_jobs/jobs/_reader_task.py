@@ -31,9 +31,9 @@ from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension
 from spark_jobs.sink import CommitResult, SplitCommitter, SplitOutput
 from spark_jobs.source import (
     Event,
+    FormatRouter,
     HandoffQueue,
     InputStatus,
-    JsonLinesSplitReader,
     RawLine,
     SourceReader,
     SplitFetcher,
@@ -157,14 +157,15 @@ class ReaderTask:
         handoff = HandoffQueue(capacity=4)
         # A retried attempt first restores the splits its predecessor held (new epoch).
         restored = store.reclaim(config.run_id, self._subtask, config.lease_seconds)
+        router = FormatRouter(max_line_bytes=config.max_line_bytes, dsn=config.asyncpg_dsn)
         fetcher = SplitFetcher(
-            JsonLinesSplitReader(max_line_bytes=config.max_line_bytes),
+            router,
             handoff,
             lambda: store.pull_next(config.run_id, self._subtask, config.lease_seconds),
             restored,
             name=f"split-fetcher-{self._subtask}",
         )
-        self._reader = SourceReader(fetcher, handoff, max_line_bytes=config.max_line_bytes)
+        self._reader = SourceReader(fetcher, handoff, router)
         await self._operator.open()
         self._reader.start()
         try:

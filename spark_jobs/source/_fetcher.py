@@ -9,7 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from enumerator_service import SplitAssignment
-from spark_jobs.source._jsonl_reader import JsonLinesSplitReader
+from spark_jobs.source._format_router import SplitBatch, SplitReader
 from spark_jobs.source._records import RecordsWithSplitIds
 
 __all__ = ["HandoffQueue", "SplitFetcher"]
@@ -25,13 +25,13 @@ class HandoffQueue:
     """
 
     def __init__(self, capacity: int) -> None:
-        self._items: deque[RecordsWithSplitIds | BaseException] = deque()
+        self._items: deque[SplitBatch | BaseException] = deque()
         self._capacity = capacity
         self._cond = threading.Condition()
         self._closed = False
         self._waiter: Future[None] | None = None
 
-    def put(self, item: RecordsWithSplitIds | BaseException) -> bool:
+    def put(self, item: SplitBatch | BaseException) -> bool:
         """Append ``item``; False if the queue was closed meanwhile (item dropped)."""
         with self._cond:
             while len(self._items) >= self._capacity and not self._closed:
@@ -44,7 +44,7 @@ class HandoffQueue:
             waiter.set_result(None)
         return True
 
-    def poll(self) -> RecordsWithSplitIds | BaseException | None:
+    def poll(self) -> SplitBatch | BaseException | None:
         with self._cond:
             if not self._items:
                 return None
@@ -77,7 +77,7 @@ class SplitFetcher(threading.Thread):
 
     def __init__(
         self,
-        reader: JsonLinesSplitReader,
+        reader: SplitReader,
         handoff: HandoffQueue,
         request_split: Callable[[], SplitAssignment | None],
         restored: list[SplitAssignment],

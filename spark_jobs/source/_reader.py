@@ -6,11 +6,12 @@ import enum
 from collections import deque
 from concurrent.futures import Future
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from enumerator_service import SplitAssignment, SplitState
-from spark_jobs.source._events import Event, parse_event
+from spark_jobs.source._events import Event
 from spark_jobs.source._fetcher import HandoffQueue, SplitFetcher
+from spark_jobs.source._format_router import FormatRouter, Record
 from spark_jobs.source._records import RawLine
 
 __all__ = ["InputStatus", "ReaderOutput", "SourceReader"]
@@ -43,20 +44,20 @@ class SourceReader:
         self,
         fetcher: SplitFetcher,
         handoff: HandoffQueue,
+        router: FormatRouter,
         *,
-        max_line_bytes: int,
         out_of_orderness: timedelta = timedelta(seconds=5),
     ) -> None:
         self._fetcher = fetcher
         self._handoff = handoff
-        self._max_line = max_line_bytes
+        self._router = router
         self._delay = out_of_orderness
         self._states: dict[int, SplitState] = {}
         self._max_event_time: dict[int, datetime] = {}
-        self._lines: deque[RawLine] = deque()
+        self._lines: deque[Record] = deque()
         self._lines_split = -1
         self._finished: deque[int] = deque()
-        self._pending_batches: deque[tuple[int, list[RawLine]]] = deque()
+        self._pending_batches: deque[tuple[int, list[Any]]] = deque()
         self._end_of_input = False
 
     def start(self) -> None:
@@ -90,6 +91,7 @@ class SourceReader:
                 split_id = self._finished.popleft()
                 output.split_finished(split_id, self._states.pop(split_id))
                 self._max_event_time.pop(split_id, None)
+                self._router.split_done(split_id)
                 return InputStatus.MORE_AVAILABLE
             if self._end_of_input:
                 return InputStatus.END_OF_INPUT
@@ -106,15 +108,16 @@ class SourceReader:
             self._finished.extend(item.finished)
             self._end_of_input = item.end_of_input
 
-    def _emit(self, line: RawLine, output: ReaderOutput) -> None:
+    def _emit(self, record: Record, output: ReaderOutput) -> None:
         split_id = self._lines_split
         state = self._states[split_id]
-        parsed = parse_event(split_id, line, self._max_line)
-        state.offset = line.next_offset
+        parsed = self._router.parse(split_id, record)
+        state.offset = record.next_offset
         if parsed is None:
             return
         if isinstance(parsed, str):
             state.dead_letters += 1
+            line = record if isinstance(record, RawLine) else record.as_raw_line()
             output.dead_letter(split_id, line, parsed)
             return
         state.records += 1

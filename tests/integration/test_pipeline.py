@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import gzip
+import io
 import json
 import time
 from collections.abc import Iterator
@@ -9,7 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
@@ -227,5 +233,57 @@ def test_byte_range_splits_produce_the_same_output(make_settings: Any) -> None:
         assert (summary.rows_out, summary.dead_letters) == (len(expected), malformed)
         ids = sorted(r["event_id"] for r in _read_output(settings))
         assert ids == sorted(e["event_id"] for e in expected)
+    finally:
+        platform.close()
+
+
+def test_every_landing_format_is_read_and_enriched(make_settings: Any) -> None:
+    """JSON Lines, gzip JSON Lines, CSV, gzip CSV and Parquet side by side, one day."""
+    settings: Settings = make_settings()
+    platform = open_platform(settings)
+    try:
+        load_users(
+            asyncpg_dsn(platform.url),
+            schema="public",
+            table="users",
+            key="id",
+            users=settings.demo_users,
+            seed=settings.demo_seed,
+        )
+        folder = settings.landing_path / "dt=2026-01-05"
+        folder.mkdir(parents=True)
+        events = [
+            {
+                "event_id": f"e{i:04d}",
+                "user_id": 1 + (i * 37) % settings.demo_users,
+                "event_time": f"2026-01-05T00:{i % 60:02d}:00+00:00",
+                "event_type": "order" if i % 3 == 0 else "click",
+                "amount": round(i * 1.5, 2),
+            }
+            for i in range(500)
+        ]
+        chunks = [events[i::5] for i in range(5)]
+        jsonl = b"".join(orjson.dumps(e) + b"\n" for e in chunks[0]) + b'{"broken\n'
+        (folder / "a.jsonl").write_bytes(jsonl)
+        (folder / "b.jsonl.gz").write_bytes(gzip.compress(jsonl.replace(b"e0", b"g0")))
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=list(events[0]))
+        writer.writeheader()
+        writer.writerows(chunks[2])
+        text.write("x,not-a-number,2026-01-05T00:00:00+00:00,click,1\n")
+        (folder / "c.csv").write_text(text.getvalue())
+        (folder / "d.csv.gz").write_bytes(
+            gzip.compress(text.getvalue().replace("e0", "h0").encode())
+        )
+        table = pa.Table.from_pylist(chunks[4])
+        pq.write_table(table, folder / "e.parquet", row_group_size=30)
+
+        assert discover(platform).splits_registered == 5
+        summary = run_enrichment(settings)
+        # a and b: 100 events + 1 bad line each; c and d: 100 rows + 1 bad row; e: 100 rows.
+        assert (summary.splits, summary.rows_out, summary.dead_letters) == (5, 500, 4)
+        rows = _read_output(settings)
+        assert len({r["event_id"] for r in rows}) == 500
+        assert all(r["user_name"] is not None for r in rows)
     finally:
         platform.close()
