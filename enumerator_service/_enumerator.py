@@ -47,7 +47,7 @@ _KINDS = (
     (".parquet", "parquet"),
 )
 #: Kinds that can be cut into byte ranges (a record is one line). A gzip stream cannot be
-#: entered mid-way and is one whole-file split; a Parquet file is one split (all row groups).
+#: entered mid-way and is one whole-file split; Parquet is cut at row-group boundaries.
 _SPLITTABLE = frozenset({"jsonl", "csv"})
 
 
@@ -198,6 +198,8 @@ class _FileEnumerator(SplitEnumerator):
                         yield path, kind, day, stat.st_size, stat.st_mtime
 
     def _splits_of(self, path: str, kind: str, day: date, size: int) -> list[FileSplit]:
+        if kind == "parquet" and size > self._target:
+            return self._row_group_splits(path, day)
         if kind not in _SPLITTABLE:
             return [FileSplit(self._source, kind, path, 0, None, day)]  # the whole file
         if size <= self._target:
@@ -206,6 +208,32 @@ class _FileEnumerator(SplitEnumerator):
         return [
             FileSplit(self._source, kind, path, start, min(start + self._target, size), day)
             for start in range(0, size, self._target)
+        ]
+
+    def _row_group_splits(self, path: str, day: date) -> list[FileSplit]:
+        """Row-group ranges ``[start, end)`` of about the target size, from the footer.
+
+        A Parquet split's offsets are row indices while its bounds are row-group indices; a
+        range may start at group k only where the file's first row of group k is >= k, so a
+        fresh split's resume offset (k) can never be mistaken for a row inside it (only
+        files with empty row groups ever violate this; such groups join the range before).
+        """
+        import pyarrow.parquet as pq  # only discovery of large Parquet files needs it
+
+        metadata = pq.ParquetFile(path).metadata
+        starts: list[int] = [0]
+        first_row = bytes_in_range = 0
+        for group in range(metadata.num_row_groups):
+            if group > 0 and bytes_in_range >= self._target and first_row >= group:
+                starts.append(group)
+                bytes_in_range = 0
+            row_group = metadata.row_group(group)
+            bytes_in_range += row_group.total_byte_size
+            first_row += row_group.num_rows
+        ends: list[int | None] = [*starts[1:], None]
+        return [
+            FileSplit(self._source, "parquet", path, start, end, day)
+            for start, end in zip(starts, ends, strict=True)
         ]
 
 

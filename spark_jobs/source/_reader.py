@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -47,6 +49,8 @@ class SourceReader:
         router: FormatRouter,
         *,
         out_of_orderness: timedelta = timedelta(seconds=5),
+        idle_timeout: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fetcher = fetcher
         self._handoff = handoff
@@ -54,6 +58,9 @@ class SourceReader:
         self._delay = out_of_orderness
         self._states: dict[int, SplitState] = {}
         self._max_event_time: dict[int, datetime] = {}
+        self._idle_timeout = idle_timeout
+        self._clock = clock
+        self._last_record: dict[int, float] = {}  # split -> clock time of its last record
         self._lines: deque[Record] = deque()
         self._lines_split = -1
         self._finished: deque[int] = deque()
@@ -74,9 +81,22 @@ class SourceReader:
         return self._states
 
     def watermark(self) -> datetime | None:
-        """The task watermark: the minimum over the active splits' watermarks."""
-        marks = [s.watermark for s in self._states.values() if s.watermark is not None]
+        """The task watermark: the minimum over the active splits' watermarks.
+
+        A split that emitted nothing for ``idle_timeout`` seconds is idle and does not hold the
+        watermark back; its next record makes it active again. None while no split has one.
+        """
+        cutoff = self._clock() - self._idle_timeout
+        marks = [
+            state.watermark
+            for split_id, state in self._states.items()
+            if state.watermark is not None and self._last_record.get(split_id, cutoff) > cutoff
+        ]
         return min(marks) if marks else None
+
+    def idle_splits(self) -> list[int]:
+        cutoff = self._clock() - self._idle_timeout
+        return sorted(s for s in self._states if self._last_record.get(s, cutoff) <= cutoff)
 
     def poll_next(self, output: ReaderOutput) -> InputStatus:
         while True:
@@ -91,6 +111,7 @@ class SourceReader:
                 split_id = self._finished.popleft()
                 output.split_finished(split_id, self._states.pop(split_id))
                 self._max_event_time.pop(split_id, None)
+                self._last_record.pop(split_id, None)
                 self._router.split_done(split_id)
                 return InputStatus.MORE_AVAILABLE
             if self._end_of_input:
@@ -121,6 +142,7 @@ class SourceReader:
             output.dead_letter(split_id, line, parsed)
             return
         state.records += 1
+        self._last_record[split_id] = self._clock()
         event_time = parsed.event_time
         latest = self._max_event_time.get(split_id)
         if latest is None or event_time > latest:

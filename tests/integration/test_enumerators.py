@@ -9,11 +9,13 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from enumerator_service import ContinuousFileEnumerator, Settings, StaticFileEnumerator
 from enumerator_service._operations import Platform, open_platform
-from spark_jobs.source import JsonLinesSplitReader
+from spark_jobs.source import JsonLinesSplitReader, ParquetSplitReader
 
 
 @pytest.fixture
@@ -135,3 +137,31 @@ def test_large_files_are_cut_into_byte_ranges_that_read_every_line_once(
             for batch in reader.fetch().records.values():
                 lines.extend(r.data for r in batch)
     assert lines == path.read_bytes().splitlines()
+
+
+def test_large_parquet_files_are_cut_at_row_groups_and_read_every_row_once(
+    platform: Platform,
+) -> None:
+    s = platform.settings
+    folder = s.landing_path / "dt=2026-01-06"
+    folder.mkdir(parents=True)
+    path = folder / "rows.parquet"
+    table = pa.table({"n": list(range(5000)), "pad": [f"{i:040d}" for i in range(5000)]})
+    pq.write_table(table, path, row_group_size=250, compression="none")  # 20 row groups
+    enumerator = StaticFileEnumerator(
+        platform.engine, s.source_name, s.landing_path, target_split_bytes=20_000
+    )
+    registered = enumerator.discover().splits_registered
+    assert registered > 3
+    enumerator.start("run-5")
+    enumerator.assign_pending()
+    enumerator.add_reader(0)
+    reader = ParquetSplitReader(batch_rows=100)
+    rows: list[int] = []
+    while (assignment := enumerator.handle_split_request(0)) is not None:
+        reader.add_split(assignment)
+        while reader.has_splits():
+            for records in reader.fetch().records.values():
+                rows.extend(r.values["n"] for r in records)
+    reader.close()
+    assert rows == list(range(5000))
