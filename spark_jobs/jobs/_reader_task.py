@@ -35,7 +35,8 @@ from spark_jobs.source import (
     HandoffQueue,
     InputStatus,
     RawLine,
-    SourceReader,
+    RecordEmitter,
+    SourceReaderBase,
     SplitFetcher,
 )
 
@@ -165,7 +166,7 @@ class ReaderTask:
             restored,
             name=f"split-fetcher-{self._subtask}",
         )
-        self._reader = SourceReader(fetcher, handoff, router)
+        self._reader = SourceReaderBase(fetcher, handoff, RecordEmitter(router))
         await self._operator.open()
         self._reader.start()
         try:

@@ -1,12 +1,13 @@
 """FLIP-27 reading: split readers, the fetcher thread, the record emitter, the source reader."""
 
 from spark_jobs.source._csv_reader import CsvSplitReader, LinesSplitReader, parse_csv_record
+from spark_jobs.source._emitter import ReaderOutput, RecordEmitter
 from spark_jobs.source._events import Event, parse_event, validate_event
 from spark_jobs.source._fetcher import HandoffQueue, SplitFetcher
 from spark_jobs.source._format_router import FormatRouter, SplitBatch, SplitReader
 from spark_jobs.source._jsonl_reader import JsonLinesSplitReader
 from spark_jobs.source._parquet_reader import ParquetSplitReader, RowRecord, parse_parquet_record
-from spark_jobs.source._reader import InputStatus, ReaderOutput, SourceReader
+from spark_jobs.source._reader import InputStatus, SourceReader, SourceReaderBase
 from spark_jobs.source._records import RawLine, RecordsWithSplitIds
 from spark_jobs.source._table_reader import TableRangeSplitReader
 
@@ -21,9 +22,11 @@ __all__ = [
     "ParquetSplitReader",
     "RawLine",
     "ReaderOutput",
+    "RecordEmitter",
     "RecordsWithSplitIds",
     "RowRecord",
     "SourceReader",
+    "SourceReaderBase",
     "SplitBatch",
     "SplitFetcher",
     "SplitReader",

@@ -1,22 +1,19 @@
-"""SourceReader: the non-blocking, mailbox-thread side of a FLIP-27 source."""
+"""SourceReaderBase: the non-blocking, mailbox-thread side of a FLIP-27 source."""
 
 from __future__ import annotations
 
 import enum
-import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Future
-from datetime import datetime, timedelta
-from typing import Any, Protocol
+from datetime import datetime
+from typing import Any
 
-from enumerator_service import SplitAssignment, SplitState
-from spark_jobs.source._events import Event
+from enumerator_service import SplitState
+from spark_jobs.source._emitter import ReaderOutput, RecordEmitter
 from spark_jobs.source._fetcher import HandoffQueue, SplitFetcher
-from spark_jobs.source._format_router import FormatRouter, Record
-from spark_jobs.source._records import RawLine
+from spark_jobs.source._format_router import Record
 
-__all__ = ["InputStatus", "ReaderOutput", "SourceReader"]
+__all__ = ["InputStatus", "SourceReader", "SourceReaderBase"]
 
 
 class InputStatus(enum.Enum):
@@ -25,44 +22,21 @@ class InputStatus(enum.Enum):
     END_OF_INPUT = "end"
 
 
-class ReaderOutput(Protocol):
-    """Where the reader emits (implemented by the task)."""
+class SourceReaderBase:
+    """Emits at most one record per ``poll_next`` call. Mailbox thread only; never blocks.
 
-    def split_added(self, assignment: SplitAssignment, state: SplitState) -> None: ...
-    def collect(self, event: Event, timestamp: int) -> None: ...
-    def dead_letter(self, split_id: int, line: RawLine, reason: str) -> None: ...
-    def split_finished(self, split_id: int, state: SplitState) -> None: ...
-
-
-class SourceReader:
-    """Emits one element per ``poll_next`` call. Mailbox thread only; never blocks.
-
-    The record emitter step (parse, event time, per-split watermark with bounded
-    out-of-orderness) updates each split's state *as it emits*, so a snapshot taken between two
-    calls is exact.
+    Batches come from the fetcher thread through the bounded hand-off queue; when it is empty,
+    ``poll_next`` returns NOTHING_AVAILABLE and ``is_available()`` is a future that completes
+    when the next batch arrives. Split states live here and are updated by the RecordEmitter.
     """
 
-    def __init__(
-        self,
-        fetcher: SplitFetcher,
-        handoff: HandoffQueue,
-        router: FormatRouter,
-        *,
-        out_of_orderness: timedelta = timedelta(seconds=5),
-        idle_timeout: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, fetcher: SplitFetcher, handoff: HandoffQueue, emitter: RecordEmitter):
         self._fetcher = fetcher
         self._handoff = handoff
-        self._router = router
-        self._delay = out_of_orderness
+        self._emitter = emitter
         self._states: dict[int, SplitState] = {}
-        self._max_event_time: dict[int, datetime] = {}
-        self._idle_timeout = idle_timeout
-        self._clock = clock
-        self._last_record: dict[int, float] = {}  # split -> clock time of its last record
-        self._lines: deque[Record] = deque()
-        self._lines_split = -1
+        self._records: deque[Record] = deque()
+        self._records_split = -1
         self._finished: deque[int] = deque()
         self._pending_batches: deque[tuple[int, list[Any]]] = deque()
         self._end_of_input = False
@@ -81,38 +55,32 @@ class SourceReader:
         return self._states
 
     def watermark(self) -> datetime | None:
-        """The task watermark: the minimum over the active splits' watermarks.
-
-        A split that emitted nothing for ``idle_timeout`` seconds is idle and does not hold the
-        watermark back; its next record makes it active again. None while no split has one.
-        """
-        cutoff = self._clock() - self._idle_timeout
+        """The task watermark: the minimum over the active (non-idle) splits' watermarks."""
         marks = [
             state.watermark
             for split_id, state in self._states.items()
-            if state.watermark is not None and self._last_record.get(split_id, cutoff) > cutoff
+            if state.watermark is not None and not self._emitter.is_idle(split_id)
         ]
         return min(marks) if marks else None
 
     def idle_splits(self) -> list[int]:
-        cutoff = self._clock() - self._idle_timeout
-        return sorted(s for s in self._states if self._last_record.get(s, cutoff) <= cutoff)
+        return sorted(s for s in self._states if self._emitter.is_idle(s))
 
     def poll_next(self, output: ReaderOutput) -> InputStatus:
         while True:
-            if self._lines:
-                self._emit(self._lines.popleft(), output)
+            if self._records:
+                split_id = self._records_split
+                record = self._records.popleft()
+                self._emitter.emit(split_id, record, self._states[split_id], output)
                 return InputStatus.MORE_AVAILABLE
             if self._pending_batches:
-                self._lines_split, lines = self._pending_batches.popleft()
-                self._lines.extend(lines)
+                self._records_split, records = self._pending_batches.popleft()
+                self._records.extend(records)
                 continue
             if self._finished:
                 split_id = self._finished.popleft()
                 output.split_finished(split_id, self._states.pop(split_id))
-                self._max_event_time.pop(split_id, None)
-                self._last_record.pop(split_id, None)
-                self._router.split_done(split_id)
+                self._emitter.split_finished(split_id)
                 return InputStatus.MORE_AVAILABLE
             if self._end_of_input:
                 return InputStatus.END_OF_INPUT
@@ -129,23 +97,6 @@ class SourceReader:
             self._finished.extend(item.finished)
             self._end_of_input = item.end_of_input
 
-    def _emit(self, record: Record, output: ReaderOutput) -> None:
-        split_id = self._lines_split
-        state = self._states[split_id]
-        parsed = self._router.parse(split_id, record)
-        state.offset = record.next_offset
-        if parsed is None:
-            return
-        if isinstance(parsed, str):
-            state.dead_letters += 1
-            line = record if isinstance(record, RawLine) else record.as_raw_line()
-            output.dead_letter(split_id, line, parsed)
-            return
-        state.records += 1
-        self._last_record[split_id] = self._clock()
-        event_time = parsed.event_time
-        latest = self._max_event_time.get(split_id)
-        if latest is None or event_time > latest:
-            self._max_event_time[split_id] = event_time
-            state.watermark = event_time - self._delay
-        output.collect(parsed, int(event_time.timestamp() * 1000))
+
+#: The name the pipeline used before the base class was split out.
+SourceReader = SourceReaderBase

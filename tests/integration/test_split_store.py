@@ -182,3 +182,17 @@ def test_restoring_a_checkpoint_returns_exactly_the_later_hand_outs(platform: Pl
     returned = store.restore_assignments("run-g", None, None)
     assert set(early) <= set(returned)
     assert store.counts(source) == {"ASSIGNED": 6}
+
+
+def test_heartbeats_keep_a_live_run_s_splits(platform: Platform) -> None:
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    store.register(_splits(source, 2))
+    store.assign_to_run("run-h", source, lease_seconds=0.3)
+    assert store.pull_next("run-h", 0, 0.3) is not None
+    for _ in range(3):
+        time.sleep(0.15)  # leases are measured by the database clock
+        assert store.heartbeat_run("run-h", 0.3) == 2
+        assert store.release_expired(source) == 0
+    time.sleep(0.4)  # the run stops renewing: its splits return to the pool
+    assert store.release_expired(source) == 2

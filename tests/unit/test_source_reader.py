@@ -15,8 +15,9 @@ from spark_jobs.source import (
     HandoffQueue,
     InputStatus,
     RawLine,
+    RecordEmitter,
     RecordsWithSplitIds,
-    SourceReader,
+    SourceReaderBase,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -54,17 +55,13 @@ def line(offset: int, event_id: str, seconds: int) -> RawLine:
     return RawLine(offset, offset + len(data) + 1, data)
 
 
-def harness(now: list[float]) -> tuple[SourceReader, HandoffQueue, FormatRouter]:
+def harness(now: list[float]) -> tuple[SourceReaderBase, HandoffQueue, FormatRouter]:
     handoff = HandoffQueue(capacity=16)
     router = FormatRouter(max_line_bytes=1 << 16, dsn="postgresql://unused")
-    reader = SourceReader(
-        NoFetcher(),  # type: ignore[arg-type]
-        handoff,
-        router,
-        out_of_orderness=timedelta(seconds=5),
-        idle_timeout=30.0,
-        clock=lambda: now[0],
+    emitter = RecordEmitter(
+        router, out_of_orderness=timedelta(seconds=5), idle_timeout=30.0, clock=lambda: now[0]
     )
+    reader = SourceReaderBase(NoFetcher(), handoff, emitter)  # type: ignore[arg-type]
     return reader, handoff, router
 
 
@@ -74,7 +71,7 @@ def assignment(router: FormatRouter, split_id: int) -> SplitAssignment:
     return a
 
 
-def drain(reader: SourceReader, out: Any) -> InputStatus:
+def drain(reader: SourceReaderBase, out: Any) -> InputStatus:
     while (status := reader.poll_next(out)) is InputStatus.MORE_AVAILABLE:
         pass
     return status
