@@ -8,7 +8,6 @@ they talk to the mailbox thread through the hand-off queue and mails.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from spark_jobs.async_io import (
     exponential_backoff,
 )
 from spark_jobs.lookup import LookupCache, PostgresLookup
-from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension
+from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension, run_task
 from spark_jobs.sink import CommitResult, SplitCommitter, SplitOutput
 from spark_jobs.source import (
     Event,
@@ -254,4 +253,4 @@ class ReaderTask:
 
 def run_reader_subtask(config: TaskConfig, subtask: int) -> dict[str, Any]:
     """Entry point inside a Spark task: run subtask ``subtask`` of the run to completion."""
-    return asyncio.run(ReaderTask(config, subtask).run())
+    return run_task(ReaderTask(config, subtask).run)

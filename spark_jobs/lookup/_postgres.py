@@ -129,6 +129,7 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
         self._batch_due = False
         # asyncio keeps only weak references to tasks: hold them until they finish.
         self._tasks: set[asyncio.Task[None]] = set()
+        self._idle_workers: list[asyncio.Future[list[Any] | None]] = []
         self._latencies = LatencyHistogram()
         self.lookups = 0
         self.batches = 0
@@ -151,9 +152,13 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
 
     async def close(self) -> None:
         # A lingering batch is sent now rather than left behind with futures never completed;
-        # finishing queries start the queued ones, hence the loop.
+        # workers drain the queued batches, then park and are told to stop.
         self._close_batch()
-        while self._tasks:
+        while self._ready or self._running:
+            await asyncio.sleep(0)
+        while self._idle_workers:
+            self._idle_workers.pop().set_result(None)
+        if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._pool is not None:
             self._pool = None
@@ -269,56 +274,78 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
 
     def _start(self, keys: list[Any]) -> None:
         self._running += 1
-        task = asyncio.get_running_loop().create_task(self._query(keys))
+        if self._idle_workers:
+            self._idle_workers.pop().set_result(keys)
+            return
+        # One long-lived worker per connection in use: no task per query.
+        task = asyncio.get_running_loop().create_task(self._worker(keys))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- queries (event loop) ------------------------------------------------------------
-
-    async def _query(self, keys: list[Any]) -> None:
-        try:
-            pool, sql, sql_one = self._pool, self._sql, self._sql_one
-            if pool is None or sql is None or sql_one is None:
-                raise RuntimeError("PostgresLookup used before open() or after close()")
-            self.batches += 1
-            self.keys_queried += len(keys)
-            args: Sequence[Any]
-            if len(keys) == 1:
-                # A lone key takes the plain "key = $1" statement: cheaper on both sides.
-                sql, args = sql_one, keys[0] if self._tuple_keys else keys
-            else:
-                # Composite keys travel as one array per key column (transposed tuples).
-                args = list(zip(*keys, strict=True)) if self._tuple_keys else (keys,)
-            conn = pool.try_acquire() or await pool.acquire()
+    async def _worker(self, keys: list[Any] | None) -> None:
+        """Run batches until parked and told to stop; the query is inlined on purpose (a
+        coroutine frame per query is measurable at per-row rates)."""
+        loop = asyncio.get_running_loop()
+        while keys is not None:
             try:
-                statement = pool.cached(conn, sql) or await pool.prepared(
-                    conn, sql, self._query_timeout
-                )
-                if self._latency:
-                    await asyncio.sleep(self._latency)
-                rows = await statement.fetch(*args, timeout=self._query_timeout)
-            except BaseException:
-                pool.discard(conn)
+                pool, sql, sql_one = self._pool, self._sql, self._sql_one
+                if pool is None or sql is None or sql_one is None:
+                    raise RuntimeError("PostgresLookup used before open() or after close()")
+                self.batches += 1
+                self.keys_queried += len(keys)
+                args: Sequence[Any]
+                if len(keys) == 1:
+                    # A lone key takes the plain "key = $1" statement: cheaper on both sides.
+                    sql, args = sql_one, keys[0] if self._tuple_keys else keys
+                else:
+                    # Composite keys travel as one array per key column (transposed tuples).
+                    args = list(zip(*keys, strict=True)) if self._tuple_keys else (keys,)
+                conn = pool.try_acquire() or await pool.acquire()
+                try:
+                    statement = pool.cached(conn, sql) or await pool.prepared(
+                        conn, sql, self._query_timeout
+                    )
+                    if self._latency:
+                        await asyncio.sleep(self._latency)
+                    rows = await statement.fetch(*args, timeout=self._query_timeout)
+                except BaseException:
+                    pool.discard(conn)
+                    raise
+                pool.release(conn)
+            except asyncio.CancelledError as exc:
+                self._fail(keys, exc)
                 raise
-            pool.release(conn)
-        except asyncio.CancelledError as exc:
-            self._fail(keys, exc)
-            raise
-        except Exception as exc:
-            self._fail(keys, exc)
-        else:
-            self._deliver(keys, rows)
-        finally:
-            # The connection is free again: hand it the next batch straight away.
-            self._running -= 1
+            except Exception as exc:
+                self._fail(keys, exc)
+            else:
+                self._deliver(keys, rows)
+            # The connection is free again: take the next batch straight away.
             if self._ready:
-                self._start(self._ready.popleft())
-            elif self._batch_due:
-                self._close_batch()
+                keys = self._ready.popleft()
+            elif self._batch_due and self._batch:
+                keys = self._take_batch()
+            else:
+                self._running -= 1
+                parked: asyncio.Future[list[Any] | None] = loop.create_future()
+                self._idle_workers.append(parked)
+                keys = await parked  # a batch, or None when the lookup closes
+
+    def _take_batch(self) -> list[Any]:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._batch_due = False
+        keys, self._batch = self._batch, []
+        return keys
+
+    # -- queries (event loop) ------------------------------------------------------------
 
     def _deliver(self, keys: list[Any], rows: list[asyncpg.Record]) -> None:
         self.rows_fetched += len(rows)
-        if self._tuple_keys:
+        found: dict[Any, asyncpg.Record]
+        if len(keys) == 1:  # a per-row query: its only row (if any) is the key's
+            found = {keys[0]: rows[0]} if rows else {}
+        elif self._tuple_keys:
             width = len(self._key_columns)
             found = {row[:width]: row for row in rows}
         else:
@@ -340,7 +367,10 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
                     continue
                 future.complete([out])
                 took(now - start)
-        self._latencies.record_many(elapsed)
+        if len(elapsed) == 1:
+            self._latencies.record(elapsed[0])
+        else:
+            self._latencies.record_many(elapsed)
 
     def _fail(self, keys: list[Any], error: BaseException) -> None:
         pop = self._waiting.pop

@@ -1,5 +1,6 @@
 """Mailbox thread model: one thread owns all task state; everything else posts mails."""
 
+from spark_jobs.runtime._loop import new_event_loop, run_task
 from spark_jobs.runtime._mailbox import (
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
@@ -36,4 +37,6 @@ __all__ = [
     "TimerHandle",
     "TimerService",
     "WrongThreadError",
+    "new_event_loop",
+    "run_task",
 ]
