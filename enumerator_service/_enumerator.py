@@ -153,6 +153,21 @@ class SplitEnumerator(abc.ABC):
     def cursor(self) -> dict[str, Any]:
         return {}
 
+    def _load_cursor(self, empty: dict[str, Any]) -> dict[str, Any]:
+        """The discovery cursor persisted in ``enumerator_state`` (``empty`` before any)."""
+        stmt = sa.select(enumerator_state.c.cursor).where(enumerator_state.c.source == self._source)
+        with self._engine.connect() as conn:
+            cursor = conn.execute(stmt).scalar()
+        return dict(cursor) if cursor else empty
+
+    def _save_cursor(self, cursor: dict[str, Any]) -> None:
+        stmt = insert(enumerator_state).values(source=self._source, cursor=cursor)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["source"], set_={"cursor": cursor, "updated_at": sa.func.now()}
+        )
+        with self._engine.begin() as conn:
+            conn.execute(stmt)
+
     def _require_run(self) -> str:
         if self._run_id is None:
             raise RuntimeError("the enumerator serves no run: call start(run_id) first")
@@ -298,18 +313,7 @@ class ContinuousFileEnumerator(_FileEnumerator):
         self._lookback = lookback_seconds
 
     def cursor(self) -> dict[str, Any]:
-        stmt = sa.select(enumerator_state.c.cursor).where(enumerator_state.c.source == self._source)
-        with self._engine.connect() as conn:
-            cursor = conn.execute(stmt).scalar()
-        return dict(cursor) if cursor else {"mtime_watermark": None, "recent_paths": []}
-
-    def _save_cursor(self, cursor: dict[str, Any]) -> None:
-        stmt = insert(enumerator_state).values(source=self._source, cursor=cursor)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["source"], set_={"cursor": cursor, "updated_at": sa.func.now()}
-        )
-        with self._engine.begin() as conn:
-            conn.execute(stmt)
+        return self._load_cursor({"mtime_watermark": None, "recent_paths": []})
 
     def discover(self) -> DiscoveryResult:
         cursor = self.cursor()

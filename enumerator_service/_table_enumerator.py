@@ -6,12 +6,10 @@ import math
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
 from enumerator_service._config import validate_identifier
 from enumerator_service._enumerator import DiscoveryResult, SplitEnumerator
-from enumerator_service._schema import enumerator_state
 from enumerator_service._splits import TableRangeSplit
 
 __all__ = ["TableRangeEnumerator"]
@@ -46,10 +44,7 @@ class TableRangeEnumerator(SplitEnumerator):
         self._rows = rows_per_split
 
     def cursor(self) -> dict[str, Any]:
-        stmt = sa.select(enumerator_state.c.cursor).where(enumerator_state.c.source == self._source)
-        with self._engine.connect() as conn:
-            cursor = conn.execute(stmt).scalar()
-        return dict(cursor) if cursor else {"next_key": None}
+        return self._load_cursor({"next_key": None})
 
     def discover(self) -> DiscoveryResult:
         next_key = self.cursor()["next_key"]
@@ -72,10 +67,5 @@ class TableRangeEnumerator(SplitEnumerator):
         ]
         added = self._store.register(splits)
         cursor = {"next_key": high + 1}
-        stmt = insert(enumerator_state).values(source=self._source, cursor=cursor)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["source"], set_={"cursor": cursor, "updated_at": sa.func.now()}
-        )
-        with self._engine.begin() as conn:
-            conn.execute(stmt)
+        self._save_cursor(cursor)
         return DiscoveryResult(len(splits), added, cursor)

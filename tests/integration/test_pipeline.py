@@ -33,11 +33,7 @@ def _spec(settings: Settings) -> DemoSpec:
     return DemoSpec.from_settings(settings)
 
 
-@pytest.fixture
-def prepared(make_settings: Any) -> Iterator[tuple[Settings, Platform]]:
-    settings: Settings = make_settings()
-    platform = open_platform(settings)
-    generate_events(settings.landing_path, _spec(settings))
+def _load_users(settings: Settings, platform: Platform) -> None:
     load_users(
         asyncpg_dsn(platform.url),
         schema="public",
@@ -46,6 +42,14 @@ def prepared(make_settings: Any) -> Iterator[tuple[Settings, Platform]]:
         users=settings.demo_users,
         seed=settings.demo_seed,
     )
+
+
+@pytest.fixture
+def prepared(make_settings: Any) -> Iterator[tuple[Settings, Platform]]:
+    settings: Settings = make_settings()
+    platform = open_platform(settings)
+    generate_events(settings.landing_path, _spec(settings))
+    _load_users(settings, platform)
     yield settings, platform
     platform.close()
 
@@ -217,14 +221,7 @@ def test_byte_range_splits_produce_the_same_output(make_settings: Any) -> None:
     platform = open_platform(settings)
     try:
         generate_events(settings.landing_path, _spec(settings))
-        load_users(
-            asyncpg_dsn(platform.url),
-            schema="public",
-            table="users",
-            key="id",
-            users=settings.demo_users,
-            seed=settings.demo_seed,
-        )
+        _load_users(settings, platform)
         files = settings.demo_days * settings.demo_files_per_day
         found = discover(platform)
         assert found.splits_registered > 4 * files  # every file was cut into byte ranges
@@ -242,14 +239,7 @@ def test_every_landing_format_is_read_and_enriched(make_settings: Any) -> None:
     settings: Settings = make_settings()
     platform = open_platform(settings)
     try:
-        load_users(
-            asyncpg_dsn(platform.url),
-            schema="public",
-            table="users",
-            key="id",
-            users=settings.demo_users,
-            seed=settings.demo_seed,
-        )
+        _load_users(settings, platform)
         folder = settings.landing_path / "dt=2026-01-05"
         folder.mkdir(parents=True)
         events = [
