@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from threading import get_ident
 from typing import Any, Generic, TypeVar
 
 from spark_jobs.async_io._elements import Marker, StreamRecord
-from spark_jobs.async_io._function import AsyncFunction, ResultFuture
+from spark_jobs.async_io._function import AsyncFunction
 from spark_jobs.async_io._queues import (
     OrderedQueue,
     Output,
@@ -28,6 +28,7 @@ from spark_jobs.async_io._queues import (
     StreamElementQueue,
     UnorderedQueue,
 )
+from spark_jobs.async_io._result_futures import _Attempt, _Entry
 from spark_jobs.async_io._retry import NO_RETRY, AsyncRetryStrategy
 from spark_jobs.runtime import MailboxClosedError, MailboxProcessor
 from spark_jobs.runtime._timers import AsyncioTimerService, TimerHandle, TimerService
@@ -42,46 +43,6 @@ Element = StreamRecord[Any] | Marker
 class OutputMode(enum.Enum):
     ORDERED = "ordered"
     UNORDERED = "unordered"
-
-
-class _Attempt(ResultFuture[OUT]):
-    """ResultFuture of one attempt of one entry; completions of superseded attempts drop."""
-
-    __slots__ = ("_attempt", "_entry", "_operator")
-
-    def __init__(
-        self, operator: AsyncWaitOperator[Any, OUT], entry: QueueEntry[OUT], attempt: int
-    ) -> None:
-        self._operator = operator
-        self._entry = entry
-        self._attempt = attempt
-
-    def complete(self, results: Iterable[OUT]) -> None:
-        if type(results) is not list:
-            results = list(results)
-        self._operator._deliver(self._entry, self._attempt, results, None)
-
-    def complete_exceptionally(self, error: BaseException) -> None:
-        self._operator._deliver(self._entry, self._attempt, None, error)
-
-
-class _Entry(QueueEntry[OUT], ResultFuture[OUT]):
-    """A queue entry that is also its element's ResultFuture (when there are no retries).
-
-    Saves an object and a call per element; each operator binds its own subclass so the entry
-    knows its operator without a per-entry reference.
-    """
-
-    __slots__ = ()
-    operator: AsyncWaitOperator[Any, OUT]
-
-    def complete(self, results: Iterable[OUT]) -> None:
-        if type(results) is not list:
-            results = list(results)
-        self.operator._deliver_own(self, results, None)
-
-    def complete_exceptionally(self, error: BaseException) -> None:
-        self.operator._deliver_own(self, None, error)
 
 
 class AsyncWaitOperator(Generic[IN, OUT]):
