@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from spark_jobs.async_io import (
     NO_RETRY,
@@ -17,6 +17,8 @@ from spark_jobs.async_io import (
 from spark_jobs.runtime import MailboxController, MailboxProcessor
 
 __all__ = ["run_operator", "timed"]
+
+T = TypeVar("T")
 
 
 async def run_operator(
@@ -63,7 +65,7 @@ async def run_operator(
 _END = object()
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+def timed(fn: Callable[[], T]) -> tuple[float, T]:
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import sqlalchemy as sa
+from _harness import timed  # bench/ is on sys.path when run as a script
 from rich.console import Console
 from rich.table import Table
 
@@ -58,12 +59,6 @@ class Landing:
     root: Path
     days: list[date]
     files_per_day: int
-
-
-def timed(fn: Callable[[], T]) -> tuple[float, T]:
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
 
 
 def _day_epoch(day: date) -> int:

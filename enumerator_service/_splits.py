@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
 
 __all__ = ["FileSplit", "Split", "SplitAssignment", "SplitState", "TableRangeSplit"]
 
@@ -89,11 +87,6 @@ class SplitState:
     watermark: datetime | None = None
     records: int = 0
     dead_letters: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["watermark"] = self.watermark.isoformat() if self.watermark else None
-        return data
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,9 +175,6 @@ class _Segment(Generic[OUT]):
         self.incomplete: set[QueueEntry[OUT]] = set()
         self.completed: deque[QueueEntry[OUT]] = deque()
 
-    def is_empty(self) -> bool:
-        return not self.incomplete and not self.completed
-
 
 class UnorderedQueue(StreamElementQueue[OUT]):
     """Completed records leave as soon as they complete, but never across a marker.

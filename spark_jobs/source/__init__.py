@@ -7,7 +7,7 @@ from spark_jobs.source._fetcher import HandoffQueue, SplitFetcher
 from spark_jobs.source._format_router import FormatRouter, SplitBatch, SplitReader
 from spark_jobs.source._jsonl_reader import JsonLinesSplitReader
 from spark_jobs.source._parquet_reader import ParquetSplitReader, RowRecord, parse_parquet_record
-from spark_jobs.source._reader import InputStatus, SourceReader, SourceReaderBase
+from spark_jobs.source._reader import InputStatus, SourceReaderBase
 from spark_jobs.source._records import RawLine, RecordsWithSplitIds
 from spark_jobs.source._table_reader import TableRangeSplitReader
 
@@ -25,7 +25,6 @@ __all__ = [
     "RecordEmitter",
     "RecordsWithSplitIds",
     "RowRecord",
-    "SourceReader",
     "SourceReaderBase",
     "SplitBatch",
     "SplitFetcher",

@@ -90,10 +90,10 @@ class GzipLinesReader:
         self._pos, self._carry = assignment.resume_offset, b""
         self._long_start, self._long_prefix = None, b""
 
-    def fetch(self) -> RecordsWithSplitIds:
+    def fetch(self) -> RecordsWithSplitIds[RawLine]:
         """Up to one chunk of lines of the current split; marks the split finished at its end."""
         self._woken = False
-        batch = RecordsWithSplitIds()
+        batch = RecordsWithSplitIds[RawLine]()
         if self._current is None:
             if not self._splits:
                 return batch
@@ -178,11 +178,11 @@ class LinesSplitReader:
         if inner is not None:
             inner.close()
 
-    def fetch(self) -> RecordsWithSplitIds:
+    def fetch(self) -> RecordsWithSplitIds[RawLine]:
         """Up to one chunk of lines of the current split; marks the split finished at its end."""
         if self._inner is None:
             if not self._splits:
-                return RecordsWithSplitIds()
+                return RecordsWithSplitIds[RawLine]()
             assignment = self._splits.popleft()
             self._started(assignment)
             gz = is_gzip_kind(assignment.split.kind)
@@ -239,7 +239,7 @@ class CsvSplitReader(LinesSplitReader):
         with self._lock:
             self._headers[assignment.split_id] = header
 
-    def fetch(self) -> RecordsWithSplitIds:
+    def fetch(self) -> RecordsWithSplitIds[RawLine]:
         """As :meth:`LinesSplitReader.fetch` (records of one split at a time), minus the header."""
         while True:
             batch = super().fetch()

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 from enumerator_service import SplitAssignment
 from spark_jobs.source._format_router import SplitBatch, SplitReader
-from spark_jobs.source._records import RecordsWithSplitIds
+from spark_jobs.source._records import RawLine, RecordsWithSplitIds
 
 __all__ = ["HandoffQueue", "SplitFetcher"]
 
@@ -100,7 +100,7 @@ class SplitFetcher(threading.Thread):
                 if not self._reader.has_splits():
                     requested = self._request()
                     if requested is None:
-                        self._handoff.put(RecordsWithSplitIds(end_of_input=True))
+                        self._handoff.put(RecordsWithSplitIds[RawLine](end_of_input=True))
                         return
                     self._reader.add_split(requested)
                     added.append(requested)

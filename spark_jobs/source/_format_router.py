@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from enumerator_service import SplitAssignment
 from spark_jobs.source._csv_reader import CsvSplitReader, LinesSplitReader, parse_csv_record
@@ -24,7 +24,7 @@ from spark_jobs.source._table_reader import TableRangeSplitReader
 
 __all__ = ["FormatRouter", "SplitBatch", "SplitReader"]
 
-SplitBatch = RecordsWithSplitIds | RowsWithSplitIds
+SplitBatch: TypeAlias = RecordsWithSplitIds[RawLine] | RowsWithSplitIds
 Record = RawLine | RowRecord
 
 
@@ -93,7 +93,7 @@ class FormatRouter:
         if self._active is None or not self._active.has_splits():
             if not self._pending:
                 self._active = None
-                return RecordsWithSplitIds()
+                return RecordsWithSplitIds[RawLine]()
             assignment = self._pending.popleft()
             self._active = self._reader_for(assignment.split.kind)
             self._active.add_split(assignment)

@@ -67,10 +67,10 @@ class JsonLinesSplitReader:
         self._file.seek(pos)
         self._pos = pos
 
-    def fetch(self) -> RecordsWithSplitIds:
+    def fetch(self) -> RecordsWithSplitIds[RawLine]:
         """Up to one chunk of lines of the current split; marks the split finished at its end."""
         self._woken = False
-        batch = RecordsWithSplitIds()
+        batch = RecordsWithSplitIds[RawLine]()
         if self._current is None:
             if not self._splits:
                 return batch
@@ -132,7 +132,7 @@ class JsonLinesSplitReader:
             batch.records[self._current.split_id] = lines
         return batch
 
-    def _finish(self, batch: RecordsWithSplitIds, lines: list[RawLine]) -> None:
+    def _finish(self, batch: RecordsWithSplitIds[RawLine], lines: list[RawLine]) -> None:
         assert self._current is not None
         if lines:
             batch.records[self._current.split_id] = lines

@@ -6,10 +6,10 @@ import math
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 import pyarrow as pa
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from enumerator_service import SplitAssignment
 from spark_jobs.source._events import Event, validate_event
-from spark_jobs.source._records import RawLine
+from spark_jobs.source._records import RawLine, RecordsWithSplitIds
 
 __all__ = [
     "ParquetSplitError",
@@ -45,14 +45,8 @@ class RowRecord:
         return RawLine(self.offset, self.next_offset, orjson.dumps(self.values, default=str))
 
 
-@dataclass(slots=True)
-class RowsWithSplitIds:
-    """Rows of one fetch, grouped by split (the Parquet twin of ``RecordsWithSplitIds``)."""
-
-    added: list[SplitAssignment] = field(default_factory=list)
-    records: dict[int, list[RowRecord]] = field(default_factory=dict)
-    finished: list[int] = field(default_factory=list)
-    end_of_input: bool = False
+#: A fetch of Parquet or table rows.
+RowsWithSplitIds: TypeAlias = RecordsWithSplitIds[RowRecord]
 
 
 class ParquetSplitError(RuntimeError):

@@ -13,7 +13,7 @@ from spark_jobs.source._emitter import ReaderOutput, RecordEmitter
 from spark_jobs.source._fetcher import HandoffQueue, SplitFetcher
 from spark_jobs.source._format_router import Record
 
-__all__ = ["InputStatus", "SourceReader", "SourceReaderBase"]
+__all__ = ["InputStatus", "SourceReaderBase"]
 
 
 class InputStatus(enum.Enum):
@@ -96,7 +96,3 @@ class SourceReaderBase:
             self._pending_batches.extend(item.records.items())
             self._finished.extend(item.finished)
             self._end_of_input = item.end_of_input
-
-
-#: The name the pipeline used before the base class was split out.
-SourceReader = SourceReaderBase

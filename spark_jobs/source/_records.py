@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from enumerator_service import SplitAssignment
 
 __all__ = ["RawLine", "RecordsWithSplitIds"]
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,10 +26,14 @@ class RawLine:
 
 
 @dataclass(slots=True)
-class RecordsWithSplitIds:
-    """Records of one fetch, grouped by split, plus splits added or finished by it."""
+class RecordsWithSplitIds(Generic[R]):
+    """Records of one fetch, grouped by split, plus splits added or finished by it.
+
+    ``R`` is the record type of the format: ``RawLine`` for text files, ``RowRecord`` for
+    Parquet and table rows.
+    """
 
     added: list[SplitAssignment] = field(default_factory=list)
-    records: dict[int, list[RawLine]] = field(default_factory=dict)
+    records: dict[int, list[R]] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
     end_of_input: bool = False

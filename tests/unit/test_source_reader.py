@@ -1,4 +1,4 @@
-"""SourceReader on the mailbox side: per-split state and watermarks, idleness, end of input.
+"""SourceReaderBase on the mailbox side: per-split state and watermarks, idleness, end of input.
 
 Batches are put on the hand-off queue by the test (no fetcher thread); time is a fake clock.
 """
