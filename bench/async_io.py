@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import psycopg
 from rich.console import Console
 from rich.table import Table
@@ -131,6 +132,35 @@ def sync_per_row(dsn: str, keys: list[int], latency: float) -> int:
     return found
 
 
+def bare_asyncpg_per_row(dsn: str, keys: list[int], latency: float, connections: int) -> int:
+    """The per-row ceiling of this machine: asyncpg alone, one prepared statement per
+    connection, each connection looping over the shared keys, no operator, no mailbox."""
+    sql = SQL_ONE.replace("%s", "$1")
+
+    async def main() -> int:
+        conns = [await asyncpg.connect(dsn) for _ in range(connections)]
+        try:
+            statements = [await conn.prepare(sql) for conn in conns]
+            shared = iter(keys)
+            found = 0
+
+            async def worker(statement: Any) -> None:
+                nonlocal found
+                for key in shared:
+                    if latency:
+                        await asyncio.sleep(latency)
+                    rows = await statement.fetch(key)  # not "found += await …": a lost update
+                    found += len(rows)
+
+            await asyncio.gather(*(worker(s) for s in statements))
+            return found
+        finally:
+            for conn in conns:
+                await conn.close()
+
+    return run_task(main)
+
+
 def operator_lookups(
     dsn: str, keys: list[int], latency: float, *, batch: int, capacity: int, pool: int
 ) -> tuple[int, dict[str, Any]]:
@@ -187,6 +217,18 @@ def part2(dsn: str, keys: list[int], latencies: list[float], sync_budget: float)
             f"{base_rate:,.0f}",
             "1.0x",
             f"{len(sample):,}",
+            "",
+            "",
+        )
+        start = time.perf_counter()
+        assert bare_asyncpg_per_row(dsn, keys, latency, 64) == len(keys)
+        bare = len(keys) / (time.perf_counter() - start)
+        table.add_row(
+            label,
+            "ceiling: bare asyncpg per-row, 64 connections, no operator",
+            f"{bare:,.0f}",
+            f"{bare / base_rate:.1f}x",
+            f"{len(keys):,}",
             "",
             "",
         )
