@@ -1,6 +1,15 @@
 """Sluice work discovery: settings, schema, splits, the split store and enumerators."""
 
 from enumerator_service._assignment_tracker import NO_CHECKPOINT, SplitAssignmentTracker
+from enumerator_service._checkpoint_store import (
+    Acknowledgement,
+    CheckpointStore,
+    CompletedCheckpoint,
+    StagedTransaction,
+    TransactionalSink,
+    acknowledge,
+    recover,
+)
 from enumerator_service._config import (
     ConfigError,
     Settings,
@@ -8,6 +17,7 @@ from enumerator_service._config import (
     redact_url,
     validate_identifier,
 )
+from enumerator_service._coordinator import CheckpointCoordinator, CoordinatorStats
 from enumerator_service._database import (
     asyncpg_dsn,
     connect_engine,
@@ -32,8 +42,13 @@ from enumerator_service._table_enumerator import TableRangeEnumerator
 
 __all__ = [
     "NO_CHECKPOINT",
+    "Acknowledgement",
+    "CheckpointCoordinator",
+    "CheckpointStore",
+    "CompletedCheckpoint",
     "ConfigError",
     "ContinuousFileEnumerator",
+    "CoordinatorStats",
     "DiscoveryResult",
     "FencedError",
     "FileSplit",
@@ -44,13 +59,17 @@ __all__ = [
     "SplitEnumerator",
     "SplitState",
     "SplitStore",
+    "StagedTransaction",
     "StaticFileEnumerator",
     "TableRangeEnumerator",
     "TableRangeSplit",
+    "TransactionalSink",
+    "acknowledge",
     "asyncpg_dsn",
     "connect_engine",
     "database_url",
     "load_settings",
+    "recover",
     "redact_url",
     "upgrade_schema",
     "validate_identifier",

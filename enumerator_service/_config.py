@@ -101,6 +101,19 @@ class Settings(BaseSettings):
         default=300.0, gt=0, description="Cached rows expire this long after they were read."
     )
     lease_seconds: float = Field(default=60.0, gt=0, description="Split lease before reassignment.")
+    checkpoint_interval_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="Trigger a checkpoint this often (0: only when a subtask's input ends).",
+    )
+    checkpoint_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="Abort a checkpoint not acknowledged by then."
+    )
+    checkpointing_mode: Literal["EXACTLY_ONCE", "AT_LEAST_ONCE"] = Field(
+        default="EXACTLY_ONCE",
+        description="EXACTLY_ONCE: aligned, two-phase commit. AT_LEAST_ONCE: no alignment, "
+        "each subtask commits its own snapshot (replays may duplicate, never lose).",
+    )
     target_split_bytes: int = Field(
         default=128 << 20, ge=1024, description="Files larger than this are cut into byte ranges."
     )

@@ -76,6 +76,9 @@ splits = Table(
     # a restored reader starts exactly there. NULL means "from start_offset".
     Column("committed_offset", BigInteger),
     Column("committed_watermark", DateTime(timezone=True)),
+    # The async operator's inputs from this split that were in flight at the committed
+    # checkpoint (JSON-encoded records, in input order): re-invoked before reading on.
+    Column("pending", JSONB),
     Column("run_id", Text),
     Column("subtask", Integer),
     Column("lease_expires_at", DateTime(timezone=True)),
@@ -113,6 +116,8 @@ checkpoints = Table(
     Column("status", Text, nullable=False, server_default="PENDING"),
     Column("triggered_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("completed_at", DateTime(timezone=True)),
+    # Why an ABORTED checkpoint was given up (timeout, fenced subtask, dead run, …).
+    Column("reason", Text),
     CheckConstraint("status IN ('PENDING', 'COMPLETED', 'ABORTED')", name="status"),
     Index(None, "status", "completed_at"),
 )
@@ -123,7 +128,12 @@ checkpoint_acks = Table(
     Column("run_id", Text, primary_key=True),
     Column("checkpoint_id", BigInteger, primary_key=True),
     Column("subtask", Integer, primary_key=True),
-    # Per-subtask snapshot: split states, in-flight async inputs, staged files.
+    # The task attempt that took the snapshot (a retried subtask acks under a new attempt).
+    Column("attempt", Text, nullable=False),
+    # The subtask's input had ended and everything was emitted: its last checkpoint.
+    Column("final", Boolean, nullable=False, server_default="false"),
+    # Per-subtask snapshot: split states and in-flight async inputs (staged output is in
+    # sink_transactions under the same run, subtask, attempt and checkpoint).
     Column("snapshot", JSONB, nullable=False),
     Column("acked_at", DateTime(timezone=True), nullable=False, server_default=_now),
     ForeignKeyConstraint(
@@ -139,19 +149,24 @@ sink_transactions = Table(
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("run_id", Text, nullable=False),
     Column("subtask", Integer, nullable=False),
-    Column("checkpoint_id", BigInteger),
-    Column("split_id", BigInteger, ForeignKey("splits.id", ondelete="CASCADE")),
-    Column("epoch", BigInteger, nullable=False),
-    Column("staged_path", Text, nullable=False),
-    Column("final_path", Text, nullable=False),
+    Column("attempt", Text, nullable=False),
+    # The checkpoint whose pre-commit staged this output. It commits with the first completed
+    # checkpoint >= this one acknowledged by the same attempt (an aborted checkpoint's output
+    # rolls into the next), or is aborted when another attempt supersedes it.
+    Column("checkpoint_id", BigInteger, nullable=False),
+    Column("sink", Text, nullable=False),
+    # Sink-specific description of the staged output, e.g. [{"staged", "final", "rows"}, …].
+    Column("staged", JSONB, nullable=False),
     Column("row_count", BigInteger, nullable=False),
+    # Rejected input of the same interval: [[split_id, offset, raw (base64), reason], …].
+    Column("dead_letters", JSONB, nullable=False),
     Column("committed", Boolean, nullable=False, server_default="false"),
     Column("published", Boolean, nullable=False, server_default="false"),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("committed_at", DateTime(timezone=True)),
     Column("published_at", DateTime(timezone=True)),
+    UniqueConstraint("run_id", "subtask", "attempt", "checkpoint_id"),
     Index(None, "committed", "published"),
-    Index(None, "split_id"),
 )
 
 dead_letters = Table(

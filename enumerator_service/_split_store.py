@@ -57,7 +57,13 @@ def _to_assignment(row: Row[tuple[object, ...]]) -> SplitAssignment:
             partition_key=m["partition_key"],
         )
     offset = m["committed_offset"] if m["committed_offset"] is not None else m["start_offset"]
-    return SplitAssignment(split_id=m["id"], split=split, epoch=m["epoch"], resume_offset=offset)
+    return SplitAssignment(
+        split_id=m["id"],
+        split=split,
+        epoch=m["epoch"],
+        resume_offset=offset,
+        pending=tuple(m["pending"] or ()),
+    )
 
 
 class SplitStore:

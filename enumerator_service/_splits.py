@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime
+from typing import Any
 
 __all__ = ["FileSplit", "Split", "SplitAssignment", "SplitState", "TableRangeSplit"]
 
@@ -97,6 +98,9 @@ class SplitAssignment:
     split: Split
     epoch: int
     resume_offset: int
+    #: The async operator's inputs from this split that were in flight at the committed
+    #: checkpoint (JSON-encoded, input order): re-invoked before reading from resume_offset.
+    pending: tuple[Any, ...] = ()
 
     def initial_state(self) -> SplitState:
         return SplitState(offset=self.resume_offset)

@@ -1,7 +1,8 @@
 """The reader job's driver: assign splits to a run, run the subtasks on Spark, report.
 
-The driver holds the run's leases (a heartbeat thread renews them) and returns whatever the run
-did not commit to the pool when it ends, successfully or not.
+The driver holds the run's leases (a heartbeat thread renews them), runs the checkpoint
+coordinator while the subtasks run, and returns whatever the run did not commit to the pool
+when it ends, successfully or not.
 """
 
 from __future__ import annotations
@@ -18,23 +19,28 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert
 
-from enumerator_service import Settings, SplitStore, asyncpg_dsn, connect_engine, database_url
-from enumerator_service._schema import (
-    checkpoint_acks,
-    checkpoints,
-    dead_letters,
-    sink_transactions,
-    splits,
+from enumerator_service import (
+    CheckpointCoordinator,
+    CheckpointStore,
+    Settings,
+    SplitStore,
+    TransactionalSink,
+    asyncpg_dsn,
+    connect_engine,
+    database_url,
+    recover,
 )
+from enumerator_service._schema import dead_letters, sink_transactions, splits
 from spark_jobs._spark import get_spark
 from spark_jobs.jobs._reader_task import TaskConfig, run_reader_subtask
-from spark_jobs.sink import publish_pending
+from spark_jobs.sink import SINK_NAME, ParquetSink
 
 __all__ = ["RunSummary", "run_enrichment"]
 
 Progress = Callable[[int, int], None]
+#: The commit side of every sink kind that may have staged output (recovery needs them all).
+SINKS: dict[str, TransactionalSink] = {SINK_NAME: ParquetSink()}
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,11 @@ class RunSummary:
     cache_hit_rate: float = 0.0
     lookup_p50_ms: float = 0.0
     lookup_p99_ms: float = 0.0
+    checkpoints: int = 0
+    checkpoints_aborted: int = 0
+    checkpoint_p50_ms: float = 0.0
+    checkpoint_p99_ms: float = 0.0
+    alignment_p50_ms: float = 0.0
 
 
 def _subtask_partition(config: TaskConfig, index: int, _rows: Iterator[Any]) -> Iterator[Any]:
@@ -134,9 +145,10 @@ def run_enrichment(
     # Outside the table folder, so no reader of the table ever sees staged files.
     staging_root = settings.warehouse_path / "_staging" / output_root.name
     try:
-        # Recovery first: publish committed-but-unpublished output, return dead leases.
-        publish_pending(engine)
+        # Recovery first: return dead runs' leases, publish output committed but not yet
+        # published, abort what dead runs staged.
         store.release_expired(source)
+        recover(engine, SINKS)
         _clean_staging(engine, staging_root)
         assigned = store.assign_to_run(
             run_id, source, lease_seconds=settings.lease_seconds, partition_keys=dates
@@ -162,25 +174,43 @@ def run_enrichment(
             max_linger_ms=settings.lookup_max_linger_ms,
             cache_rows=settings.lookup_cache_rows,
             cache_ttl_seconds=settings.lookup_cache_ttl_seconds,
+            exactly_once=settings.checkpointing_mode == "EXACTLY_ONCE",
         )
         parallelism = min(settings.parallelism, assigned)
         heartbeat = _Heartbeat(store, engine, run_id, settings.lease_seconds, progress)
+        spark = get_spark(settings.spark_master)
+        coordinator = CheckpointCoordinator(
+            engine,
+            run_id,
+            parallelism,
+            SINKS,
+            interval=settings.checkpoint_interval_seconds,
+            timeout=settings.checkpoint_timeout_seconds,
+            exactly_once=config.exactly_once,
+            # Subtasks wait for their final checkpoint: without a coordinator, stop the job.
+            on_failure=lambda _exc: spark.sparkContext.cancelAllJobs(),
+        )
         heartbeat.start()
+        coordinator.start()
         try:
-            spark = get_spark(settings.spark_master)
             results: list[dict[str, Any]] = (
                 spark.sparkContext.parallelize(range(parallelism), parallelism)
                 .mapPartitionsWithIndex(functools.partial(_subtask_partition, config))
                 .collect()
             )
         finally:
+            coordinator.stop()
             heartbeat.stop()
             # Whatever the run did not commit goes back to the pool (addSplitsBack).
             store.release_run(run_id)
+            CheckpointStore(engine, run_id, SINKS).abort_uncommitted()
+        if coordinator.error is not None:
+            raise RuntimeError("checkpoint coordinator failed") from coordinator.error
         if progress is not None:
             progress(*_run_progress(engine, run_id))
-        _record_final_checkpoint(engine, run_id, results)
+        recover(engine, SINKS)  # publishes anything committed but not yet published
         shutil.rmtree(staging_root / run_id, ignore_errors=True)
+        stats = coordinator.stats
         # From Postgres, not from task results: a retried task's earlier commits count too.
         committed, rows_out, dead = _run_totals(engine, run_id)
         seconds = time.monotonic() - started
@@ -190,10 +220,15 @@ def run_enrichment(
             rows_in=rows_out + dead,
             rows_out=rows_out,
             dead_letters=dead,
-            fenced=sum(r["fenced"] for r in results),
+            fenced=sum(1 for _, reason in stats.aborted if reason.startswith("fenced")),
             seconds=seconds,
             rows_per_second=(rows_out + dead) / seconds if seconds > 0 else 0.0,
             nothing_new=False,
+            checkpoints=len(stats.completed),
+            checkpoints_aborted=len(stats.aborted),
+            checkpoint_p50_ms=_quantile([c.duration for c in stats.completed], 0.5) * 1e3,
+            checkpoint_p99_ms=_quantile([c.duration for c in stats.completed], 0.99) * 1e3,
+            alignment_p50_ms=_quantile([c.alignment for c in stats.completed], 0.5) * 1e3,
             **_lookup_totals(results),
         )
     finally:
@@ -212,32 +247,27 @@ def _lookup_totals(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def _run_totals(engine: sa.Engine, run_id: str) -> tuple[int, int, int]:
-    """Splits committed, rows committed and dead letters recorded by the run."""
+    """Splits completed, rows committed and dead letters recorded by the run."""
     with engine.connect() as conn:
-        splits_done, rows = conn.execute(
-            sa.select(
-                sa.func.count(), sa.func.coalesce(sa.func.sum(sink_transactions.c.row_count), 0)
-            ).where(sink_transactions.c.run_id == run_id, sink_transactions.c.committed)
-        ).one()
+        rows = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(sink_transactions.c.row_count), 0)).where(
+                sink_transactions.c.run_id == run_id, sink_transactions.c.committed
+            )
+        ).scalar_one()
+        splits_done = conn.execute(
+            sa.select(sa.func.count()).where(
+                splits.c.run_id == run_id, splits.c.status == "COMPLETED"
+            )
+        ).scalar_one()
         dead = conn.execute(
             sa.select(sa.func.count()).where(dead_letters.c.run_id == run_id)
         ).scalar_one()
     return int(splits_done), int(rows), int(dead)
-
-
-def _record_final_checkpoint(engine: sa.Engine, run_id: str, results: list[dict[str, Any]]) -> None:
-    """The end-of-input checkpoint of a bounded run: every subtask finished and acknowledged."""
-    with engine.begin() as conn:
-        conn.execute(
-            insert(checkpoints).values(
-                run_id=run_id, checkpoint_id=1, status="COMPLETED", completed_at=sa.func.now()
-            )
-        )
-        conn.execute(
-            insert(checkpoint_acks),
-            [
-                {"run_id": run_id, "checkpoint_id": 1, "subtask": r["subtask"], "snapshot": r}
-                for r in results
-            ],
-        )

@@ -1,33 +1,52 @@
 """One reader subtask: source reader → async lookup operator → Parquet sink, on one mailbox.
 
 Runs inside a Spark task (a Python worker). The thread calling :func:`run_reader_subtask`
-becomes the mailbox thread: it runs the asyncio loop on which the mailbox, the asyncpg lookups
-and all operator state live. The split fetcher and the committer are the only other threads;
-they talk to the mailbox thread through the hand-off queue and mails.
+becomes the mailbox thread: it runs the asyncio loop on which the mailbox, the asyncpg lookups,
+the checkpoint listener and all operator state live. The split fetcher and the sink's writer
+thread are the only other threads; they talk to the mailbox thread through the hand-off queue
+and mails.
+
+Checkpoint *n* (``_on_trigger``, a priority mail): the synchronous part runs on the mailbox
+thread between two records — split states (offsets, watermarks), the async operator's inputs
+not yet emitted, the sink's pre-commit — and the asynchronous part (closing staged files, the
+acknowledgement transaction) on the writer thread while records keep flowing. The subtask
+ends only when a checkpoint taken after its input ended has completed.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from enumerator_service import SplitAssignment, SplitState, SplitStore, connect_engine
+from enumerator_service import (
+    Acknowledgement,
+    SplitAssignment,
+    SplitState,
+    SplitStore,
+    acknowledge,
+    connect_engine,
+)
 from spark_jobs.async_io import (
     NO_RETRY,
     AsyncWaitOperator,
     Marker,
     Output,
     OutputMode,
+    StreamRecord,
     exponential_backoff,
 )
+from spark_jobs.checkpoint import CheckpointListener
 from spark_jobs.lookup import LookupCache, PostgresLookup
 from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension, run_task
-from spark_jobs.sink import CommitResult, SplitCommitter, SplitOutput
+from spark_jobs.sink import SINK_NAME, ParquetSinkWriter, StagedOutput, publish_files
 from spark_jobs.source import (
     Event,
     FormatRouter,
@@ -68,12 +87,44 @@ class TaskConfig:
     max_linger_ms: float = 0.0
     cache_rows: int = 0
     cache_ttl_seconds: float = 300.0
+    exactly_once: bool = True
+    checkpoint_poll_seconds: float = 1.0
     debug: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class _SplitFinished:
-    split_id: int
+#: Checkpoint mails overtake input and I/O completions, but not "resume input" (MAX_PRIORITY).
+CHECKPOINT_PRIORITY = 1 << 20
+
+
+@dataclass(slots=True)
+class _TaskSplit:
+    """A split this attempt holds: its assignment, its live state (shared with the reader),
+    and the checkpoint whose snapshot last recorded it as finished."""
+
+    assignment: SplitAssignment
+    state: SplitState
+    reading_done: bool = False
+    finished_in: int | None = None
+
+
+def encode_event(event: Event) -> list[Any]:
+    """JSON form of an in-flight operator input (the split id is implied by the split)."""
+    return [
+        event.event_id,
+        event.user_id,
+        event.event_time.isoformat(),
+        event.event_type,
+        event.amount,
+    ]
+
+
+def decode_event(split_id: int, encoded: list[Any]) -> Event:
+    event_id, user_id, when, event_type, amount = encoded
+    return Event(split_id, event_id, user_id, datetime.fromisoformat(when), event_type, amount)
+
+
+def _timestamp(event: Event) -> int:
+    return int(event.event_time.timestamp() * 1000)
 
 
 def _is_transient(error: BaseException) -> bool:
@@ -103,16 +154,23 @@ class ReaderTask:
     def __init__(self, config: TaskConfig, subtask: int) -> None:
         self._config = config
         self._subtask = subtask
-        self._outputs: dict[int, SplitOutput] = {}
-        self._pending_commits = 0
+        self._attempt = uuid.uuid4().hex[:8]
+        self._splits: dict[int, _TaskSplit] = {}
+        self._days: dict[int, str] = {}  # split → output partition (kept after the split)
         self._input_ended = False
-        self.results: list[CommitResult] = []
+        self._last_trigger = 0
+        self._last_complete = 0
+        self._acked: set[int] = set()
+        self._final_acks: set[int] = set()  # checkpoints that carry our final snapshot
+        self.checkpoints_acked = 0
+        self.checkpoints_completed = 0
 
     async def run(self) -> dict[str, Any]:
         config = self._config
-        engine = connect_engine(config.database_url, pool_size=2)
+        self._engine = engine = connect_engine(config.database_url, pool_size=2)
         store = SplitStore(engine)
         self._processor = processor = MailboxProcessor(self._default_action, debug=config.debug)
+        self._checkpoint_mails = processor.executor(CHECKPOINT_PRIORITY)
         lookup: PostgresLookup[Event, tuple[Any, ...]] = PostgresLookup(
             config.asyncpg_dsn,
             schema=config.lookup_schema,
@@ -146,14 +204,23 @@ class ReaderTask:
             timeout=config.timeout_seconds,
             retry=retry,
         )
-        self._committer = SplitCommitter(
-            engine,
+        # The sink's writer thread: staged files and acknowledgements, in submission order.
+        self._io = ThreadPoolExecutor(1, thread_name_prefix=f"sink-writer-{self._subtask}")
+        self._sink = ParquetSinkWriter(
+            self._io,
+            staging_root=Path(config.staging_root),
+            output_root=Path(config.output_root),
             run_id=config.run_id,
             subtask=self._subtask,
-            output_root=Path(config.output_root),
-            staging_root=Path(config.staging_root),
+            attempt=self._attempt,
         )
-        self._commit_pool = ThreadPoolExecutor(1, thread_name_prefix=f"committer-{self._subtask}")
+        self._listener = CheckpointListener(
+            config.asyncpg_dsn,
+            config.run_id,
+            self._subtask,
+            self._on_checkpoint_event,
+            poll_interval=config.checkpoint_poll_seconds,
+        )
         handoff = HandoffQueue(capacity=4)
         # A retried attempt first restores the splits its predecessor held (new epoch).
         restored = store.reclaim(config.run_id, self._subtask, config.lease_seconds)
@@ -167,21 +234,25 @@ class ReaderTask:
         )
         self._reader = SourceReaderBase(fetcher, handoff, RecordEmitter(router))
         await self._operator.open()
+        await self._listener.open()
         self._reader.start()
         try:
             await processor.run_loop()
         finally:
             self._reader.close()
-            self._commit_pool.shutdown(wait=True)
+            if not self._final_acks:
+                self._io.submit(self._sink.abort)  # in-progress files will never commit
+            self._io.shutdown(wait=True)
+            await self._listener.close()
             await self._operator.close()
             engine.dispose()
         metrics = lookup.metrics()
         return {
             "subtask": self._subtask,
-            "splits": sum(1 for r in self.results if not r.fenced),
-            "fenced": sum(1 for r in self.results if r.fenced),
-            "rows_out": sum(r.rows for r in self.results),
-            "dead_letters": sum(r.dead_letters for r in self.results),
+            "attempt": self._attempt,
+            "rows_written": self._sink.rows_written,
+            "checkpoints_acked": self.checkpoints_acked,
+            "checkpoints_completed": self.checkpoints_completed,
             "lookups": metrics.lookups,
             "lookup_batches": metrics.batches,
             "lookup_keys_queried": metrics.keys_queried,
@@ -206,49 +277,156 @@ class ReaderTask:
             if status is InputStatus.NOTHING_AVAILABLE:
                 reader.is_available().add_done_callback(_resume_on(suspension))
                 return
-            self._input_ended = True  # END_OF_INPUT: stay suspended, finish when drained
-            self._maybe_finish()
+            # END_OF_INPUT: stay suspended; once everything is emitted, ask for the final
+            # checkpoint — the subtask ends when one taken after this point completes.
+            self._input_ended = True
+            operator.notify_when_drained(self._listener.request_checkpoint)
             return
 
     # -- ReaderOutput (mailbox thread) ---------------------------------------------------
 
     def split_added(self, assignment: SplitAssignment, state: SplitState) -> None:
-        self._outputs[assignment.split_id] = SplitOutput(assignment, state)
+        split_id = assignment.split_id
+        self._splits[split_id] = _TaskSplit(assignment, state)
+        day = assignment.split.partition_key
+        self._days[split_id] = day.isoformat() if day is not None else "__unknown__"
+        # Restore: the inputs in flight at the committed checkpoint are invoked again, ahead
+        # of the records after the split's resume offset (the operator backlogs when full).
+        for encoded in assignment.pending:
+            event = decode_event(split_id, encoded)
+            self._operator.process_element(event, _timestamp(event))
 
     def collect(self, event: Event, timestamp: int) -> None:
         self._operator.process_element(event, timestamp)
 
     def dead_letter(self, split_id: int, line: RawLine, reason: str) -> None:
-        self._outputs[split_id].dead.append((line.offset, line.data, reason))
+        self._sink.dead_letter(split_id, line.offset, line.data, reason)
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
-        # In-band: leaves the operator only after every record of the split.
-        self._operator.process_marker(Marker(payload=_SplitFinished(split_id)))
+        self._splits[split_id].reading_done = True
 
     # -- operator output (mailbox thread) ------------------------------------------------
 
     def _collect_enriched(self, row: tuple[Any, ...], _timestamp: int | None) -> None:
-        self._outputs[row[0]].rows.append(row[1:])
+        self._sink.write(self._days[row[0]], row[1:])
 
     def _on_marker(self, marker: Marker) -> None:
-        finished = marker.payload
-        assert isinstance(finished, _SplitFinished)
-        out = self._outputs.pop(finished.split_id)
-        self._pending_commits += 1
-        future = self._commit_pool.submit(self._committer.commit, out)
-        executor = self._processor.executor()
-        future.add_done_callback(
-            lambda f: executor.execute(lambda: self._on_committed(f), "split committed")
+        raise AssertionError(f"unexpected marker {marker!r}")
+
+    # -- checkpoints (mailbox thread) ----------------------------------------------------
+
+    def _on_checkpoint_event(self, event: str, checkpoint_id: int) -> None:
+        """From the listener (event loop = mailbox thread): handled as a priority mail."""
+        action = {
+            "trigger": self._on_trigger,
+            "complete": self._on_complete,
+            "abort": self._on_abort,
+        }[event]
+        self._checkpoint_mails.execute(lambda: action(checkpoint_id), f"checkpoint {event}")
+
+    def _on_trigger(self, checkpoint_id: int) -> None:
+        if checkpoint_id <= self._last_trigger:
+            return  # repeated (notification and poll both delivered it)
+        self._last_trigger = checkpoint_id
+        final = self._input_ended and self._operator.in_flight() == 0
+        # Step 1: the operator's inputs not yet emitted, grouped by split, in input order.
+        pending: dict[int, list[list[Any]]] = defaultdict(list)
+        for element in self._operator.snapshot():
+            if isinstance(element, StreamRecord):
+                pending[element.value.split_id].append(encode_event(element.value))
+        # Step 2: split states. Offsets cover every record handed to the operator.
+        states = []
+        for split_id, held in self._splits.items():
+            state = held.state
+            waiting = pending.get(split_id, [])
+            states.append(
+                {
+                    "id": split_id,
+                    "epoch": held.assignment.epoch,
+                    "offset": state.offset,
+                    "watermark": state.watermark.isoformat() if state.watermark else None,
+                    "finished": held.reading_done,
+                    "pending": waiting,
+                }
+            )
+            if held.reading_done and not waiting:
+                held.finished_in = checkpoint_id
+        # Step 3: the sink's pre-commit; the writer thread closes the staged files, then
+        # writes the acknowledgement (asynchronous part, off the mailbox thread).
+        staged = self._sink.pre_commit()
+        if final:
+            self._final_acks.add(checkpoint_id)
+        snapshot = {"splits": states, "attempt": self._attempt}
+        done = self._io.submit(self._acknowledge, checkpoint_id, final, snapshot, staged)
+        done.add_done_callback(
+            lambda f: self._checkpoint_mails.execute(
+                lambda: self._acknowledged(f, checkpoint_id, final), "checkpoint acknowledged"
+            )
         )
 
-    def _on_committed(self, future: Future[CommitResult]) -> None:
-        self._pending_commits -= 1
-        self.results.append(future.result())  # a failed commit fails the task (Spark retries)
-        self._maybe_finish()
+    def _acknowledge(
+        self,
+        checkpoint_id: int,
+        final: bool,
+        snapshot: dict[str, Any],
+        staged: Future[StagedOutput],
+    ) -> None:
+        """Writer thread."""
+        out = staged.result()
+        if not self._config.exactly_once:
+            publish_files(out.files)  # AT_LEAST_ONCE: visible before the offsets commit
+        acknowledge(
+            self._engine,
+            Acknowledgement(
+                run_id=self._config.run_id,
+                checkpoint_id=checkpoint_id,
+                subtask=self._subtask,
+                attempt=self._attempt,
+                final=final,
+                snapshot=snapshot,
+                sink=SINK_NAME,
+                staged=out.files,
+                row_count=out.rows,
+                dead_letters=out.dead_letters,
+            ),
+            two_phase=self._config.exactly_once,
+        )
 
-    def _maybe_finish(self) -> None:
-        if self._input_ended and self._operator.in_flight() == 0 and self._pending_commits == 0:
+    def _acknowledged(self, future: Future[None], checkpoint_id: int, final: bool) -> None:
+        future.result()  # a failed acknowledgement fails the task (Spark retries it)
+        self.checkpoints_acked += 1
+        self._acked.add(checkpoint_id)
+        if not self._config.exactly_once:
+            # AT_LEAST_ONCE: the acknowledgement committed this subtask's snapshot itself.
+            self._forget_finished(checkpoint_id)
+            if final:
+                self._processor.all_actions_completed()
+
+    def _on_complete(self, checkpoint_id: int) -> None:
+        if checkpoint_id <= self._last_complete:
+            return
+        self._last_complete = checkpoint_id
+        self._listener.forget_before(checkpoint_id)
+        if checkpoint_id not in self._acked:
+            return  # completed with another attempt's snapshot, or before we joined
+        self.checkpoints_completed += 1
+        self._forget_finished(checkpoint_id)
+        if checkpoint_id in self._final_acks:
+            self._listener.wants_checkpoint = False
             self._processor.all_actions_completed()
+
+    def _on_abort(self, checkpoint_id: int) -> None:
+        if checkpoint_id in self._final_acks:
+            self._listener.request_checkpoint()  # the next one carries the final snapshot
+
+    def _forget_finished(self, checkpoint_id: int) -> None:
+        """Splits whose finished state is committed are no longer this subtask's state."""
+        for split_id in [
+            split_id
+            for split_id, held in self._splits.items()
+            if held.finished_in is not None and held.finished_in <= checkpoint_id
+        ]:
+            del self._splits[split_id]
 
 
 def run_reader_subtask(config: TaskConfig, subtask: int) -> dict[str, Any]:

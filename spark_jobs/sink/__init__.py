@@ -1,19 +1,19 @@
-"""Sinks: staged, transactional Parquet output."""
+"""Sinks: two-phase-commit output (staged per checkpoint, committed with it)."""
 
 from spark_jobs.sink._parquet import (
     ENRICHED_SCHEMA,
-    CommitResult,
-    SplitCommitter,
-    SplitOutput,
-    final_path,
-    publish_pending,
+    SINK_NAME,
+    ParquetSink,
+    ParquetSinkWriter,
+    StagedOutput,
+    publish_files,
 )
 
 __all__ = [
     "ENRICHED_SCHEMA",
-    "CommitResult",
-    "SplitCommitter",
-    "SplitOutput",
-    "final_path",
-    "publish_pending",
+    "SINK_NAME",
+    "ParquetSink",
+    "ParquetSinkWriter",
+    "StagedOutput",
+    "publish_files",
 ]

@@ -1,34 +1,34 @@
-"""Parquet output of enriched events, staged per split and committed with the split's state.
+"""Parquet output of enriched events as a two-phase-commit sink (Flink's FileSink pattern).
 
-Commit protocol of one split (the committer thread runs it; the mailbox thread never blocks):
-the staged file and the database transaction make publication idempotent, so a crash at any
-step never loses or duplicates committed output (see ``SplitCommitter.commit``).
+Task side, :class:`ParquetSinkWriter`: rows go to in-progress files, one per event date, in
+a staging folder nobody reads; a checkpoint's pre-commit closes them (durable, still
+invisible) and starts new ones. Commit side, :class:`ParquetSink`: after the checkpoint
+completed in Postgres the staged files are renamed to their final names — deterministic, so
+publishing twice (recovery after a crash) overwrites and never adds a second copy.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection
 
-from enumerator_service import FencedError, SplitAssignment, SplitState, SplitStore
-from enumerator_service._schema import dead_letters, sink_transactions
+from enumerator_service._checkpoint_store import StagedTransaction, encode_dead_letters
 
 __all__ = [
     "ENRICHED_SCHEMA",
-    "CommitResult",
-    "SplitCommitter",
-    "SplitOutput",
-    "final_path",
-    "publish_pending",
+    "SINK_NAME",
+    "ParquetSink",
+    "ParquetSinkWriter",
+    "StagedOutput",
+    "publish_files",
 ]
 
 ENRICHED_SCHEMA = pa.schema(
@@ -44,138 +44,151 @@ ENRICHED_SCHEMA = pa.schema(
         pa.field("user_signup_time", pa.timestamp("us", tz="UTC")),
     ]
 )
-_MAX_RAW = 4096
+SINK_NAME = "parquet"
+_CHUNK = 8192  # rows per hand-over to the writer thread (and per Parquet row group)
 
 
 @dataclass(slots=True)
-class SplitOutput:
-    """Everything one split produced, gathered on the mailbox thread until it is committed."""
+class StagedOutput:
+    """What one pre-commit staged: files (staged → final path, rows) and dead letters."""
 
-    assignment: SplitAssignment
-    state: SplitState
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
-    dead: list[tuple[int, bytes, str]] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)
+    rows: int = 0
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
 
-
-@dataclass(frozen=True, slots=True)
-class CommitResult:
-    split_id: int
-    rows: int
-    dead_letters: int
-    fenced: bool
-    path: str
+    @property
+    def empty(self) -> bool:
+        return not self.files and not self.dead_letters
 
 
-def final_path(output_root: Path, assignment: SplitAssignment) -> Path:
-    """Deterministic per split: re-publishing overwrites, it can never add a second copy."""
-    day = assignment.split.partition_key
-    folder = f"dt={day.isoformat()}" if day is not None else "dt=__unknown__"
-    return output_root / folder / f"part-s{assignment.split_id:09d}.parquet"
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-class SplitCommitter:
-    """Stages, commits and publishes split outputs. Blocking: call from a committer thread."""
+class ParquetSinkWriter:
+    """Stages one task attempt's output. ``write``/``dead_letter``/``pre_commit`` are called
+    on the mailbox thread and never block: file I/O runs on ``io`` (one thread, so the
+    order of chunks and pre-commits is kept)."""
 
     def __init__(
-        self, engine: Engine, *, run_id: str, subtask: int, output_root: Path, staging_root: Path
+        self,
+        io: ThreadPoolExecutor,
+        *,
+        staging_root: Path,
+        output_root: Path,
+        run_id: str,
+        subtask: int,
+        attempt: str,
     ) -> None:
-        self._engine = engine
-        self._run_id = run_id
-        self._subtask = subtask
-        self._output = output_root
+        self._io = io
         self._staging = staging_root / run_id
+        self._output = output_root
+        self._prefix = f"part-{run_id}-t{subtask:03d}-{attempt}"
+        self._buffers: dict[str, list[tuple[Any, ...]]] = {}
+        self._dead: list[tuple[int, int, bytes, str]] = []
+        # Writer thread only:
+        self._writers: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
+        self._counts: dict[str, int] = {}
+        self._sequence = 0
+        self.rows_written = 0
 
-    def commit(self, out: SplitOutput) -> CommitResult:
-        assignment = out.assignment
-        target = final_path(self._output, assignment)
-        staged = self._staging / f"s{assignment.split_id:09d}-e{assignment.epoch}.parquet"
+    # -- mailbox thread -------------------------------------------------------------------
 
-        # Step 1: pre-commit — write the split's rows to a staged file nobody reads.
-        staged.parent.mkdir(parents=True, exist_ok=True)
-        columns: list[Sequence[Any]] = [()] * len(ENRICHED_SCHEMA)
-        if out.rows:
-            columns = list(zip(*out.rows, strict=True))
+    def write(self, day: str, row: tuple[Any, ...]) -> None:
+        buffer = self._buffers.get(day)
+        if buffer is None:
+            buffer = self._buffers[day] = []
+        buffer.append(row)
+        if len(buffer) >= _CHUNK:
+            self._buffers[day] = []
+            self._io.submit(self._write_chunk, day, buffer)
+
+    def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
+        self._dead.append((split_id, offset, raw, reason))
+
+    def pre_commit(self) -> Future[StagedOutput]:
+        """Hand everything written so far to the writer thread, which closes the files."""
+        for day, buffer in self._buffers.items():
+            if buffer:
+                self._io.submit(self._write_chunk, day, buffer)
+        self._buffers = {}
+        dead, self._dead = self._dead, []
+        return self._io.submit(self._close_files, dead)
+
+    # -- writer thread --------------------------------------------------------------------
+
+    def _write_chunk(self, day: str, rows: list[tuple[Any, ...]]) -> None:
+        entry = self._writers.get(day)
+        if entry is None:
+            self._sequence += 1
+            name = f"{self._prefix}-{self._sequence:06d}.parquet"
+            staged = self._staging / f"dt={day}" / name
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            writer = pq.ParquetWriter(staged, ENRICHED_SCHEMA, compression="zstd")
+            entry = self._writers[day] = (writer, staged, self._output / f"dt={day}" / name)
+            self._counts[day] = 0
+        columns = list(zip(*rows, strict=True))
         table = pa.Table.from_arrays(
             [pa.array(col, type=f.type) for col, f in zip(columns, ENRICHED_SCHEMA, strict=True)],
             schema=ENRICHED_SCHEMA,
         )
-        pq.write_table(table, staged, compression="zstd")
+        entry[0].write_table(table)
+        self._counts[day] += len(rows)
+        self.rows_written += len(rows)
 
-        # Step 2: commit — one transaction fences the epoch, completes the split, records the
-        # sink transaction and the dead letters. Nothing is visible before it commits.
-        try:
-            with self._engine.begin() as conn:
-                SplitStore.complete(
-                    conn, assignment, self._run_id, out.state.offset, out.state.watermark
-                )
-                txn_id = conn.execute(
-                    insert(sink_transactions)
-                    .values(
-                        run_id=self._run_id,
-                        subtask=self._subtask,
-                        split_id=assignment.split_id,
-                        epoch=assignment.epoch,
-                        staged_path=str(staged),
-                        final_path=str(target),
-                        row_count=len(out.rows),
-                        committed=True,
-                        committed_at=sa.func.now(),
-                    )
-                    .returning(sink_transactions.c.id)
-                ).scalar_one()
-                if out.dead:
-                    split = assignment.split
-                    conn.execute(
-                        insert(dead_letters)
-                        .values(
-                            [
-                                {
-                                    "split_id": assignment.split_id,
-                                    "source": split.source,
-                                    "uri": split.path,
-                                    "offset": offset,
-                                    "raw": raw[:_MAX_RAW],
-                                    "reason": reason,
-                                    "run_id": self._run_id,
-                                }
-                                for offset, raw, reason in out.dead
-                            ]
-                        )
-                        .on_conflict_do_nothing(index_elements=["split_id", "offset"])
-                    )
-        except FencedError:
+    def _close_files(self, dead: list[tuple[int, int, bytes, str]]) -> StagedOutput:
+        out = StagedOutput(dead_letters=encode_dead_letters(dead))
+        for day, (writer, staged, final) in sorted(self._writers.items()):
+            writer.close()
+            _fsync(staged)  # the acknowledgement promises the staged file survives a crash
+            rows = self._counts[day]
+            out.files.append({"staged": str(staged), "final": str(final), "rows": rows})
+            out.rows += rows
+        self._writers = {}
+        self._counts = {}
+        return out
+
+    def abort(self) -> None:
+        """Writer thread: drop the in-progress files (the task is failing)."""
+        for writer, staged, _final in self._writers.values():
+            writer.close()
             staged.unlink(missing_ok=True)
-            return CommitResult(assignment.split_id, 0, 0, True, "")
-
-        # Step 3: publish — move the staged file into place (idempotent; recovery redoes it).
-        _publish(self._engine, txn_id, staged, target)
-        return CommitResult(assignment.split_id, len(out.rows), len(out.dead), False, str(target))
+        self._writers = {}
 
 
-def _publish(engine: Engine, txn_id: int, staged: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if staged.exists():
-        os.replace(staged, target)
-    elif not target.exists():
-        raise FileNotFoundError(f"committed output of transaction {txn_id} is lost: {staged}")
-    with engine.begin() as conn:
-        conn.execute(
-            sa.update(sink_transactions)
-            .where(sink_transactions.c.id == txn_id)
-            .values(published=True, published_at=sa.func.now())
-        )
+def publish_files(files: Sequence[dict[str, Any]]) -> None:
+    """Move staged files into place. Idempotent: an already published file is left alone."""
+    for entry in files:
+        staged, final = Path(entry["staged"]), Path(entry["final"])
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(staged, final)
+        except FileNotFoundError:
+            # Published already (by us before a crash, or by a concurrent recovery).
+            if not final.exists():
+                raise FileNotFoundError(
+                    f"committed output is lost: neither {staged} nor {final} exists"
+                ) from None
 
 
-def publish_pending(engine: Engine) -> int:
-    """Recovery: publish every transaction committed in Postgres but not yet moved into place."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(
-                sink_transactions.c.id,
-                sink_transactions.c.staged_path,
-                sink_transactions.c.final_path,
-            ).where(sink_transactions.c.committed, sa.not_(sink_transactions.c.published))
-        ).all()
-    for txn_id, staged, target in rows:
-        _publish(engine, txn_id, Path(staged), Path(target))
-    return len(rows)
+class ParquetSink:
+    """Commit side of the Parquet sink (coordinator and recovery)."""
+
+    name = SINK_NAME
+
+    def commit(self, conn: Connection, txns: Sequence[StagedTransaction]) -> None:
+        # Files become visible by renaming after the transaction (publish), not inside it.
+        return None
+
+    def publish(self, txns: Sequence[StagedTransaction]) -> None:
+        for txn in txns:
+            publish_files(txn.staged)
+
+    def abort(self, txns: Sequence[StagedTransaction]) -> None:
+        for txn in txns:
+            for entry in txn.staged:
+                Path(entry["staged"]).unlink(missing_ok=True)

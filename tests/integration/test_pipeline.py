@@ -19,12 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from enumerator_service import Settings, SplitStore, asyncpg_dsn
+from enumerator_service import Settings, SplitStore, asyncpg_dsn, recover
 from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
-from enumerator_service._schema import dead_letters, sink_transactions, splits
+from enumerator_service._schema import dead_letters, sink_transactions
 from spark_jobs.jobs import run_enrichment
-from spark_jobs.sink import publish_pending
+from spark_jobs.jobs._driver import SINKS
 
 pytestmark = pytest.mark.spark
 
@@ -178,25 +178,27 @@ def test_committed_but_unpublished_output_is_published_by_recovery(
     discover(platform)
     run_enrichment(settings)
     before = sorted(r["event_id"] for r in _read_output(settings))
-    # Simulate a crash between the commit transaction and the publish step of one split.
+    # Simulate a crash between the completion transaction and the publish step.
     with platform.engine.begin() as conn:
-        txn = conn.execute(
-            sa.select(sink_transactions)
-            .join(splits, splits.c.id == sink_transactions.c.split_id)
-            .where(splits.c.source == settings.source_name, sink_transactions.c.row_count > 0)
-            .limit(1)
-        ).one()
+        txn = next(
+            t
+            for t in conn.execute(
+                sa.select(sink_transactions).where(sink_transactions.c.row_count > 0)
+            )
+            if t.staged[0]["final"].startswith(str(settings.output_path))
+        )
         conn.execute(
             sa.update(sink_transactions)
             .where(sink_transactions.c.id == txn.id)
             .values(published=False)
         )
-    Path(txn.staged_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(txn.final_path).rename(txn.staged_path)
+    for file in txn.staged:
+        Path(file["staged"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(file["final"]).rename(file["staged"])
     assert len(_read_output(settings)) < len(before)
-    assert publish_pending(platform.engine) == 1
+    assert recover(platform.engine, SINKS) == (1, 0)
     assert sorted(r["event_id"] for r in _read_output(settings)) == before
-    assert publish_pending(platform.engine) == 0
+    assert recover(platform.engine, SINKS) == (0, 0)
 
 
 def test_a_dead_run_returns_its_splits_and_the_next_run_takes_them(

@@ -1,0 +1,508 @@
+"""Checkpoints in Postgres: trigger, acknowledge, complete (the commit phase of the two-phase
+commit), abort, and recovery of runs that died with checkpoints in progress.
+
+Protocol (EXACTLY_ONCE):
+
+1. The coordinator inserts checkpoint *n* as PENDING and notifies the run's subtasks
+   (``CHECKPOINT_CHANNEL``; the notification is sent when the insert commits).
+2. Each subtask snapshots on its mailbox thread, pre-commits its sink (staged output, durable,
+   invisible) and acknowledges in one transaction: the ``sink_transactions`` row of its staged
+   output and the ``checkpoint_acks`` row with its split states.
+3. When every open subtask acknowledged, :meth:`CheckpointStore.complete` commits everything in
+   one transaction and then publishes the staged output (idempotent).
+
+A subtask's staged output commits with the first completed checkpoint >= its own that the same
+*attempt* acknowledged, so the output of an aborted checkpoint rolls into the next one; output
+of an attempt that was superseded (a retried task restored an earlier state) is aborted.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.engine import Connection, Engine
+
+from enumerator_service._schema import checkpoint_acks, checkpoints, sink_transactions, splits
+from enumerator_service._split_store import FencedError
+
+__all__ = [
+    "CHECKPOINT_CHANNEL",
+    "COORDINATOR_CHANNEL",
+    "Acknowledgement",
+    "CheckpointStore",
+    "CompletedCheckpoint",
+    "StagedTransaction",
+    "TransactionalSink",
+    "acknowledge",
+    "apply_split_states",
+    "encode_dead_letters",
+    "insert_dead_letters",
+    "recover",
+]
+
+_log = logging.getLogger(__name__)
+
+#: Coordinator → subtasks: ``{"run": …, "id": n, "event": "trigger" | "complete" | "abort"}``.
+CHECKPOINT_CHANNEL = "sluice_checkpoint"
+#: Subtasks → coordinator: ``{"run": …, "event": "ack" | "request", "subtask": k}``.
+COORDINATOR_CHANNEL = "sluice_coordinator"
+
+
+@dataclass(frozen=True, slots=True)
+class StagedTransaction:
+    """One pre-committed piece of sink output (a ``sink_transactions`` row)."""
+
+    id: int
+    run_id: str
+    subtask: int
+    attempt: str
+    checkpoint_id: int
+    sink: str
+    staged: Any
+    row_count: int
+
+
+class TransactionalSink(Protocol):
+    """The commit side of a two-phase-commit sink, run by the coordinator (or recovery)."""
+
+    #: The value of ``sink_transactions.sink`` this sink owns.
+    name: str
+
+    def commit(self, conn: Connection, txns: Sequence[StagedTransaction]) -> None:
+        """Inside the completion transaction: make what must commit atomically visible."""
+
+    def publish(self, txns: Sequence[StagedTransaction]) -> None:
+        """After the completion transaction: publish committed output. Idempotent."""
+
+    def abort(self, txns: Sequence[StagedTransaction]) -> None:
+        """Delete staged output that will never commit. Idempotent."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedCheckpoint:
+    checkpoint_id: int
+    subtasks: int
+    final_subtasks: tuple[int, ...]
+    rows: int
+    splits_completed: int
+    #: Seconds from trigger to completion, and from the first to the last acknowledgement.
+    duration: float
+    alignment: float
+
+
+def encode_dead_letters(dead: Iterable[tuple[int, int, bytes, str]]) -> list[dict[str, Any]]:
+    """JSON form of rejected input (split id, offset, raw bytes ≤ 4 KiB, reason)."""
+    return [
+        {
+            "split_id": split_id,
+            "offset": offset,
+            "raw": base64.b64encode(raw[:4096]).decode(),
+            "reason": reason,
+        }
+        for split_id, offset, raw, reason in dead
+    ]
+
+
+_INSERT_DEAD_LETTERS = sa.text(
+    """
+    INSERT INTO sluice.dead_letters (split_id, source, uri, "offset", raw, reason, run_id)
+    SELECT s.id, s.source, s.uri, d."offset", decode(d.raw, 'base64'), d.reason, :run_id
+    FROM jsonb_to_recordset(CAST(:dead AS jsonb))
+         AS d(split_id bigint, "offset" bigint, raw text, reason text)
+    JOIN sluice.splits AS s ON s.id = d.split_id
+    ON CONFLICT (split_id, "offset") DO NOTHING
+    """
+)
+
+
+def insert_dead_letters(conn: Connection, run_id: str, dead: Sequence[Any]) -> None:
+    if dead:
+        conn.execute(_INSERT_DEAD_LETTERS, {"run_id": run_id, "dead": json.dumps(list(dead))})
+
+
+def apply_split_states(
+    conn: Connection, run_id: str, states: Sequence[Mapping[str, Any]], *, skip_fenced: bool
+) -> int:
+    """Commit split states (offset, watermark, pending inputs) under their fencing epochs.
+
+    A finished split with nothing pending becomes COMPLETED. A state whose epoch is stale
+    raises FencedError, or is skipped with ``skip_fenced`` (AT_LEAST_ONCE). Returns how many
+    splits completed.
+    """
+    completed = 0
+    for state in states:
+        finished = bool(state["finished"]) and not state["pending"]
+        watermark = state.get("watermark")
+        values: dict[str, Any] = {
+            "committed_offset": state["offset"],
+            "committed_watermark": datetime.fromisoformat(watermark) if watermark else None,
+            "pending": state["pending"] or None,
+        }
+        if finished:
+            values.update(status="COMPLETED", lease_expires_at=None, completed_at=sa.func.now())
+        result = conn.execute(
+            sa.update(splits)
+            .where(
+                splits.c.id == state["id"],
+                splits.c.epoch == state["epoch"],
+                splits.c.run_id == run_id,
+                splits.c.status == "READING",
+            )
+            .values(**values)
+        )
+        if result.rowcount != 1:
+            if skip_fenced:
+                continue
+            raise FencedError(
+                f"split {state['id']} epoch {state['epoch']} is no longer held by run {run_id}"
+            )
+        completed += finished
+    return completed
+
+
+def _staged(rows: Iterable[Any]) -> list[StagedTransaction]:
+    return [
+        StagedTransaction(
+            r.id, r.run_id, r.subtask, r.attempt, r.checkpoint_id, r.sink, r.staged, r.row_count
+        )
+        for r in rows
+    ]
+
+
+def _by_sink(
+    sinks: Mapping[str, TransactionalSink], txns: Sequence[StagedTransaction]
+) -> Iterable[tuple[TransactionalSink, list[StagedTransaction]]]:
+    for name in sorted({t.sink for t in txns}):
+        sink = sinks.get(name)
+        if sink is None:
+            raise LookupError(f"no sink registered for staged output of kind {name!r}")
+        yield sink, [t for t in txns if t.sink == name]
+
+
+def _mark_published(engine: Engine, txns: Sequence[StagedTransaction]) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(sink_transactions)
+            .where(sink_transactions.c.id.in_([t.id for t in txns]))
+            .values(published=True, published_at=sa.func.now())
+        )
+
+
+def _abort_staged(
+    engine: Engine, sinks: Mapping[str, TransactionalSink], txns: Sequence[StagedTransaction]
+) -> None:
+    for sink, group in _by_sink(sinks, txns):
+        sink.abort(group)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.delete(sink_transactions).where(
+                sink_transactions.c.id.in_([t.id for t in txns]),
+                sa.not_(sink_transactions.c.committed),
+            )
+        )
+
+
+class CheckpointStore:
+    """The checkpoints of one run. Blocking: call from the coordinator thread."""
+
+    def __init__(self, engine: Engine, run_id: str, sinks: Mapping[str, TransactionalSink]):
+        self._engine = engine
+        self._run_id = run_id
+        self._sinks = sinks
+
+    def _notify(self, conn: Connection, checkpoint_id: int, event: str) -> None:
+        payload = json.dumps({"run": self._run_id, "id": checkpoint_id, "event": event})
+        conn.execute(sa.select(sa.func.pg_notify(CHECKPOINT_CHANNEL, payload)))
+
+    def trigger(self, checkpoint_id: int) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(
+                sa.insert(checkpoints).values(run_id=self._run_id, checkpoint_id=checkpoint_id)
+            )
+            self._notify(conn, checkpoint_id, "trigger")
+
+    def acks(self, checkpoint_id: int) -> list[tuple[int, bool]]:
+        """(subtask, final) of every acknowledgement of the checkpoint so far."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(checkpoint_acks.c.subtask, checkpoint_acks.c.final).where(
+                    checkpoint_acks.c.run_id == self._run_id,
+                    checkpoint_acks.c.checkpoint_id == checkpoint_id,
+                )
+            ).all()
+        return [(int(subtask), bool(final)) for subtask, final in rows]
+
+    def abort(self, checkpoint_id: int, reason: str) -> None:
+        """PENDING → ABORTED. Staged output stays: it commits with a later checkpoint."""
+        with self._engine.begin() as conn:
+            updated = conn.execute(
+                sa.update(checkpoints)
+                .where(
+                    checkpoints.c.run_id == self._run_id,
+                    checkpoints.c.checkpoint_id == checkpoint_id,
+                    checkpoints.c.status == "PENDING",
+                )
+                .values(status="ABORTED", reason=reason[:500], completed_at=sa.func.now())
+            ).rowcount
+            if updated:
+                self._notify(conn, checkpoint_id, "abort")
+
+    def complete(self, checkpoint_id: int, *, two_phase: bool) -> CompletedCheckpoint | None:
+        """Commit checkpoint ``checkpoint_id``; None if it is no longer PENDING.
+
+        With ``two_phase`` (EXACTLY_ONCE) the split states and the staged sink output of the
+        acknowledging attempts commit here, atomically; without it (AT_LEAST_ONCE) every
+        subtask committed its own snapshot when it acknowledged. Raises FencedError (nothing
+        committed) when an acknowledgement comes from an attempt that lost its splits.
+        """
+        run_id = self._run_id
+        with self._engine.begin() as conn:
+            # Step 1: only a PENDING checkpoint completes; the row lock orders us against
+            # a concurrent abort and makes a repeated completion a no-op.
+            row = conn.execute(
+                sa.select(checkpoints.c.status, checkpoints.c.triggered_at)
+                .where(
+                    checkpoints.c.run_id == run_id,
+                    checkpoints.c.checkpoint_id == checkpoint_id,
+                )
+                .with_for_update()
+            ).one_or_none()
+            if row is None or row.status != "PENDING":
+                return None
+            # Step 2: the acknowledgements (one per subtask: the latest attempt's).
+            acks = conn.execute(
+                sa.select(checkpoint_acks).where(
+                    checkpoint_acks.c.run_id == run_id,
+                    checkpoint_acks.c.checkpoint_id == checkpoint_id,
+                )
+            ).all()
+            rows = splits_completed = 0
+            superseded: list[StagedTransaction] = []
+            committed: list[StagedTransaction] = []
+            if two_phase:
+                # Step 3: split states, fenced by the epochs the snapshots were taken under.
+                for ack in acks:
+                    splits_completed += apply_split_states(
+                        conn, run_id, ack.snapshot["splits"], skip_fenced=False
+                    )
+                # Step 4: the staged output of each acknowledging attempt up to n commits;
+                # that of other attempts of the same subtasks can never commit.
+                attempts = {ack.subtask: ack.attempt for ack in acks}
+                staged = _staged(
+                    conn.execute(
+                        sa.select(sink_transactions).where(
+                            sink_transactions.c.run_id == run_id,
+                            sink_transactions.c.checkpoint_id <= checkpoint_id,
+                            sa.not_(sink_transactions.c.committed),
+                            sink_transactions.c.subtask.in_(list(attempts)),
+                        )
+                    ).all()
+                )
+                committed = [t for t in staged if attempts[t.subtask] == t.attempt]
+                superseded = [t for t in staged if attempts[t.subtask] != t.attempt]
+                for sink, group in _by_sink(self._sinks, committed):
+                    sink.commit(conn, group)
+                if committed:
+                    ids = [t.id for t in committed]
+                    for dead in conn.execute(
+                        sa.select(sink_transactions.c.dead_letters).where(
+                            sink_transactions.c.id.in_(ids)
+                        )
+                    ).scalars():
+                        insert_dead_letters(conn, run_id, dead)
+                    conn.execute(
+                        sa.update(sink_transactions)
+                        .where(sink_transactions.c.id.in_(ids))
+                        .values(committed=True, committed_at=sa.func.now())
+                    )
+                rows = sum(t.row_count for t in committed)
+            # Step 5: enumerator bookkeeping — this checkpoint captures every hand-out no
+            # earlier checkpoint has (SplitAssignmentTracker.snapshot_state).
+            conn.execute(
+                sa.update(splits)
+                .where(
+                    splits.c.run_id == run_id,
+                    splits.c.status == "READING",
+                    splits.c.assigned_checkpoint.is_(None),
+                )
+                .values(assigned_checkpoint=checkpoint_id)
+            )
+            # Step 6: COMPLETED; the subtasks hear of it when this transaction commits.
+            completed_at = conn.execute(
+                sa.update(checkpoints)
+                .where(
+                    checkpoints.c.run_id == run_id,
+                    checkpoints.c.checkpoint_id == checkpoint_id,
+                )
+                .values(status="COMPLETED", completed_at=sa.func.now())
+                .returning(checkpoints.c.completed_at)
+            ).scalar_one()
+            self._notify(conn, checkpoint_id, "complete")
+        # Step 7: publish (idempotent; recovery repeats it if we die before marking it).
+        if committed:
+            for sink, group in _by_sink(self._sinks, committed):
+                sink.publish(group)
+            _mark_published(self._engine, committed)
+        # Step 8: superseded attempts' staged output is deleted.
+        if superseded:
+            _abort_staged(self._engine, self._sinks, superseded)
+        ack_times = [ack.acked_at for ack in acks]
+        return CompletedCheckpoint(
+            checkpoint_id=checkpoint_id,
+            subtasks=len(acks),
+            final_subtasks=tuple(sorted(ack.subtask for ack in acks if ack.final)),
+            rows=rows,
+            splits_completed=splits_completed,
+            duration=(completed_at - row.triggered_at).total_seconds(),
+            alignment=(max(ack_times) - min(ack_times)).total_seconds() if ack_times else 0.0,
+        )
+
+    def abort_uncommitted(self) -> int:
+        """At the end of the run: abort pending checkpoints and delete staged output left."""
+        return _abort_runs(self._engine, self._sinks, [self._run_id], "run ended")
+
+
+def _abort_runs(
+    engine: Engine, sinks: Mapping[str, TransactionalSink], run_ids: Sequence[str], reason: str
+) -> int:
+    if not run_ids:
+        return 0
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(checkpoints)
+            .where(checkpoints.c.run_id.in_(run_ids), checkpoints.c.status == "PENDING")
+            .values(status="ABORTED", reason=reason, completed_at=sa.func.now())
+        )
+        leftover = _staged(
+            conn.execute(
+                sa.select(sink_transactions).where(
+                    sink_transactions.c.run_id.in_(run_ids),
+                    sa.not_(sink_transactions.c.committed),
+                )
+            ).all()
+        )
+    if leftover:
+        _abort_staged(engine, sinks, leftover)
+    return len(leftover)
+
+
+def recover(engine: Engine, sinks: Mapping[str, TransactionalSink]) -> tuple[int, int]:
+    """Finish what crashed runs left: publish output committed in Postgres but not yet
+    published, then abort checkpoints and staged output of runs that hold no split any more.
+
+    Returns (published, aborted) transaction counts. Run it after expired leases were
+    released, so that a dead run holds no split.
+    """
+    with engine.connect() as conn:
+        unpublished = _staged(
+            conn.execute(
+                sa.select(sink_transactions).where(
+                    sink_transactions.c.committed, sa.not_(sink_transactions.c.published)
+                )
+            ).all()
+        )
+        live = sa.select(splits.c.run_id).where(
+            splits.c.status.in_(("ASSIGNED", "READING")), splits.c.run_id.is_not(None)
+        )
+        dead_runs = sorted(
+            set(
+                conn.execute(
+                    sa.select(checkpoints.c.run_id).where(
+                        checkpoints.c.status == "PENDING", checkpoints.c.run_id.not_in(live)
+                    )
+                ).scalars()
+            )
+            | set(
+                conn.execute(
+                    sa.select(sink_transactions.c.run_id).where(
+                        sa.not_(sink_transactions.c.committed),
+                        sink_transactions.c.run_id.not_in(live),
+                    )
+                ).scalars()
+            )
+        )
+    if unpublished:
+        for sink, group in _by_sink(sinks, unpublished):
+            sink.publish(group)
+        _mark_published(engine, unpublished)
+    aborted = _abort_runs(engine, sinks, dead_runs, "run died")
+    if unpublished or aborted:
+        _log.info("recovery: published %d, aborted %d", len(unpublished), aborted)
+    return len(unpublished), aborted
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledgement:
+    """One subtask's part of checkpoint ``checkpoint_id`` (task side)."""
+
+    run_id: str
+    checkpoint_id: int
+    subtask: int
+    attempt: str
+    final: bool
+    #: {"splits": [{"id", "epoch", "offset", "watermark", "finished", "pending"}, …], …}
+    snapshot: Mapping[str, Any]
+    sink: str
+    staged: Any
+    row_count: int
+    dead_letters: Sequence[Any]
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self.staged) or bool(self.dead_letters)
+
+
+def acknowledge(engine: Engine, ack: Acknowledgement, *, two_phase: bool) -> None:
+    """Record a subtask's snapshot and staged output in one transaction, and tell the
+    coordinator.
+
+    EXACTLY_ONCE (``two_phase``): nothing becomes visible; the coordinator commits it when
+    the checkpoint completes. AT_LEAST_ONCE: the caller has already published the output; the
+    split states and dead letters commit here (stale epochs skipped), so a crash before this
+    commits replays — duplicates, never losses.
+    """
+    with engine.begin() as conn:
+        if ack.has_output:
+            conn.execute(
+                insert(sink_transactions)
+                .values(
+                    run_id=ack.run_id,
+                    subtask=ack.subtask,
+                    attempt=ack.attempt,
+                    checkpoint_id=ack.checkpoint_id,
+                    sink=ack.sink,
+                    staged=ack.staged,
+                    row_count=ack.row_count,
+                    dead_letters=list(ack.dead_letters),
+                    committed=not two_phase,
+                    published=not two_phase,
+                    committed_at=None if two_phase else sa.func.now(),
+                    published_at=None if two_phase else sa.func.now(),
+                )
+                .on_conflict_do_nothing()
+            )
+        if not two_phase:
+            apply_split_states(conn, ack.run_id, ack.snapshot["splits"], skip_fenced=True)
+            insert_dead_letters(conn, ack.run_id, ack.dead_letters)
+        values = {"attempt": ack.attempt, "final": ack.final, "snapshot": dict(ack.snapshot)}
+        conn.execute(
+            insert(checkpoint_acks)
+            .values(
+                run_id=ack.run_id, checkpoint_id=ack.checkpoint_id, subtask=ack.subtask, **values
+            )
+            # A retried attempt acknowledging the same checkpoint replaces its predecessor.
+            .on_conflict_do_update(
+                index_elements=["run_id", "checkpoint_id", "subtask"],
+                set_={**values, "acked_at": sa.func.now()},
+            )
+        )
+        payload = json.dumps({"run": ack.run_id, "event": "ack", "subtask": ack.subtask})
+        conn.execute(sa.select(sa.func.pg_notify(COORDINATOR_CHANNEL, payload)))

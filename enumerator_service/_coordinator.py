@@ -1,0 +1,232 @@
+"""CheckpointCoordinator: the driver side of Sluice's barrier checkpoints.
+
+Triggers checkpoint *n* (every ``interval`` seconds, and at once when a subtask whose input
+ended asks for its final checkpoint), collects the subtasks' acknowledgements from Postgres
+through a barrier handler — the subtasks are its channels, a subtask whose final checkpoint
+completed is a closed channel — and completes or aborts *n*. One checkpoint at a time.
+
+Threading: the coordinator is its own thread and the only user of its handler and store.
+Acknowledgements and requests wake it through ``LISTEN``; a short poll is the safety net
+for notifications lost while the database restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+
+from enumerator_service._checkpoint_store import (
+    COORDINATOR_CHANNEL,
+    CheckpointStore,
+    CompletedCheckpoint,
+    TransactionalSink,
+)
+from enumerator_service._split_store import FencedError
+
+# From the modules, not the package: the package's listener imports enumerator_service.
+from spark_jobs.checkpoint._aligned import AlignedBarrierHandler
+from spark_jobs.checkpoint._common import AbortReason
+from spark_jobs.checkpoint._tracker import BarrierTracker
+
+__all__ = ["CheckpointCoordinator", "CoordinatorStats"]
+
+_log = logging.getLogger(__name__)
+_POLL = 0.25  # seconds between acknowledgement polls when no notification arrives
+_DB_ERRORS = (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError)
+
+
+@dataclass
+class CoordinatorStats:
+    completed: list[CompletedCheckpoint] = field(default_factory=list)
+    aborted: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass
+class _Pending:
+    checkpoint_id: int
+    deadline: float
+    fed: set[int] = field(default_factory=set)
+
+
+class CheckpointCoordinator(threading.Thread):
+    """Runs checkpoints for one run of ``subtasks`` reader subtasks until stopped.
+
+    ``on_failure`` is called (from this thread) when the coordinator gives up — the database
+    stayed unreachable for ``give_up_after`` seconds — so the driver can cancel the job
+    instead of leaving subtasks waiting for a final checkpoint that never comes.
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        run_id: str,
+        subtasks: int,
+        sinks: Mapping[str, TransactionalSink],
+        *,
+        interval: float,
+        timeout: float,
+        exactly_once: bool = True,
+        on_failure: Callable[[BaseException], None] | None = None,
+        give_up_after: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(name=f"checkpoint-coordinator-{run_id}", daemon=True)
+        self._engine = engine
+        self._run_id = run_id
+        self._store = CheckpointStore(engine, run_id, sinks)
+        self._interval = interval
+        self._timeout = timeout
+        self._two_phase = exactly_once
+        self._on_failure = on_failure
+        self._give_up_after = give_up_after
+        self._clock = clock
+        self._stop_event = threading.Event()
+        self._handler: AlignedBarrierHandler[None] | BarrierTracker[None]
+        if exactly_once:
+            self._handler = AlignedBarrierHandler(subtasks, self._aligned, self._aborted)
+        else:
+            self._handler = BarrierTracker(subtasks, self._aligned, self._aborted)
+        self._open = set(range(subtasks))
+        self._next_id = 1
+        self._pending: _Pending | None = None
+        self._ready: int | None = None
+        self._requested = False
+        self.stats = CoordinatorStats()
+        self.error: BaseException | None = None
+
+    # -- barrier handler callbacks (this thread) ----------------------------------------
+
+    def _aligned(self, checkpoint_id: int) -> None:
+        self._ready = checkpoint_id
+
+    def _aborted(self, checkpoint_id: int, reason: AbortReason) -> None:
+        _log.debug("checkpoint %d aborted by the barrier handler: %s", checkpoint_id, reason)
+
+    # -- thread -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=30)
+
+    def run(self) -> None:
+        failing_since: float | None = None
+        listener: psycopg.Connection[Any] | None = None
+        first_listen = True
+        next_trigger = self._clock() + self._interval if self._interval > 0 else math.inf
+        while not self._stop_event.is_set():
+            try:
+                if listener is None:
+                    listener = self._listen()
+                    # Requests sent while we were reconnecting are lost: assume there was one.
+                    self._requested = self._requested or not first_listen
+                    first_listen = False
+                self._wait(listener, next_trigger)
+                if self._pending is None and self._open:
+                    now = self._clock()
+                    if self._requested or now >= next_trigger:
+                        self._requested = False
+                        self._trigger()
+                        if self._interval > 0:
+                            next_trigger = now + self._interval
+                if self._pending is not None:
+                    self._collect(self._pending)
+                failing_since = None
+            except _DB_ERRORS as exc:
+                # Postgres restarting: keep the pending checkpoint, reconnect, resume.
+                _log.warning("checkpoint coordinator: database unavailable (%s)", exc)
+                if listener is not None:
+                    listener.close()
+                    listener = None
+                now = self._clock()
+                failing_since = failing_since or now
+                if now - failing_since > self._give_up_after:
+                    self._fail(exc)
+                    return
+                self._stop_event.wait(0.5)
+            except BaseException as exc:
+                self._fail(exc)
+                return
+        if listener is not None:
+            listener.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        _log.error("checkpoint coordinator failed", exc_info=exc)
+        self.error = exc
+        if self._on_failure is not None:
+            self._on_failure(exc)
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        raw = self._engine.raw_connection()
+        conn: psycopg.Connection[Any] = raw.driver_connection  # type: ignore[assignment]
+        raw.detach()  # a LISTEN connection must never go back to the pool
+        conn.rollback()
+        conn.autocommit = True
+        conn.execute(f"LISTEN {COORDINATOR_CHANNEL}")
+        return conn
+
+    def _wait(self, listener: psycopg.Connection[Any], next_trigger: float) -> None:
+        now = self._clock()
+        deadline = min(next_trigger, self._pending.deadline if self._pending else math.inf)
+        wait = max(0.0, min(deadline - now, _POLL))
+        for notify in listener.notifies(timeout=wait, stop_after=64):
+            try:
+                message = json.loads(notify.payload)
+            except ValueError:
+                continue
+            if message.get("run") == self._run_id and message.get("event") == "request":
+                self._requested = True
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def _trigger(self) -> None:
+        checkpoint_id = self._next_id
+        self._next_id += 1
+        self._store.trigger(checkpoint_id)
+        self._pending = _Pending(checkpoint_id, self._clock() + self._timeout)
+
+    def _collect(self, pending: _Pending) -> None:
+        n = pending.checkpoint_id
+        for subtask, _final in self._store.acks(n):
+            if subtask in pending.fed or subtask not in self._open:
+                continue
+            pending.fed.add(subtask)
+            self._handler.process_barrier(subtask, n)
+            while isinstance(self._handler, AlignedBarrierHandler) and self._handler.has_pending:
+                self._handler.release()
+        if self._ready == n:
+            self._ready = None
+            self._pending = None
+            try:
+                done = self._store.complete(n, two_phase=self._two_phase)
+            except FencedError as exc:
+                # An acknowledgement came from an attempt that has been superseded.
+                self._abort(n, f"fenced: {exc}")
+                return
+            if done is None:
+                return
+            self.stats.completed.append(done)
+            for subtask in done.final_subtasks:
+                if subtask in self._open:
+                    # The subtask finished: a closed channel for every later checkpoint.
+                    self._open.discard(subtask)
+                    self._handler.process_end_of_partition(subtask)
+        elif self._clock() >= pending.deadline:
+            self._pending = None
+            self._abort(n, f"timeout: {len(pending.fed)} of {len(self._open)} subtasks acked")
+            channel = min(self._open)
+            self._handler.process_cancellation(channel, n)
+
+    def _abort(self, checkpoint_id: int, reason: str) -> None:
+        _log.info("checkpoint %d aborted: %s", checkpoint_id, reason)
+        self._store.abort(checkpoint_id, reason)
+        self.stats.aborted.append((checkpoint_id, reason))
+        self._requested = True  # subtasks waiting for a final checkpoint need another
