@@ -460,18 +460,27 @@ class Acknowledgement:
         return bool(self.staged) or bool(self.dead_letters)
 
 
-def acknowledge(engine: Engine, ack: Acknowledgement, *, two_phase: bool) -> None:
+def acknowledge(
+    engine: Engine,
+    ack: Acknowledgement,
+    *,
+    two_phase: bool,
+    sink: TransactionalSink | None = None,
+) -> None:
     """Record a subtask's snapshot and staged output in one transaction, and tell the
     coordinator.
 
     EXACTLY_ONCE (``two_phase``): nothing becomes visible; the coordinator commits it when
     the checkpoint completes. AT_LEAST_ONCE: the caller has already published the output; the
     split states and dead letters commit here (stale epochs skipped), so a crash before this
-    commits replays — duplicates, never losses.
+    commits replays — duplicates, never losses. With ``sink`` (AT_LEAST_ONCE only) its
+    ``commit`` runs in this transaction too: a table sink's rows become visible atomically
+    with this subtask's split states.
     """
     with engine.begin() as conn:
+        txn_id = None
         if ack.has_output:
-            conn.execute(
+            txn_id = conn.execute(
                 insert(sink_transactions)
                 .values(
                     run_id=ack.run_id,
@@ -488,7 +497,20 @@ def acknowledge(engine: Engine, ack: Acknowledgement, *, two_phase: bool) -> Non
                     published_at=None if two_phase else sa.func.now(),
                 )
                 .on_conflict_do_nothing()
+                .returning(sink_transactions.c.id)
+            ).scalar_one_or_none()
+        if not two_phase and sink is not None and txn_id is not None:
+            txn = StagedTransaction(
+                txn_id,
+                ack.run_id,
+                ack.subtask,
+                ack.attempt,
+                ack.checkpoint_id,
+                ack.sink,
+                ack.staged,
+                ack.row_count,
             )
+            sink.commit(conn, [txn])
         if not two_phase:
             apply_split_states(conn, ack.run_id, ack.snapshot["splits"], skip_fenced=True)
             insert_dead_letters(conn, ack.run_id, ack.dead_letters)

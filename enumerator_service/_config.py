@@ -11,7 +11,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
@@ -114,6 +114,17 @@ class Settings(BaseSettings):
         description="EXACTLY_ONCE: aligned, two-phase commit. AT_LEAST_ONCE: no alignment, "
         "each subtask commits its own snapshot (replays may duplicate, never lose).",
     )
+    sink: Literal["parquet", "postgres"] = Field(
+        default="parquet",
+        description="parquet: files under the output path. postgres: rows in <sink_schema>."
+        "<sink_table>, committed in the same transaction as the split states.",
+    )
+    sink_schema: str = Field(default="public", description="Schema of the sink table.")
+    sink_table: str = Field(
+        default="",
+        description="Table of the postgres sink (default enriched_<source_name>); staged rows "
+        "go to <sink_table>__staged.",
+    )
     target_split_bytes: int = Field(
         default=128 << 20, ge=1024, description="Files larger than this are cut into byte ranges."
     )
@@ -128,13 +139,25 @@ class Settings(BaseSettings):
     demo_seed: int = Field(default=7, description="Seed of the sample data generator.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="WARNING")
 
-    @field_validator("source_name", "lookup_schema", "lookup_table", "lookup_key")
+    @field_validator("source_name", "lookup_schema", "lookup_table", "lookup_key", "sink_schema")
     @classmethod
     def _identifier(cls, value: str) -> str:
         if not _IDENTIFIER.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a valid identifier (use lower-case letters, digits, _)"
             )
+        return value
+
+    @field_validator("sink_table")
+    @classmethod
+    def _sink_table(cls, value: str, info: ValidationInfo) -> str:
+        value = value or f"enriched_{info.data.get('source_name', 'events')}"
+        if not _IDENTIFIER.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a valid identifier (use lower-case letters, digits, _)"
+            )
+        if info.data.get("sink") == "postgres" and len(value) > 55:
+            raise ValueError(f"{value!r} is too long (at most 55 characters: +'__staged')")
         return value
 
     @field_validator("database_url")

@@ -113,6 +113,10 @@ class CheckpointCoordinator(threading.Thread):
 
     # -- thread -----------------------------------------------------------------------------
 
+    def request_checkpoint(self) -> None:
+        """Trigger a checkpoint as soon as none is pending (any thread)."""
+        self._requested = True
+
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=30)

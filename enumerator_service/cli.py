@@ -171,7 +171,16 @@ def _run(settings: Settings, dates: list[date] | None) -> None:
         ("rows in", f"{summary.rows_in:,}"),
         ("rows out", f"{summary.rows_out:,}"),
         ("dead letters", f"{summary.dead_letters:,}"),
-        ("fenced commits", f"{summary.fenced:,}"),
+        (
+            "checkpoints (aborted)",
+            f"{summary.checkpoints:,} ({summary.checkpoints_aborted:,}, "
+            f"{summary.fenced:,} of them fenced)",
+        ),
+        (
+            "checkpoint p50 / p99",
+            f"{summary.checkpoint_p50_ms:.0f} / {summary.checkpoint_p99_ms:.0f} ms "
+            f"(alignment p50 {summary.alignment_p50_ms:.0f} ms)",
+        ),
         ("lookups (queries)", f"{summary.lookups:,} ({summary.lookup_queries:,})"),
         ("lookup cache hits", f"{summary.cache_hit_rate:.1%}"),
         ("lookup p50 / p99", f"{summary.lookup_p50_ms:.1f} / {summary.lookup_p99_ms:.1f} ms"),

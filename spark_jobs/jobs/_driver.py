@@ -8,6 +8,7 @@ when it ends, successfully or not.
 from __future__ import annotations
 
 import functools
+import logging
 import shutil
 import threading
 import time
@@ -34,13 +35,31 @@ from enumerator_service import (
 from enumerator_service._schema import dead_letters, sink_transactions, splits
 from spark_jobs._spark import get_spark
 from spark_jobs.jobs._reader_task import TaskConfig, run_reader_subtask
-from spark_jobs.sink import SINK_NAME, ParquetSink
+from spark_jobs.sink import (
+    SINK_NAME,
+    TABLE_SINK_NAME,
+    ParquetSink,
+    PostgresTableSink,
+    ensure_tables,
+    sweep_staged,
+)
 
 __all__ = ["RunSummary", "run_enrichment"]
 
+_log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 #: The commit side of every sink kind that may have staged output (recovery needs them all).
-SINKS: dict[str, TransactionalSink] = {SINK_NAME: ParquetSink()}
+#: Without an engine the table sink's abort() leaves staged rows to sweep_staged (the driver
+#: itself uses build_sinks(engine), whose table sink deletes them at once).
+SINKS: dict[str, TransactionalSink] = {
+    SINK_NAME: ParquetSink(),
+    TABLE_SINK_NAME: PostgresTableSink(),
+}
+
+
+def build_sinks(engine: sa.Engine) -> dict[str, TransactionalSink]:
+    """SINKS with a table sink that aborts through ``engine``."""
+    return {**SINKS, TABLE_SINK_NAME: PostgresTableSink(engine)}
 
 
 @dataclass(frozen=True)
@@ -89,11 +108,15 @@ class _Heartbeat(threading.Thread):
     def run(self) -> None:
         last_renewal = time.monotonic()
         while not self._stop_event.wait(0.5):
-            if time.monotonic() - last_renewal >= self._lease / 3:
-                self._store.heartbeat_run(self._run_id, self._lease)
-                last_renewal = time.monotonic()
-            if self._progress is not None:
-                self._progress(*_run_progress(self._engine, self._run_id))
+            try:
+                if time.monotonic() - last_renewal >= self._lease / 3:
+                    self._store.heartbeat_run(self._run_id, self._lease)
+                    last_renewal = time.monotonic()
+                if self._progress is not None:
+                    self._progress(*_run_progress(self._engine, self._run_id))
+            except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+                # Postgres restarting: renew on the next beat (a lease is lease/3 ahead).
+                _log.warning("lease heartbeat failed: %s", exc)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -148,8 +171,12 @@ def run_enrichment(
         # Recovery first: return dead runs' leases, publish output committed but not yet
         # published, abort what dead runs staged.
         store.release_expired(source)
-        recover(engine, SINKS)
+        sinks = build_sinks(engine)
+        recover(engine, sinks)
         _clean_staging(engine, staging_root)
+        if settings.sink == TABLE_SINK_NAME:
+            ensure_tables(engine, settings.sink_schema, settings.sink_table)
+            sweep_staged(engine, settings.sink_schema, settings.sink_table)
         assigned = store.assign_to_run(
             run_id, source, lease_seconds=settings.lease_seconds, partition_keys=dates
         )
@@ -175,6 +202,9 @@ def run_enrichment(
             cache_rows=settings.lookup_cache_rows,
             cache_ttl_seconds=settings.lookup_cache_ttl_seconds,
             exactly_once=settings.checkpointing_mode == "EXACTLY_ONCE",
+            sink=settings.sink,
+            sink_schema=settings.sink_schema,
+            sink_table=settings.sink_table,
         )
         parallelism = min(settings.parallelism, assigned)
         heartbeat = _Heartbeat(store, engine, run_id, settings.lease_seconds, progress)
@@ -183,7 +213,7 @@ def run_enrichment(
             engine,
             run_id,
             parallelism,
-            SINKS,
+            sinks,
             interval=settings.checkpoint_interval_seconds,
             timeout=settings.checkpoint_timeout_seconds,
             exactly_once=config.exactly_once,
@@ -203,13 +233,15 @@ def run_enrichment(
             heartbeat.stop()
             # Whatever the run did not commit goes back to the pool (addSplitsBack).
             store.release_run(run_id)
-            CheckpointStore(engine, run_id, SINKS).abort_uncommitted()
+            CheckpointStore(engine, run_id, sinks).abort_uncommitted()
         if coordinator.error is not None:
             raise RuntimeError("checkpoint coordinator failed") from coordinator.error
         if progress is not None:
             progress(*_run_progress(engine, run_id))
-        recover(engine, SINKS)  # publishes anything committed but not yet published
+        recover(engine, sinks)  # publishes anything committed but not yet published
         shutil.rmtree(staging_root / run_id, ignore_errors=True)
+        if settings.sink == TABLE_SINK_NAME:
+            sweep_staged(engine, settings.sink_schema, settings.sink_table)
         stats = coordinator.stats
         # From Postgres, not from task results: a retried task's earlier commits count too.
         committed, rows_out, dead = _run_totals(engine, run_id)

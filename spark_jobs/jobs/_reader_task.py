@@ -1,4 +1,4 @@
-"""One reader subtask: source reader → async lookup operator → Parquet sink, on one mailbox.
+"""One reader subtask: source reader → async lookup operator → sink, on one mailbox.
 
 Runs inside a Spark task (a Python worker). The thread calling :func:`run_reader_subtask`
 becomes the mailbox thread: it runs the asyncio loop on which the mailbox, the asyncpg lookups,
@@ -31,6 +31,7 @@ from enumerator_service import (
     SplitAssignment,
     SplitState,
     SplitStore,
+    TransactionalSink,
     acknowledge,
     connect_engine,
 )
@@ -46,7 +47,16 @@ from spark_jobs.async_io import (
 from spark_jobs.checkpoint import CheckpointListener
 from spark_jobs.lookup import LookupCache, PostgresLookup
 from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension, run_task
-from spark_jobs.sink import SINK_NAME, ParquetSinkWriter, StagedOutput, publish_files
+from spark_jobs.sink import (
+    SINK_NAME,
+    TABLE_SINK_NAME,
+    ParquetSink,
+    ParquetSinkWriter,
+    PostgresTableSink,
+    PostgresTableSinkWriter,
+    StagedOutput,
+    publish_files,
+)
 from spark_jobs.source import (
     Event,
     FormatRouter,
@@ -90,7 +100,17 @@ class TaskConfig:
     exactly_once: bool = True
     checkpoint_poll_seconds: float = 1.0
     debug: bool = False
+    #: "parquet" (files under output_root) or "postgres" (rows in sink_schema.sink_table).
+    sink: str = SINK_NAME
+    sink_schema: str = "public"
+    sink_table: str = ""
 
+
+#: Commit sides for AT_LEAST_ONCE acknowledgements (commit() needs no engine).
+_COMMITTERS: dict[str, TransactionalSink] = {
+    SINK_NAME: ParquetSink(),
+    TABLE_SINK_NAME: PostgresTableSink(),
+}
 
 #: Checkpoint mails overtake input and I/O completions, but not "resume input" (MAX_PRIORITY).
 CHECKPOINT_PRIORITY = 1 << 20
@@ -204,16 +224,28 @@ class ReaderTask:
             timeout=config.timeout_seconds,
             retry=retry,
         )
-        # The sink's writer thread: staged files and acknowledgements, in submission order.
+        # The sink's writer thread: staged output and acknowledgements, in submission order.
         self._io = ThreadPoolExecutor(1, thread_name_prefix=f"sink-writer-{self._subtask}")
-        self._sink = ParquetSinkWriter(
-            self._io,
-            staging_root=Path(config.staging_root),
-            output_root=Path(config.output_root),
-            run_id=config.run_id,
-            subtask=self._subtask,
-            attempt=self._attempt,
-        )
+        self._sink: ParquetSinkWriter | PostgresTableSinkWriter
+        if config.sink == TABLE_SINK_NAME:
+            self._sink = PostgresTableSinkWriter(
+                self._io,
+                dsn=config.asyncpg_dsn,
+                schema=config.sink_schema,
+                table=config.sink_table,
+                run_id=config.run_id,
+                subtask=self._subtask,
+                attempt=self._attempt,
+            )
+        else:
+            self._sink = ParquetSinkWriter(
+                self._io,
+                staging_root=Path(config.staging_root),
+                output_root=Path(config.output_root),
+                run_id=config.run_id,
+                subtask=self._subtask,
+                attempt=self._attempt,
+            )
         self._listener = CheckpointListener(
             config.asyncpg_dsn,
             config.run_id,
@@ -241,7 +273,8 @@ class ReaderTask:
         finally:
             self._reader.close()
             if not self._final_acks:
-                self._io.submit(self._sink.abort)  # in-progress files will never commit
+                self._io.submit(self._sink.abort)  # in-progress output will never commit
+            self._io.submit(self._sink.close)
             self._io.shutdown(wait=True)
             await self._listener.close()
             await self._operator.close()
@@ -373,7 +406,7 @@ class ReaderTask:
     ) -> None:
         """Writer thread."""
         out = staged.result()
-        if not self._config.exactly_once:
+        if not self._config.exactly_once and self._config.sink == SINK_NAME:
             publish_files(out.files)  # AT_LEAST_ONCE: visible before the offsets commit
         acknowledge(
             self._engine,
@@ -384,12 +417,14 @@ class ReaderTask:
                 attempt=self._attempt,
                 final=final,
                 snapshot=snapshot,
-                sink=SINK_NAME,
+                sink=self._config.sink,
                 staged=out.files,
                 row_count=out.rows,
                 dead_letters=out.dead_letters,
             ),
             two_phase=self._config.exactly_once,
+            # AT_LEAST_ONCE: table rows become visible with this subtask's split states.
+            sink=None if self._config.exactly_once else _COMMITTERS[self._config.sink],
         )
 
     def _acknowledged(self, future: Future[None], checkpoint_id: int, final: bool) -> None:

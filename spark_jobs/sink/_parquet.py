@@ -159,6 +159,9 @@ class ParquetSinkWriter:
             staged.unlink(missing_ok=True)
         self._writers = {}
 
+    def close(self) -> None:
+        """Writer thread: nothing is held open between pre-commits."""
+
 
 def publish_files(files: Sequence[dict[str, Any]]) -> None:
     """Move staged files into place. Idempotent: an already published file is left alone."""
