@@ -75,6 +75,11 @@ class Settings(BaseSettings):
         default=None, description="Output root (default <data_dir>/warehouse)."
     )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
+    spark_driver_host: str | None = Field(
+        default=None,
+        description="Address executors use to reach the driver (cluster masters only; "
+        "default: this host's name). Local masters stay on 127.0.0.1.",
+    )
     parallelism: int = Field(default=2, ge=1, le=256, description="Reader subtasks per run.")
     source_name: str = Field(default="events", description="Name of the event source.")
     lookup_schema: str = Field(default="public", description="Schema of the dimension table.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,25 @@ def _check_java() -> None:
         raise ConfigError("JAVA_HOME", "no java found on PATH; Spark needs Java 17 or newer")
 
 
-def get_spark(master: str, *, app_name: str = "sluice", task_attempts: int = 4) -> Any:
+def _driver_addresses(master: str, driver_host: str | None) -> tuple[str, str]:
+    """(advertised host, bind address) of the driver.
+
+    Local masters keep everything on 127.0.0.1. With a cluster master the executors must
+    connect back to the driver, so it binds to all interfaces and advertises ``driver_host``
+    (default: this machine's host name, which is the service name under docker compose).
+    """
+    if master.startswith("local"):
+        return driver_host or "127.0.0.1", driver_host or "127.0.0.1"
+    return driver_host or socket.gethostname(), "0.0.0.0"  # noqa: S104 - executors connect in
+
+
+def get_spark(
+    master: str,
+    *,
+    app_name: str = "sluice",
+    task_attempts: int = 4,
+    driver_host: str | None = None,
+) -> Any:
     """Get or create the SparkSession; Python workers use this very interpreter."""
     _check_java()
     # Workers must run the driver's interpreter (the virtualenv), not python3 from PATH.
@@ -44,13 +63,15 @@ def get_spark(master: str, *, app_name: str = "sluice", task_attempts: int = 4) 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    host, bind = _driver_addresses(master, driver_host)
+
     spark = (
         SparkSession.builder.master(_with_retries(master, task_attempts))
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", host)
+        .config("spark.driver.bindAddress", bind)
         # Exactly-once relies on one live attempt per subtask; fencing covers zombies.
         .config("spark.speculation", "false")
         .config("spark.task.maxFailures", str(task_attempts))

@@ -208,7 +208,7 @@ def run_enrichment(
         )
         parallelism = min(settings.parallelism, assigned)
         heartbeat = _Heartbeat(store, engine, run_id, settings.lease_seconds, progress)
-        spark = get_spark(settings.spark_master)
+        spark = get_spark(settings.spark_master, driver_host=settings.spark_driver_host)
         coordinator = CheckpointCoordinator(
             engine,
             run_id,
