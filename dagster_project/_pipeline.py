@@ -1,7 +1,12 @@
-"""Discovery + enrichment shared by the partitioned asset and the incremental job."""
+"""Discovery, enrichment and the revenue aggregate, shared by the assets and the jobs."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import shutil
+import sys
+import uuid
 from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
@@ -13,9 +18,24 @@ from enumerator_service import DiscoveryResult, Settings
 from enumerator_service._operations import discover, open_platform
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from spark_jobs.jobs import RunSummary
 
-__all__ = ["describe", "discover_and_enrich", "discover_once", "summary_metadata"]
+__all__ = [
+    "REVENUE_TABLE",
+    "build_daily_revenue",
+    "describe",
+    "discover_and_enrich",
+    "discover_once",
+    "parquet_files",
+    "replace_folder",
+    "revenue_path",
+    "summary_metadata",
+]
+
+#: Folder of the revenue aggregate under the warehouse root.
+REVENUE_TABLE = "daily_revenue_by_country"
 
 
 def discover_once(settings: Settings, dates: Sequence[date] | None = None) -> DiscoveryResult:
@@ -28,14 +48,20 @@ def discover_once(settings: Settings, dates: Sequence[date] | None = None) -> Di
 
 
 def discover_and_enrich(
-    settings: Settings, dates: Sequence[date] | None = None
+    settings: Settings, dates: Sequence[date] | None = None, *, run_id: str | None = None
 ) -> tuple[DiscoveryResult, RunSummary]:
-    """Register the splits of ``dates`` (or all new files), then process every unassigned one."""
+    """Register the splits of ``dates`` (or all new files), then process every unassigned one.
+
+    ``run_id`` names the Sluice run (``dagster-<Dagster run id>`` from Dagster, so the
+    failed-run sensor can give a dead run's splits back).
+    """
     discovery = discover_once(settings, dates)
     # Imported here so loading the code location (and every sensor tick) never imports PySpark.
     from spark_jobs.jobs import run_enrichment
 
-    summary = run_enrichment(settings, dates=list(dates) if dates is not None else None)
+    summary = run_enrichment(
+        settings, dates=list(dates) if dates is not None else None, run_id=run_id
+    )
     return discovery, summary
 
 
@@ -53,7 +79,10 @@ def describe(summary: RunSummary) -> str:
 def summary_metadata(
     discovery: DiscoveryResult, summary: RunSummary, output: Path
 ) -> dict[str, MetadataValue[Any]]:
-    """Dagster metadata for a run: counts and the output folder, never the database URL."""
+    """Dagster metadata for a run: counts, lookup and checkpoint figures, the output folder.
+
+    Never the database URL (nor anything else from the connection settings).
+    """
     return {
         "run_id": MetadataValue.text(summary.run_id),
         "files_seen": MetadataValue.int(discovery.files_seen),
@@ -65,6 +94,144 @@ def summary_metadata(
         "fenced": MetadataValue.int(summary.fenced),
         "seconds": MetadataValue.float(float(summary.seconds)),
         "rows_per_second": MetadataValue.float(float(summary.rows_per_second)),
+        "lookups": MetadataValue.int(summary.lookups),
+        "lookup_queries": MetadataValue.int(summary.lookup_queries),
+        "cache_hit_rate": MetadataValue.float(float(summary.cache_hit_rate)),
+        "lookup_p50_ms": MetadataValue.float(float(summary.lookup_p50_ms)),
+        "lookup_p99_ms": MetadataValue.float(float(summary.lookup_p99_ms)),
+        "checkpoints_completed": MetadataValue.int(summary.checkpoints),
+        "checkpoints_aborted": MetadataValue.int(summary.checkpoints_aborted),
+        "checkpoint_p50_ms": MetadataValue.float(float(summary.checkpoint_p50_ms)),
+        "checkpoint_p99_ms": MetadataValue.float(float(summary.checkpoint_p99_ms)),
+        "alignment_p50_ms": MetadataValue.float(float(summary.alignment_p50_ms)),
         "nothing_new": MetadataValue.bool(summary.nothing_new),
         "output_path": MetadataValue.path(str(output)),
     }
+
+
+# --------------------------------------------------------------------------- files
+
+
+def parquet_files(folder: Path) -> list[Path]:
+    """The data files of one table partition folder (hidden and ``_`` files are not data)."""
+    if not folder.is_dir():
+        return []
+    return sorted(
+        path
+        for path in folder.iterdir()
+        if path.name.endswith(".parquet") and not path.name.startswith((".", "_"))
+    )
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2``); False if unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:  # glibc < 2.28 or another libc
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    result = renameat2(
+        _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE
+    )
+    return bool(result == 0)
+
+
+def replace_folder(new: Path, final: Path) -> None:
+    """Make ``new`` the folder at ``final``, replacing any previous one.
+
+    Readers see either the old folder or the new one: a fresh ``final`` is one rename, an
+    existing one is swapped in one ``renameat2(RENAME_EXCHANGE)``. Where the file system does
+    not support that, the old folder is renamed aside first (a moment without the folder).
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if not final.exists():
+        os.rename(new, final)
+    elif _exchange(new, final):
+        shutil.rmtree(new)  # holds the previous output now
+    else:
+        old = final.with_name(f"_old-{uuid.uuid4().hex[:8]}-{final.name}")
+        os.rename(final, old)
+        os.rename(new, final)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- revenue
+
+
+def revenue_path(settings: Settings) -> Path:
+    return settings.warehouse_path / REVENUE_TABLE
+
+
+def _revenue_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("user_country", pa.string()),
+            pa.field("revenue", pa.float64()),
+            pa.field("orders", pa.int64()),
+            pa.field("events", pa.int64()),
+        ]
+    )
+
+
+def build_daily_revenue(settings: Settings, days: Sequence[date]) -> dict[date, pa.Table]:
+    """Revenue, orders and events by user country of each day's enriched events (Spark SQL).
+
+    Reads ``<output>/dt=D`` of every day, writes ``<warehouse>/daily_revenue_by_country/dt=D``
+    (one Parquet file per day, an empty one for a day without events) through a staging folder
+    and swaps each day's folder into place; returns what was written, by day.
+    """
+    import pyarrow.parquet as pq
+
+    source = settings.output_path
+    table = revenue_path(settings)
+    # "_" folders are invisible to Spark and pyarrow readers of the table.
+    staging = table / f"_staging-{uuid.uuid4().hex}"
+    inputs = [source / f"dt={day.isoformat()}" for day in days]
+    inputs = [folder for folder in inputs if parquet_files(folder)]
+    try:
+        if inputs:
+            from pyspark.sql import functions as F
+
+            from spark_jobs._spark import get_spark
+
+            spark = get_spark(settings.spark_master, driver_host=settings.spark_driver_host)
+            spark.read.option("basePath", str(source)).parquet(
+                *[str(folder) for folder in inputs]
+            ).createOrReplaceTempView("enriched_events")
+            result = spark.sql(
+                "SELECT CAST(dt AS STRING) AS dt, user_country, "
+                "CAST(COALESCE(SUM(CASE WHEN event_type = 'order' THEN amount END), 0) "
+                "AS DOUBLE) AS revenue, "
+                "COUNT_IF(event_type = 'order') AS orders, COUNT(*) AS events "
+                "FROM enriched_events GROUP BY 1, 2"
+            )
+            # One file per day: all of a day's groups in one task.
+            result.repartition(F.col("dt")).write.partitionBy("dt").parquet(str(staging))
+        written: dict[date, pa.Table] = {}
+        for day in days:
+            folder = staging / f"dt={day.isoformat()}"
+            files = parquet_files(folder)
+            if files:
+                written[day] = pq.read_table(files, schema=_revenue_schema())
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                written[day] = _revenue_schema().empty_table()
+                pq.write_table(written[day], folder / "part-00000-empty.parquet")
+        for day in days:
+            replace_folder(staging / f"dt={day.isoformat()}", table / f"dt={day.isoformat()}")
+        return written
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -12,7 +12,7 @@ __all__ = ["process_new_splits", "process_new_splits_job"]
 def process_new_splits(context: OpExecutionContext, sluice: SluiceResource) -> Output[None]:
     """One continuous-cursor discovery tick, then one bounded reader run ("available now")."""
     settings = sluice.settings()
-    discovery, summary = discover_and_enrich(settings)
+    discovery, summary = discover_and_enrich(settings, run_id=f"dagster-{context.run.run_id}")
     context.log.info(
         f"discovery: {discovery.files_seen} files seen, "
         f"{discovery.splits_registered} new splits; {describe(summary)}"

@@ -1,30 +1,99 @@
-"""The Dagster resource that turns run configuration into Sluice :class:`Settings`."""
+"""Dagster resources that turn run configuration into Sluice :class:`Settings`.
+
+Every field is optional: ``None`` keeps the ``SLUICE_*`` environment variable or the default,
+read when :meth:`SluiceResource.settings` is called (at run time, never at import time). The
+production definitions pass :class:`dagster.EnvVar` values, so the Dagster UI shows the name of
+the variable, never its value (the database password in particular).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from dagster import ConfigurableResource
+from pydantic import Field
 
 from enumerator_service import Settings, load_settings
 
-__all__ = ["SluiceResource"]
+__all__ = ["DatabaseResource", "PathsResource", "SluiceResource", "SparkResource"]
+
+
+def _set(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if value is not None}
+
+
+class DatabaseResource(ConfigurableResource["DatabaseResource"]):
+    """The platform database (``sluice`` schema and the dimension table)."""
+
+    url: str | None = Field(
+        default=None,
+        description="Postgres URL (SLUICE_DATABASE_URL). Unset: embedded PostgreSQL. "
+        'Pass dagster.EnvVar("SLUICE_DATABASE_URL") so the password stays out of the UI.',
+    )
+
+    def overrides(self) -> dict[str, Any]:
+        return _set({"database_url": self.url})
+
+
+class SparkResource(ConfigurableResource["SparkResource"]):
+    """Where and how wide the reader job runs."""
+
+    master: str | None = Field(default=None, description="Spark master URL (SLUICE_SPARK_MASTER).")
+    parallelism: int | None = Field(
+        default=None, description="Reader subtasks per run (SLUICE_PARALLELISM)."
+    )
+    driver_host: str | None = Field(
+        default=None,
+        description="Address executors use to reach the driver (SLUICE_SPARK_DRIVER_HOST).",
+    )
+
+    def overrides(self) -> dict[str, Any]:
+        return _set(
+            {
+                "spark_master": self.master,
+                "parallelism": self.parallelism,
+                "spark_driver_host": self.driver_host,
+            }
+        )
+
+
+class PathsResource(ConfigurableResource["PathsResource"]):
+    """State, landing and warehouse folders."""
+
+    home: str | None = Field(default=None, description="State folder (SLUICE_HOME).")
+    data_dir: str | None = Field(default=None, description="Data root (SLUICE_DATA_DIR).")
+    landing_dir: str | None = Field(
+        default=None, description="Landing folder (SLUICE_LANDING_DIR)."
+    )
+    warehouse_dir: str | None = Field(
+        default=None, description="Output root (SLUICE_WAREHOUSE_DIR)."
+    )
+
+    def overrides(self) -> dict[str, Any]:
+        return _set(
+            {
+                "home": self.home,
+                "data_dir": self.data_dir,
+                "landing_dir": self.landing_dir,
+                "warehouse_dir": self.warehouse_dir,
+            }
+        )
+
+
+#: SluiceResource fields that are not Settings fields.
+_NOT_SETTINGS = frozenset({"database", "spark", "paths", "max_dead_letter_ratio"})
 
 
 class SluiceResource(ConfigurableResource["SluiceResource"]):
     """Optional overrides of :class:`Settings`; ``None`` keeps the ``SLUICE_*`` env / default.
 
-    Pass the database URL as ``dagster.EnvVar("SLUICE_DATABASE_URL")`` (or leave it unset) so
-    the password never appears in the Dagster UI's resource configuration.
+    Database, Spark and paths are nested resources (``None``: all from the environment); the
+    remaining fields override the Settings field of the same name.
     """
 
-    database_url: str | None = None
-    home: str | None = None
-    data_dir: str | None = None
-    landing_dir: str | None = None
-    warehouse_dir: str | None = None
-    spark_master: str | None = None
-    parallelism: int | None = None
+    database: DatabaseResource | None = None
+    spark: SparkResource | None = None
+    paths: PathsResource | None = None
     source_name: str | None = None
     lookup_schema: str | None = None
     lookup_table: str | None = None
@@ -35,12 +104,25 @@ class SluiceResource(ConfigurableResource["SluiceResource"]):
     lease_seconds: float | None = None
     max_line_bytes: int | None = None
     log_level: str | None = None
+    max_dead_letter_ratio: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="The dead-letter check of enriched_events fails above this share of a "
+        "partition's records.",
+    )
 
     def overrides(self) -> dict[str, Any]:
         """The configured (non-None) fields, by Settings field name."""
-        fields = type(self).model_fields
-        values = {name: getattr(self, name) for name in fields}
-        return {name: value for name, value in values.items() if value is not None}
+        values: dict[str, Any] = {
+            name: getattr(self, name)
+            for name in type(self).model_fields
+            if name not in _NOT_SETTINGS
+        }
+        for part in (self.database, self.spark, self.paths):
+            if part is not None:
+                values.update(part.overrides())
+        return _set(values)
 
     def settings(self) -> Settings:
         """Settings from the environment plus this resource's overrides; ConfigError if invalid."""

@@ -111,6 +111,15 @@ class Settings(BaseSettings):
         ge=0,
         description="Trigger a checkpoint this often (0: only when a subtask's input ends).",
     )
+    continuous_poll_seconds: float = Field(
+        default=1.0, gt=0, description="A continuous reader asks for new splits this often."
+    )
+    continuous_idle_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="A continuous reader run ends after this long without a new split "
+        "(0: runs until cancelled).",
+    )
     checkpoint_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Abort a checkpoint not acknowledged by then."
     )

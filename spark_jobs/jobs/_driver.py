@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from enumerator_service import (
     CheckpointCoordinator,
     CheckpointStore,
+    ConfigError,
     Settings,
     SplitStore,
     TransactionalSink,
@@ -156,8 +157,14 @@ def run_enrichment(
     dates: Sequence[date] | None = None,
     progress: Progress | None = None,
     run_id: str | None = None,
+    continuous: bool = False,
 ) -> RunSummary:
-    """Assign the unassigned splits (of ``dates`` if given) to a new run and process them."""
+    """Assign the unassigned splits (of ``dates`` if given) to a new run and process them.
+
+    ``continuous``: a long-running reader — its subtasks keep pulling splits that are
+    assigned to ``run_id`` later (by the enumerator sensor) and end only after
+    ``continuous_idle_seconds`` without new work (0: when the run is cancelled).
+    """
     started = time.monotonic()
     run_id = run_id or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     url = database_url(settings)
@@ -180,7 +187,11 @@ def run_enrichment(
         assigned = store.assign_to_run(
             run_id, source, lease_seconds=settings.lease_seconds, partition_keys=dates
         )
-        if assigned == 0:
+        if continuous and settings.checkpoint_interval_seconds == 0:
+            raise ConfigError(
+                "SLUICE_CHECKPOINT_INTERVAL_SECONDS", "must be > 0 for a continuous reader run"
+            )
+        if assigned == 0 and not continuous:
             return RunSummary(run_id, 0, 0, 0, 0, 0, time.monotonic() - started, 0.0, True)
         config = TaskConfig(
             database_url=url,
@@ -205,8 +216,11 @@ def run_enrichment(
             sink=settings.sink,
             sink_schema=settings.sink_schema,
             sink_table=settings.sink_table,
+            continuous=continuous,
+            continuous_poll_seconds=settings.continuous_poll_seconds,
+            continuous_idle_seconds=settings.continuous_idle_seconds or None,
         )
-        parallelism = min(settings.parallelism, assigned)
+        parallelism = settings.parallelism if continuous else min(settings.parallelism, assigned)
         heartbeat = _Heartbeat(store, engine, run_id, settings.lease_seconds, progress)
         spark = get_spark(settings.spark_master, driver_host=settings.spark_driver_host)
         coordinator = CheckpointCoordinator(
@@ -228,6 +242,11 @@ def run_enrichment(
                 .mapPartitionsWithIndex(functools.partial(_subtask_partition, config))
                 .collect()
             )
+        except BaseException:
+            # Interrupted (a cancelled Dagster run, Ctrl-C) or failed: stop the subtasks too —
+            # a continuous reader would otherwise keep running without its driver's leases.
+            spark.sparkContext.cancelAllJobs()
+            raise
         finally:
             coordinator.stop()
             heartbeat.stop()

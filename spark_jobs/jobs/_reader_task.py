@@ -15,6 +15,8 @@ ends only when a checkpoint taken after its input ended has completed.
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -25,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from sqlalchemy.engine import Engine
 
 from enumerator_service import (
     Acknowledgement,
+    ConfigError,
     SplitAssignment,
     SplitState,
     SplitStore,
@@ -99,6 +103,11 @@ class TaskConfig:
     cache_ttl_seconds: float = 300.0
     exactly_once: bool = True
     checkpoint_poll_seconds: float = 1.0
+    #: A continuous subtask keeps asking for splits; it ends after ``continuous_idle_seconds``
+    #: without one (None: only when cancelled).
+    continuous: bool = False
+    continuous_poll_seconds: float = 1.0
+    continuous_idle_seconds: float | None = None
     debug: bool = False
     #: "parquet" (files under output_root) or "postgres" (rows in sink_schema.sink_table).
     sink: str = SINK_NAME
@@ -149,7 +158,7 @@ def _timestamp(event: Event) -> int:
 
 def _is_transient(error: BaseException) -> bool:
     """Connection-level failures worth retrying; SQL errors (a missing table …) are not."""
-    return isinstance(error, OSError | _TRANSIENT)
+    return isinstance(error, (OSError, *_TRANSIENT))
 
 
 _TRANSIENT = (
@@ -158,6 +167,25 @@ _TRANSIENT = (
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.InterfaceError,
 )
+
+
+#: How long an attempt waits for an unreachable database before it fails.
+_CONNECT_PATIENCE = 30.0
+
+
+async def _connect_when_up(url: str) -> Engine:
+    """``connect_engine``, waiting out a database restart: Spark retries a failed task at
+    once, so attempts that fail to connect would use up every retry during a short outage."""
+    deadline = time.monotonic() + _CONNECT_PATIENCE
+    delay = 0.1
+    while True:
+        try:
+            return connect_engine(url, pool_size=2)
+        except ConfigError:
+            if time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 2.0)
 
 
 def _resume_on(suspension: Suspension) -> Callable[[Future[None]], None]:
@@ -187,7 +215,7 @@ class ReaderTask:
 
     async def run(self) -> dict[str, Any]:
         config = self._config
-        self._engine = engine = connect_engine(config.database_url, pool_size=2)
+        self._engine = engine = await _connect_when_up(config.database_url)
         store = SplitStore(engine)
         self._processor = processor = MailboxProcessor(self._default_action, debug=config.debug)
         self._checkpoint_mails = processor.executor(CHECKPOINT_PRIORITY)
@@ -263,6 +291,8 @@ class ReaderTask:
             lambda: store.pull_next(config.run_id, self._subtask, config.lease_seconds),
             restored,
             name=f"split-fetcher-{self._subtask}",
+            poll_interval=config.continuous_poll_seconds if config.continuous else None,
+            idle_exit=config.continuous_idle_seconds,
         )
         self._reader = SourceReaderBase(fetcher, handoff, RecordEmitter(router))
         await self._operator.open()

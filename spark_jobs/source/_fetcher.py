@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -73,6 +74,10 @@ class SplitFetcher(threading.Thread):
 
     ``request_split`` may block (it queries the split store); it is called only when the split
     reader has run out of splits, so assignment is lazy and idle subtasks pull more work.
+
+    Bounded (``poll_interval`` None): no split left means end of input. Continuous: the
+    fetcher asks again every ``poll_interval`` seconds (splits keep arriving), and ends the
+    input only after ``idle_exit`` seconds without a split (None: never; ``shutdown`` stops it).
     """
 
     def __init__(
@@ -83,6 +88,9 @@ class SplitFetcher(threading.Thread):
         restored: list[SplitAssignment],
         *,
         name: str = "split-fetcher",
+        poll_interval: float | None = None,
+        idle_exit: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name=name, daemon=True)
         self._reader = reader
@@ -90,6 +98,21 @@ class SplitFetcher(threading.Thread):
         self._request = request_split
         self._restored = restored
         self._stop_event = threading.Event()
+        self._poll_interval = poll_interval
+        self._idle_exit = idle_exit
+        self._clock = clock
+
+    def _next_split(self) -> SplitAssignment | None:
+        """The next split; None at end of input (or when shut down while waiting)."""
+        idle_since = self._clock()
+        while not self._stop_event.is_set():
+            requested = self._request()
+            if requested is not None or self._poll_interval is None:
+                return requested
+            if self._idle_exit is not None and self._clock() - idle_since >= self._idle_exit:
+                return None
+            self._stop_event.wait(self._poll_interval)
+        return None
 
     def run(self) -> None:
         try:
@@ -98,7 +121,7 @@ class SplitFetcher(threading.Thread):
                 self._reader.add_split(assignment)
             while not self._stop_event.is_set():
                 if not self._reader.has_splits():
-                    requested = self._request()
+                    requested = self._next_split()
                     if requested is None:
                         self._handoff.put(RecordsWithSplitIds[RawLine](end_of_input=True))
                         return

@@ -28,9 +28,14 @@ from dagster import (
 )
 
 from dagster_project.assets import PARTITIONS_START_DATE, enriched_events
-from dagster_project.definitions import defs
+from dagster_project.definitions import defs as load_defs
 from dagster_project.jobs import process_new_splits_job
-from dagster_project.resources import SluiceResource
+from dagster_project.resources import (
+    DatabaseResource,
+    PathsResource,
+    SluiceResource,
+    SparkResource,
+)
 from dagster_project.sensors import new_files_sensor
 from enumerator_service import ConfigError, Settings, SplitStore, asyncpg_dsn, connect_engine
 from enumerator_service._demo_data import DemoSpec, generate_events, load_users
@@ -43,18 +48,25 @@ def resource_for(settings: Settings) -> SluiceResource:
     """A resource that reproduces ``settings`` (the fields the tests vary)."""
     assert settings.database_url is not None
     return SluiceResource(
-        database_url=settings.database_url.get_secret_value(),
-        home=str(settings.home),
-        data_dir=str(settings.data_dir),
+        database=DatabaseResource(url=settings.database_url.get_secret_value()),
+        paths=PathsResource(home=str(settings.home), data_dir=str(settings.data_dir)),
+        spark=SparkResource(master=settings.spark_master, parallelism=settings.parallelism),
         source_name=settings.source_name,
-        spark_master=settings.spark_master,
-        parallelism=settings.parallelism,
         lookup_table=settings.lookup_table,
     )
 
 
 def demo_spec(settings: Settings, **changes: Any) -> DemoSpec:
     return dataclasses.replace(DemoSpec.from_settings(settings), **changes)
+
+
+def sensor_tick(sluice: SluiceResource, cursor: str | None = None) -> tuple[Any, str | None]:
+    """One evaluation of the sensor: its result and its cursor afterwards.
+
+    The context is opened as a context manager: SluiceResource has nested resources.
+    """
+    with build_sensor_context(resources={"sluice": sluice}, cursor=cursor) as context:
+        return new_files_sensor(context), context.cursor
 
 
 def split_counts(settings: Settings) -> dict[str, int]:
@@ -91,6 +103,7 @@ def test_dagster_cli_validates_the_code_location(tmp_path: Path) -> None:
     "dagster_shared.utils.warnings.BetaWarning"
 )
 def test_definitions_hold_the_asset_job_sensor_and_schedule() -> None:
+    defs = load_defs()
     asset = defs.resolve_assets_def("enriched_events")
     assert asset.key == enriched_events.key
     assert asset.partitions_def is not None
@@ -141,17 +154,14 @@ def test_sensor_requests_a_run_for_new_files_then_skips(make_settings: MakeSetti
     files = settings.demo_days * settings.demo_files_per_day
     sluice = resource_for(settings)
 
-    first_context = build_sensor_context(resources={"sluice": sluice})
-    first = new_files_sensor(first_context)
+    first, first_cursor = sensor_tick(sluice)
     assert isinstance(first, RunRequest)
     assert first.run_key is not None
     assert first.run_key.startswith(f"{settings.source_name}:1:")
     assert first.tags["sluice/splits_registered"] == str(files)
     assert split_counts(settings) == {"UNASSIGNED": files}
 
-    second = new_files_sensor(
-        build_sensor_context(resources={"sluice": sluice}, cursor=first_context.cursor)
-    )
+    second, _ = sensor_tick(sluice, first_cursor)
     assert isinstance(second, SkipReason)
     assert second.skip_message is not None
     assert second.skip_message.startswith("no new files")
@@ -163,12 +173,11 @@ def test_sensor_requests_a_run_for_new_files_then_skips(make_settings: MakeSetti
         '{"event_id": "x-1", "user_id": 1, "event_time": "2026-01-05T00:00:00+00:00", '
         '"event_type": "click", "amount": 0.0}\n'
     )
-    third_context = build_sensor_context(resources={"sluice": sluice}, cursor=first_context.cursor)
-    third = new_files_sensor(third_context)
+    third, third_cursor = sensor_tick(sluice, first_cursor)
     assert isinstance(third, RunRequest)
     assert third.run_key not in (None, first.run_key)
     assert third.tags["sluice/splits_registered"] == "1"
-    assert third_context.cursor == "2"
+    assert third_cursor == "2"
     assert split_counts(settings) == {"UNASSIGNED": files + 1}
 
 
@@ -177,7 +186,7 @@ def test_sensor_never_puts_the_password_in_its_result(make_settings: MakeSetting
     generate_events(settings.landing_path, demo_spec(settings, events=20, users=10))
     assert settings.database_url is not None
     secret = settings.database_url.get_secret_value()
-    result = new_files_sensor(build_sensor_context(resources={"sluice": resource_for(settings)}))
+    result, _ = sensor_tick(resource_for(settings))
     assert isinstance(result, RunRequest)
     shown = repr(result)
     assert secret not in shown

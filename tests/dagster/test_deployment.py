@@ -713,7 +713,9 @@ def test_workspace_loads_an_importable_code_location(compose: dict[str, Any]) ->
     assert missing_modules([t["module_name"] for t in targets]) == []
     for target in targets:
         module = importlib.import_module(target["module_name"])
-        assert isinstance(getattr(module, target.get("attribute", "defs")), Definitions)
+        loadable = getattr(module, target.get("attribute", "defs"))
+        # A Definitions object, or a @dagster.definitions function that builds one on load.
+        assert isinstance(loadable() if callable(loadable) else loadable, Definitions)
         assert target["working_directory"] == dockerfile_workdir(DOCKERFILE.read_text())
     # The workspace file the Dagster services are given is the one the image copies.
     copied_to = {

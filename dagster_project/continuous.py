@@ -1,0 +1,205 @@
+"""Sensor-driven continuous mode, and giving a failed run's splits back.
+
+``continuous_reader_sensor`` is the enumerator: every tick registers new landing files as
+splits (the enumerator's bounded cursor keeps a tick short), and it keeps exactly one
+long-running ``continuous_reader_job`` run alive. New splits go to the live run (whose
+subtasks pull them as they appear) or to the run the tick requests. Each run is one
+*generation* (its ``run_key``), so a request is never made twice, and a new generation is
+requested only when the previous run is over — failed, cancelled, or ended after idling.
+
+``release_failed_run_splits`` returns the splits of any failed Sluice run to the pool at once
+(lease expiry would do it too, only later); the next run resumes them from their committed
+checkpoint state.
+"""
+
+# No "from __future__ import annotations": Dagster inspects the context annotations.
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import (
+    DagsterRun,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    MetadataValue,
+    Nothing,
+    OpExecutionContext,
+    Out,
+    Output,
+    RunFailureSensorContext,
+    RunRequest,
+    RunsFilter,
+    SensorEvaluationContext,
+    SkipReason,
+    job,
+    op,
+    run_failure_sensor,
+    sensor,
+)
+
+from dagster_project._pipeline import describe, discover_once
+from dagster_project.resources import SluiceResource
+from enumerator_service import Settings, SplitStore, connect_engine, database_url
+
+__all__ = [
+    "GENERATION_TAG",
+    "MODE_TAG",
+    "SLUICE_RUN_TAG",
+    "continuous_reader_job",
+    "continuous_reader_sensor",
+    "release_failed_run_splits",
+    "sluice_run_id",
+]
+
+#: The Sluice run (``splits.run_id``) a Dagster run works on.
+SLUICE_RUN_TAG = "sluice/run_id"
+MODE_TAG = "sluice/mode"
+GENERATION_TAG = "sluice/generation"
+SOURCE_TAG = "sluice/source"
+_IN_PROGRESS = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
+
+
+def sluice_run_id(run: DagsterRun) -> str:
+    """The Sluice run id of a Dagster run: its tag, else derived from the Dagster run id."""
+    return run.tags.get(SLUICE_RUN_TAG) or f"dagster-{run.run_id}"
+
+
+@op(out=Out(Nothing))
+def run_continuous_reader(context: OpExecutionContext, sluice: SluiceResource) -> Output[None]:
+    """A long-running reader: pulls the splits the sensor assigns to this run as they come,
+    checkpointing every ``SLUICE_CHECKPOINT_INTERVAL_SECONDS``; ends when cancelled, or
+    after ``SLUICE_CONTINUOUS_IDLE_SECONDS`` without new splits."""
+    # Imported here so loading the code location (and every sensor tick) never imports PySpark.
+    from spark_jobs.jobs import run_enrichment
+
+    settings = sluice.settings()
+    summary = run_enrichment(settings, run_id=sluice_run_id(context.run), continuous=True)
+    context.log.info(describe(summary))
+    return Output(
+        None,
+        metadata={
+            "run_id": MetadataValue.text(summary.run_id),
+            "splits": MetadataValue.int(summary.splits),
+            "rows_in": MetadataValue.int(summary.rows_in),
+            "rows_out": MetadataValue.int(summary.rows_out),
+            "dead_letters": MetadataValue.int(summary.dead_letters),
+            "checkpoints_completed": MetadataValue.int(summary.checkpoints),
+            "rows_per_second": MetadataValue.float(float(summary.rows_per_second)),
+        },
+    )
+
+
+@job(
+    description="The long-running reader of sensor-driven continuous mode (one at a time).",
+    tags={MODE_TAG: "continuous"},
+)
+def continuous_reader_job() -> None:
+    run_continuous_reader()
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """The sensor's own state: the current generation and the Sluice run it was given.
+
+    (The enumerator's discovery cursor lives in Postgres, ``enumerator_state``.)
+    """
+
+    generation: int = 0
+    run_id: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> "_Cursor":
+        if not text:
+            return cls()
+        data = json.loads(text)
+        return cls(int(data["generation"]), data.get("run_id"))
+
+    def dump(self) -> str:
+        return json.dumps({"generation": self.generation, "run_id": self.run_id})
+
+
+def _runs(context: SensorEvaluationContext, tags: dict[str, str], **kw: Any) -> list[DagsterRun]:
+    return list(context.instance.get_runs(filters=RunsFilter(tags=tags, **kw), limit=1))
+
+
+def _unassigned(store: SplitStore, source: str) -> int:
+    return store.counts(source).get("UNASSIGNED", 0)
+
+
+@sensor(
+    job=continuous_reader_job,
+    minimum_interval_seconds=15,
+    default_status=DefaultSensorStatus.STOPPED,
+)
+def continuous_reader_sensor(
+    context: SensorEvaluationContext, sluice: SluiceResource
+) -> RunRequest | SkipReason:
+    """Register new files; keep one continuous reader run alive and feed it the new splits."""
+    settings = sluice.settings()
+    discovery = discover_once(settings)
+    source = settings.source_name
+    cursor = _Cursor.parse(context.cursor)
+    engine = connect_engine(database_url(settings), pool_size=1)
+    try:
+        store = SplitStore(engine)
+        mine = {MODE_TAG: "continuous", SOURCE_TAG: source}
+        live = _runs(context, mine, statuses=_IN_PROGRESS)
+        if live:
+            run_id = sluice_run_id(live[0])
+            assigned = store.assign_to_run(run_id, source, lease_seconds=settings.lease_seconds)
+            return SkipReason(
+                f"{discovery.splits_registered} new splits; {assigned} assigned to the live "
+                f"continuous run {live[0].run_id}"
+            )
+        current = (
+            _runs(context, {**mine, GENERATION_TAG: str(cursor.generation)})
+            if cursor.generation
+            else []
+        )
+        if cursor.generation and not current:
+            # Requested by an earlier tick and not created yet: never request a second one.
+            return SkipReason(f"waiting for continuous run generation {cursor.generation}")
+        ended_badly = bool(current) and current[0].status in (
+            DagsterRunStatus.FAILURE,
+            DagsterRunStatus.CANCELED,
+        )
+        if not ended_badly and _unassigned(store, source) == 0:
+            return SkipReason(f"no new files ({discovery.files_seen} files seen)")
+        next_cursor = _Cursor(cursor.generation + 1, f"{source}-c{secrets.token_hex(4)}")
+        assert next_cursor.run_id is not None
+        assigned = store.assign_to_run(
+            next_cursor.run_id, source, lease_seconds=settings.lease_seconds
+        )
+    finally:
+        engine.dispose()
+    context.update_cursor(next_cursor.dump())
+    return RunRequest(
+        run_key=f"{source}:continuous:{next_cursor.generation}:{next_cursor.run_id}",
+        tags={
+            **mine,
+            GENERATION_TAG: str(next_cursor.generation),
+            SLUICE_RUN_TAG: next_cursor.run_id,
+            "sluice/splits_assigned": str(assigned),
+        },
+    )
+
+
+@run_failure_sensor(default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=30)
+def release_failed_run_splits(context: RunFailureSensorContext, sluice: SluiceResource) -> None:
+    """A failed run's splits not covered by a completed checkpoint go back to the pool."""
+    settings: Settings = sluice.settings()
+    run_id = sluice_run_id(context.dagster_run)
+    engine = connect_engine(database_url(settings), pool_size=1)
+    try:
+        released = SplitStore(engine).release_run(run_id)
+    finally:
+        engine.dispose()
+    context.log.info(f"run {run_id} failed: {released} splits returned to the pool")

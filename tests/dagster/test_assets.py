@@ -1,0 +1,575 @@
+"""The assets, checks, observations and resources of the code location, on real services.
+
+One dataset (two days of landing files plus a users table) and one Spark session serve every
+Spark test of this module: a module-scoped fixture materialises ``enriched_events`` for both
+days in ONE run (the single-run backfill path: a partition range), then
+``daily_revenue_by_country`` for the same range; the tests read what those runs left.
+
+No ``__init__.py`` in this folder on purpose (see test_definitions.py).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from dagster import (
+    AssetCheckEvaluation,
+    AssetsDefinition,
+    AssetSelection,
+    DagsterInstance,
+    Definitions,
+    ExecuteInProcessResult,
+    build_resources,
+    define_asset_job,
+    materialize,
+)
+from dagster._core.remote_representation.external_data import RepositorySnap
+from dagster_shared.serdes import serialize_value
+
+from dagster_project._pipeline import REVENUE_TABLE
+from dagster_project.assets import daily_revenue_by_country, enriched_events
+from dagster_project.checks import enriched_events_checks
+from dagster_project.definitions import defs as load_defs
+from dagster_project.observations import list_landing, raw_events, users
+from dagster_project.resources import (
+    DatabaseResource,
+    PathsResource,
+    SluiceResource,
+    SparkResource,
+)
+from enumerator_service import Settings, asyncpg_dsn, load_settings
+from enumerator_service._demo_data import DemoSpec, generate_events, load_users
+
+DAYS = ["2026-01-01", "2026-01-02"]
+RANGE_TAGS = {
+    "dagster/asset_partition_range_start": DAYS[0],
+    "dagster/asset_partition_range_end": DAYS[-1],
+}
+#: What every materialisation of enriched_events reports.
+RUN_METADATA = {
+    "splits",
+    "rows_in",
+    "rows_out",
+    "dead_letters",
+    "lookups",
+    "lookup_p50_ms",
+    "lookup_p99_ms",
+    "cache_hit_rate",
+    "checkpoints_completed",
+    "checkpoints_aborted",
+    "checkpoint_p50_ms",
+    "checkpoint_p99_ms",
+    "rows_per_second",
+}
+CHECKS = {"no_duplicate_event_ids", "rows_reconcile", "dead_letter_ratio"}
+#: An extra landing file of day one: two good events and two malformed lines.
+EXTRA_FILE = (
+    b'{"event_id": "extra-1", "user_id": 1, "event_time": "2026-01-01T12:00:00+00:00", '
+    b'"event_type": "order", "amount": 10.5}\n'
+    b"{not json\n"
+    b'{"event_id": "extra-2", "user_id": 2, "event_time": "2026-01-01T13:00:00+00:00", '
+    b'"event_type": "click", "amount": "twelve"}\n'
+    b'{"event_id": "extra-3", "user_id": 999999, "event_time": "2026-01-01T14:00:00+00:00", '
+    b'"event_type": "order", "amount": 4.5}\n'
+)
+
+
+def base_settings(db_url: str, root: Path, **overrides: Any) -> Settings:
+    """Settings on the test database with data under ``root`` (see conftest.make_settings)."""
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "home": root / "home",
+        "data_dir": root / "data",
+        "source_name": f"ev_{secrets.token_hex(3)}",
+        "spark_master": "local[2]",
+        "parallelism": 2,
+        "demo_events": 600,
+        "demo_users": 300,
+        "demo_days": 2,
+        "demo_files_per_day": 3,
+        "demo_start_date": date(2026, 1, 1),
+        **overrides,
+    }
+    return load_settings(**values)
+
+
+def resource_for(settings: Settings, **fields: Any) -> SluiceResource:
+    assert settings.database_url is not None
+    return SluiceResource(
+        database=DatabaseResource(url=settings.database_url.get_secret_value()),
+        paths=PathsResource(home=str(settings.home), data_dir=str(settings.data_dir)),
+        spark=SparkResource(master=settings.spark_master, parallelism=settings.parallelism),
+        source_name=settings.source_name,
+        lookup_table=settings.lookup_table,
+        **fields,
+    )
+
+
+def load_user_table(settings: Settings) -> None:
+    assert settings.database_url is not None
+    load_users(
+        asyncpg_dsn(settings.database_url.get_secret_value()),
+        schema=settings.lookup_schema,
+        table=settings.lookup_table,
+        key=settings.lookup_key,
+        users=settings.demo_users,
+        seed=settings.demo_seed,
+    )
+
+
+def observe(asset: AssetsDefinition, sluice: SluiceResource) -> ExecuteInProcessResult:
+    """Run an observable asset's observation, as the UI's "Observe" button does."""
+    job = define_asset_job("observe", selection=AssetSelection.assets(asset))
+    defs = Definitions(assets=[asset], jobs=[job], resources={"sluice": sluice})
+    return defs.resolve_job_def("observe").execute_in_process()
+
+
+def observation_metadata(result: ExecuteInProcessResult) -> tuple[dict[str, Any], str | None]:
+    (event,) = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    observation = event.asset_observation_data.asset_observation
+    metadata = {key: value.value for key, value in observation.metadata.items()}
+    return metadata, observation.tags.get("dagster/data_version")
+
+
+def values(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value.value for key, value in metadata.items()}
+
+
+def checks_of(result: ExecuteInProcessResult) -> dict[str, AssetCheckEvaluation]:
+    evaluations = result.get_asset_check_evaluations()
+    assert all(e.asset_key == enriched_events.key for e in evaluations)
+    return {e.check_name: e for e in evaluations}
+
+
+def parquet_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith((".", "_")))
+
+
+def parquet_rows(folder: Path) -> int:
+    return sum(pq.read_metadata(path).num_rows for path in parquet_files(folder))
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def test_nested_resources_override_their_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_PARALLELISM", "7")
+    monkeypatch.delenv("SLUICE_SPARK_MASTER", raising=False)
+    sluice = SluiceResource(
+        database=DatabaseResource(url="postgresql://u@db/x"),
+        spark=SparkResource(driver_host="driver"),
+        paths=PathsResource(data_dir="/srv/data", warehouse_dir="/srv/out"),
+        source_name="clicks",
+    )
+    assert sluice.overrides() == {
+        "database_url": "postgresql://u@db/x",
+        "spark_driver_host": "driver",
+        "data_dir": "/srv/data",
+        "warehouse_dir": "/srv/out",
+        "source_name": "clicks",
+    }
+    settings = sluice.settings()
+    assert settings.parallelism == 7  # unset in the resource: the environment at call time
+    assert settings.spark_master == "local[*]"  # and the default
+    assert settings.landing_path == Path("/srv/data/landing/clicks")
+    assert settings.output_path == Path("/srv/out/enriched_clicks")
+
+
+@pytest.mark.filterwarnings(
+    "ignore:Parameter `owners` of initializer `SensorDefinition.__init__`:"
+    "dagster_shared.utils.warnings.BetaWarning"
+)
+def test_local_definitions_leave_everything_to_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DAGSTER_DEPLOYMENT", raising=False)
+    defs = load_defs()
+    sluice = defs.resources["sluice"]
+    assert isinstance(sluice, SluiceResource)
+    assert sluice.overrides() == {}
+    graph = defs.resolve_asset_graph()
+    assert {key.to_user_string() for key in graph.get_all_asset_keys()} == {
+        "raw_events",
+        "users",
+        "enriched_events",
+        "daily_revenue_by_country",
+    }
+    # Lineage: raw_events + users -> enriched_events -> daily_revenue_by_country.
+    assert graph.get(enriched_events.key).parent_keys == {raw_events.key, users.key}
+    assert graph.get(daily_revenue_by_country.key).parent_keys == {enriched_events.key}
+    for key in (enriched_events.key, daily_revenue_by_country.key):
+        asset = defs.resolve_assets_def(key)
+        assert asset.backfill_policy is not None
+        assert asset.backfill_policy.max_partitions_per_run is None  # single run
+    assert {key.name for key in defs.resolve_asset_graph().asset_check_keys} == CHECKS
+
+    monkeypatch.setenv("DAGSTER_DEPLOYMENT", "staging")
+    with pytest.raises(ValueError, match="DAGSTER_DEPLOYMENT: 'staging'"):
+        load_defs()
+
+
+@pytest.mark.filterwarnings(
+    "ignore:Parameter `owners` of initializer `SensorDefinition.__init__`:"
+    "dagster_shared.utils.warnings.BetaWarning"
+)
+# Dagster's own snapshot of a schedule reads this deprecated property.
+@pytest.mark.filterwarnings(
+    "ignore:Property `ScheduleDefinition.environment_vars` is deprecated:DeprecationWarning"
+)
+def test_production_definitions_take_settings_from_env_vars(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    secret = f"pw-{secrets.token_hex(8)}"
+    url = f"postgresql://sluice:{secret}@db.invalid:5432/sluice"
+    monkeypatch.setenv("DAGSTER_DEPLOYMENT", "production")
+    monkeypatch.setenv("SLUICE_DATABASE_URL", url)
+    monkeypatch.setenv("SLUICE_SPARK_MASTER", "spark://spark-master:7077")
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path / "data"))
+    defs = load_defs()
+
+    # What the UI shows: the variables' names, never their values.
+    snap = RepositorySnap.from_def(defs.get_repository_def())
+    shown = {r.name: r.configured_values for r in snap.resources}
+    assert shown["database"]["url"].name == "SLUICE_DATABASE_URL"
+    assert shown["spark"]["master"].name == "SLUICE_SPARK_MASTER"
+    assert shown["paths"]["data_dir"].name == "SLUICE_DATA_DIR"
+    assert set(snap.utilized_env_vars) >= {
+        "SLUICE_DATABASE_URL",
+        "SLUICE_SPARK_MASTER",
+        "SLUICE_DATA_DIR",
+    }
+    assert secret not in serialize_value(snap)
+
+    # At run time the resource resolves them (nothing connects: Settings only).
+    with build_resources(defs.resources) as resources:
+        settings = resources.sluice.settings()
+    assert settings.database_url is not None
+    assert settings.database_url.get_secret_value() == url
+    assert settings.spark_master == "spark://spark-master:7077"
+    assert settings.data_dir == tmp_path / "data"
+
+
+# --------------------------------------------------------------------------- observations
+
+
+def test_raw_events_observation_lists_files_without_reading_them(
+    db_url: str, tmp_path: Path
+) -> None:
+    settings = base_settings(db_url, tmp_path, demo_events=60)
+    generate_events(settings.landing_path, DemoSpec.from_settings(settings))
+    # Not data: a hidden in-flight file, a marker, a file of an unknown kind, a stray folder.
+    day = settings.landing_path / "dt=2026-01-01"
+    (day / ".part-9.jsonl.tmp").write_text("{}\n")
+    (day / "_SUCCESS").write_text("")
+    (day / "notes.txt").write_text("x")
+    (settings.landing_path / "other").mkdir()
+    (settings.landing_path / "other" / "x.jsonl").write_text("{}\n")
+    files = list(settings.landing_path.glob("dt=*/part-*.jsonl"))
+    assert len(files) == settings.demo_days * settings.demo_files_per_day
+
+    sluice = resource_for(settings)
+    result = observe(raw_events, sluice)
+    assert result.success
+    metadata, version = observation_metadata(result)
+    assert metadata["files"] == len(files)
+    assert metadata["total_bytes"] == sum(p.stat().st_size for p in files)
+    assert metadata["partitions"] == settings.demo_days
+    assert metadata["newest_mtime"] == pytest.approx(max(p.stat().st_mtime for p in files))
+    assert metadata["path"] == str(settings.landing_path)
+    assert version == list_landing(settings.landing_path).data_version.value
+
+    # Same files, same version; a new file, a new version.
+    assert observation_metadata(observe(raw_events, sluice))[1] == version
+    (settings.landing_path / "dt=2026-01-03").mkdir()
+    (settings.landing_path / "dt=2026-01-03" / "part-00000.csv").write_text("event_id\n")
+    again, new_version = observation_metadata(observe(raw_events, sluice))
+    assert again["files"] == len(files) + 1
+    assert new_version != version
+
+
+def test_raw_events_observation_of_a_missing_landing_folder(db_url: str, tmp_path: Path) -> None:
+    settings = base_settings(db_url, tmp_path)
+    metadata, version = observation_metadata(observe(raw_events, resource_for(settings)))
+    assert (metadata["files"], metadata["total_bytes"]) == (0, 0)
+    assert version is not None
+
+
+def test_users_observation_reports_the_row_count(db_url: str, tmp_path: Path) -> None:
+    settings = base_settings(db_url, tmp_path, lookup_table=f"users_{secrets.token_hex(3)}")
+    sluice = resource_for(settings)
+    missing, missing_version = observation_metadata(observe(users, sluice))
+    assert missing["exists"] is False
+    assert missing_version == "missing"
+
+    load_user_table(settings)
+    metadata, version = observation_metadata(observe(users, sluice))
+    assert metadata["exists"] is True
+    assert metadata["row_count"] == settings.demo_users
+    assert metadata["table"] == f"public.{settings.lookup_table}"
+    assert version is not None and version.startswith(f"rows={settings.demo_users};")
+
+
+# --------------------------------------------------------------------------- Spark runs
+
+
+@dataclass(frozen=True)
+class Materialized:
+    settings: Settings
+    instance: DagsterInstance
+    enriched: ExecuteInProcessResult
+    revenue: ExecuteInProcessResult
+
+    @property
+    def sluice(self) -> SluiceResource:
+        return resource_for(self.settings)
+
+
+def run_enriched(
+    sluice: SluiceResource,
+    instance: DagsterInstance,
+    *,
+    partition_key: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> ExecuteInProcessResult:
+    """enriched_events and its checks, as a UI launch or backfill of the asset runs them."""
+    return materialize(
+        [enriched_events, *enriched_events_checks],
+        partition_key=partition_key,
+        tags=tags,
+        resources={"sluice": sluice},
+        instance=instance,
+    )
+
+
+def run_revenue(
+    sluice: SluiceResource,
+    instance: DagsterInstance,
+    *,
+    partition_key: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> ExecuteInProcessResult:
+    return materialize(
+        [enriched_events, daily_revenue_by_country],
+        selection=[daily_revenue_by_country],
+        partition_key=partition_key,
+        tags=tags,
+        resources={"sluice": sluice},
+        instance=instance,
+    )
+
+
+@pytest.fixture(scope="module")
+def materialized(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Materialized]:
+    """Both days of enriched events in one run, then their revenue in one run."""
+    token = secrets.token_hex(3)
+    settings = base_settings(
+        db_url, tmp_path_factory.mktemp("assets"), lookup_table=f"users_{token}"
+    )
+    generate_events(settings.landing_path, DemoSpec.from_settings(settings))
+    (settings.landing_path / "dt=2026-01-01" / "part-extra.jsonl").write_bytes(EXTRA_FILE)
+    load_user_table(settings)
+    sluice = resource_for(settings)
+    with DagsterInstance.ephemeral() as instance:
+        enriched = run_enriched(sluice, instance, tags=RANGE_TAGS)
+        revenue = run_revenue(sluice, instance, tags=RANGE_TAGS)
+        yield Materialized(settings, instance, enriched, revenue)
+
+
+@pytest.mark.spark
+def test_a_range_of_partitions_materializes_in_one_run(materialized: Materialized) -> None:
+    settings, result = materialized.settings, materialized.enriched
+    assert result.success
+    events = result.asset_materializations_for_node("enriched_events")
+    assert sorted(e.partition or "" for e in events) == DAYS  # one run, both days
+    metadata = values(events[0].metadata)
+    assert metadata == values(events[1].metadata)  # the run's figures, on each day
+    assert set(metadata) >= RUN_METADATA
+    # Exactly the files of those two days: the demo files plus the extra one.
+    assert metadata["splits"] == settings.demo_days * settings.demo_files_per_day + 1
+    assert metadata["partitions"] == 2
+    assert metadata["partition_range"] == f"{DAYS[0]}..{DAYS[-1]}"
+    assert metadata["rows_in"] == metadata["rows_out"] + metadata["dead_letters"]
+    assert metadata["dead_letters"] >= 2  # the two malformed lines of the extra file
+    assert metadata["lookups"] > 0
+    assert metadata["checkpoints_completed"] >= 1
+    assert metadata["rows_per_second"] > 0
+    assert metadata["output_path"] == str(settings.output_path)
+    total = sum(parquet_rows(settings.output_path / f"dt={day}") for day in DAYS)
+    assert total == metadata["rows_out"]
+
+
+@pytest.mark.spark
+def test_no_password_or_url_in_any_metadata(materialized: Materialized) -> None:
+    assert materialized.settings.database_url is not None
+    url = materialized.settings.database_url.get_secret_value()
+    for result in (materialized.enriched, materialized.revenue):
+        shown = repr(
+            [
+                event.event_specific_data
+                for event in result.all_events
+                if event.event_type_value in ("ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION")
+            ]
+        )
+        assert url not in shown
+        assert "postgresql://" not in shown
+        assert "password" not in shown.lower()
+
+
+@pytest.mark.spark
+def test_checks_pass_on_the_materialized_partitions(materialized: Materialized) -> None:
+    checks = checks_of(materialized.enriched)
+    assert set(checks) == CHECKS
+    assert all(check.passed for check in checks.values()), checks
+    reconcile = values(checks["rows_reconcile"].metadata)
+    (event, _) = materialized.enriched.asset_materializations_for_node("enriched_events")
+    run = values(event.metadata)
+    assert reconcile["partitions"] == ", ".join(DAYS)
+    assert reconcile["rows_out"] == run["rows_out"]
+    assert reconcile["rows_in"] == run["rows_in"]
+    assert reconcile["dead_letters"] == run["dead_letters"]
+    assert reconcile["splits_completed"] == reconcile["splits"] == run["splits"]
+    ratio = values(checks["dead_letter_ratio"].metadata)
+    assert ratio["dead_letter_ratio"] == pytest.approx(run["dead_letters"] / run["rows_in"])
+    assert values(checks["no_duplicate_event_ids"].metadata)["duplicate_rows"] == 0
+
+
+def expected_revenue(folder: Path) -> dict[str | None, tuple[float, int, int]]:
+    """Revenue, orders and events by country, straight from the enriched Parquet."""
+    table = pq.read_table(parquet_files(folder))
+    orders = pc.equal(table.column("event_type"), "order")
+    table = table.append_column(
+        "order_amount", pc.if_else(orders, table.column("amount"), pa.scalar(0.0))
+    ).append_column("is_order", pc.cast(orders, pa.int64()))
+    grouped = table.group_by("user_country", use_threads=False).aggregate(
+        [("order_amount", "sum"), ("is_order", "sum"), ("event_id", "count")]
+    )
+    return {
+        row["user_country"]: (row["order_amount_sum"], row["is_order_sum"], row["event_id_count"])
+        for row in grouped.to_pylist()
+    }
+
+
+def revenue_of(folder: Path) -> dict[str | None, tuple[float, int, int]]:
+    files = parquet_files(folder)
+    assert len(files) == 1, files  # one file per day
+    return {
+        row["user_country"]: (row["revenue"], row["orders"], row["events"])
+        for row in pq.read_table(files[0]).to_pylist()
+    }
+
+
+@pytest.mark.spark
+def test_daily_revenue_matches_the_enriched_events(materialized: Materialized) -> None:
+    settings, result = materialized.settings, materialized.revenue
+    assert result.success
+    events = result.asset_materializations_for_node("daily_revenue_by_country")
+    assert sorted(e.partition or "" for e in events) == DAYS
+    table = settings.warehouse_path / REVENUE_TABLE
+    rows = 0
+    for day in DAYS:
+        expected = expected_revenue(settings.output_path / f"dt={day}")
+        actual = revenue_of(table / f"dt={day}")
+        assert actual.keys() == expected.keys()
+        for country, (revenue, orders, count) in expected.items():
+            assert actual[country][0] == pytest.approx(revenue), country
+            assert actual[country][1:] == (orders, count), country
+        rows += len(actual)
+    assert None in expected_revenue(settings.output_path / f"dt={DAYS[0]}")  # unknown users
+    metadata = values(events[0].metadata)
+    assert metadata["row_count"] == rows
+    assert metadata["events"] == sum(
+        parquet_rows(settings.output_path / f"dt={day}") for day in DAYS
+    )
+    assert metadata["preview"].startswith("| dt | user_country | revenue | orders | events |")
+    assert not list(table.glob("_*")), "staging folders left behind"
+
+
+@pytest.mark.spark
+def test_daily_revenue_rerun_replaces_the_partition(materialized: Materialized) -> None:
+    settings = materialized.settings
+    folder = settings.warehouse_path / REVENUE_TABLE / f"dt={DAYS[0]}"
+    before = revenue_of(folder)
+    (old,) = parquet_files(folder)
+    again = run_revenue(materialized.sluice, materialized.instance, partition_key=DAYS[0])
+    assert again.success
+    (event,) = again.asset_materializations_for_node("daily_revenue_by_country")
+    assert event.partition == DAYS[0]
+    assert values(event.metadata)["output_path"] == str(folder)
+    assert revenue_of(folder) == before
+    assert not old.exists()  # the previous file went with the previous folder
+
+
+@pytest.mark.spark
+def test_daily_revenue_of_a_day_without_events_is_empty(materialized: Materialized) -> None:
+    day = "2026-01-05"
+    result = run_revenue(materialized.sluice, materialized.instance, partition_key=day)
+    assert result.success
+    (event,) = result.asset_materializations_for_node("daily_revenue_by_country")
+    assert values(event.metadata)["row_count"] == 0
+    folder = materialized.settings.warehouse_path / REVENUE_TABLE / f"dt={day}"
+    assert revenue_of(folder) == {}
+
+
+@pytest.mark.spark
+def test_dead_letter_threshold_is_configurable(materialized: Materialized) -> None:
+    strict = resource_for(materialized.settings, max_dead_letter_ratio=0.001)
+    # Re-materialising a processed day registers and reads nothing; the checks run again.
+    result = run_enriched(strict, materialized.instance, partition_key=DAYS[0])
+    assert result.success
+    (event,) = result.asset_materializations_for_node("enriched_events")
+    assert values(event.metadata)["nothing_new"] is True
+    checks = checks_of(result)
+    assert checks["dead_letter_ratio"].passed is False
+    assert checks["dead_letter_ratio"].severity.value == "WARN"
+    assert values(checks["dead_letter_ratio"].metadata)["failed_partitions"] == DAYS[0]
+    assert checks["rows_reconcile"].passed and checks["no_duplicate_event_ids"].passed
+
+
+@pytest.mark.spark
+def test_checks_fail_on_a_duplicated_parquet_file(materialized: Materialized) -> None:
+    settings, instance = materialized.settings, materialized.instance
+    day = DAYS[1]
+    folder = settings.output_path / f"dt={day}"
+    rows = parquet_rows(folder)
+    copy = folder / "part-copy-of-a-file.parquet"
+    shutil.copyfile(parquet_files(folder)[0], copy)
+    try:
+        result = run_enriched(materialized.sluice, instance, partition_key=day)
+        assert result.success  # non-blocking checks: the run itself succeeds
+        checks = checks_of(result)
+        assert not checks["no_duplicate_event_ids"].passed
+        duplicates = values(checks["no_duplicate_event_ids"].metadata)
+        assert duplicates["duplicate_rows"] == pq.read_metadata(copy).num_rows
+        assert duplicates["failed_partitions"] == day
+        assert not checks["rows_reconcile"].passed
+        reconcile = values(checks["rows_reconcile"].metadata)
+        assert reconcile["rows_out"] == rows + pq.read_metadata(copy).num_rows
+        assert reconcile["rows_in"] - reconcile["dead_letters"] == rows
+        assert checks["dead_letter_ratio"].passed
+
+        # Checks launched on their own (no partition) check the latest materialised day.
+        alone = materialize(
+            [enriched_events, *enriched_events_checks],
+            selection=AssetSelection.checks_for_assets(enriched_events),
+            resources={"sluice": materialized.sluice},
+            instance=instance,
+        )
+        assert alone.success
+        assert not alone.asset_materializations_for_node("enriched_events")
+        checks = checks_of(alone)
+        assert not checks["no_duplicate_event_ids"].passed
+        assert values(checks["rows_reconcile"].metadata)["partitions"] == day
+    finally:
+        copy.unlink()
+    again = checks_of(run_enriched(materialized.sluice, instance, partition_key=day))
+    assert all(check.passed for check in again.values())
