@@ -18,20 +18,28 @@ of an attempt that was superseded (a retried task restored an earlier state) is 
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Engine
 
+# Re-exported: the protocol's shared half lives in _checkpoint_commit.
+from enumerator_service._checkpoint_commit import (
+    CHECKPOINT_CHANNEL,
+    COORDINATOR_CHANNEL,
+    Acknowledgement,
+    StagedTransaction,
+    TransactionalSink,
+    acknowledge,
+    apply_split_states,
+    encode_dead_letters,
+    insert_dead_letters,
+)
 from enumerator_service._schema import checkpoint_acks, checkpoints, sink_transactions, splits
-from enumerator_service._split_store import FencedError
 
 __all__ = [
     "CHECKPOINT_CHANNEL",
@@ -50,41 +58,6 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-#: Coordinator → subtasks: ``{"run": …, "id": n, "event": "trigger" | "complete" | "abort"}``.
-CHECKPOINT_CHANNEL = "sluice_checkpoint"
-#: Subtasks → coordinator: ``{"run": …, "event": "ack" | "request", "subtask": k}``.
-COORDINATOR_CHANNEL = "sluice_coordinator"
-
-
-@dataclass(frozen=True, slots=True)
-class StagedTransaction:
-    """One pre-committed piece of sink output (a ``sink_transactions`` row)."""
-
-    id: int
-    run_id: str
-    subtask: int
-    attempt: str
-    checkpoint_id: int
-    sink: str
-    staged: Any
-    row_count: int
-
-
-class TransactionalSink(Protocol):
-    """The commit side of a two-phase-commit sink, run by the coordinator (or recovery)."""
-
-    #: The value of ``sink_transactions.sink`` this sink owns.
-    name: str
-
-    def commit(self, conn: Connection, txns: Sequence[StagedTransaction]) -> None:
-        """Inside the completion transaction: make what must commit atomically visible."""
-
-    def publish(self, txns: Sequence[StagedTransaction]) -> None:
-        """After the completion transaction: publish committed output. Idempotent."""
-
-    def abort(self, txns: Sequence[StagedTransaction]) -> None:
-        """Delete staged output that will never commit. Idempotent."""
-
 
 @dataclass(frozen=True, slots=True)
 class CompletedCheckpoint:
@@ -96,76 +69,6 @@ class CompletedCheckpoint:
     #: Seconds from trigger to completion, and from the first to the last acknowledgement.
     duration: float
     alignment: float
-
-
-def encode_dead_letters(dead: Iterable[tuple[int, int, bytes, str]]) -> list[dict[str, Any]]:
-    """JSON form of rejected input (split id, offset, raw bytes ≤ 4 KiB, reason)."""
-    return [
-        {
-            "split_id": split_id,
-            "offset": offset,
-            "raw": base64.b64encode(raw[:4096]).decode(),
-            "reason": reason,
-        }
-        for split_id, offset, raw, reason in dead
-    ]
-
-
-_INSERT_DEAD_LETTERS = sa.text(
-    """
-    INSERT INTO sluice.dead_letters (split_id, source, uri, "offset", raw, reason, run_id)
-    SELECT s.id, s.source, s.uri, d."offset", decode(d.raw, 'base64'), d.reason, :run_id
-    FROM jsonb_to_recordset(CAST(:dead AS jsonb))
-         AS d(split_id bigint, "offset" bigint, raw text, reason text)
-    JOIN sluice.splits AS s ON s.id = d.split_id
-    ON CONFLICT (split_id, "offset") DO NOTHING
-    """
-)
-
-
-def insert_dead_letters(conn: Connection, run_id: str, dead: Sequence[Any]) -> None:
-    if dead:
-        conn.execute(_INSERT_DEAD_LETTERS, {"run_id": run_id, "dead": json.dumps(list(dead))})
-
-
-def apply_split_states(
-    conn: Connection, run_id: str, states: Sequence[Mapping[str, Any]], *, skip_fenced: bool
-) -> int:
-    """Commit split states (offset, watermark, pending inputs) under their fencing epochs.
-
-    A finished split with nothing pending becomes COMPLETED. A state whose epoch is stale
-    raises FencedError, or is skipped with ``skip_fenced`` (AT_LEAST_ONCE). Returns how many
-    splits completed.
-    """
-    completed = 0
-    for state in states:
-        finished = bool(state["finished"]) and not state["pending"]
-        watermark = state.get("watermark")
-        values: dict[str, Any] = {
-            "committed_offset": state["offset"],
-            "committed_watermark": datetime.fromisoformat(watermark) if watermark else None,
-            "pending": state["pending"] or None,
-        }
-        if finished:
-            values.update(status="COMPLETED", lease_expires_at=None, completed_at=sa.func.now())
-        result = conn.execute(
-            sa.update(splits)
-            .where(
-                splits.c.id == state["id"],
-                splits.c.epoch == state["epoch"],
-                splits.c.run_id == run_id,
-                splits.c.status == "READING",
-            )
-            .values(**values)
-        )
-        if result.rowcount != 1:
-            if skip_fenced:
-                continue
-            raise FencedError(
-                f"split {state['id']} epoch {state['epoch']} is no longer held by run {run_id}"
-            )
-        completed += finished
-    return completed
 
 
 def _staged(rows: Iterable[Any]) -> list[StagedTransaction]:
@@ -437,94 +340,3 @@ def recover(engine: Engine, sinks: Mapping[str, TransactionalSink]) -> tuple[int
     if unpublished or aborted:
         _log.info("recovery: published %d, aborted %d", len(unpublished), aborted)
     return len(unpublished), aborted
-
-
-@dataclass(frozen=True, slots=True)
-class Acknowledgement:
-    """One subtask's part of checkpoint ``checkpoint_id`` (task side)."""
-
-    run_id: str
-    checkpoint_id: int
-    subtask: int
-    attempt: str
-    final: bool
-    #: {"splits": [{"id", "epoch", "offset", "watermark", "finished", "pending"}, …], …}
-    snapshot: Mapping[str, Any]
-    sink: str
-    staged: Any
-    row_count: int
-    dead_letters: Sequence[Any]
-
-    @property
-    def has_output(self) -> bool:
-        return bool(self.staged) or bool(self.dead_letters)
-
-
-def acknowledge(
-    engine: Engine,
-    ack: Acknowledgement,
-    *,
-    two_phase: bool,
-    sink: TransactionalSink | None = None,
-) -> None:
-    """Record a subtask's snapshot and staged output in one transaction, and tell the
-    coordinator.
-
-    EXACTLY_ONCE (``two_phase``): nothing becomes visible; the coordinator commits it when
-    the checkpoint completes. AT_LEAST_ONCE: the caller has already published the output; the
-    split states and dead letters commit here (stale epochs skipped), so a crash before this
-    commits replays — duplicates, never losses. With ``sink`` (AT_LEAST_ONCE only) its
-    ``commit`` runs in this transaction too: a table sink's rows become visible atomically
-    with this subtask's split states.
-    """
-    with engine.begin() as conn:
-        txn_id = None
-        if ack.has_output:
-            txn_id = conn.execute(
-                insert(sink_transactions)
-                .values(
-                    run_id=ack.run_id,
-                    subtask=ack.subtask,
-                    attempt=ack.attempt,
-                    checkpoint_id=ack.checkpoint_id,
-                    sink=ack.sink,
-                    staged=ack.staged,
-                    row_count=ack.row_count,
-                    dead_letters=list(ack.dead_letters),
-                    committed=not two_phase,
-                    published=not two_phase,
-                    committed_at=None if two_phase else sa.func.now(),
-                    published_at=None if two_phase else sa.func.now(),
-                )
-                .on_conflict_do_nothing()
-                .returning(sink_transactions.c.id)
-            ).scalar_one_or_none()
-        if not two_phase and sink is not None and txn_id is not None:
-            txn = StagedTransaction(
-                txn_id,
-                ack.run_id,
-                ack.subtask,
-                ack.attempt,
-                ack.checkpoint_id,
-                ack.sink,
-                ack.staged,
-                ack.row_count,
-            )
-            sink.commit(conn, [txn])
-        if not two_phase:
-            apply_split_states(conn, ack.run_id, ack.snapshot["splits"], skip_fenced=True)
-            insert_dead_letters(conn, ack.run_id, ack.dead_letters)
-        values = {"attempt": ack.attempt, "final": ack.final, "snapshot": dict(ack.snapshot)}
-        conn.execute(
-            insert(checkpoint_acks)
-            .values(
-                run_id=ack.run_id, checkpoint_id=ack.checkpoint_id, subtask=ack.subtask, **values
-            )
-            # A retried attempt acknowledging the same checkpoint replaces its predecessor.
-            .on_conflict_do_update(
-                index_elements=["run_id", "checkpoint_id", "subtask"],
-                set_={**values, "acked_at": sa.func.now()},
-            )
-        )
-        payload = json.dumps({"run": ack.run_id, "event": "ack", "subtask": ack.subtask})
-        conn.execute(sa.select(sa.func.pg_notify(COORDINATOR_CHANNEL, payload)))

@@ -15,29 +15,19 @@ ends only when a checkpoint taken after its input ended has completed.
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-from sqlalchemy.engine import Engine
-
 from enumerator_service import (
     Acknowledgement,
-    ConfigError,
     SplitAssignment,
     SplitState,
     SplitStore,
-    TransactionalSink,
     acknowledge,
-    connect_engine,
 )
 from spark_jobs.async_io import (
     NO_RETRY,
@@ -45,20 +35,23 @@ from spark_jobs.async_io import (
     Marker,
     Output,
     OutputMode,
-    StreamRecord,
     exponential_backoff,
 )
 from spark_jobs.checkpoint import CheckpointListener
+from spark_jobs.jobs._outages import connect_when_up, is_transient
+from spark_jobs.jobs._task_state import (
+    TaskSplit,
+    decode_event,
+    event_timestamp,
+    snapshot_splits,
+)
 from spark_jobs.lookup import LookupCache, PostgresLookup
 from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension, run_task
 from spark_jobs.sink import (
     SINK_NAME,
-    TABLE_SINK_NAME,
-    ParquetSink,
-    ParquetSinkWriter,
-    PostgresTableSink,
-    PostgresTableSinkWriter,
     StagedOutput,
+    committer,
+    open_sink_writer,
     publish_files,
 )
 from spark_jobs.source import (
@@ -115,77 +108,8 @@ class TaskConfig:
     sink_table: str = ""
 
 
-#: Commit sides for AT_LEAST_ONCE acknowledgements (commit() needs no engine).
-_COMMITTERS: dict[str, TransactionalSink] = {
-    SINK_NAME: ParquetSink(),
-    TABLE_SINK_NAME: PostgresTableSink(),
-}
-
 #: Checkpoint mails overtake input and I/O completions, but not "resume input" (MAX_PRIORITY).
 CHECKPOINT_PRIORITY = 1 << 20
-
-
-@dataclass(slots=True)
-class _TaskSplit:
-    """A split this attempt holds: its assignment, its live state (shared with the reader),
-    and the checkpoint whose snapshot last recorded it as finished."""
-
-    assignment: SplitAssignment
-    state: SplitState
-    reading_done: bool = False
-    finished_in: int | None = None
-
-
-def encode_event(event: Event) -> list[Any]:
-    """JSON form of an in-flight operator input (the split id is implied by the split)."""
-    return [
-        event.event_id,
-        event.user_id,
-        event.event_time.isoformat(),
-        event.event_type,
-        event.amount,
-    ]
-
-
-def decode_event(split_id: int, encoded: list[Any]) -> Event:
-    event_id, user_id, when, event_type, amount = encoded
-    return Event(split_id, event_id, user_id, datetime.fromisoformat(when), event_type, amount)
-
-
-def _timestamp(event: Event) -> int:
-    return int(event.event_time.timestamp() * 1000)
-
-
-def _is_transient(error: BaseException) -> bool:
-    """Connection-level failures worth retrying; SQL errors (a missing table …) are not."""
-    return isinstance(error, (OSError, *_TRANSIENT))
-
-
-_TRANSIENT = (
-    asyncpg.exceptions.ConnectionDoesNotExistError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.TooManyConnectionsError,
-    asyncpg.exceptions.InterfaceError,
-)
-
-
-#: How long an attempt waits for an unreachable database before it fails.
-_CONNECT_PATIENCE = 30.0
-
-
-async def _connect_when_up(url: str) -> Engine:
-    """``connect_engine``, waiting out a database restart: Spark retries a failed task at
-    once, so attempts that fail to connect would use up every retry during a short outage."""
-    deadline = time.monotonic() + _CONNECT_PATIENCE
-    delay = 0.1
-    while True:
-        try:
-            return connect_engine(url, pool_size=2)
-        except ConfigError:
-            if time.monotonic() + delay > deadline:
-                raise
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 2.0)
 
 
 def _resume_on(suspension: Suspension) -> Callable[[Future[None]], None]:
@@ -203,7 +127,7 @@ class ReaderTask:
         self._config = config
         self._subtask = subtask
         self._attempt = uuid.uuid4().hex[:8]
-        self._splits: dict[int, _TaskSplit] = {}
+        self._splits: dict[int, TaskSplit] = {}
         self._days: dict[int, str] = {}  # split → output partition (kept after the split)
         self._input_ended = False
         self._last_trigger = 0
@@ -215,7 +139,7 @@ class ReaderTask:
 
     async def run(self) -> dict[str, Any]:
         config = self._config
-        self._engine = engine = await _connect_when_up(config.database_url)
+        self._engine = engine = await connect_when_up(config.database_url)
         store = SplitStore(engine)
         self._processor = processor = MailboxProcessor(self._default_action, debug=config.debug)
         self._checkpoint_mails = processor.executor(CHECKPOINT_PRIORITY)
@@ -239,7 +163,7 @@ class ReaderTask:
         )
         # Transient database errors (a dropped connection, a restart) are retried.
         retry = (
-            exponential_backoff(config.retries, 0.1, 5.0, on_exception=_is_transient)
+            exponential_backoff(config.retries, 0.1, 5.0, on_exception=is_transient)
             if config.retries
             else NO_RETRY
         )
@@ -254,26 +178,18 @@ class ReaderTask:
         )
         # The sink's writer thread: staged output and acknowledgements, in submission order.
         self._io = ThreadPoolExecutor(1, thread_name_prefix=f"sink-writer-{self._subtask}")
-        self._sink: ParquetSinkWriter | PostgresTableSinkWriter
-        if config.sink == TABLE_SINK_NAME:
-            self._sink = PostgresTableSinkWriter(
-                self._io,
-                dsn=config.asyncpg_dsn,
-                schema=config.sink_schema,
-                table=config.sink_table,
-                run_id=config.run_id,
-                subtask=self._subtask,
-                attempt=self._attempt,
-            )
-        else:
-            self._sink = ParquetSinkWriter(
-                self._io,
-                staging_root=Path(config.staging_root),
-                output_root=Path(config.output_root),
-                run_id=config.run_id,
-                subtask=self._subtask,
-                attempt=self._attempt,
-            )
+        self._sink = open_sink_writer(
+            config.sink,
+            self._io,
+            dsn=config.asyncpg_dsn,
+            schema=config.sink_schema,
+            table=config.sink_table,
+            staging_root=Path(config.staging_root),
+            output_root=Path(config.output_root),
+            run_id=config.run_id,
+            subtask=self._subtask,
+            attempt=self._attempt,
+        )
         self._listener = CheckpointListener(
             config.asyncpg_dsn,
             config.run_id,
@@ -350,14 +266,14 @@ class ReaderTask:
 
     def split_added(self, assignment: SplitAssignment, state: SplitState) -> None:
         split_id = assignment.split_id
-        self._splits[split_id] = _TaskSplit(assignment, state)
+        self._splits[split_id] = TaskSplit(assignment, state)
         day = assignment.split.partition_key
         self._days[split_id] = day.isoformat() if day is not None else "__unknown__"
         # Restore: the inputs in flight at the committed checkpoint are invoked again, ahead
         # of the records after the split's resume offset (the operator backlogs when full).
         for encoded in assignment.pending:
             event = decode_event(split_id, encoded)
-            self._operator.process_element(event, _timestamp(event))
+            self._operator.process_element(event, event_timestamp(event))
 
     def collect(self, event: Event, timestamp: int) -> None:
         self._operator.process_element(event, timestamp)
@@ -392,28 +308,8 @@ class ReaderTask:
             return  # repeated (notification and poll both delivered it)
         self._last_trigger = checkpoint_id
         final = self._input_ended and self._operator.in_flight() == 0
-        # Step 1: the operator's inputs not yet emitted, grouped by split, in input order.
-        pending: dict[int, list[list[Any]]] = defaultdict(list)
-        for element in self._operator.snapshot():
-            if isinstance(element, StreamRecord):
-                pending[element.value.split_id].append(encode_event(element.value))
-        # Step 2: split states. Offsets cover every record handed to the operator.
-        states = []
-        for split_id, held in self._splits.items():
-            state = held.state
-            waiting = pending.get(split_id, [])
-            states.append(
-                {
-                    "id": split_id,
-                    "epoch": held.assignment.epoch,
-                    "offset": state.offset,
-                    "watermark": state.watermark.isoformat() if state.watermark else None,
-                    "finished": held.reading_done,
-                    "pending": waiting,
-                }
-            )
-            if held.reading_done and not waiting:
-                held.finished_in = checkpoint_id
+        # Steps 1-2: split states and the operator's inputs not yet emitted.
+        states = snapshot_splits(self._splits, self._operator.snapshot(), checkpoint_id)
         # Step 3: the sink's pre-commit; the writer thread closes the staged files, then
         # writes the acknowledgement (asynchronous part, off the mailbox thread).
         staged = self._sink.pre_commit()
@@ -454,7 +350,7 @@ class ReaderTask:
             ),
             two_phase=self._config.exactly_once,
             # AT_LEAST_ONCE: table rows become visible with this subtask's split states.
-            sink=None if self._config.exactly_once else _COMMITTERS[self._config.sink],
+            sink=None if self._config.exactly_once else committer(self._config.sink),
         )
 
     def _acknowledged(self, future: Future[None], checkpoint_id: int, final: bool) -> None:

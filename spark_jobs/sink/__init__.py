@@ -15,6 +15,7 @@ from spark_jobs.sink._postgres_table import (
     ensure_tables,
     sweep_staged,
 )
+from spark_jobs.sink._writers import SinkWriter, committer, open_sink_writer
 
 __all__ = [
     "ENRICHED_SCHEMA",
@@ -24,8 +25,11 @@ __all__ = [
     "ParquetSinkWriter",
     "PostgresTableSink",
     "PostgresTableSinkWriter",
+    "SinkWriter",
     "StagedOutput",
+    "committer",
     "ensure_tables",
+    "open_sink_writer",
     "publish_files",
     "sweep_staged",
 ]

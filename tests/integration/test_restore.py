@@ -15,7 +15,7 @@ from enumerator_service._demo_data import load_users
 from enumerator_service._operations import discover, open_platform
 from enumerator_service._schema import splits
 from spark_jobs.jobs import run_enrichment
-from spark_jobs.jobs._reader_task import decode_event, encode_event
+from spark_jobs.jobs._task_state import decode_event, encode_event
 from spark_jobs.source import parse_event
 from spark_jobs.source._records import RawLine
 
