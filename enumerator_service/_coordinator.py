@@ -178,16 +178,33 @@ class CheckpointCoordinator(threading.Thread):
         return conn
 
     def _wait(self, listener: psycopg.Connection[Any], next_trigger: float) -> None:
-        now = self._clock()
-        deadline = min(next_trigger, self._pending.deadline if self._pending else math.inf)
-        wait = max(0.0, min(deadline - now, _POLL))
-        for notify in listener.notifies(timeout=wait, stop_after=64):
+        """Sleep until the next deadline, the poll interval, or a notification of this run.
+
+        ``notifies(stop_after=1)`` returns at the first notification (a larger ``stop_after``
+        would wait out the whole timeout); the loop calls us again at once, so a burst of
+        acknowledgements costs one short wait each.
+        """
+        deadline = min(
+            next_trigger,
+            self._pending.deadline if self._pending else math.inf,
+            self._clock() + _POLL,
+        )
+        while True:
+            wait = deadline - self._clock()
+            notified = list(listener.notifies(timeout=max(0.0, wait), stop_after=1))
+            if not notified:
+                return
             try:
-                message = json.loads(notify.payload)
+                message = json.loads(notified[0].payload)
             except ValueError:
                 continue
-            if message.get("run") == self._run_id and message.get("event") == "request":
+            if message.get("run") != self._run_id:
+                if self._clock() >= deadline:
+                    return
+                continue  # another run's traffic: keep waiting until the deadline
+            if message.get("event") == "request":
                 self._requested = True
+            return
 
     # -- checkpoints ----------------------------------------------------------------------
 
