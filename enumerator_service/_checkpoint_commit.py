@@ -125,7 +125,9 @@ def apply_split_states(
                 splits.c.id == state["id"],
                 splits.c.epoch == state["epoch"],
                 splits.c.run_id == run_id,
-                splits.c.status == "READING",
+                # COMPLETED too: a snapshot taken before the subtask heard that the split's
+                # final state was committed carries that same state again (idempotent).
+                splits.c.status.in_(("READING", "COMPLETED")),
             )
             .values(**values)
         )

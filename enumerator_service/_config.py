@@ -105,6 +105,11 @@ class Settings(BaseSettings):
     lookup_cache_ttl_seconds: float = Field(
         default=300.0, gt=0, description="Cached rows expire this long after they were read."
     )
+    lookup_injected_latency_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="Benchmarks only: sleep this long per lookup round trip (simulated network).",
+    )
     lease_seconds: float = Field(default=60.0, gt=0, description="Split lease before reassignment.")
     checkpoint_interval_seconds: float = Field(
         default=5.0,

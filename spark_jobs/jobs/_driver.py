@@ -212,6 +212,7 @@ def run_enrichment(
             max_linger_ms=settings.lookup_max_linger_ms,
             cache_rows=settings.lookup_cache_rows,
             cache_ttl_seconds=settings.lookup_cache_ttl_seconds,
+            injected_latency_ms=settings.lookup_injected_latency_ms,
             exactly_once=settings.checkpointing_mode == "EXACTLY_ONCE",
             sink=settings.sink,
             sink_schema=settings.sink_schema,
@@ -250,9 +251,7 @@ def run_enrichment(
         finally:
             coordinator.stop()
             heartbeat.stop()
-            # Whatever the run did not commit goes back to the pool (addSplitsBack).
-            store.release_run(run_id)
-            CheckpointStore(engine, run_id, sinks).abort_uncommitted()
+            _give_back(store, engine, run_id, sinks)
         if coordinator.error is not None:
             raise RuntimeError("checkpoint coordinator failed") from coordinator.error
         if progress is not None:
@@ -284,6 +283,19 @@ def run_enrichment(
         )
     finally:
         engine.dispose()
+
+
+def _give_back(
+    store: SplitStore, engine: sa.Engine, run_id: str, sinks: dict[str, TransactionalSink]
+) -> None:
+    """Whatever the run did not commit goes back to the pool (addSplitsBack), and its staged
+    leftovers are aborted. With the database down this fails — logged, not raised, so the
+    run's own error stays visible; lease expiry and recovery do the same work later."""
+    try:
+        store.release_run(run_id)
+        CheckpointStore(engine, run_id, sinks).abort_uncommitted()
+    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+        _log.warning("run %s: splits not returned now (lease expiry will): %s", run_id, exc)
 
 
 def _lookup_totals(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -94,6 +94,8 @@ class TaskConfig:
     max_linger_ms: float = 0.0
     cache_rows: int = 0
     cache_ttl_seconds: float = 300.0
+    #: Benchmarks only: slept per lookup round trip while holding the connection.
+    injected_latency_ms: float = 0.0
     exactly_once: bool = True
     checkpoint_poll_seconds: float = 1.0
     #: A continuous subtask keeps asking for splits; it ends after ``continuous_idle_seconds``
@@ -160,6 +162,7 @@ class ReaderTask:
             cache=LookupCache(config.cache_rows, expire_after_write=config.cache_ttl_seconds)
             if config.cache_rows
             else None,
+            latency=config.injected_latency_ms / 1000,
         )
         # Transient database errors (a dropped connection, a restart) are retried.
         retry = (

@@ -83,6 +83,8 @@ def snapshot_splits(
                 "pending": waiting,
             }
         )
-        if held.reading_done and not waiting:
+        if held.reading_done and not waiting and held.finished_in is None:
+            # The first checkpoint that carries the final state: once it completes (or any
+            # later one), the split is forgotten.
             held.finished_in = checkpoint_id
     return states

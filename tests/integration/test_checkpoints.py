@@ -346,3 +346,24 @@ def test_recovery_aborts_dead_runs_and_publishes_committed_output(platform: Plat
     assert dead.txns() == []
     assert [t.published for t in other.txns()] == [True]
     assert _status(platform, other.run_id, 1) == "PENDING"  # a live run is left alone
+
+
+def test_a_finished_split_repeated_in_a_later_snapshot_is_not_fenced(platform: Platform) -> None:
+    """A subtask may snapshot again before it hears that the checkpoint carrying a split's
+    final state completed: the repeated final state must commit, not abort the checkpoint."""
+    run, sink = Run(platform), RecordingSink()
+    coordinator = run.coordinator(sink, interval=0.05)
+    try:
+        _wait_until(lambda: _status(platform, run.run_id, 1) == "PENDING")
+        run.ack(1, 0, offset=10)
+        run.ack(1, 1, offset=1000, finished=True)
+        _wait_until(lambda: _status(platform, run.run_id, 1) == "COMPLETED")
+        _wait_until(lambda: _status(platform, run.run_id, 2) == "PENDING")
+        run.ack(2, 0, offset=20)
+        run.ack(2, 1, offset=1000, finished=True)  # the same final state once more
+        _wait_until(lambda: _status(platform, run.run_id, 2) == "COMPLETED")
+    finally:
+        coordinator.stop()
+    assert coordinator.stats.aborted == []
+    assert run.split_row(1).status == "COMPLETED"
+    assert run.split_row(0).committed_offset == 20
