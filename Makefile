@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: install demo test test-fast lint ui bench clean
+.PHONY: install demo test test-fast faults lint ui bench clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest tests/unit
 
+## faults: exactly-once under SIGKILLed Spark workers and drivers and Postgres restarts
+faults: install
+	$(BIN)/python -m pytest tests/faults -m faults -s
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -43,6 +47,7 @@ ui: install
 bench: install
 	$(BIN)/python bench/async_io.py
 	$(BIN)/python bench/enumerator.py
+	$(BIN)/python bench/checkpoint.py
 
 clean:
 	rm -rf $(VENV) .sluice data .pytest_cache .mypy_cache .ruff_cache
