@@ -40,6 +40,7 @@ from enumerator_service._checkpoint_commit import (
     insert_dead_letters,
 )
 from enumerator_service._schema import checkpoint_acks, checkpoints, sink_transactions, splits
+from enumerator_service._split_store import SplitStore
 
 __all__ = [
     "CHECKPOINT_CHANNEL",
@@ -229,15 +230,7 @@ class CheckpointStore:
                 rows = sum(t.row_count for t in committed)
             # Step 5: enumerator bookkeeping — this checkpoint captures every hand-out no
             # earlier checkpoint has (SplitAssignmentTracker.snapshot_state).
-            conn.execute(
-                sa.update(splits)
-                .where(
-                    splits.c.run_id == run_id,
-                    splits.c.status == "READING",
-                    splits.c.assigned_checkpoint.is_(None),
-                )
-                .values(assigned_checkpoint=checkpoint_id)
-            )
+            SplitStore.mark_snapshotted(conn, run_id, checkpoint_id)
             # Step 6: COMPLETED; the subtasks hear of it when this transaction commits.
             completed_at = conn.execute(
                 sa.update(checkpoints)

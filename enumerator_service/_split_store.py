@@ -262,6 +262,12 @@ class SplitStore:
 
     def snapshot_assignments(self, run_id: str, checkpoint_id: int) -> int:
         """Checkpoint ``checkpoint_id`` captures the run's hand-outs no snapshot has yet."""
+        with self._engine.begin() as conn:
+            return self.mark_snapshotted(conn, run_id, checkpoint_id)
+
+    @staticmethod
+    def mark_snapshotted(conn: Connection, run_id: str, checkpoint_id: int) -> int:
+        """``snapshot_assignments`` inside the caller's transaction (checkpoint completion)."""
         stmt = (
             sa.update(splits)
             .where(
@@ -271,8 +277,7 @@ class SplitStore:
             )
             .values(assigned_checkpoint=checkpoint_id)
         )
-        with self._engine.begin() as conn:
-            return conn.execute(stmt).rowcount
+        return conn.execute(stmt).rowcount
 
     def restore_assignments(
         self, run_id: str, subtask: int | None, checkpoint_id: int | None

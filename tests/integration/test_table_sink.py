@@ -5,16 +5,15 @@ Real Postgres throughout; the end-to-end tests also run real local Spark.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from landing_oracle import expected_events
 
 from enumerator_service import (
     Acknowledgement,
@@ -69,32 +68,6 @@ def _counts(platform: Platform) -> tuple[int, int]:
     return _count(platform, table), _count(platform, f"{table}__staged")
 
 
-def _expected_events(landing: Path) -> tuple[list[dict[str, Any]], int]:
-    """An independent oracle: the well-formed events and the malformed line count."""
-    good: list[dict[str, Any]] = []
-    bad = 0
-    for path in sorted(landing.glob("dt=*/*.jsonl")):
-        for raw in path.read_bytes().splitlines():
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-                when = datetime.fromisoformat(obj["event_time"])
-                ok = (
-                    isinstance(obj["event_id"], str)
-                    and type(obj["user_id"]) is int
-                    and isinstance(obj["event_type"], str)
-                    and type(obj["amount"]) in (int, float)
-                )
-            except (ValueError, KeyError, TypeError):
-                ok = False
-            if ok:
-                good.append({**obj, "event_time": when.astimezone(UTC), "dt": path.parent.name})
-            else:
-                bad += 1
-    return good, bad
-
-
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["EXACTLY_ONCE", "AT_LEAST_ONCE"])
 def test_the_table_holds_exactly_the_rows_of_a_direct_sql_join(
@@ -114,7 +87,7 @@ def test_the_table_holds_exactly_the_rows_of_a_direct_sql_join(
         )
         found = discover(platform)
         summary = run_enrichment(settings)
-        expected, malformed = _expected_events(settings.landing_path)
+        expected, malformed = expected_events(settings.landing_path)
         assert malformed > 0, "the sample data must contain malformed lines"
         assert (summary.rows_out, summary.dead_letters) == (len(expected), malformed)
         assert summary.splits == found.splits_registered
@@ -138,7 +111,7 @@ def test_the_table_holds_exactly_the_rows_of_a_direct_sql_join(
             joined = conn.execute(
                 sa.text(
                     "SELECT e.event_id, e.user_id, e.event_time, e.event_type, e.amount, u.name,"
-                    " u.country, u.tier, u.signup_time, CAST(substr(e.dt, 4) AS date)"
+                    " u.country, u.tier, u.signup_time, CAST(e.dt AS date)"
                     " FROM expected e LEFT JOIN public.users u ON u.id = e.user_id"
                     " ORDER BY e.event_id"
                 )
