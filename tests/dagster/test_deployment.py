@@ -826,9 +826,10 @@ def test_helpers_detect_broken_references(compose: dict[str, Any]) -> None:
     broken["services"]["spark-worker"]["build"]["dockerfile"] = "docker/Nope.Dockerfile"
     assert build_problems(broken, COMPOSE_FILE.parent)
 
-    assert copy_problems("COPY no-such-file.txt /x\nCOPY data /d", REPO, ["data"]) == [
+    # "sql" is in every checkout (unlike data/, which only exists after `make demo`).
+    assert copy_problems("COPY no-such-file.txt /x\nCOPY sql /d", REPO, ["sql"]) == [
         "COPY source no-such-file.txt does not exist in " + str(REPO),
-        "COPY source data is excluded by 'data'",
+        "COPY source sql is excluded by 'sql'",
     ]
     assert missing_modules(["dagster_project.nope", "no_such_package.definitions"]) == [
         "module dagster_project.nope is not importable",
