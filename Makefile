@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: install demo test test-fast faults lint ui bench clean
+.PHONY: install demo test test-fast faults lint ui bench bench-e2e clean
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ bench: install
 	$(BIN)/python bench/async_io.py
 	$(BIN)/python bench/enumerator.py
 	$(BIN)/python bench/checkpoint.py
+
+## bench-e2e: Sluice vs naive Spark vs a broadcast join vs pgbench, 1M events (ARGS=--quick)
+bench-e2e: install
+	$(BIN)/python bench/e2e.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .sluice data .pytest_cache .mypy_cache .ruff_cache
