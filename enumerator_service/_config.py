@@ -100,7 +100,10 @@ class Settings(BaseSettings):
         default=0.0, ge=0, description="Wait this long for a lookup batch to fill."
     )
     lookup_cache_rows: int = Field(
-        default=100_000, ge=0, description="Rows cached per task (0 disables the cache)."
+        default=0,
+        ge=0,
+        description="Rows cached per task (0: no cache). Worth it for skewed keys; with "
+        "uniformly spread keys batching alone is faster (bench/e2e.py).",
     )
     lookup_cache_ttl_seconds: float = Field(
         default=300.0, gt=0, description="Cached rows expire this long after they were read."
