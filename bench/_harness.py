@@ -6,6 +6,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
+
+from enumerator_service._schema import checkpoints, enumerator_state, sink_transactions, splits
 from spark_jobs.async_io import (
     NO_RETRY,
     AsyncFunction,
@@ -16,7 +19,7 @@ from spark_jobs.async_io import (
 )
 from spark_jobs.runtime import MailboxController, MailboxProcessor
 
-__all__ = ["run_operator", "timed"]
+__all__ = ["forget_source", "run_operator", "timed"]
 
 T = TypeVar("T")
 
@@ -69,3 +72,23 @@ def timed(fn: Callable[[], T]) -> tuple[float, T]:
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
+
+
+def forget_source(engine: sa.Engine, source: str) -> None:
+    """Delete a benchmark source's splits, dead letters, cursor, checkpoints and sink
+    transactions, so repeated runs leave nothing behind in the platform database."""
+    with engine.begin() as conn:
+        run_ids = [
+            r
+            for r in conn.execute(
+                sa.select(splits.c.run_id).where(splits.c.source == source).distinct()
+            ).scalars()
+            if r is not None
+        ]
+        if run_ids:
+            conn.execute(sa.delete(checkpoints).where(checkpoints.c.run_id.in_(run_ids)))
+            conn.execute(
+                sa.delete(sink_transactions).where(sink_transactions.c.run_id.in_(run_ids))
+            )
+        conn.execute(sa.delete(splits).where(splits.c.source == source))  # dead letters cascade
+        conn.execute(sa.delete(enumerator_state).where(enumerator_state.c.source == source))

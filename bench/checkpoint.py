@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from _harness import timed  # bench/ is on sys.path when run as a script
+from _harness import forget_source, timed  # bench/ is on sys.path when run as a script
 from rich.console import Console
 from rich.table import Table
 
@@ -55,8 +55,6 @@ from enumerator_service._operations import Platform, discover, open_platform
 from enumerator_service._schema import (
     checkpoint_acks,
     checkpoints,
-    enumerator_state,
-    sink_transactions,
     splits,
 )
 
@@ -244,21 +242,7 @@ def measure(engine: sa.Engine, summary: Any, wall: float, cpu: float) -> Measure
 
 
 def cleanup(engine: sa.Engine, source: str, output: Path) -> None:
-    with engine.begin() as conn:
-        run_ids = [
-            r
-            for r in conn.execute(
-                sa.select(splits.c.run_id).where(splits.c.source == source).distinct()
-            ).scalars()
-            if r is not None
-        ]
-        if run_ids:
-            conn.execute(sa.delete(checkpoints).where(checkpoints.c.run_id.in_(run_ids)))
-            conn.execute(
-                sa.delete(sink_transactions).where(sink_transactions.c.run_id.in_(run_ids))
-            )
-        conn.execute(sa.delete(splits).where(splits.c.source == source))  # dead letters cascade
-        conn.execute(sa.delete(enumerator_state).where(enumerator_state.c.source == source))
+    forget_source(engine, source)
     shutil.rmtree(output, ignore_errors=True)
 
 

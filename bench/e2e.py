@@ -70,20 +70,16 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import make_url
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import forget_source
+
 from enumerator_service import Settings, asyncpg_dsn, load_settings
 from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from enumerator_service._operations import Platform, discover, open_platform
-from enumerator_service._schema import (
-    checkpoints,
-    enumerator_state,
-    sink_transactions,
-    splits,
-)
 
 console = Console(width=170)
 
@@ -354,24 +350,6 @@ def count_lines(files: list[Path]) -> int:
 # -- 1. Sluice -------------------------------------------------------------------------
 
 
-def cleanup_source(engine: sa.Engine, source: str) -> None:
-    with engine.begin() as conn:
-        run_ids = [
-            r
-            for r in conn.execute(
-                sa.select(splits.c.run_id).where(splits.c.source == source).distinct()
-            ).scalars()
-            if r is not None
-        ]
-        if run_ids:
-            conn.execute(sa.delete(checkpoints).where(checkpoints.c.run_id.in_(run_ids)))
-            conn.execute(
-                sa.delete(sink_transactions).where(sink_transactions.c.run_id.in_(run_ids))
-            )
-        conn.execute(sa.delete(splits).where(splits.c.source == source))  # dead letters cascade
-        conn.execute(sa.delete(enumerator_state).where(enumerator_state.c.source == source))
-
-
 def sluice_settings(ctx: Context, landing: Path, latency_ms: float, source: str) -> Settings:
     return load_settings(
         spark_master=MASTER,
@@ -410,7 +388,7 @@ def run_sluice(
     try:
         wall, cpu, memory, summary = timed_run(pipeline)
     finally:
-        cleanup_source(ctx.platform.engine, source)
+        forget_source(ctx.platform.engine, source)
         shutil.rmtree(ctx.out_root / source, ignore_errors=True)
     assert summary.fenced == 0 and summary.rows_in > 0, summary
     note = (
