@@ -12,7 +12,7 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dagster import MetadataValue
+from dagster import DagsterRun, MetadataValue
 
 from enumerator_service import DiscoveryResult, Settings
 from enumerator_service._operations import discover, open_platform
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REVENUE_TABLE",
+    "SLUICE_RUN_TAG",
     "build_daily_revenue",
     "describe",
     "discover_and_enrich",
@@ -31,11 +32,22 @@ __all__ = [
     "parquet_files",
     "replace_folder",
     "revenue_path",
+    "sluice_run_id",
     "summary_metadata",
 ]
 
 #: Folder of the revenue aggregate under the warehouse root.
 REVENUE_TABLE = "daily_revenue_by_country"
+
+
+#: The Sluice run (``splits.run_id``) a Dagster run works on, when it is not derived.
+SLUICE_RUN_TAG = "sluice/run_id"
+
+
+def sluice_run_id(run: DagsterRun) -> str:
+    """The Sluice run id of a Dagster run: its tag, else ``dagster-<Dagster run id>`` (so the
+    failed-run sensor can give a dead run's splits back)."""
+    return run.tags.get(SLUICE_RUN_TAG) or f"dagster-{run.run_id}"
 
 
 def discover_once(settings: Settings, dates: Sequence[date] | None = None) -> DiscoveryResult:
@@ -77,16 +89,24 @@ def describe(summary: RunSummary) -> str:
 
 
 def summary_metadata(
-    discovery: DiscoveryResult, summary: RunSummary, output: Path
+    discovery: DiscoveryResult | None, summary: RunSummary, output: Path
 ) -> dict[str, MetadataValue[Any]]:
-    """Dagster metadata for a run: counts, lookup and checkpoint figures, the output folder.
+    """Dagster metadata for a run: counts, lookup and checkpoint figures, the output folder;
+    discovery counts when the run discovered (a continuous reader does not).
 
     Never the database URL (nor anything else from the connection settings).
     """
+    found: dict[str, MetadataValue[Any]] = (
+        {}
+        if discovery is None
+        else {
+            "files_seen": MetadataValue.int(discovery.files_seen),
+            "splits_registered": MetadataValue.int(discovery.splits_registered),
+        }
+    )
     return {
         "run_id": MetadataValue.text(summary.run_id),
-        "files_seen": MetadataValue.int(discovery.files_seen),
-        "splits_registered": MetadataValue.int(discovery.splits_registered),
+        **found,
         "splits": MetadataValue.int(summary.splits),
         "rows_in": MetadataValue.int(summary.rows_in),
         "rows_out": MetadataValue.int(summary.rows_out),

@@ -20,6 +20,7 @@ from dagster_project._pipeline import (
     describe,
     discover_and_enrich,
     revenue_path,
+    sluice_run_id,
     summary_metadata,
 )
 from dagster_project.observations import raw_events, users
@@ -79,9 +80,7 @@ with warnings.catch_warnings():
         """
         days = partition_days(context)
         settings = sluice.settings()
-        discovery, summary = discover_and_enrich(
-            settings, days, run_id=f"dagster-{context.run.run_id}"
-        )
+        discovery, summary = discover_and_enrich(settings, days, run_id=sluice_run_id(context.run))
         context.log.info(
             f"{days[0]}..{days[-1]}: {discovery.splits_registered} new splits; {describe(summary)}"
         )

@@ -23,7 +23,6 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
-    MetadataValue,
     Nothing,
     OpExecutionContext,
     Out,
@@ -39,7 +38,13 @@ from dagster import (
     sensor,
 )
 
-from dagster_project._pipeline import describe, discover_once
+from dagster_project._pipeline import (
+    SLUICE_RUN_TAG,
+    describe,
+    discover_once,
+    sluice_run_id,
+    summary_metadata,
+)
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings, SplitStore, connect_engine, database_url
 
@@ -53,8 +58,6 @@ __all__ = [
     "sluice_run_id",
 ]
 
-#: The Sluice run (``splits.run_id``) a Dagster run works on.
-SLUICE_RUN_TAG = "sluice/run_id"
 MODE_TAG = "sluice/mode"
 GENERATION_TAG = "sluice/generation"
 SOURCE_TAG = "sluice/source"
@@ -65,11 +68,6 @@ _IN_PROGRESS = [
     DagsterRunStatus.STARTED,
     DagsterRunStatus.CANCELING,
 ]
-
-
-def sluice_run_id(run: DagsterRun) -> str:
-    """The Sluice run id of a Dagster run: its tag, else derived from the Dagster run id."""
-    return run.tags.get(SLUICE_RUN_TAG) or f"dagster-{run.run_id}"
 
 
 @op(out=Out(Nothing))
@@ -83,18 +81,7 @@ def run_continuous_reader(context: OpExecutionContext, sluice: SluiceResource) -
     settings = sluice.settings()
     summary = run_enrichment(settings, run_id=sluice_run_id(context.run), continuous=True)
     context.log.info(describe(summary))
-    return Output(
-        None,
-        metadata={
-            "run_id": MetadataValue.text(summary.run_id),
-            "splits": MetadataValue.int(summary.splits),
-            "rows_in": MetadataValue.int(summary.rows_in),
-            "rows_out": MetadataValue.int(summary.rows_out),
-            "dead_letters": MetadataValue.int(summary.dead_letters),
-            "checkpoints_completed": MetadataValue.int(summary.checkpoints),
-            "rows_per_second": MetadataValue.float(float(summary.rows_per_second)),
-        },
-    )
+    return Output(None, metadata=summary_metadata(None, summary, settings.output_path))
 
 
 @job(

@@ -2,7 +2,12 @@
 
 from dagster import Nothing, OpExecutionContext, Out, Output, job, op
 
-from dagster_project._pipeline import describe, discover_and_enrich, summary_metadata
+from dagster_project._pipeline import (
+    describe,
+    discover_and_enrich,
+    sluice_run_id,
+    summary_metadata,
+)
 from dagster_project.resources import SluiceResource
 
 __all__ = ["process_new_splits", "process_new_splits_job"]
@@ -12,7 +17,7 @@ __all__ = ["process_new_splits", "process_new_splits_job"]
 def process_new_splits(context: OpExecutionContext, sluice: SluiceResource) -> Output[None]:
     """One continuous-cursor discovery tick, then one bounded reader run ("available now")."""
     settings = sluice.settings()
-    discovery, summary = discover_and_enrich(settings, run_id=f"dagster-{context.run.run_id}")
+    discovery, summary = discover_and_enrich(settings, run_id=sluice_run_id(context.run))
     context.log.info(
         f"discovery: {discovery.files_seen} files seen, "
         f"{discovery.splits_registered} new splits; {describe(summary)}"

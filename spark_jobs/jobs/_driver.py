@@ -36,31 +36,12 @@ from enumerator_service import (
 from enumerator_service._schema import dead_letters, sink_transactions, splits
 from spark_jobs._spark import get_spark
 from spark_jobs.jobs._reader_task import TaskConfig, run_reader_subtask
-from spark_jobs.sink import (
-    SINK_NAME,
-    TABLE_SINK_NAME,
-    ParquetSink,
-    PostgresTableSink,
-    ensure_tables,
-    sweep_staged,
-)
+from spark_jobs.sink import TABLE_SINK_NAME, build_sinks, ensure_tables, sweep_staged
 
 __all__ = ["RunSummary", "run_enrichment"]
 
 _log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
-#: The commit side of every sink kind that may have staged output (recovery needs them all).
-#: Without an engine the table sink's abort() leaves staged rows to sweep_staged (the driver
-#: itself uses build_sinks(engine), whose table sink deletes them at once).
-SINKS: dict[str, TransactionalSink] = {
-    SINK_NAME: ParquetSink(),
-    TABLE_SINK_NAME: PostgresTableSink(),
-}
-
-
-def build_sinks(engine: sa.Engine) -> dict[str, TransactionalSink]:
-    """SINKS with a table sink that aborts through ``engine``."""
-    return {**SINKS, TABLE_SINK_NAME: PostgresTableSink(engine)}
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,17 @@ from spark_jobs.sink._postgres_table import (
     ensure_tables,
     sweep_staged,
 )
-from spark_jobs.sink._writers import SinkWriter, committer, open_sink_writer
+from spark_jobs.sink._writers import (
+    SINKS,
+    SinkWriter,
+    build_sinks,
+    committer,
+    open_sink_writer,
+)
 
 __all__ = [
     "ENRICHED_SCHEMA",
+    "SINKS",
     "SINK_NAME",
     "TABLE_SINK_NAME",
     "ParquetSink",
@@ -27,6 +34,7 @@ __all__ = [
     "PostgresTableSinkWriter",
     "SinkWriter",
     "StagedOutput",
+    "build_sinks",
     "committer",
     "ensure_tables",
     "open_sink_writer",

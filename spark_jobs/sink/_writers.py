@@ -1,9 +1,11 @@
-"""Choosing a sink by name: the task side's writer and the commit side's committer."""
+"""Sinks by name: the task side's writer and the commit sides (``sink_transactions.sink``)."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from sqlalchemy.engine import Engine
 
 from enumerator_service import TransactionalSink
 from spark_jobs.sink._parquet import SINK_NAME, ParquetSink, ParquetSinkWriter
@@ -13,20 +15,28 @@ from spark_jobs.sink._postgres_table import (
     PostgresTableSinkWriter,
 )
 
-__all__ = ["SinkWriter", "committer", "open_sink_writer"]
+__all__ = ["SINKS", "SinkWriter", "build_sinks", "committer", "open_sink_writer"]
 
 SinkWriter = ParquetSinkWriter | PostgresTableSinkWriter
 
-#: Commit sides that need no engine (their ``commit`` receives the connection).
-_COMMITTERS: dict[str, TransactionalSink] = {
+#: The commit side of every sink kind that may have staged output (recovery needs them all).
+#: Without an engine the table sink's abort() leaves staged rows to sweep_staged (the driver
+#: itself uses build_sinks(engine), whose table sink deletes them at once).
+SINKS: dict[str, TransactionalSink] = {
     SINK_NAME: ParquetSink(),
     TABLE_SINK_NAME: PostgresTableSink(),
 }
 
 
+def build_sinks(engine: Engine) -> dict[str, TransactionalSink]:
+    """SINKS with a table sink that aborts through ``engine``."""
+    return {**SINKS, TABLE_SINK_NAME: PostgresTableSink(engine)}
+
+
 def committer(sink: str) -> TransactionalSink:
-    """The commit side of sink ``sink`` (for AT_LEAST_ONCE acknowledgements)."""
-    return _COMMITTERS[sink]
+    """The commit side of sink ``sink`` (AT_LEAST_ONCE acknowledgements: ``commit`` receives
+    the connection, so no engine is needed)."""
+    return SINKS[sink]
 
 
 def open_sink_writer(

@@ -31,7 +31,7 @@ from enumerator_service import (
 from enumerator_service._checkpoint_store import COORDINATOR_CHANNEL, encode_dead_letters
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions, splits
-from spark_jobs.jobs._driver import SINKS
+from spark_jobs.sink import SINKS
 
 
 class RecordingSink:

@@ -23,7 +23,7 @@ from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
 from enumerator_service._schema import dead_letters, sink_transactions
 from spark_jobs.jobs import run_enrichment
-from spark_jobs.jobs._driver import SINKS
+from spark_jobs.sink import SINKS
 
 pytestmark = pytest.mark.spark
 

@@ -33,12 +33,12 @@ from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from enumerator_service._operations import Platform, discover, open_platform
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions, splits
 from spark_jobs.jobs import run_enrichment
-from spark_jobs.jobs._driver import build_sinks
 from spark_jobs.sink import (
     TABLE_SINK_NAME,
     PostgresTableSink,
     PostgresTableSinkWriter,
     StagedOutput,
+    build_sinks,
     ensure_tables,
     sweep_staged,
 )
