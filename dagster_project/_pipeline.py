@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
-import os
 import shutil
-import sys
 import uuid
 from collections.abc import Sequence
 from datetime import date
@@ -16,6 +13,7 @@ from dagster import DagsterRun, MetadataValue
 
 from enumerator_service import DiscoveryResult, Settings
 from enumerator_service._operations import discover, open_platform
+from spark_jobs.sink._folders import replace_folder
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -60,19 +58,27 @@ def discover_once(settings: Settings, dates: Sequence[date] | None = None) -> Di
 
 
 def discover_and_enrich(
-    settings: Settings, dates: Sequence[date] | None = None, *, run_id: str | None = None
+    settings: Settings,
+    dates: Sequence[date] | None = None,
+    *,
+    run_id: str | None = None,
+    rebuild: bool = False,
 ) -> tuple[DiscoveryResult, RunSummary]:
     """Register the splits of ``dates`` (or all new files), then process every unassigned one.
 
     ``run_id`` names the Sluice run (``dagster-<Dagster run id>`` from Dagster, so the
-    failed-run sensor can give a dead run's splits back).
+    failed-run sensor can give a dead run's splits back). ``rebuild``: days of ``dates`` that
+    were processed before are processed again and their output replaced in one swap.
     """
     discovery = discover_once(settings, dates)
     # Imported here so loading the code location (and every sensor tick) never imports PySpark.
     from spark_jobs.jobs import run_enrichment
 
     summary = run_enrichment(
-        settings, dates=list(dates) if dates is not None else None, run_id=run_id
+        settings,
+        dates=list(dates) if dates is not None else None,
+        run_id=run_id,
+        rebuild=rebuild,
     )
     return discovery, summary
 
@@ -81,10 +87,12 @@ def describe(summary: RunSummary) -> str:
     """One log line for a finished run (no connection details)."""
     if summary.nothing_new:
         return f"run {summary.run_id}: nothing new to process"
+    rebuilt = f", replaced partitions {', '.join(summary.rebuilt)}" if summary.rebuilt else ""
     return (
         f"run {summary.run_id}: {summary.splits} splits, {summary.rows_in} rows in, "
         f"{summary.rows_out} rows out, {summary.dead_letters} dead letters, "
         f"{summary.fenced} fenced, {summary.seconds:.1f}s ({summary.rows_per_second:,.0f} rows/s)"
+        f"{rebuilt}"
     )
 
 
@@ -125,6 +133,7 @@ def summary_metadata(
         "checkpoint_p99_ms": MetadataValue.float(float(summary.checkpoint_p99_ms)),
         "alignment_p50_ms": MetadataValue.float(float(summary.alignment_p50_ms)),
         "nothing_new": MetadataValue.bool(summary.nothing_new),
+        "rebuilt_partitions": MetadataValue.text(", ".join(summary.rebuilt) or "none"),
         "output_path": MetadataValue.path(str(output)),
     }
 
@@ -141,49 +150,6 @@ def parquet_files(folder: Path) -> list[Path]:
         for path in folder.iterdir()
         if path.name.endswith(".parquet") and not path.name.startswith((".", "_"))
     )
-
-
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-def _exchange(first: Path, second: Path) -> bool:
-    """Swap two existing paths in one atomic step (Linux ``renameat2``); False if unsupported."""
-    if not sys.platform.startswith("linux"):
-        return False
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is None:  # glibc < 2.28 or another libc
-        return False
-    renameat2.argtypes = [
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_uint,
-    ]
-    result = renameat2(
-        _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE
-    )
-    return bool(result == 0)
-
-
-def replace_folder(new: Path, final: Path) -> None:
-    """Make ``new`` the folder at ``final``, replacing any previous one.
-
-    Readers see either the old folder or the new one: a fresh ``final`` is one rename, an
-    existing one is swapped in one ``renameat2(RENAME_EXCHANGE)``. Where the file system does
-    not support that, the old folder is renamed aside first (a moment without the folder).
-    """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if not final.exists():
-        os.rename(new, final)
-    elif _exchange(new, final):
-        shutil.rmtree(new)  # holds the previous output now
-    else:
-        old = final.with_name(f"_old-{uuid.uuid4().hex[:8]}-{final.name}")
-        os.rename(final, old)
-        os.rename(new, final)
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- revenue

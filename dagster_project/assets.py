@@ -76,11 +76,16 @@ with warnings.catch_warnings():
 
         Registers the landing files of the run's days as splits (bounded listing of exactly
         those ``dt=`` folders, no cursor), then runs the PySpark reader job once over those
-        days' unassigned splits. A backfill runs once for its whole range of days.
+        days' splits. A backfill runs once for its whole range of days. A day processed
+        before (by an earlier materialisation or the incremental jobs) is re-read from
+        scratch and its folder replaced in one swap when all of it is committed: never
+        duplicated, never half-replaced if the run dies.
         """
         days = partition_days(context)
         settings = sluice.settings()
-        discovery, summary = discover_and_enrich(settings, days, run_id=sluice_run_id(context.run))
+        discovery, summary = discover_and_enrich(
+            settings, days, run_id=sluice_run_id(context.run), rebuild=True
+        )
         context.log.info(
             f"{days[0]}..{days[-1]}: {discovery.splits_registered} new splits; {describe(summary)}"
         )

@@ -82,14 +82,22 @@ def encode_dead_letters(dead: Iterable[tuple[int, int, bytes, str]]) -> list[dic
     ]
 
 
+# A line is recorded once per split and offset. Re-rejected by a partition rebuild, it is
+# re-tagged with the rebuild (and run), so the rebuild's swap keeps it and deletes only the
+# earlier generation's dead letters that the rebuild no longer produced.
 _INSERT_DEAD_LETTERS = sa.text(
     """
-    INSERT INTO sluice.dead_letters (split_id, source, uri, "offset", raw, reason, run_id)
-    SELECT s.id, s.source, s.uri, d."offset", decode(d.raw, 'base64'), d.reason, :run_id
+    INSERT INTO sluice.dead_letters
+        (split_id, source, uri, "offset", raw, reason, run_id, rebuild_id)
+    SELECT DISTINCT ON (s.id, d."offset")
+           s.id, s.source, s.uri, d."offset", decode(d.raw, 'base64'), d.reason, :run_id,
+           s.rebuild_id
     FROM jsonb_to_recordset(CAST(:dead AS jsonb))
          AS d(split_id bigint, "offset" bigint, raw text, reason text)
     JOIN sluice.splits AS s ON s.id = d.split_id
-    ON CONFLICT (split_id, "offset") DO NOTHING
+    ON CONFLICT (split_id, "offset") DO UPDATE
+    SET run_id = EXCLUDED.run_id, rebuild_id = EXCLUDED.rebuild_id, reason = EXCLUDED.reason
+    WHERE dead_letters.rebuild_id IS DISTINCT FROM EXCLUDED.rebuild_id
     """
 )
 

@@ -54,6 +54,7 @@ __all__ = [
     "apply_split_states",
     "encode_dead_letters",
     "insert_dead_letters",
+    "publish_committed",
     "recover",
 ]
 
@@ -297,14 +298,8 @@ def recover(engine: Engine, sinks: Mapping[str, TransactionalSink]) -> tuple[int
     Returns (published, aborted) transaction counts. Run it after expired leases were
     released, so that a dead run holds no split.
     """
+    published = publish_committed(engine, sinks)
     with engine.connect() as conn:
-        unpublished = _staged(
-            conn.execute(
-                sa.select(sink_transactions).where(
-                    sink_transactions.c.committed, sa.not_(sink_transactions.c.published)
-                )
-            ).all()
-        )
         live = sa.select(splits.c.run_id).where(
             splits.c.status.in_(("ASSIGNED", "READING")), splits.c.run_id.is_not(None)
         )
@@ -325,11 +320,26 @@ def recover(engine: Engine, sinks: Mapping[str, TransactionalSink]) -> tuple[int
                 ).scalars()
             )
         )
+    aborted = _abort_runs(engine, sinks, dead_runs, "run died")
+    if published or aborted:
+        _log.info("recovery: published %d, aborted %d", published, aborted)
+    return published, aborted
+
+
+def publish_committed(engine: Engine, sinks: Mapping[str, TransactionalSink]) -> int:
+    """Publish every sink transaction committed in Postgres but not yet published (after a
+    crash between a checkpoint's completion and its publication); idempotent. Returns how
+    many there were."""
+    with engine.connect() as conn:
+        unpublished = _staged(
+            conn.execute(
+                sa.select(sink_transactions).where(
+                    sink_transactions.c.committed, sa.not_(sink_transactions.c.published)
+                )
+            ).all()
+        )
     if unpublished:
         for sink, group in _by_sink(sinks, unpublished):
             sink.publish(group)
         _mark_published(engine, unpublished)
-    aborted = _abort_runs(engine, sinks, dead_runs, "run died")
-    if unpublished or aborted:
-        _log.info("recovery: published %d, aborted %d", len(unpublished), aborted)
-    return len(unpublished), aborted
+    return len(unpublished)

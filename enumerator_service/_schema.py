@@ -25,6 +25,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
+from sqlalchemy import text as sa_text
 from sqlalchemy.dialects.postgresql import JSONB
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "dead_letters",
     "enumerator_state",
     "metadata",
+    "partition_rebuilds",
     "sink_transactions",
     "splits",
 ]
@@ -44,7 +46,8 @@ SCHEMA = "sluice"
 
 #: UNASSIGNED: in the pool. ASSIGNED: given to a run, not yet pulled by a subtask.
 #: READING: pulled by a subtask under a lease. COMPLETED: output committed up to end_offset.
-SPLIT_STATUSES = ("UNASSIGNED", "ASSIGNED", "READING", "COMPLETED")
+#: HELD: registered while its partition is rebuilt; released to the pool by the rebuild's swap.
+SPLIT_STATUSES = ("UNASSIGNED", "ASSIGNED", "READING", "COMPLETED", "HELD")
 CHECKPOINT_STATUSES = ("PENDING", "COMPLETED", "ABORTED")
 
 metadata = MetaData(
@@ -91,8 +94,12 @@ splits = Table(
     Column("registered_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("assigned_at", DateTime(timezone=True)),
     Column("completed_at", DateTime(timezone=True)),
+    # The partition rebuild this split is being re-read for (NULL: none). Its output goes to
+    # the rebuild's folder, which replaces the partition's folder once every member completed.
+    Column("rebuild_id", BigInteger),
     UniqueConstraint("source", "uri", "start_offset"),
-    CheckConstraint("status IN ('UNASSIGNED', 'ASSIGNED', 'READING', 'COMPLETED')", name="status"),
+    # HELD: registered while its partition is being rebuilt; released when the rebuild swaps.
+    CheckConstraint(f"status IN {SPLIT_STATUSES!r}", name="status"),
     Index(None, "source", "status", "partition_key"),
     # Serves pull_next: the run's next ASSIGNED split in (partition_key, id) order, read off
     # the index instead of sorting the run's splits on every pull.
@@ -182,6 +189,32 @@ dead_letters = Table(
     Column("reason", Text, nullable=False),
     Column("run_id", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    # The rebuild that (re-)rejected the line (NULL: incremental processing). A rebuild's swap
+    # deletes the partition's dead letters of earlier generations.
+    Column("rebuild_id", BigInteger),
     # A split re-read after a crash re-rejects the same lines; this keeps them once.
     UniqueConstraint("split_id", "offset"),
+)
+
+partition_rebuilds = Table(
+    "partition_rebuilds",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("source", Text, nullable=False),
+    Column("partition_key", Date, nullable=False),
+    # The run that started it (a later run may finish it).
+    Column("run_id", Text, nullable=False),
+    # BUILDING → SWAPPING → DONE, or BUILDING → ABANDONED (superseded by a newer rebuild).
+    Column("status", Text, nullable=False, server_default="BUILDING"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("swapped_at", DateTime(timezone=True)),
+    CheckConstraint("status IN ('BUILDING', 'SWAPPING', 'DONE', 'ABANDONED')", name="status"),
+    # At most one rebuild in progress per partition.
+    Index(
+        None,
+        "source",
+        "partition_key",
+        unique=True,
+        postgresql_where=sa_text("status IN ('BUILDING', 'SWAPPING')"),
+    ),
 )

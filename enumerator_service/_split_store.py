@@ -18,7 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Engine, Row
 
-from enumerator_service._schema import splits
+from enumerator_service._rebuild_lock import ACTIVE_REBUILD, lock_rebuilds
+from enumerator_service._schema import partition_rebuilds, splits
 from enumerator_service._splits import FileSplit, Split, SplitAssignment, TableRangeSplit
 
 __all__ = ["FencedError", "SplitStore"]
@@ -63,6 +64,7 @@ def _to_assignment(row: Row[tuple[object, ...]]) -> SplitAssignment:
         epoch=m["epoch"],
         resume_offset=offset,
         pending=tuple(m["pending"] or ()),
+        rebuild_id=m["rebuild_id"],
     )
 
 
@@ -75,11 +77,21 @@ class SplitStore:
     # -- registration -------------------------------------------------------------------
 
     def register(self, new_splits: Iterable[Split], *, batch_size: int = 5000) -> int:
-        """Insert splits not yet known; returns how many were new. Idempotent."""
+        """Insert splits not yet known; returns how many were new. Idempotent.
+
+        A split of a partition being rebuilt is registered HELD: it joins the partition when
+        the rebuild's swap releases it (see ``enumerator_service._rebuilds``).
+        """
         added = 0
         batch: list[dict[str, object]] = []
         with self._engine.begin() as conn:
+            # Shared with other registrations, exclusive with a rebuild's start and swap: a
+            # split is either seen by the swap's release or registered after it.
+            locked: set[str] = set()
             for split in new_splits:
+                if split.source not in locked:
+                    lock_rebuilds(conn, split.source, shared=True)
+                    locked.add(split.source)
                 batch.append(
                     {
                         "source": split.source,
@@ -110,9 +122,18 @@ class SplitStore:
             )
         )
         values = arrays.table_valued(*columns).render_derived(name="v")
+        rebuilding = sa.exists().where(
+            partition_rebuilds.c.source == values.c.source,
+            partition_rebuilds.c.partition_key == values.c.partition_key,
+            partition_rebuilds.c.status.in_(ACTIVE_REBUILD),
+        )
+        status = sa.case((rebuilding, sa.literal("HELD")), else_=sa.literal("UNASSIGNED"))
         stmt = (
             insert(splits)
-            .from_select(columns, sa.select(*(values.c[name] for name in columns)))
+            .from_select(
+                (*columns, "status"),
+                sa.select(*(values.c[name] for name in columns), status),
+            )
             .on_conflict_do_nothing(index_elements=["source", "uri", "start_offset"])
             .returning(splits.c.id)
         )

@@ -101,6 +101,9 @@ class SplitAssignment:
     #: The async operator's inputs from this split that were in flight at the committed
     #: checkpoint (JSON-encoded, input order): re-invoked before reading from resume_offset.
     pending: tuple[Any, ...] = ()
+    #: The partition rebuild the split is re-read for (its output goes to the rebuild's
+    #: folder), or None.
+    rebuild_id: int | None = None
 
     def initial_state(self) -> SplitState:
         return SplitState(offset=self.resume_offset)

@@ -148,7 +148,7 @@ def discover_cmd(ctx: click.Context, dates: tuple[str, ...]) -> None:
         platform.close()
 
 
-def _run(settings: Settings, dates: list[date] | None) -> None:
+def _run(settings: Settings, dates: list[date] | None, *, rebuild: bool = False) -> None:
     from spark_jobs.jobs import run_enrichment  # imports pyspark: only when running
 
     with _progress() as progress:
@@ -157,7 +157,7 @@ def _run(settings: Settings, dates: list[date] | None) -> None:
         def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        summary = run_enrichment(settings, dates=dates, progress=report)
+        summary = run_enrichment(settings, dates=dates, progress=report, rebuild=rebuild)
         if summary.nothing_new:
             progress.update(task, visible=False)
     if summary.nothing_new:
@@ -187,6 +187,7 @@ def _run(settings: Settings, dates: list[date] | None) -> None:
         ("seconds", f"{summary.seconds:,.1f}"),
         ("rows/s", f"{summary.rows_per_second:,.0f}"),
         ("output", str(settings.output_path)),
+        ("replaced partitions", ", ".join(summary.rebuilt) or "none"),
     ):
         table.add_row(name, value)
     console.print(table)
@@ -194,12 +195,19 @@ def _run(settings: Settings, dates: list[date] | None) -> None:
 
 @cli.command("run")
 @_date_option
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Re-read the --date partitions processed before and replace their output whole.",
+)
 @click.pass_context
-def run_cmd(ctx: click.Context, dates: tuple[str, ...]) -> None:
+def run_cmd(ctx: click.Context, dates: tuple[str, ...], replace: bool) -> None:
     """Run the PySpark reader job over every unassigned split (of --date, if given)."""
+    if replace and not dates:
+        raise click.UsageError("--replace needs the partitions to replace (--date)")
     settings = _settings(ctx)
     _open(settings).close()
-    _run(settings, _dates(dates))
+    _run(settings, _dates(dates), rebuild=replace)
 
 
 @cli.command("status")

@@ -33,10 +33,18 @@ from enumerator_service import (
     database_url,
     recover,
 )
+from enumerator_service._rebuilds import RebuildStore
 from enumerator_service._schema import dead_letters, sink_transactions, splits
 from spark_jobs._spark import get_spark
 from spark_jobs.jobs._reader_task import TaskConfig, run_reader_subtask
-from spark_jobs.sink import TABLE_SINK_NAME, build_sinks, ensure_tables, sweep_staged
+from spark_jobs.sink import (
+    SINK_NAME,
+    TABLE_SINK_NAME,
+    build_sinks,
+    ensure_tables,
+    finish_rebuilds,
+    sweep_staged,
+)
 
 __all__ = ["RunSummary", "run_enrichment"]
 
@@ -65,6 +73,8 @@ class RunSummary:
     checkpoint_p50_ms: float = 0.0
     checkpoint_p99_ms: float = 0.0
     alignment_p50_ms: float = 0.0
+    #: Partitions (ISO dates) whose output this run replaced.
+    rebuilt: tuple[str, ...] = ()
 
 
 def _subtask_partition(config: TaskConfig, index: int, _rows: Iterator[Any]) -> Iterator[Any]:
@@ -81,24 +91,34 @@ class _Heartbeat(threading.Thread):
         run_id: str,
         lease: float,
         progress: Progress | None,
+        finish_rebuilds: Callable[[], object] | None = None,
     ) -> None:
         super().__init__(name="sluice-heartbeat", daemon=True)
         self._store, self._engine, self._run_id = store, engine, run_id
         self._lease, self._progress = lease, progress
+        self._finish_rebuilds = finish_rebuilds
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        last_renewal = time.monotonic()
+        last_renewal = last_finish = time.monotonic()
         while not self._stop_event.wait(0.5):
             try:
                 if time.monotonic() - last_renewal >= self._lease / 3:
                     self._store.heartbeat_run(self._run_id, self._lease)
                     last_renewal = time.monotonic()
+                # A long-running reader may complete a rebuild's last members (its own run
+                # died): swap it in without waiting for the reader to end.
+                if self._finish_rebuilds is not None and time.monotonic() - last_finish >= 10:
+                    last_finish = time.monotonic()
+                    self._finish_rebuilds()
                 if self._progress is not None:
                     self._progress(*_run_progress(self._engine, self._run_id))
             except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
                 # Postgres restarting: renew on the next beat (a lease is lease/3 ahead).
                 _log.warning("lease heartbeat failed: %s", exc)
+            except Exception:
+                # Never let a failed swap stop the lease renewals; the next call retries it.
+                _log.exception("finishing partition rebuilds failed")
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -139,13 +159,22 @@ def run_enrichment(
     progress: Progress | None = None,
     run_id: str | None = None,
     continuous: bool = False,
+    rebuild: bool = False,
 ) -> RunSummary:
     """Assign the unassigned splits (of ``dates`` if given) to a new run and process them.
 
     ``continuous``: a long-running reader — its subtasks keep pulling splits that are
     assigned to ``run_id`` later (by the enumerator sensor) and end only after
     ``continuous_idle_seconds`` without new work (0: when the run is cancelled).
+
+    ``rebuild`` (with ``dates``): the days that were processed before are read again from
+    scratch and their output replaces the previous output in one swap at the end (see
+    ``enumerator_service._rebuilds``); days never processed are simply processed.
     """
+    if rebuild and dates is None:
+        raise ValueError("a rebuild needs the dates to rebuild")
+    if rebuild and settings.sink != SINK_NAME:
+        raise ConfigError("SLUICE_SINK", "re-materialising processed partitions needs 'parquet'")
     started = time.monotonic()
     run_id = run_id or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     url = database_url(settings)
@@ -162,10 +191,20 @@ def run_enrichment(
         sinks = build_sinks(engine)
         recover(engine, sinks)
         _clean_staging(engine, staging_root)
+        finish = functools.partial(finish_rebuilds, engine, output_root, sinks, source=source)
+        finish()  # rebuilds a crash interrupted
         if settings.sink == TABLE_SINK_NAME:
             ensure_tables(engine, settings.sink_schema, settings.sink_table)
             sweep_staged(engine, settings.sink_schema, settings.sink_table)
-        assigned = store.assign_to_run(
+        rebuilds = RebuildStore(engine)
+        # Rebuilt days: every split is assigned to this run again, as a rebuild member.
+        replacing = (
+            rebuilds.start(source, dates or [], run_id, lease_seconds=settings.lease_seconds)
+            if rebuild
+            else []
+        )
+        assigned = sum(rebuilds.unfinished_members(r.id) for r in replacing)
+        assigned += store.assign_to_run(
             run_id, source, lease_seconds=settings.lease_seconds, partition_keys=dates
         )
         if continuous and settings.checkpoint_interval_seconds == 0:
@@ -203,7 +242,9 @@ def run_enrichment(
             continuous_idle_seconds=settings.continuous_idle_seconds or None,
         )
         parallelism = settings.parallelism if continuous else min(settings.parallelism, assigned)
-        heartbeat = _Heartbeat(store, engine, run_id, settings.lease_seconds, progress)
+        heartbeat = _Heartbeat(
+            store, engine, run_id, settings.lease_seconds, progress, finish if continuous else None
+        )
         spark = get_spark(settings.spark_master, driver_host=settings.spark_driver_host)
         coordinator = CheckpointCoordinator(
             engine,
@@ -239,6 +280,14 @@ def run_enrichment(
             progress(*_run_progress(engine, run_id))
         recover(engine, sinks)  # publishes anything committed but not yet published
         shutil.rmtree(staging_root / run_id, ignore_errors=True)
+        finish()
+        pending = {r.id for r in rebuilds.pending(source)}
+        for unfinished in (r for r in replacing if r.id in pending):
+            raise RuntimeError(
+                f"rebuild of partition {unfinished.partition_key} is not complete: "
+                f"{rebuilds.unfinished_members(unfinished.id)} of its splits were "
+                "not committed; the previous output stays live (materialise it again)"
+            )
         if settings.sink == TABLE_SINK_NAME:
             sweep_staged(engine, settings.sink_schema, settings.sink_table)
         stats = coordinator.stats
@@ -260,6 +309,7 @@ def run_enrichment(
             checkpoint_p50_ms=_quantile([c.duration for c in stats.completed], 0.5) * 1e3,
             checkpoint_p99_ms=_quantile([c.duration for c in stats.completed], 0.99) * 1e3,
             alignment_p50_ms=_quantile([c.alignment for c in stats.completed], 0.5) * 1e3,
+            rebuilt=tuple(r.partition_key.isoformat() for r in replacing),
             **_lookup_totals(results),
         )
     finally:

@@ -131,7 +131,7 @@ class ReaderTask:
         self._subtask = subtask
         self._attempt = uuid.uuid4().hex[:8]
         self._splits: dict[int, TaskSplit] = {}
-        self._days: dict[int, str] = {}  # split → output partition (kept after the split)
+        self._days: dict[int, str] = {}  # split → sink partition (kept after the split)
         self._input_ended = False
         self._last_trigger = 0
         self._last_complete = 0
@@ -271,8 +271,9 @@ class ReaderTask:
     def split_added(self, assignment: SplitAssignment, state: SplitState) -> None:
         split_id = assignment.split_id
         self._splits[split_id] = TaskSplit(assignment, state)
-        day = assignment.split.partition_key
-        self._days[split_id] = day.isoformat() if day is not None else "__unknown__"
+        self._days[split_id] = self._sink.output_partition(
+            assignment.split.partition_key, assignment.rebuild_id
+        )
         # Restore: the inputs in flight at the committed checkpoint are invoked again, ahead
         # of the records after the split's resume offset (the operator backlogs when full).
         for encoded in assignment.pending:

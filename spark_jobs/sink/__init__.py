@@ -15,6 +15,7 @@ from spark_jobs.sink._postgres_table import (
     ensure_tables,
     sweep_staged,
 )
+from spark_jobs.sink._rebuild_swap import finish_rebuilds
 from spark_jobs.sink._writers import (
     SINKS,
     SinkWriter,
@@ -37,6 +38,7 @@ __all__ = [
     "build_sinks",
     "committer",
     "ensure_tables",
+    "finish_rebuilds",
     "open_sink_writer",
     "publish_files",
     "sweep_staged",

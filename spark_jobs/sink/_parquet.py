@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 from sqlalchemy.engine import Connection
 
 from enumerator_service._checkpoint_store import StagedTransaction, encode_dead_letters
+from spark_jobs.sink._rebuild_swap import REBUILDS_FOLDER, live_folder, rebuild_folder
 
 __all__ = [
     "ENRICHED_SCHEMA",
@@ -98,14 +100,22 @@ class ParquetSinkWriter:
 
     # -- mailbox thread -------------------------------------------------------------------
 
-    def write(self, day: str, row: tuple[Any, ...]) -> None:
-        buffer = self._buffers.get(day)
+    @staticmethod
+    def output_partition(day: date | None, rebuild_id: int | None) -> str:
+        """The folder (relative to the output root) of a split's rows: its day's partition,
+        or the folder of the partition rebuild it is a member of."""
+        iso = day.isoformat() if day is not None else "__unknown__"
+        return live_folder(iso) if rebuild_id is None else rebuild_folder(iso, rebuild_id)
+
+    def write(self, partition: str, row: tuple[Any, ...]) -> None:
+        """Buffer ``row`` for ``partition`` (an ``output_partition`` result)."""
+        buffer = self._buffers.get(partition)
         if buffer is None:
-            buffer = self._buffers[day] = []
+            buffer = self._buffers[partition] = []
         buffer.append(row)
         if len(buffer) >= _CHUNK:
-            self._buffers[day] = []
-            self._io.submit(self._write_chunk, day, buffer)
+            self._buffers[partition] = []
+            self._io.submit(self._write_chunk, partition, buffer)
 
     def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
         self._dead.append((split_id, offset, raw, reason))
@@ -121,31 +131,31 @@ class ParquetSinkWriter:
 
     # -- writer thread --------------------------------------------------------------------
 
-    def _write_chunk(self, day: str, rows: list[tuple[Any, ...]]) -> None:
-        entry = self._writers.get(day)
+    def _write_chunk(self, partition: str, rows: list[tuple[Any, ...]]) -> None:
+        entry = self._writers.get(partition)
         if entry is None:
             self._sequence += 1
             name = f"{self._prefix}-{self._sequence:06d}.parquet"
-            staged = self._staging / f"dt={day}" / name
+            staged = self._staging / partition / name
             staged.parent.mkdir(parents=True, exist_ok=True)
             writer = pq.ParquetWriter(staged, ENRICHED_SCHEMA, compression="zstd")
-            entry = self._writers[day] = (writer, staged, self._output / f"dt={day}" / name)
-            self._counts[day] = 0
+            entry = self._writers[partition] = (writer, staged, self._output / partition / name)
+            self._counts[partition] = 0
         columns = list(zip(*rows, strict=True))
         table = pa.Table.from_arrays(
             [pa.array(col, type=f.type) for col, f in zip(columns, ENRICHED_SCHEMA, strict=True)],
             schema=ENRICHED_SCHEMA,
         )
         entry[0].write_table(table)
-        self._counts[day] += len(rows)
+        self._counts[partition] += len(rows)
         self.rows_written += len(rows)
 
     def _close_files(self, dead: list[tuple[int, int, bytes, str]]) -> StagedOutput:
         out = StagedOutput(dead_letters=encode_dead_letters(dead))
-        for day, (writer, staged, final) in sorted(self._writers.items()):
+        for partition, (writer, staged, final) in sorted(self._writers.items()):
             writer.close()
             _fsync(staged)  # the acknowledgement promises the staged file survives a crash
-            rows = self._counts[day]
+            rows = self._counts[partition]
             out.files.append({"staged": str(staged), "final": str(final), "rows": rows})
             out.rows += rows
         self._writers = {}
@@ -171,8 +181,10 @@ def publish_files(files: Sequence[dict[str, Any]]) -> None:
         try:
             os.replace(staged, final)
         except FileNotFoundError:
-            # Published already (by us before a crash, or by a concurrent recovery).
-            if not final.exists():
+            # Published already (by us before a crash, or by a concurrent recovery). A
+            # rebuild's folder may since have been swapped live (the file moved with it) or
+            # abandoned and swept (the file was obsolete).
+            if not final.exists() and REBUILDS_FOLDER not in final.parts:
                 raise FileNotFoundError(
                     f"committed output is lost: neither {staged} nor {final} exists"
                 ) from None

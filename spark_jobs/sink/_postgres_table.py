@@ -222,6 +222,17 @@ class PostgresTableSinkWriter:
 
     # -- mailbox thread -------------------------------------------------------------------
 
+    @staticmethod
+    def output_partition(day: date | None, rebuild_id: int | None) -> str:
+        """The ``dt`` value of a split's rows (ISO date). A partition rebuild replaces
+        folders: the table sink cannot take part in one."""
+        if rebuild_id is not None:
+            raise ValueError(
+                f"split of partition {day} belongs to rebuild {rebuild_id}: partition "
+                "rebuilds need the parquet sink (SLUICE_SINK=parquet)"
+            )
+        return day.isoformat() if day is not None else "__unknown__"
+
     def write(self, day: str, row: tuple[Any, ...]) -> None:
         self._buffer.append((day, row))
         if len(self._buffer) >= _CHUNK:

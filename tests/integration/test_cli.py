@@ -70,3 +70,10 @@ def test_status_and_discover_on_a_real_database(
     status = _run(["status"], env, tmp_path)
     assert status.returncode == 0, status.stderr
     assert "splits unassigned" in status.stdout and "1" in status.stdout
+
+
+def test_replace_needs_the_partitions_to_replace(tmp_path: Path) -> None:
+    result = _run(["run", "--replace"], {}, tmp_path)
+    assert result.returncode == 2
+    assert "--replace needs the partitions to replace (--date)" in result.stderr
+    assert "Traceback" not in result.stderr

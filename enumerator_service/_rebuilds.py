@@ -1,0 +1,285 @@
+"""Partition rebuilds: re-materialising a processed partition replaces its output exactly.
+
+A rebuild of partition D re-reads every split of D into a folder of its own, then swaps that
+folder with D's live folder in one step. Readers see the old generation or the new one, never
+a mix, and a run that dies half-way leaves the old generation in place.
+
+Lifecycle of one rebuild (this module is its Postgres side; the folder swap is the sink's):
+
+1. ``start`` (one transaction, the source's rebuild lock held exclusively): every split of D
+   is reset — progress, pending inputs and dead-letter ownership start over — under a new
+   fencing epoch (a zombie of the previous generation can no longer commit) and assigned to
+   the starting run as a *member* of the rebuild (``splits.rebuild_id``). Files registered
+   while the rebuild runs are HELD: they are not part of the old generation, so they join D
+   only after the swap.
+2. Members are processed like any split (by the starting run, or by any later run if it
+   dies); their output is published into the rebuild's folder.
+3. When every member is COMPLETED the rebuild is *ready*: ``begin_swap`` marks it SWAPPING,
+   the sink swaps the folders (idempotently: a marker file names the rebuild now live), and
+   ``end_swap`` marks it DONE, drops the previous generation's dead letters and releases
+   the HELD splits. A crash anywhere in between is finished by the next ``ready`` caller.
+
+Threading: every method blocks on the database; never call them from a mailbox thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, Row
+
+from enumerator_service._rebuild_lock import ACTIVE_REBUILD, lock_rebuilds
+from enumerator_service._schema import dead_letters, partition_rebuilds, splits
+
+__all__ = ["PartitionBusyError", "Rebuild", "RebuildStore"]
+
+
+class PartitionBusyError(RuntimeError):
+    """A partition to rebuild is being read by another live run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuild:
+    id: int
+    source: str
+    partition_key: date
+    run_id: str
+    status: str
+
+
+def _rebuild(row: Row[tuple[object, ...]]) -> Rebuild:
+    m = row._mapping
+    return Rebuild(m["id"], m["source"], m["partition_key"], m["run_id"], m["status"])
+
+
+def _lease(seconds: float) -> sa.ColumnElement[datetime]:
+    return sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.literal(seconds))
+
+
+class RebuildStore:
+    """Rebuild bookkeeping over one SQLAlchemy Engine (thread-safe)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def start(
+        self, source: str, days: Sequence[date], run_id: str, *, lease_seconds: float
+    ) -> list[Rebuild]:
+        """Start rebuilding each of ``days`` that holds processed splits; returns the rebuilds.
+
+        Days whose splits were never read are left alone (their first run is no rebuild). A
+        rebuild of the same day that a dead run left unfinished is abandoned (its folder is
+        swept later); one whose splits a live run holds raises :class:`PartitionBusyError`,
+        as does any split of the days that another live run is reading.
+        """
+        if not days:
+            return []
+        of_days = sa.and_(splits.c.source == source, splits.c.partition_key.in_(list(days)))
+        with self._engine.begin() as conn:
+            lock_rebuilds(conn, source)
+            # Step 1: the days that hold output (or a rebuild) of an earlier run.
+            processed = sorted(
+                conn.execute(
+                    sa.select(splits.c.partition_key)
+                    .where(
+                        of_days,
+                        sa.or_(
+                            splits.c.status.not_in(("UNASSIGNED", "HELD")),
+                            splits.c.committed_offset.is_not(None),
+                            splits.c.rebuild_id.is_not(None),
+                        ),
+                    )
+                    .distinct()
+                ).scalars()
+            )
+            if not processed:
+                return []
+            in_days = sa.and_(splits.c.source == source, splits.c.partition_key.in_(processed))
+            # Step 2: nobody else may be reading them (an expired lease holds nothing).
+            busy = conn.execute(
+                sa.select(splits.c.partition_key, splits.c.run_id)
+                .where(
+                    in_days,
+                    splits.c.status.in_(("ASSIGNED", "READING")),
+                    splits.c.run_id != run_id,
+                    splits.c.lease_expires_at > sa.func.now(),
+                )
+                .limit(1)
+            ).first()
+            if busy is not None:
+                raise PartitionBusyError(
+                    f"partition {busy.partition_key} of {source!r} is being read by run "
+                    f"{busy.run_id}; re-materialise it once that run has ended"
+                )
+            # Step 3: an unfinished rebuild of these days is abandoned (its run is dead).
+            swapping = conn.execute(
+                sa.select(partition_rebuilds.c.partition_key).where(
+                    partition_rebuilds.c.source == source,
+                    partition_rebuilds.c.partition_key.in_(processed),
+                    partition_rebuilds.c.status == "SWAPPING",
+                )
+            ).first()
+            if swapping is not None:
+                raise PartitionBusyError(
+                    f"partition {swapping.partition_key} of {source!r} is being swapped; "
+                    "finish_rebuilds() first"
+                )
+            conn.execute(
+                sa.update(partition_rebuilds)
+                .where(
+                    partition_rebuilds.c.source == source,
+                    partition_rebuilds.c.partition_key.in_(processed),
+                    partition_rebuilds.c.status == "BUILDING",
+                )
+                .values(status="ABANDONED")
+            )
+            # Step 4: one new rebuild per day.
+            started = [
+                _rebuild(row)
+                for row in conn.execute(
+                    sa.insert(partition_rebuilds)
+                    .values(
+                        [
+                            {"source": source, "partition_key": day, "run_id": run_id}
+                            for day in processed
+                        ]
+                    )
+                    .returning(*partition_rebuilds.c)
+                ).all()
+            ]
+            # Step 5: every split of those days starts over as a member, assigned to us.
+            ids = {rebuild.partition_key: rebuild.id for rebuild in started}
+            conn.execute(
+                sa.update(splits)
+                .where(in_days)
+                .values(
+                    status="ASSIGNED",
+                    run_id=run_id,
+                    subtask=None,
+                    lease_expires_at=_lease(lease_seconds),
+                    assigned_at=sa.func.now(),
+                    assigned_checkpoint=None,
+                    committed_offset=None,
+                    committed_watermark=None,
+                    pending=None,
+                    completed_at=None,
+                    epoch=splits.c.epoch + 1,
+                    rebuild_id=sa.case(ids, value=splits.c.partition_key),
+                )
+            )
+        return sorted(started, key=lambda r: r.partition_key)
+
+    def pending(self, source: str | None = None) -> list[Rebuild]:
+        """Rebuilds not finished yet (BUILDING or SWAPPING)."""
+        stmt = sa.select(partition_rebuilds).where(partition_rebuilds.c.status.in_(ACTIVE_REBUILD))
+        if source is not None:
+            stmt = stmt.where(partition_rebuilds.c.source == source)
+        with self._engine.connect() as conn:
+            return [_rebuild(row) for row in conn.execute(stmt.order_by("id")).all()]
+
+    def ready(self, source: str | None = None) -> list[Rebuild]:
+        """Rebuilds to swap now: SWAPPING ones (a crash interrupted them) and BUILDING ones
+        whose members have all completed."""
+        unfinished = sa.exists().where(
+            splits.c.rebuild_id == partition_rebuilds.c.id, splits.c.status != "COMPLETED"
+        )
+        stmt = sa.select(partition_rebuilds).where(
+            sa.or_(
+                partition_rebuilds.c.status == "SWAPPING",
+                sa.and_(partition_rebuilds.c.status == "BUILDING", sa.not_(unfinished)),
+            )
+        )
+        if source is not None:
+            stmt = stmt.where(partition_rebuilds.c.source == source)
+        with self._engine.connect() as conn:
+            return [_rebuild(row) for row in conn.execute(stmt.order_by("id")).all()]
+
+    def finished_ids(self, ids: Sequence[int]) -> set[int]:
+        """Which of ``ids`` are DONE or ABANDONED (their folders hold nothing live)."""
+        if not ids:
+            return set()
+        stmt = sa.select(partition_rebuilds.c.id).where(
+            partition_rebuilds.c.id.in_(list(ids)),
+            partition_rebuilds.c.status.in_(("DONE", "ABANDONED")),
+        )
+        with self._engine.connect() as conn:
+            return set(conn.execute(stmt).scalars())
+
+    def unfinished_members(self, rebuild_id: int) -> int:
+        with self._engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count()).where(
+                        splits.c.rebuild_id == rebuild_id, splits.c.status != "COMPLETED"
+                    )
+                ).scalar_one()
+            )
+
+    def begin_swap(self, rebuild: Rebuild) -> bool:
+        """BUILDING → SWAPPING if every member completed (True); True if already SWAPPING."""
+        with self._engine.begin() as conn:
+            lock_rebuilds(conn, rebuild.source)
+            status = self._status(conn, rebuild.id)
+            if status == "SWAPPING":
+                return True
+            if status != "BUILDING":
+                return False
+            unfinished = conn.execute(
+                sa.select(sa.func.count()).where(
+                    splits.c.rebuild_id == rebuild.id, splits.c.status != "COMPLETED"
+                )
+            ).scalar_one()
+            if unfinished:
+                return False
+            conn.execute(
+                sa.update(partition_rebuilds)
+                .where(partition_rebuilds.c.id == rebuild.id)
+                .values(status="SWAPPING")
+            )
+            return True
+
+    def end_swap(self, rebuild: Rebuild) -> None:
+        """After the folders were swapped: DONE, the previous generation's dead letters go,
+        the members leave the rebuild and the HELD splits of the partition join the pool."""
+        with self._engine.begin() as conn:
+            lock_rebuilds(conn, rebuild.source)
+            if self._status(conn, rebuild.id) != "SWAPPING":
+                return  # finished by someone else meanwhile
+            of_partition = sa.select(splits.c.id).where(
+                splits.c.source == rebuild.source,
+                splits.c.partition_key == rebuild.partition_key,
+            )
+            conn.execute(
+                sa.delete(dead_letters).where(
+                    dead_letters.c.split_id.in_(of_partition),
+                    dead_letters.c.rebuild_id.is_distinct_from(rebuild.id),
+                )
+            )
+            conn.execute(
+                sa.update(splits).where(splits.c.rebuild_id == rebuild.id).values(rebuild_id=None)
+            )
+            conn.execute(
+                sa.update(splits)
+                .where(
+                    splits.c.source == rebuild.source,
+                    splits.c.partition_key == rebuild.partition_key,
+                    splits.c.status == "HELD",
+                )
+                .values(status="UNASSIGNED")
+            )
+            conn.execute(
+                sa.update(partition_rebuilds)
+                .where(partition_rebuilds.c.id == rebuild.id)
+                .values(status="DONE", swapped_at=sa.func.now())
+            )
+
+    @staticmethod
+    def _status(conn: Connection, rebuild_id: int) -> str | None:
+        return conn.execute(
+            sa.select(partition_rebuilds.c.status)
+            .where(partition_rebuilds.c.id == rebuild_id)
+            .with_for_update()
+        ).scalar_one_or_none()
