@@ -8,8 +8,9 @@ Where the numbers come from, per day D (``<output>`` is the enriched events tabl
 
 - rows out: rows in the Parquet files of ``<output>/dt=D`` (their footers; no data is read).
 - rows committed: rows of the committed Parquet sink transactions whose files belong to
-  ``<output>/dt=D``, summed over every run that ever committed into D (so a re-run that
-  processes nothing, or the runs of a range, are counted once each and correctly).
+  D's current generation — published into ``<output>/dt=D`` since D's latest rebuild was
+  swapped in (ever, without one), or by that rebuild — summed over every run that committed
+  them (so the runs of a range, or incremental runs after a rebuild, are counted correctly).
 - dead letters: rows of ``sluice.dead_letters`` of the splits registered for D.
 - rows in = rows committed + dead letters: every record read is committed or dead-lettered.
 
@@ -38,7 +39,7 @@ from dagster_project._pipeline import parquet_files
 from dagster_project.assets import enriched_events
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings, connect_engine, database_url
-from enumerator_service._schema import dead_letters, sink_transactions, splits
+from enumerator_service._schema import dead_letters, splits
 
 __all__ = [
     "PartitionCounts",
@@ -114,31 +115,51 @@ class PartitionCounts:
         )
 
 
+# Rows committed into each day's *current* generation: files published into ``dt=D/`` after
+# the day's latest rebuild was swapped in (all of them without a rebuild), plus the files that
+# rebuild published into its own folder (now ``dt=D/``). Earlier generations are not counted.
+_COMMITTED_ROWS = """
+WITH files AS (
+    SELECT t.committed_at, f.value ->> 'final' AS final, CAST(f.value ->> 'rows' AS bigint) AS rows
+    FROM sluice.sink_transactions AS t, jsonb_array_elements(t.staged) AS f(value)
+    WHERE t.committed AND t.sink = :sink
+), latest AS (
+    SELECT DISTINCT ON (partition_key) partition_key, id, swapped_at
+    FROM sluice.partition_rebuilds
+    WHERE source = :source AND status = 'DONE' AND partition_key = ANY(:days)
+    ORDER BY partition_key, id DESC
+), wanted AS (
+    SELECT day FROM unnest(CAST(:days AS date[])) AS day
+)
+SELECT w.day, SUM(files.rows)
+FROM wanted AS w
+LEFT JOIN latest AS l ON l.partition_key = w.day
+JOIN files ON (
+    starts_with(files.final, :root || 'dt=' || w.day || '/')
+    AND (l.swapped_at IS NULL OR files.committed_at > l.swapped_at)
+) OR (
+    l.id IS NOT NULL
+    AND starts_with(files.final, :root || '_rebuilds/dt=' || w.day || '/' || l.id || '/')
+)
+GROUP BY w.day
+"""
+
+
 def partition_counts(settings: Settings, days: Sequence[date]) -> list[PartitionCounts]:
     """Parquet footers plus three aggregate queries on the platform database."""
     import pyarrow.parquet as pq
 
     from spark_jobs.sink import SINK_NAME
 
-    root = f"{settings.output_path}/dt="
-    staged = sa.func.jsonb_array_elements(sink_transactions.c.staged).table_valued(
-        "value", joins_implicitly=True
+    committed_query = sa.text(_COMMITTED_ROWS).bindparams(
+        sa.bindparam("days", type_=sa.ARRAY(sa.Date))
     )
-    final = staged.c.value.op("->>")("final")
-    day_of = sa.func.substr(final, len(root) + 1, 10)
-    day_keys = [day.isoformat() for day in days]
-    committed_query = (
-        sa.select(day_of, sa.func.sum(sa.cast(staged.c.value.op("->>")("rows"), sa.BigInteger)))
-        .select_from(sink_transactions)
-        .join(staged, sa.true())
-        .where(
-            sink_transactions.c.committed,
-            sink_transactions.c.sink == SINK_NAME,
-            sa.func.starts_with(final, root),
-            day_of.in_(day_keys),
-        )
-        .group_by(sa.text("1"))  # the day expression (its bound parameters must not repeat)
-    )
+    committed_params = {
+        "sink": SINK_NAME,
+        "source": settings.source_name,
+        "days": list(days),
+        "root": f"{settings.output_path}/",
+    }
     splits_query = (
         sa.select(
             splits.c.partition_key,
@@ -157,7 +178,10 @@ def partition_counts(settings: Settings, days: Sequence[date]) -> list[Partition
     engine = connect_engine(database_url(settings), pool_size=1)
     try:
         with engine.connect() as conn:
-            committed = {key: int(rows) for key, rows in conn.execute(committed_query)}
+            committed = {
+                key.isoformat(): int(rows)
+                for key, rows in conn.execute(committed_query, committed_params)
+            }
             split_counts = {key: (int(n), int(done)) for key, n, done in conn.execute(splits_query)}
             dead = {key: int(n) for key, n in conn.execute(dead_query)}
     finally:

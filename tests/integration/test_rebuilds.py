@@ -241,3 +241,55 @@ def test_a_crash_at_any_step_of_the_swap_is_finished_exactly_once(
     assert content(settings, DAY) == rows_and_hash
     assert dead_letter_count(platform, settings, DAY) == dead
     assert_clean(settings, platform)
+
+
+def test_a_rebuild_with_different_results_replaces_rows_and_dead_letters(
+    make_settings: Any,
+) -> None:
+    """Generation 0 rejects the longer half of the lines (a small max_line_bytes); the rebuild
+    accepts them: the day's rows, its dead letters and the checks' accounting all follow the
+    new generation, nothing of the old one remains."""
+    from dagster_project.checks import partition_counts
+
+    settings: Settings = make_settings()
+    platform = open_platform(settings)
+    try:
+        generate_events(settings.landing_path, DemoSpec.from_settings(settings))
+        load_users(
+            asyncpg_dsn(platform.url),
+            schema="public",
+            table="users",
+            key="id",
+            users=settings.demo_users,
+            seed=settings.demo_seed,
+        )
+        lengths = sorted(
+            len(line)
+            for path in (settings.landing_path / f"dt={DAY.isoformat()}").glob("*.jsonl")
+            for line in path.read_bytes().splitlines()
+        )
+        strict = make_settings(
+            source_name=settings.source_name, max_line_bytes=lengths[len(lengths) // 2]
+        )
+        discover(platform)
+        run_enrichment(strict, dates=[DAY])
+        rows0, dead0 = content(settings, DAY)[0], dead_letter_count(platform, settings, DAY)
+        expected = expected_of(settings, DAY)
+        assert rows0 < expected and dead0 > len(lengths) // 3  # the long half was rejected
+
+        summary = run_enrichment(settings, dates=[DAY], rebuild=True)
+
+        assert summary.rebuilt == (DAY.isoformat(),)
+        assert content(settings, DAY)[0] == summary.rows_out == expected
+        dead1 = dead_letter_count(platform, settings, DAY)
+        assert dead1 == summary.dead_letters < dead0  # the stale rejections are gone
+        (counts,) = partition_counts(settings, [DAY])
+        assert (counts.rows_out, counts.rows_committed, counts.dead_letters) == (
+            expected,
+            expected,
+            dead1,
+        )
+        assert counts.reconciles
+        assert_clean(settings, platform)
+    finally:
+        platform.close()
