@@ -282,11 +282,12 @@ def run_enrichment(
         shutil.rmtree(staging_root / run_id, ignore_errors=True)
         finish()
         pending = {r.id for r in rebuilds.pending(source)}
-        for unfinished in (r for r in replacing if r.id in pending):
+        unfinished = [r for r in replacing if r.id in pending]
+        if unfinished:
             raise RuntimeError(
-                f"rebuild of partition {unfinished.partition_key} is not complete: "
-                f"{rebuilds.unfinished_members(unfinished.id)} of its splits were "
-                "not committed; the previous output stays live (materialise it again)"
+                f"rebuild of partition {unfinished[0].partition_key} is not complete "
+                f"({rebuilds.unfinished_members(unfinished[0].id)} of its splits uncommitted); "
+                "the previous output stays live: materialise it again"
             )
         if settings.sink == TABLE_SINK_NAME:
             sweep_staged(engine, settings.sink_schema, settings.sink_table)
