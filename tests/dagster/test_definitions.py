@@ -36,7 +36,7 @@ from dagster_project.resources import (
     SluiceResource,
     SparkResource,
 )
-from dagster_project.sensors import new_files_sensor
+from dagster_project.sensors import FilesSensorCursor, new_files_sensor
 from enumerator_service import ConfigError, Settings, SplitStore, asyncpg_dsn, connect_engine
 from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 
@@ -177,7 +177,8 @@ def test_sensor_requests_a_run_for_new_files_then_skips(make_settings: MakeSetti
     assert isinstance(third, RunRequest)
     assert third.run_key not in (None, first.run_key)
     assert third.tags["sluice/splits_registered"] == "1"
-    assert third_cursor == "2"
+    assert FilesSensorCursor.parse(third_cursor) == FilesSensorCursor(sequence=2, backlog_files=0)
+    assert FilesSensorCursor.parse("7") == FilesSensorCursor(sequence=7)  # the older format
     assert split_counts(settings) == {"UNASSIGNED": files + 1}
 
 
