@@ -18,6 +18,7 @@ d. a first discovery over the whole landing folder as a backlog (a second source
    registered yet) with the per-tick cap (``--cap``, default SLUICE_DISCOVERY_MAX_FILES_PER_TICK):
    the time of each tick until the backlog is drained, and that every file was registered
    exactly once. ``--uncapped`` also times the same first tick without a cap (a third source).
+   ``--backlog-only`` runs this step alone (over the historic files plus ``--new`` new ones).
 """
 
 from __future__ import annotations
@@ -196,6 +197,10 @@ def run(args: argparse.Namespace, platform: Platform, root: Path, source: str) -
     with console.status(f"Writing {args.files:,} landing files…"):
         seconds, landing = timed(lambda: make_landing(root, args.files))
     table.add_row("setup: write historic files (not a target)", f"{seconds:.2f} s", "", "", "")
+    if args.backlog_only:
+        write_new(landing, "new", args.new)
+        backlog_rows(platform.engine, root, source, table, cap=args.cap, uncapped=args.uncapped)
+        return table
 
     store = SplitStore(platform.engine)
     # a. Registration through SplitStore.register.
@@ -362,6 +367,7 @@ def main() -> None:
     parser.add_argument(
         "--uncapped", action="store_true", help="step d: also time one uncapped first tick"
     )
+    parser.add_argument("--backlog-only", action="store_true", help="run step d alone")
     args = parser.parse_args()
     if args.files < 1 or args.new < 1 or args.pullers < 1 or (args.cap or 1) < 1:
         parser.error("--files, --new, --pullers and --cap must be positive")

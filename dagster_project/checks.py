@@ -136,7 +136,9 @@ def _report(
     yield Output(None)
 
 
-def _skipped(settings: Settings, days: Sequence[date]) -> AssetCheckResult | dict[date, Any] | None:
+def _skipped(
+    settings: Settings, days: Sequence[date]
+) -> AssetCheckResult | dict[date, AssetCheckResult] | None:
     """A result when there is nothing to check, per-day results when the sink is not
     Parquet (nothing of this table to check), else None: check the days."""
     if not days:
