@@ -13,7 +13,12 @@ b. an initial ``ContinuousFileEnumerator.discover()`` makes those files known (t
    ``--new`` files runs under tracemalloc to show its peak Python memory, next to the memory of
    a set of every known path (what an unbounded cursor would hold), measured in this run;
 c. ``--pull`` splits are assigned to one run and ``--pullers`` threads call ``pull_next`` until
-   it returns None; every split must be handed out exactly once.
+   it returns None; every split must be handed out exactly once;
+d. a first discovery over the whole landing folder as a backlog (a second source, nothing
+   registered yet) with the per-tick cap (``--cap``, default SLUICE_DISCOVERY_MAX_FILES_PER_TICK):
+   the time of each tick until the backlog is drained, and that every file was registered
+   exactly once. ``--uncapped`` also times the same first tick without a cap (a third source).
+   ``--backlog-only`` runs this step alone (over the historic files plus ``--new`` new ones).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import sqlalchemy as sa
-from _harness import timed  # bench/ is on sys.path when run as a script
+from _backlog import backlog_rows  # bench/ is on sys.path when run as a script
+from _harness import timed
 from rich.console import Console
 from rich.table import Table
 
@@ -191,6 +197,10 @@ def run(args: argparse.Namespace, platform: Platform, root: Path, source: str) -
     with console.status(f"Writing {args.files:,} landing files…"):
         seconds, landing = timed(lambda: make_landing(root, args.files))
     table.add_row("setup: write historic files (not a target)", f"{seconds:.2f} s", "", "", "")
+    if args.backlog_only:
+        write_new(landing, "new", args.new)
+        backlog_rows(platform.engine, root, source, table, cap=args.cap, uncapped=args.uncapped)
+        return table
 
     store = SplitStore(platform.engine)
     # a. Registration through SplitStore.register.
@@ -332,13 +342,16 @@ def run(args: argparse.Namespace, platform: Platform, root: Path, source: str) -
             "",
             verdict(len(ids) == assigned == len(set(ids)) and busy == args.pullers),
         )
+    backlog_rows(platform.engine, landing.root, source, table, cap=args.cap, uncapped=args.uncapped)
     return table
 
 
 def cleanup(platform: Platform, source: str) -> int:
+    deleted = 0
     with platform.engine.begin() as conn:
-        deleted = conn.execute(sa.delete(splits).where(splits.c.source == source)).rowcount
-        conn.execute(sa.delete(enumerator_state).where(enumerator_state.c.source == source))
+        for name in (source, f"{source}_backlog", f"{source}_uncapped"):
+            deleted += conn.execute(sa.delete(splits).where(splits.c.source == name)).rowcount
+            conn.execute(sa.delete(enumerator_state).where(enumerator_state.c.source == name))
     return deleted
 
 
@@ -348,12 +361,21 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=1_000, help="new files per tick")
     parser.add_argument("--pull", type=int, default=10_000, help="splits assigned and pulled")
     parser.add_argument("--pullers", type=int, default=8, help="concurrent pulling threads")
+    parser.add_argument(
+        "--cap", type=int, default=None, help="files per tick in step d (default: the setting)"
+    )
+    parser.add_argument(
+        "--uncapped", action="store_true", help="step d: also time one uncapped first tick"
+    )
+    parser.add_argument("--backlog-only", action="store_true", help="run step d alone")
     args = parser.parse_args()
-    if args.files < 1 or args.new < 1 or args.pullers < 1:
-        parser.error("--files, --new and --pullers must be positive")
+    if args.files < 1 or args.new < 1 or args.pullers < 1 or (args.cap or 1) < 1:
+        parser.error("--files, --new, --pullers and --cap must be positive")
     args.pull = min(args.pull, args.files)
 
-    platform = open_platform(load_settings())
+    settings = load_settings()
+    args.cap = args.cap or settings.discovery_max_files_per_tick
+    platform = open_platform(settings)
     source = f"bench_{uuid.uuid4().hex[:12]}"
     root = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     try:

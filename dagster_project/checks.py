@@ -1,11 +1,18 @@
-"""Asset checks of ``enriched_events``, evaluated for the partitions of the run.
+"""Asset checks of ``enriched_events``, evaluated and reported per partition (day).
 
 A check runs with every materialisation of the asset (non-blocking: a failed check is
 reported, the run and downstream assets go on) or alone from the UI. It checks the days the
 run materialised; a check-only run without a partition checks the latest materialised day.
 
-Where the numbers come from, per day D (``<output>`` is the enriched events table folder):
+Per partition: the checks are partitioned like the asset (``partitions_def``, a preview
+feature of dagster 1.13), and each day gets its own check evaluation, attributed to that
+partition and to that partition's latest materialisation, so the UI shows a result per day
+(a backfill's single run over a range of days included). ``AssetCheckResult`` carries no
+partition in dagster 1.13 — a result is attributed to the step's partition, and a range step
+has none — so the checks yield one ``AssetCheckEvaluation`` per day (which the step executor
+records like the evaluation it derives from a result) and then the check's output.
 
+Where the numbers come from, per day D (``<output>`` is the enriched events table folder):
 - rows out: rows in the Parquet files of ``<output>/dt=D`` (their footers; no data is read).
 - rows committed: rows of the committed Parquet sink transactions whose files belong to
   D's current generation — published into ``<output>/dt=D`` since D's latest rebuild was
@@ -20,23 +27,34 @@ that the table holds exactly what the platform committed: a lost, duplicated or 
 breaks it. The event ids of the partition are checked for duplicates separately.
 """
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSeverity,
+    AssetRecordsFilter,
     MetadataValue,
+    Output,
+    PreviewWarning,
     asset_check,
 )
 
+# Not exported by dagster 1.13; the evaluation's link to the materialisation it checked.
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+
 from dagster_project._pipeline import parquet_files
-from dagster_project.assets import enriched_events
+from dagster_project.assets import daily_partitions, enriched_events
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings, connect_engine, database_url
 from enumerator_service._schema import dead_letters, splits
@@ -70,20 +88,72 @@ def _partition_folder(settings: Settings, day: date) -> Path:
     return settings.output_path / f"dt={day.isoformat()}"
 
 
-def _not_applicable(settings: Settings, days: Sequence[date]) -> AssetCheckResult | None:
-    if settings.sink != "parquet":
-        return AssetCheckResult(
-            passed=True,
-            description=f"not applicable: the sink is {settings.sink}, not Parquet",
-            metadata={"sink": MetadataValue.text(settings.sink)},
+def _target(
+    context: AssetCheckExecutionContext, day: date
+) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The day's latest materialisation: the one its evaluation checked.
+
+    Dagster links a result to the materialisation of the step's partition the same way; with
+    the link the UI knows the check is current for that partition.
+    """
+    records = context.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=enriched_events.key, asset_partitions=[day.isoformat()]),
+        limit=1,
+    ).records
+    if not records:
+        return None
+    record = records[0]
+    return AssetCheckEvaluationTargetMaterializationData(
+        run_id=record.event_log_entry.run_id,
+        storage_id=record.storage_id,
+        timestamp=record.timestamp,
+    )
+
+
+#: What a check yields: per-day evaluations and its output, or one result.
+CheckEvents = Iterator[AssetCheckEvaluation | AssetCheckResult | Output[None]]
+
+
+def _report(
+    context: AssetCheckExecutionContext, check_name: str, outcomes: Mapping[date, AssetCheckResult]
+) -> CheckEvents:
+    """One evaluation per day, attributed to that partition, then the check's (empty) output.
+
+    ``outcomes`` holds each day's result (passed, metadata, severity, description).
+    """
+    for day, outcome in outcomes.items():
+        yield AssetCheckEvaluation(
+            asset_key=enriched_events.key,
+            check_name=check_name,
+            passed=outcome.passed,
+            metadata=outcome.metadata,
+            severity=outcome.severity,
+            description=outcome.description,
+            blocking=False,
+            partition=day.isoformat(),
+            target_materialization_data=_target(context, day),
         )
+    # The step must produce its output; Dagster yields it for a result the same way.
+    yield Output(None)
+
+
+def _skipped(
+    settings: Settings, days: Sequence[date]
+) -> AssetCheckResult | dict[date, AssetCheckResult] | None:
+    """A result when there is nothing to check, per-day results when the sink is not
+    Parquet (nothing of this table to check), else None: check the days."""
     if not days:
         return AssetCheckResult(passed=True, description="no partition materialised yet")
+    if settings.sink != "parquet":
+        return {
+            day: AssetCheckResult(
+                passed=True,
+                description=f"not applicable: the sink is {settings.sink}, not Parquet",
+                metadata={"sink": MetadataValue.text(settings.sink)},
+            )
+            for day in days
+        }
     return None
-
-
-def _days_text(days: Sequence[date]) -> MetadataValue[Any]:
-    return MetadataValue.text(", ".join(day.isoformat() for day in days))
 
 
 # --------------------------------------------------------------------------- counts
@@ -204,139 +274,138 @@ def partition_counts(settings: Settings, days: Sequence[date]) -> list[Partition
     return counts
 
 
-def _counts_table(counts: Sequence[PartitionCounts]) -> str:
-    lines = [
-        "| dt | rows in | dead letters | rows out | splits done | dead-letter ratio |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {c.day.isoformat()} | {c.rows_in} | {c.dead_letters} | {c.rows_out} "
-        f"| {c.splits_completed}/{c.splits} | {c.dead_letter_ratio:.4%} |"
-        for c in counts
-    ]
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------- checks
 
 
-@asset_check(asset=enriched_events, blocking=False)
+def _check_days(
+    context: AssetCheckExecutionContext, settings: Settings, name: str
+) -> tuple[list[date], CheckEvents | None]:
+    """The days to check, or the events to yield at once when there is nothing to check."""
+    days = checked_days(context)
+    skipped = _skipped(settings, days)
+    if isinstance(skipped, AssetCheckResult):
+        return days, iter([skipped])
+    if skipped is not None:
+        return days, _report(context, name, skipped)
+    return days, None
+
+
+def _per_partition_check(fn: Callable[..., CheckEvents]) -> AssetChecksDefinition:
+    """``@asset_check`` of ``enriched_events``, partitioned like it and non-blocking.
+
+    Partitioned checks are a preview feature of dagster 1.13: opting in is deliberate (see the
+    module docstring). Dagster annotates the decorated function as returning one result; its
+    step executor also takes a generator of evaluations, which is what these checks are.
+    """
+    decorate = asset_check(asset=enriched_events, blocking=False, partitions_def=daily_partitions)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PreviewWarning)
+        return decorate(cast(Callable[..., AssetCheckResult], fn))
+
+
+@_per_partition_check
 def no_duplicate_event_ids(
     context: AssetCheckExecutionContext, sluice: SluiceResource
-) -> AssetCheckResult:
+) -> CheckEvents:
     """No event id appears twice in a partition's Parquet files."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     settings = sluice.settings()
-    days = checked_days(context)
-    skipped = _not_applicable(settings, days)
-    if skipped is not None:
-        return skipped
-    rows = duplicates = 0
-    failed: list[date] = []
-    sample: list[str] = []
+    days, done = _check_days(context, settings, "no_duplicate_event_ids")
+    if done is not None:
+        yield from done
+        return
+    outcomes: dict[date, AssetCheckResult] = {}
     for day in days:
         files = parquet_files(_partition_folder(settings, day))
-        if not files:
-            continue
-        ids = pq.read_table(files, columns=["event_id"]).column("event_id")
+        ids = (
+            pq.read_table(files, columns=["event_id"]).column("event_id")
+            if files
+            else pa.chunked_array([], pa.string())
+        )
         counts = pa.table({"event_id": ids}).group_by("event_id").aggregate([([], "count_all")])
         repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
-        rows += len(ids)
+        duplicates = len(ids) - counts.num_rows
+        metadata: dict[str, Any] = {
+            "rows": MetadataValue.int(len(ids)),
+            "duplicate_rows": MetadataValue.int(duplicates),
+        }
         if repeated.num_rows:
-            failed.append(day)
-            duplicates += len(ids) - counts.num_rows
-            sample += repeated.column("event_id").to_pylist()[: SAMPLE_IDS - len(sample)]
-    metadata: dict[str, Any] = {
-        "partitions": _days_text(days),
-        "rows": MetadataValue.int(rows),
-        "duplicate_rows": MetadataValue.int(duplicates),
-    }
-    if failed:
-        metadata["failed_partitions"] = _days_text(failed)
-        metadata["sample_event_ids"] = MetadataValue.text(", ".join(sample))
-    return AssetCheckResult(
-        passed=not failed,
-        metadata=metadata,
-        description=(
-            f"{duplicates} duplicate rows in {len(failed)} partition(s)" if failed else None
-        ),
-    )
-
-
-@asset_check(asset=enriched_events, blocking=False)
-def rows_reconcile(context: AssetCheckExecutionContext, sluice: SluiceResource) -> AssetCheckResult:
-    """Rows out == rows in - dead letters for every partition, and all its splits are done."""
-    settings = sluice.settings()
-    days = checked_days(context)
-    skipped = _not_applicable(settings, days)
-    if skipped is not None:
-        return skipped
-    counts = partition_counts(settings, days)
-    failed = [c for c in counts if not c.reconciles]
-    metadata: dict[str, Any] = {
-        "partitions": _days_text(days),
-        "rows_in": MetadataValue.int(sum(c.rows_in for c in counts)),
-        "dead_letters": MetadataValue.int(sum(c.dead_letters for c in counts)),
-        "rows_out": MetadataValue.int(sum(c.rows_out for c in counts)),
-        "splits": MetadataValue.int(sum(c.splits for c in counts)),
-        "splits_completed": MetadataValue.int(sum(c.splits_completed for c in counts)),
-        "by_partition": MetadataValue.md(_counts_table(counts)),
-    }
-    description = None
-    if failed:
-        metadata["failed_partitions"] = _days_text([c.day for c in failed])
-        description = "; ".join(
-            f"{c.day}: {c.rows_out} rows out, expected {c.rows_in - c.dead_letters}"
-            + (
-                f", {c.splits - c.splits_completed} of {c.splits} splits not completed"
-                if c.splits_completed != c.splits
-                else ""
-            )
-            for c in failed
+            sample = repeated.column("event_id").to_pylist()[:SAMPLE_IDS]
+            metadata["sample_event_ids"] = MetadataValue.text(", ".join(sample))
+        outcomes[day] = AssetCheckResult(
+            passed=not repeated.num_rows,
+            metadata=metadata,
+            description=(
+                f"{day}: {duplicates} duplicate rows ({repeated.num_rows} event ids)"
+                if repeated.num_rows
+                else None
+            ),
         )
-    return AssetCheckResult(passed=not failed, metadata=metadata, description=description)
+    yield from _report(context, "no_duplicate_event_ids", outcomes)
 
 
-@asset_check(asset=enriched_events, blocking=False)
-def dead_letter_ratio(
-    context: AssetCheckExecutionContext, sluice: SluiceResource
-) -> AssetCheckResult:
-    """Dead letters are at most ``max_dead_letter_ratio`` of every partition's records."""
+@_per_partition_check
+def rows_reconcile(context: AssetCheckExecutionContext, sluice: SluiceResource) -> CheckEvents:
+    """Rows out == rows in - dead letters for the partition, and all its splits are done."""
     settings = sluice.settings()
-    days = checked_days(context)
-    skipped = _not_applicable(settings, days)
-    if skipped is not None:
-        return skipped
-    counts = partition_counts(settings, days)
+    days, done = _check_days(context, settings, "rows_reconcile")
+    if done is not None:
+        yield from done
+        return
+    outcomes: dict[date, AssetCheckResult] = {}
+    for c in partition_counts(settings, days):
+        description = None
+        if not c.reconciles:
+            description = f"{c.day}: {c.rows_out} rows out, expected {c.rows_in - c.dead_letters}"
+            if c.splits_completed != c.splits:
+                description += (
+                    f", {c.splits - c.splits_completed} of {c.splits} splits not completed"
+                )
+        outcomes[c.day] = AssetCheckResult(
+            passed=c.reconciles,
+            metadata={
+                "rows_in": MetadataValue.int(c.rows_in),
+                "dead_letters": MetadataValue.int(c.dead_letters),
+                "rows_out": MetadataValue.int(c.rows_out),
+                "splits": MetadataValue.int(c.splits),
+                "splits_completed": MetadataValue.int(c.splits_completed),
+            },
+            description=description,
+        )
+    yield from _report(context, "rows_reconcile", outcomes)
+
+
+@_per_partition_check
+def dead_letter_ratio(context: AssetCheckExecutionContext, sluice: SluiceResource) -> CheckEvents:
+    """Dead letters are at most ``max_dead_letter_ratio`` of the partition's records."""
+    settings = sluice.settings()
+    days, done = _check_days(context, settings, "dead_letter_ratio")
+    if done is not None:
+        yield from done
+        return
     limit = sluice.max_dead_letter_ratio
-    failed = [c for c in counts if c.dead_letter_ratio > limit]
-    worst = max(counts, key=lambda c: c.dead_letter_ratio)
-    rows_in = sum(c.rows_in for c in counts)
-    dead = sum(c.dead_letters for c in counts)
-    metadata: dict[str, Any] = {
-        "partitions": _days_text(days),
-        "max_dead_letter_ratio": MetadataValue.float(limit),
-        "dead_letter_ratio": MetadataValue.float(dead / rows_in if rows_in else 0.0),
-        "worst_partition": MetadataValue.text(worst.day.isoformat()),
-        "worst_ratio": MetadataValue.float(worst.dead_letter_ratio),
-        "dead_letters": MetadataValue.int(dead),
-        "rows_in": MetadataValue.int(rows_in),
-    }
-    if failed:
-        metadata["failed_partitions"] = _days_text([c.day for c in failed])
-    return AssetCheckResult(
-        passed=not failed,
-        severity=AssetCheckSeverity.WARN,
-        metadata=metadata,
-        description=(
-            f"{worst.day}: {worst.dead_letter_ratio:.2%} dead letters (limit {limit:.2%})"
-            if failed
-            else None
-        ),
-    )
+    outcomes: dict[date, AssetCheckResult] = {}
+    for c in partition_counts(settings, days):
+        failed = c.dead_letter_ratio > limit
+        outcomes[c.day] = AssetCheckResult(
+            passed=not failed,
+            severity=AssetCheckSeverity.WARN,
+            metadata={
+                "max_dead_letter_ratio": MetadataValue.float(limit),
+                "dead_letter_ratio": MetadataValue.float(c.dead_letter_ratio),
+                "dead_letters": MetadataValue.int(c.dead_letters),
+                "rows_in": MetadataValue.int(c.rows_in),
+            },
+            description=(
+                f"{c.day}: {c.dead_letter_ratio:.2%} dead letters (limit {limit:.2%})"
+                if failed
+                else None
+            ),
+        )
+    yield from _report(context, "dead_letter_ratio", outcomes)
 
 
 #: Every check of enriched_events, for the Definitions.

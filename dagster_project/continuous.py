@@ -1,7 +1,8 @@
 """Sensor-driven continuous mode, and giving a failed run's splits back.
 
 ``continuous_reader_sensor`` is the enumerator: every tick registers new landing files as
-splits (the enumerator's bounded cursor keeps a tick short), and it keeps exactly one
+splits (the enumerator's bounded cursor and its per-tick cap keep a tick short: a backlog is
+drained over several ticks, and the sensor cursor says how much is left), and it keeps exactly one
 long-running ``continuous_reader_job`` run alive. New splits go to the live run (whose
 subtasks pull them as they appear) or to the run the tick requests. Each run is one
 *generation* (its ``run_key``), so a request is never made twice, and a new generation is
@@ -16,7 +17,7 @@ checkpoint state.
 
 import json
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dagster import (
@@ -46,6 +47,7 @@ from dagster_project._pipeline import (
     summary_metadata,
 )
 from dagster_project.resources import SluiceResource
+from dagster_project.sensors import BACKLOG_TAG, backlog_note
 from enumerator_service import Settings, SplitStore, connect_engine, database_url
 
 __all__ = [
@@ -94,23 +96,31 @@ def continuous_reader_job() -> None:
 
 @dataclass(frozen=True)
 class _Cursor:
-    """The sensor's own state: the current generation and the Sluice run it was given.
+    """The sensor's own state: the current generation and the Sluice run it was given, and
+    the new files the last tick left for the next ones (its per-tick cap was hit).
 
     (The enumerator's discovery cursor lives in Postgres, ``enumerator_state``.)
     """
 
     generation: int = 0
     run_id: str | None = None
+    backlog_files: int = 0
 
     @classmethod
     def parse(cls, text: str | None) -> "_Cursor":
         if not text:
             return cls()
         data = json.loads(text)
-        return cls(int(data["generation"]), data.get("run_id"))
+        return cls(int(data["generation"]), data.get("run_id"), int(data.get("backlog_files", 0)))
 
     def dump(self) -> str:
-        return json.dumps({"generation": self.generation, "run_id": self.run_id})
+        return json.dumps(
+            {
+                "generation": self.generation,
+                "run_id": self.run_id,
+                "backlog_files": self.backlog_files,
+            }
+        )
 
 
 def _runs(context: SensorEvaluationContext, tags: dict[str, str], **kw: Any) -> list[DagsterRun]:
@@ -129,11 +139,19 @@ def _unassigned(store: SplitStore, source: str) -> int:
 def continuous_reader_sensor(
     context: SensorEvaluationContext, sluice: SluiceResource
 ) -> RunRequest | SkipReason:
-    """Register new files; keep one continuous reader run alive and feed it the new splits."""
+    """Register new files; keep one continuous reader run alive and feed it the new splits.
+
+    A tick registers at most ``SLUICE_DISCOVERY_MAX_FILES_PER_TICK`` files; what it leaves is
+    recorded in the cursor (``backlog_files``) and the tick's message, and the next ticks go
+    on with it, feeding each chunk to the one live run (or to the run they request).
+    """
     settings = sluice.settings()
     discovery = discover_once(settings)
     source = settings.source_name
     cursor = _Cursor.parse(context.cursor)
+    # Recorded on every tick, skipped or not: the cursor always shows the current backlog.
+    context.update_cursor(replace(cursor, backlog_files=discovery.backlog_files).dump())
+    note = backlog_note(discovery)
     engine = connect_engine(database_url(settings), pool_size=1)
     try:
         store = SplitStore(engine)
@@ -144,7 +162,7 @@ def continuous_reader_sensor(
             assigned = store.assign_to_run(run_id, source, lease_seconds=settings.lease_seconds)
             return SkipReason(
                 f"{discovery.splits_registered} new splits; {assigned} assigned to the live "
-                f"continuous run {live[0].run_id}"
+                f"continuous run {live[0].run_id}{note}"
             )
         current = (
             _runs(context, {**mine, GENERATION_TAG: str(cursor.generation)})
@@ -153,14 +171,16 @@ def continuous_reader_sensor(
         )
         if cursor.generation and not current:
             # Requested by an earlier tick and not created yet: never request a second one.
-            return SkipReason(f"waiting for continuous run generation {cursor.generation}")
+            return SkipReason(f"waiting for continuous run generation {cursor.generation}{note}")
         ended_badly = bool(current) and current[0].status in (
             DagsterRunStatus.FAILURE,
             DagsterRunStatus.CANCELED,
         )
         if not ended_badly and _unassigned(store, source) == 0:
-            return SkipReason(f"no new files ({discovery.files_seen} files seen)")
-        next_cursor = _Cursor(cursor.generation + 1, f"{source}-c{secrets.token_hex(4)}")
+            return SkipReason(f"no new files ({discovery.files_seen} files seen){note}")
+        next_cursor = _Cursor(
+            cursor.generation + 1, f"{source}-c{secrets.token_hex(4)}", discovery.backlog_files
+        )
         assert next_cursor.run_id is not None
         assigned = store.assign_to_run(
             next_cursor.run_id, source, lease_seconds=settings.lease_seconds
@@ -175,6 +195,7 @@ def continuous_reader_sensor(
             GENERATION_TAG: str(next_cursor.generation),
             SLUICE_RUN_TAG: next_cursor.run_id,
             "sluice/splits_assigned": str(assigned),
+            BACKLOG_TAG: str(discovery.backlog_files),
         },
     )
 

@@ -103,6 +103,7 @@ class SluiceResource(ConfigurableResource["SluiceResource"]):
     lookup_pool_size: int | None = None
     lease_seconds: float | None = None
     max_line_bytes: int | None = None
+    discovery_max_files_per_tick: int | None = None
     log_level: str | None = None
     max_dead_letter_ratio: float = Field(
         default=0.05,

@@ -1,6 +1,8 @@
 """The sensor that registers new landing files and asks for an incremental run."""
 
 import hashlib
+import json
+from dataclasses import dataclass
 
 from dagster import (
     DefaultSensorStatus,
@@ -15,7 +17,40 @@ from dagster_project.jobs import process_new_splits_job
 from dagster_project.resources import SluiceResource
 from enumerator_service import DiscoveryResult
 
-__all__ = ["discovery_run_key", "new_files_sensor"]
+__all__ = [
+    "BACKLOG_TAG",
+    "FilesSensorCursor",
+    "backlog_note",
+    "discovery_run_key",
+    "new_files_sensor",
+]
+
+#: Run tag: new files the requesting tick left for the next ticks (its per-tick cap was hit).
+BACKLOG_TAG = "sluice/backlog_files"
+
+
+@dataclass(frozen=True)
+class FilesSensorCursor:
+    """The sensor's own cursor: how many runs it requested, and the backlog of its last tick.
+
+    (The enumerator's discovery cursor lives in Postgres, ``enumerator_state``.) Older
+    versions stored the bare sequence number; it still parses.
+    """
+
+    sequence: int = 0
+    backlog_files: int = 0
+
+    @classmethod
+    def parse(cls, text: str | None) -> "FilesSensorCursor":
+        if not text:
+            return cls()
+        data = json.loads(text)
+        if isinstance(data, int):
+            return cls(sequence=data)
+        return cls(int(data["sequence"]), int(data.get("backlog_files", 0)))
+
+    def dump(self) -> str:
+        return json.dumps({"sequence": self.sequence, "backlog_files": self.backlog_files})
 
 
 def discovery_run_key(source: str, discovery: DiscoveryResult, sequence: int) -> str:
@@ -32,6 +67,13 @@ def discovery_run_key(source: str, discovery: DiscoveryResult, sequence: int) ->
     return f"{source}:{sequence}:{mark}:{digest}:{discovery.splits_registered}"
 
 
+def backlog_note(discovery: DiscoveryResult) -> str:
+    """``"; N files left for the next ticks"`` when the tick's cap was hit, else ``""``."""
+    if discovery.complete:
+        return ""
+    return f"; {discovery.backlog_files} files left for the next ticks (backlog)"
+
+
 @sensor(
     job=process_new_splits_job,
     minimum_interval_seconds=30,
@@ -40,17 +82,33 @@ def discovery_run_key(source: str, discovery: DiscoveryResult, sequence: int) ->
 def new_files_sensor(
     context: SensorEvaluationContext, sluice: SluiceResource
 ) -> RunRequest | SkipReason:
-    """Each tick registers new landing files as splits; new splits -> one incremental run."""
+    """Each tick registers new landing files as splits; new splits -> one incremental run.
+
+    A tick registers at most ``SLUICE_DISCOVERY_MAX_FILES_PER_TICK`` files (oldest first), so
+    a large backlog is drained over several ticks, each requesting a run for its chunk; the
+    cursor and the run's ``sluice/backlog_files`` tag say how much is left.
+    """
     settings = sluice.settings()
     discovery = discover_once(settings)
+    cursor = FilesSensorCursor.parse(context.cursor)
     if discovery.splits_registered == 0:
-        return SkipReason(f"no new files ({discovery.files_seen} files seen)")
-    sequence = int(context.cursor or 0) + 1
-    context.update_cursor(str(sequence))
+        if cursor.backlog_files != discovery.backlog_files:
+            context.update_cursor(
+                FilesSensorCursor(cursor.sequence, discovery.backlog_files).dump()
+            )
+        reason = (
+            f"no new files ({discovery.files_seen} files seen)"
+            if discovery.complete
+            else f"no new splits in this chunk ({discovery.files_seen} files seen)"
+        )
+        return SkipReason(reason + backlog_note(discovery))
+    sequence = cursor.sequence + 1
+    context.update_cursor(FilesSensorCursor(sequence, discovery.backlog_files).dump())
     return RunRequest(
         run_key=discovery_run_key(settings.source_name, discovery, sequence),
         tags={
             "sluice/source": settings.source_name,
             "sluice/splits_registered": str(discovery.splits_registered),
+            BACKLOG_TAG: str(discovery.backlog_files),
         },
     )

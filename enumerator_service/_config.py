@@ -147,6 +147,16 @@ class Settings(BaseSettings):
         description="Table of the postgres sink (default enriched_<source_name>); staged rows "
         "go to <sink_table>__staged.",
     )
+    discovery_max_files_per_tick: int = Field(
+        default=50_000,
+        ge=1,
+        le=1_000_000,
+        description="A continuous discovery tick (sensor tick, `sluice discover` step) registers "
+        "at most this many new files, oldest first; the rest is a backlog the next tick "
+        "continues. Keeps a tick over a large backlog far below Dagster's 60 s evaluation limit "
+        "(5-8 s per tick over a 1M-file backlog on the 2-core reference machine, "
+        "bench/enumerator.py --backlog-only).",
+    )
     target_split_bytes: int = Field(
         default=128 << 20, ge=1024, description="Files larger than this are cut into byte ranges."
     )

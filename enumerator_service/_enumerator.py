@@ -13,6 +13,7 @@ thread (the Dagster sensor tick, or the job driver).
 from __future__ import annotations
 
 import abc
+import heapq
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -60,11 +61,20 @@ def _kind_of(name: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class DiscoveryResult:
-    """What one discovery tick found."""
+    """What one discovery tick found.
+
+    ``backlog_files``: new files this tick left for the next one (its per-tick cap was hit).
+    """
 
     files_seen: int
     splits_registered: int
     cursor: dict[str, Any]
+    backlog_files: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """True when the tick registered every new file it listed (no backlog left)."""
+        return self.backlog_files == 0
 
 
 class SplitEnumerator(abc.ABC):
@@ -291,6 +301,11 @@ class ContinuousFileEnumerator(_FileEnumerator):
     runs out of memory that way). Files older than the window are assumed known; landing files
     must be written under a hidden name and renamed into place (immutable once visible).
     Registration is idempotent, so a file seen twice is still registered once.
+
+    A tick registers at most ``max_files_per_tick`` new files (None: no cap): the oldest ones
+    in (mtime, path) order. The cursor then describes exactly that prefix of the order, so the
+    next tick continues at the first file not taken (see :meth:`discover`), and
+    ``DiscoveryResult.backlog_files`` says how many were left.
     """
 
     def __init__(
@@ -302,6 +317,7 @@ class ContinuousFileEnumerator(_FileEnumerator):
         lease_seconds: float = 60.0,
         lookback_seconds: float = 600.0,
         target_split_bytes: int = 128 << 20,
+        max_files_per_tick: int | None = None,
     ) -> None:
         super().__init__(
             engine,
@@ -310,26 +326,55 @@ class ContinuousFileEnumerator(_FileEnumerator):
             lease_seconds=lease_seconds,
             target_split_bytes=target_split_bytes,
         )
+        if max_files_per_tick is not None and max_files_per_tick < 1:
+            raise ValueError("max_files_per_tick must be positive (or None: no cap)")
         self._lookback = lookback_seconds
+        self._max_files = max_files_per_tick
 
     def cursor(self) -> dict[str, Any]:
         return self._load_cursor({"mtime_watermark": None, "recent_paths": []})
 
     def discover(self) -> DiscoveryResult:
+        """One tick: register the unknown files (at most ``max_files_per_tick``, oldest first).
+
+        Why a capped tick neither skips nor repeats a file: the candidates (files inside the
+        window and not among the cursor's recent paths) are taken in (mtime, path) order, a
+        total order, so what is taken is a prefix ending at some position P and what is left
+        (the backlog) lies strictly after P. The new cursor is computed as if the listing held
+        only the known files and the prefix: its watermark W' is the newest of those mtimes
+        and its recent paths are those of them with mtime >= W' - lookback. A backlog file is
+        after P, so its mtime is >= W' whenever W' moved (and >= the old horizon otherwise),
+        and it is not a recent path: the next tick sees it as a candidate again, in the same
+        order. Every taken file is either a recent path of the new cursor or older than its
+        horizon, so it is never a candidate again. Files sharing P's mtime are split by path
+        and the ones taken are recent paths, so a chunk boundary inside one mtime is exact.
+        """
         cursor = self.cursor()
         watermark: float | None = cursor["mtime_watermark"]
         known = set(cursor["recent_paths"])
         horizon = float("-inf") if watermark is None else watermark - self._lookback
-        fresh: list[FileSplit] = []
-        window: dict[str, float] = {}  # files modified inside the lookback window
+        window: dict[str, float] = {}  # known files modified inside the lookback window
+        candidates: list[tuple[float, str, str, date, int]] = []  # (mtime, path, kind, day, size)
         seen = 0
         for path, kind, day, size, mtime in self._files(None):
             seen += 1
             if mtime < horizon:
                 continue  # older than the window: known since an earlier tick
+            if path in known:
+                window[path] = mtime
+            else:
+                candidates.append((mtime, path, kind, day, size))
+        backlog = 0
+        if self._max_files is not None and len(candidates) > self._max_files:
+            backlog = len(candidates) - self._max_files
+            # Paths are unique, so tuples never compare past (mtime, path): the total order.
+            candidates = heapq.nsmallest(self._max_files, candidates)
+        else:
+            candidates.sort()  # registration (and split id) order follows the same order
+        fresh: list[FileSplit] = []
+        for mtime, path, kind, day, size in candidates:
+            fresh.extend(self._splits_of(path, kind, day, size))
             window[path] = mtime
-            if path not in known:
-                fresh.extend(self._splits_of(path, kind, day, size))
         added = self._store.register(fresh)
         if window:
             newest = max(window.values())
@@ -337,6 +382,11 @@ class ContinuousFileEnumerator(_FileEnumerator):
         keep_after = float("-inf") if watermark is None else watermark - self._lookback
         # Only paths inside the window are remembered: the cursor stays bounded.
         recent = sorted(path for path, mtime in window.items() if mtime >= keep_after)
-        new_cursor = {"mtime_watermark": watermark, "recent_paths": recent}
+        new_cursor: dict[str, Any] = {"mtime_watermark": watermark, "recent_paths": recent}
+        if backlog:
+            # Informational (the two keys above alone decide what the next tick takes).
+            last_mtime, last_path = candidates[-1][:2]
+            new_cursor["backlog_files"] = backlog
+            new_cursor["resume_after"] = [last_mtime, last_path]
         self._save_cursor(new_cursor)
-        return DiscoveryResult(seen, added, new_cursor)
+        return DiscoveryResult(seen, added, new_cursor, backlog_files=backlog)

@@ -46,7 +46,11 @@ def open_platform(settings: Settings, *, migrate: bool = True) -> Platform:
 
 
 def discover(platform: Platform, *, dates: Sequence[date] | None = None) -> DiscoveryResult:
-    """One enumerator tick over the landing folder (bounded to ``dates`` when given)."""
+    """One enumerator tick over the landing folder (bounded to ``dates`` when given).
+
+    Without ``dates`` the tick registers at most ``discovery_max_files_per_tick`` files; the
+    result's ``backlog_files`` says how many the next tick will continue with.
+    """
     settings = platform.settings
     landing = settings.landing_path
     if not landing.is_dir():
@@ -62,12 +66,15 @@ def discover(platform: Platform, *, dates: Sequence[date] | None = None) -> Disc
             target_split_bytes=settings.target_split_bytes,
         )
     else:
+        # A tick of the sensor must stay short whatever the backlog: capped (a backfill's
+        # bounded listing of some dates runs inside its run, not in a tick, and is not).
         enumerator = ContinuousFileEnumerator(
             platform.engine,
             settings.source_name,
             landing,
             lease_seconds=settings.lease_seconds,
             target_split_bytes=settings.target_split_bytes,
+            max_files_per_tick=settings.discovery_max_files_per_tick,
         )
     return enumerator.discover()
 

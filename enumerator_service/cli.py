@@ -128,11 +128,23 @@ _date_option = click.option(
 
 
 def _discover(platform: Platform, dates: list[date] | None) -> None:
-    with console.status("Discovering landing files…"):
-        result = discover(platform, dates=dates)
+    """Discover until no backlog is left: one capped tick after another.
+
+    The per-tick cap keeps a Dagster sensor tick short; a command has no such limit, and each
+    tick commits its chunk and cursor, so an interrupted command loses nothing.
+    """
+    registered = ticks = 0
+    with console.status("Discovering landing files…") as status:
+        while True:
+            result = discover(platform, dates=dates)
+            registered += result.splits_registered
+            ticks += 1
+            if result.complete:
+                break
+            status.update(f"Discovering landing files… {result.backlog_files:,} files to go")
+    chunks = f" in {ticks} ticks" if ticks > 1 else ""
     console.print(
-        f"Discovery: {result.files_seen} files seen, "
-        f"{result.splits_registered} new splits registered"
+        f"Discovery: {result.files_seen} files seen, {registered} new splits registered{chunks}"
     )
 
 

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckKey,
     AssetsDefinition,
     AssetSelection,
     DagsterInstance,
@@ -146,10 +147,23 @@ def values(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value.value for key, value in metadata.items()}
 
 
-def checks_of(result: ExecuteInProcessResult) -> dict[str, AssetCheckEvaluation]:
+def checks_of(result: ExecuteInProcessResult) -> dict[tuple[str, str | None], AssetCheckEvaluation]:
+    """The run's check evaluations by (check name, partition): one per check and day."""
     evaluations = result.get_asset_check_evaluations()
     assert all(e.asset_key == enriched_events.key for e in evaluations)
-    return {e.check_name: e for e in evaluations}
+    by_key = {(e.check_name, e.partition): e for e in evaluations}
+    assert len(by_key) == len(evaluations), "two evaluations of one check for one partition"
+    return by_key
+
+
+def stored_check_status(instance: DagsterInstance, name: str) -> dict[str | None, tuple[str, bool]]:
+    """What the instance (and so the UI) holds per partition for a check: latest status and
+    whether it checked the partition's latest materialisation."""
+    key = AssetCheckKey(enriched_events.key, name)
+    return {
+        info.partition_key: (info.latest_execution_status.value, info.is_current)
+        for info in instance.event_log_storage.get_asset_check_partition_info([key])
+    }
 
 
 def parquet_files(folder: Path) -> list[Path]:
@@ -428,20 +442,44 @@ def test_no_password_or_url_in_any_metadata(materialized: Materialized) -> None:
 
 @pytest.mark.spark
 def test_checks_pass_on_the_materialized_partitions(materialized: Materialized) -> None:
-    checks = checks_of(materialized.enriched)
-    assert set(checks) == CHECKS
+    """One run over two days: every check reports one result per day, attributed to that
+    day's partition and to that day's materialisation."""
+    settings, result = materialized.settings, materialized.enriched
+    checks = checks_of(result)
+    assert set(checks) == {(name, day) for name in CHECKS for day in DAYS}
     assert all(check.passed for check in checks.values()), checks
-    reconcile = values(checks["rows_reconcile"].metadata)
-    (event, _) = materialized.enriched.asset_materializations_for_node("enriched_events")
-    run = values(event.metadata)
-    assert reconcile["partitions"] == ", ".join(DAYS)
-    assert reconcile["rows_out"] == run["rows_out"]
-    assert reconcile["rows_in"] == run["rows_in"]
-    assert reconcile["dead_letters"] == run["dead_letters"]
-    assert reconcile["splits_completed"] == reconcile["splits"] == run["splits"]
-    ratio = values(checks["dead_letter_ratio"].metadata)
-    assert ratio["dead_letter_ratio"] == pytest.approx(run["dead_letters"] / run["rows_in"])
-    assert values(checks["no_duplicate_event_ids"].metadata)["duplicate_rows"] == 0
+    events = {e.partition: e for e in result.asset_materializations_for_node("enriched_events")}
+    run = values(events[DAYS[0]].metadata)  # the run's figures (on each day's event)
+    reconcile = {day: values(checks["rows_reconcile", day].metadata) for day in DAYS}
+    for day in DAYS:
+        assert reconcile[day]["rows_out"] == parquet_rows(settings.output_path / f"dt={day}")
+        assert (
+            reconcile[day]["rows_in"]
+            == reconcile[day]["rows_out"] + (reconcile[day]["dead_letters"])
+        )
+        assert reconcile[day]["splits_completed"] == reconcile[day]["splits"] > 0
+    for figure in ("rows_out", "rows_in", "dead_letters", "splits"):
+        assert sum(reconcile[day][figure] for day in DAYS) == run[figure], figure
+    # The extra file's malformed lines are day one's: the days' figures differ.
+    assert reconcile[DAYS[0]]["dead_letters"] >= 2 and reconcile[DAYS[1]]["dead_letters"] == 0
+    for day in DAYS:
+        ratio = values(checks["dead_letter_ratio", day].metadata)
+        assert ratio["dead_letter_ratio"] == pytest.approx(
+            reconcile[day]["dead_letters"] / reconcile[day]["rows_in"]
+        )
+        assert values(checks["no_duplicate_event_ids", day].metadata)["duplicate_rows"] == 0
+        assert (
+            values(checks["no_duplicate_event_ids", day].metadata)["rows"]
+            == (reconcile[day]["rows_out"])
+        )
+        for name in CHECKS:
+            target = checks[name, day].target_materialization_data
+            assert target is not None and target.run_id == result.run_id
+    # What the instance holds: a current, passed result per partition.
+    for name in CHECKS:
+        assert stored_check_status(materialized.instance, name) == dict.fromkeys(
+            DAYS, ("SUCCEEDED", True)
+        )
 
 
 def expected_revenue(folder: Path) -> dict[str | None, tuple[float, int, int]]:
@@ -527,46 +565,90 @@ def test_dead_letter_threshold_is_configurable(materialized: Materialized) -> No
     result = run_enriched(strict, materialized.instance, partition_key=DAYS[0])
     assert result.success
     checks = checks_of(result)
-    assert checks["dead_letter_ratio"].passed is False
-    assert checks["dead_letter_ratio"].severity.value == "WARN"
-    assert values(checks["dead_letter_ratio"].metadata)["failed_partitions"] == DAYS[0]
-    assert checks["rows_reconcile"].passed and checks["no_duplicate_event_ids"].passed
+    assert set(checks) == {(name, DAYS[0]) for name in CHECKS}
+    ratio = checks["dead_letter_ratio", DAYS[0]]
+    assert ratio.passed is False
+    assert ratio.severity.value == "WARN"
+    assert (ratio.description or "").startswith(f"{DAYS[0]}: ")
+    assert values(ratio.metadata)["max_dead_letter_ratio"] == 0.001
+    assert checks["rows_reconcile", DAYS[0]].passed
+    assert checks["no_duplicate_event_ids", DAYS[0]].passed
 
 
 @pytest.mark.spark
-def test_checks_fail_on_a_duplicated_parquet_file(materialized: Materialized) -> None:
-    settings, instance = materialized.settings, materialized.instance
-    day = DAYS[1]
-    assert run_enriched(materialized.sluice, instance, partition_key=day).success
-    folder = settings.output_path / f"dt={day}"
+def test_a_corrupt_partition_fails_its_checks_while_the_other_passes(
+    materialized: Materialized,
+) -> None:
+    settings, instance, sluice = materialized.settings, materialized.instance, materialized.sluice
+    good, bad = DAYS
+    assert run_enriched(sluice, instance, partition_key=bad).success  # the latest day now
+    folder = settings.output_path / f"dt={bad}"
     rows = parquet_rows(folder)
     copy = folder / "part-copy-of-a-file.parquet"
     shutil.copyfile(parquet_files(folder)[0], copy)
-    # Checks launched on their own (no partition) check the latest materialised day.
-    result = materialize(
-        [enriched_events, *enriched_events_checks],
-        selection=AssetSelection.checks_for_assets(enriched_events),
-        resources={"sluice": materialized.sluice},
-        instance=instance,
-    )
-    assert result.success  # non-blocking checks: the run itself succeeds
-    assert not result.asset_materializations_for_node("enriched_events")
-    checks = checks_of(result)
-    assert not checks["no_duplicate_event_ids"].passed
-    duplicates = values(checks["no_duplicate_event_ids"].metadata)
-    assert duplicates["duplicate_rows"] == pq.read_metadata(copy).num_rows
-    assert duplicates["failed_partitions"] == day
-    assert not checks["rows_reconcile"].passed
-    reconcile = values(checks["rows_reconcile"].metadata)
-    assert reconcile["partitions"] == day
-    assert reconcile["rows_out"] == rows + pq.read_metadata(copy).num_rows
-    assert reconcile["rows_in"] - reconcile["dead_letters"] == rows
-    assert checks["dead_letter_ratio"].passed
-    # Re-materialising the day replaces its folder: the stray copy is gone with the old one.
-    again = run_enriched(materialized.sluice, instance, partition_key=day)
-    assert not copy.exists()
-    assert all(check.passed for check in checks_of(again).values())
-    assert parquet_rows(folder) == rows
+    copied = pq.read_metadata(copy).num_rows
+    try:
+        # The checks of both days, launched on their own for the range (as from the UI).
+        result = materialize(
+            [enriched_events, *enriched_events_checks],
+            selection=AssetSelection.checks_for_assets(enriched_events),
+            tags=RANGE_TAGS,
+            resources={"sluice": sluice},
+            instance=instance,
+        )
+        assert result.success  # non-blocking checks: the run itself succeeds
+        checks = checks_of(result)
+        assert set(checks) == {(name, day) for name in CHECKS for day in DAYS}
+        assert all(checks[name, good].passed for name in CHECKS)
+        assert not checks["no_duplicate_event_ids", bad].passed
+        duplicates = values(checks["no_duplicate_event_ids", bad].metadata)
+        assert duplicates["duplicate_rows"] == copied
+        assert duplicates["sample_event_ids"]
+        assert not checks["rows_reconcile", bad].passed
+        reconcile = values(checks["rows_reconcile", bad].metadata)
+        assert reconcile["rows_out"] == rows + copied
+        assert reconcile["rows_in"] - reconcile["dead_letters"] == rows
+        assert (checks["rows_reconcile", bad].description or "").startswith(f"{bad}: ")
+        assert checks["dead_letter_ratio", bad].passed
+        for name in ("no_duplicate_event_ids", "rows_reconcile"):
+            assert stored_check_status(instance, name) == {
+                good: ("SUCCEEDED", True),
+                bad: ("FAILED", True),
+            }
+
+        # Checks launched on their own without a partition check the latest materialised day.
+        alone = materialize(
+            [enriched_events, *enriched_events_checks],
+            selection=AssetSelection.checks_for_assets(enriched_events),
+            resources={"sluice": sluice},
+            instance=instance,
+        )
+        assert alone.success
+        assert not alone.asset_materializations_for_node("enriched_events")
+        checks = checks_of(alone)
+        assert set(checks) == {(name, bad) for name in CHECKS}
+        assert not checks["no_duplicate_event_ids", bad].passed
+        # ... and with a partition (as the UI launches them), that one.
+        one = materialize(
+            [enriched_events, *enriched_events_checks],
+            selection=AssetSelection.checks_for_assets(enriched_events),
+            tags={"dagster/partition": good},
+            resources={"sluice": sluice},
+            instance=instance,
+        )
+        assert one.success
+        assert {key: e.passed for key, e in checks_of(one).items()} == {
+            (name, good): True for name in CHECKS
+        }
+    except BaseException:
+        copy.unlink()
+        raise
+    # Re-materialising the day replaces its folder: the stray copy goes with the old one.
+    again = checks_of(run_enriched(sluice, instance, partition_key=bad))
+    assert not copy.exists() and parquet_rows(folder) == rows
+    assert set(again) == {(name, bad) for name in CHECKS}
+    assert all(check.passed for check in again.values())
+    assert stored_check_status(instance, "rows_reconcile")[bad] == ("SUCCEEDED", True)
 
 
 def partition_content(folder: Path) -> tuple[int, str]:

@@ -36,7 +36,7 @@ from dagster_project.resources import (
     SluiceResource,
     SparkResource,
 )
-from dagster_project.sensors import new_files_sensor
+from dagster_project.sensors import FilesSensorCursor, new_files_sensor
 from enumerator_service import ConfigError, Settings, SplitStore, asyncpg_dsn, connect_engine
 from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 
@@ -44,8 +44,8 @@ REPO = Path(__file__).resolve().parents[2]
 MakeSettings = Callable[..., Settings]
 
 
-def resource_for(settings: Settings) -> SluiceResource:
-    """A resource that reproduces ``settings`` (the fields the tests vary)."""
+def resource_for(settings: Settings, **fields: Any) -> SluiceResource:
+    """A resource that reproduces ``settings`` (the fields the tests vary), plus ``fields``."""
     assert settings.database_url is not None
     return SluiceResource(
         database=DatabaseResource(url=settings.database_url.get_secret_value()),
@@ -53,6 +53,7 @@ def resource_for(settings: Settings) -> SluiceResource:
         spark=SparkResource(master=settings.spark_master, parallelism=settings.parallelism),
         source_name=settings.source_name,
         lookup_table=settings.lookup_table,
+        **fields,
     )
 
 
@@ -177,7 +178,8 @@ def test_sensor_requests_a_run_for_new_files_then_skips(make_settings: MakeSetti
     assert isinstance(third, RunRequest)
     assert third.run_key not in (None, first.run_key)
     assert third.tags["sluice/splits_registered"] == "1"
-    assert third_cursor == "2"
+    assert FilesSensorCursor.parse(third_cursor) == FilesSensorCursor(sequence=2, backlog_files=0)
+    assert FilesSensorCursor.parse("7") == FilesSensorCursor(sequence=7)  # the older format
     assert split_counts(settings) == {"UNASSIGNED": files + 1}
 
 
@@ -257,7 +259,9 @@ def test_enriched_events_partition_materializes(tiny_dataset: Settings) -> None:
 @pytest.mark.spark
 def test_incremental_job_processes_everything_unassigned(tiny_dataset: Settings) -> None:
     settings = tiny_dataset
-    result = process_new_splits_job.execute_in_process(resources={"sluice": resource_for(settings)})
+    # A per-tick cap below the number of files: the run drains the whole backlog first.
+    capped = resource_for(settings, discovery_max_files_per_tick=4)
+    result = process_new_splits_job.execute_in_process(resources={"sluice": capped})
     assert result.success
     (output,) = [
         event.event_specific_data.metadata
@@ -265,6 +269,7 @@ def test_incremental_job_processes_everything_unassigned(tiny_dataset: Settings)
         if event.event_type_value == "STEP_OUTPUT"
     ]
     assert output["splits"].value == settings.demo_days * settings.demo_files_per_day
+    assert output["splits_registered"].value == settings.demo_days * settings.demo_files_per_day
     assert output["rows_out"].value > 0
     assert parquet_rows(settings.output_path) == output["rows_out"].value
 

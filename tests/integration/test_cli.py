@@ -31,6 +31,11 @@ def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Complete
         ({"SLUICE_LOOKUP_TABLE": "users; DROP TABLE x"}, "SLUICE_LOOKUP_TABLE"),
         ({"SLUICE_SOURCE_NAME": "Events"}, "SLUICE_SOURCE_NAME"),
         ({"SLUICE_PARALLELISM": "0"}, "SLUICE_PARALLELISM"),
+        ({"SLUICE_DISCOVERY_MAX_FILES_PER_TICK": "0"}, "SLUICE_DISCOVERY_MAX_FILES_PER_TICK"),
+        (
+            {"SLUICE_DISCOVERY_MAX_FILES_PER_TICK": "many"},
+            "SLUICE_DISCOVERY_MAX_FILES_PER_TICK",
+        ),
     ],
 )
 def test_bad_configuration_is_one_line_and_exit_2(
@@ -77,3 +82,24 @@ def test_replace_needs_the_partitions_to_replace(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "--replace needs the partitions to replace (--date)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_discover_drains_a_backlog_larger_than_the_per_tick_cap(
+    db_url: str, tmp_path: Path
+) -> None:
+    landing = tmp_path / "landing"
+    (landing / "dt=2026-01-01").mkdir(parents=True)
+    for i in range(5):
+        (landing / "dt=2026-01-01" / f"part-{i}.jsonl").write_text('{"x": 1}\n')
+    env = {
+        "SLUICE_DATABASE_URL": db_url,
+        "SLUICE_LANDING_DIR": str(landing),
+        "SLUICE_SOURCE_NAME": "cli_backlog",
+        "SLUICE_DISCOVERY_MAX_FILES_PER_TICK": "2",
+    }
+    first = _run(["discover"], env, tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "5 new splits registered in 3 ticks" in first.stdout
+    second = _run(["discover"], env, tmp_path)
+    assert "0 new splits registered" in second.stdout
+    assert "ticks" not in second.stdout
