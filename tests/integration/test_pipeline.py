@@ -16,10 +16,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
+from demo_platform import prepare_demo
 from landing_oracle import expected_events
 
-from enumerator_service import Settings, SplitStore, asyncpg_dsn, recover
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
+from enumerator_service import Settings, SplitStore, recover
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
 from enumerator_service._schema import dead_letters, sink_transactions
 from spark_jobs.jobs import run_enrichment
@@ -28,27 +28,11 @@ from spark_jobs.sink import SINKS
 pytestmark = pytest.mark.spark
 
 
-def _spec(settings: Settings) -> DemoSpec:
-    return DemoSpec.from_settings(settings)
-
-
-def _load_users(settings: Settings, platform: Platform) -> None:
-    load_users(
-        asyncpg_dsn(platform.url),
-        schema="public",
-        table="users",
-        key="id",
-        users=settings.demo_users,
-        seed=settings.demo_seed,
-    )
-
-
 @pytest.fixture
 def prepared(make_settings: Any) -> Iterator[tuple[Settings, Platform]]:
     settings: Settings = make_settings()
     platform = open_platform(settings)
-    generate_events(settings.landing_path, _spec(settings))
-    _load_users(settings, platform)
+    prepare_demo(settings, platform)
     yield settings, platform
     platform.close()
 
@@ -195,8 +179,7 @@ def test_byte_range_splits_produce_the_same_output(make_settings: Any) -> None:
     settings: Settings = make_settings(target_split_bytes=4096)
     platform = open_platform(settings)
     try:
-        generate_events(settings.landing_path, _spec(settings))
-        _load_users(settings, platform)
+        prepare_demo(settings, platform)
         files = settings.demo_days * settings.demo_files_per_day
         found = discover(platform)
         assert found.splits_registered > 4 * files  # every file was cut into byte ranges
@@ -214,7 +197,7 @@ def test_every_landing_format_is_read_and_enriched(make_settings: Any) -> None:
     settings: Settings = make_settings()
     platform = open_platform(settings)
     try:
-        _load_users(settings, platform)
+        prepare_demo(settings, platform, events=False)
         folder = settings.landing_path / "dt=2026-01-05"
         folder.mkdir(parents=True)
         events = [

@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
+from demo_platform import prepare_demo
 from landing_oracle import expected_events
 
-from enumerator_service import ConfigError, Settings, asyncpg_dsn
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
+from enumerator_service import ConfigError, Settings
 from enumerator_service._operations import Platform, discover, open_platform
 from enumerator_service._rebuilds import PartitionBusyError, RebuildStore
 from enumerator_service._schema import dead_letters, partition_rebuilds, splits
@@ -36,15 +36,7 @@ def processed(make_settings: Any) -> Iterator[tuple[Settings, Platform]]:
     """Two days of demo events, processed once (incrementally)."""
     settings: Settings = make_settings()
     platform = open_platform(settings)
-    generate_events(settings.landing_path, DemoSpec.from_settings(settings))
-    load_users(
-        asyncpg_dsn(platform.url),
-        schema="public",
-        table="users",
-        key="id",
-        users=settings.demo_users,
-        seed=settings.demo_seed,
-    )
+    prepare_demo(settings, platform)
     discover(platform)
     run_enrichment(settings)
     yield settings, platform
@@ -254,15 +246,7 @@ def test_a_rebuild_with_different_results_replaces_rows_and_dead_letters(
     settings: Settings = make_settings()
     platform = open_platform(settings)
     try:
-        generate_events(settings.landing_path, DemoSpec.from_settings(settings))
-        load_users(
-            asyncpg_dsn(platform.url),
-            schema="public",
-            table="users",
-            key="id",
-            users=settings.demo_users,
-            seed=settings.demo_seed,
-        )
+        prepare_demo(settings, platform)
         lengths = sorted(
             len(line)
             for path in (settings.landing_path / f"dt={DAY.isoformat()}").glob("*.jsonl")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from demo_platform import prepare_demo
 from landing_oracle import expected_events
 
 from enumerator_service import (
@@ -29,7 +30,6 @@ from enumerator_service import (
     recover,
 )
 from enumerator_service._checkpoint_store import apply_split_states
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from enumerator_service._operations import Platform, discover, open_platform
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions, splits
 from spark_jobs.jobs import run_enrichment
@@ -76,15 +76,7 @@ def test_the_table_holds_exactly_the_rows_of_a_direct_sql_join(
     settings: Settings = make_settings(sink="postgres", checkpointing_mode=mode)
     platform = open_platform(settings)
     try:
-        generate_events(settings.landing_path, DemoSpec.from_settings(settings))
-        load_users(
-            asyncpg_dsn(platform.url),
-            schema="public",
-            table="users",
-            key="id",
-            users=settings.demo_users,
-            seed=settings.demo_seed,
-        )
+        prepare_demo(settings, platform)
         found = discover(platform)
         summary = run_enrichment(settings)
         expected, malformed = expected_events(settings.landing_path)
