@@ -35,7 +35,8 @@ from enumerator_service import (
 )
 from enumerator_service._schema import dead_letters, sink_transactions, splits
 from spark_jobs._spark import get_spark
-from spark_jobs.jobs._reader_task import TaskConfig, run_reader_subtask
+from spark_jobs.jobs._subtask import run_reader_subtask
+from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.sink import TABLE_SINK_NAME, build_sinks, ensure_tables, sweep_staged
 
 __all__ = ["RunSummary", "run_enrichment"]
@@ -188,6 +189,7 @@ def run_enrichment(
             batch_size=settings.lookup_batch_size,
             pool_size=settings.lookup_pool_size,
             max_line_bytes=settings.max_line_bytes,
+            block_bytes=settings.read_block_bytes,
             timeout_seconds=settings.lookup_timeout_seconds,
             retries=settings.lookup_retries,
             max_linger_ms=settings.lookup_max_linger_ms,
