@@ -366,7 +366,7 @@ def sluice_settings(ctx: Context, landing: Path, latency_ms: float, source: str)
         lookup_injected_latency_ms=latency_ms,
         # The configuration: batched *and* cached lookups (the platform default is no
         # cache; with these uniformly random keys the cache costs more than it saves).
-        lookup_cache_rows=100_000,
+        lookup_cache_rows=ctx.args.cache_rows,
     )
 
 
@@ -899,6 +899,9 @@ def main() -> None:
         type=float,
         default=45.0,
         help="time box of naive Spark at L > 0 (a prefix of the files)",
+    )
+    parser.add_argument(
+        "--cache-rows", type=int, default=100_000, help="Sluice's lookup cache per task (0: off)"
     )
     parser.add_argument("--pgbench-clients", type=int, default=8)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
