@@ -7,10 +7,11 @@ validated column-wise. The result must be exactly what :func:`parse_event` (orjs
 it can prove is handled identically; anything else is cut in halves until the pieces are
 small, and the lines of a small piece take the exact per-line path:
 
-- every line starts with ``{`` (so each line yields at least one Arrow row; together with
-  "rows == lines" each line is exactly one row: Arrow skips blank lines and reads
-  ``{…}{…}`` as two rows, which would otherwise shift rows against line offsets);
-- the text is valid UTF-8 (Arrow does not check fields it ignores; orjson does);
+- every line ends with ``}`` (so none is blank or whitespace, the lines Arrow skips, and
+  each yields at least one row; with "rows == lines" each line is exactly one row — Arrow
+  reads ``{…} {…}`` as two, which would shift rows against line offsets). Lines that do
+  not are few in practice (truncated writes): they go line by line straight away;
+- the text is valid UTF-8 without a byte order mark (Arrow checks neither; orjson does);
 - Arrow accepted it with unexpected fields an *error*: only the five event fields are
   parsed, so grammar differences in other fields (``NaN``, numbers too big for a double,
   nesting beyond orjson's depth limit — Arrow accepts all three) cannot occur. A block with
@@ -147,7 +148,33 @@ def _parse(
     batches: list[pa.RecordBatch],
     dead: list[tuple[int, bytes, str]],
 ) -> None:
-    rows, suspects, failed_at = _fast(data, limit)
+    newlines = data.count(b"\n")
+    lines = newlines if data.endswith(b"\n") else newlines + 1
+    closed = data.count(b"}\n")
+    if closed != newlines:
+        closed += data.count(b"}\r\n")
+    if lines != closed + (
+        0 if data.endswith(b"\n") or not data.rstrip(b"\r").endswith(b"}") else 1
+    ):
+        # Some line does not end with "}" (truncated, blank, not an object): such lines take
+        # the exact path at once and the runs between them the fast one (Arrow would fail
+        # at each, and the failed parse be wasted); too many: halve first.
+        if lines <= _SMALL:
+            _by_line(split_id, data, offset, limit, batches, dead)
+            return
+        if lines - closed <= _SMALL:
+            at = 0
+            for start, end in _torn_lines(data):
+                if start > at:
+                    _parse(split_id, data[at:start], offset + at, limit, batches, dead)
+                _by_line(split_id, data[start:end], offset + start, limit, batches, dead)
+                at = end
+            if at < len(data):
+                _parse(split_id, data[at:], offset + at, limit, batches, dead)
+            return
+        _halve(split_id, data, offset, limit, batches, dead)
+        return
+    rows, suspects, failed_at = _fast(data, limit, lines)
     if rows is not None:
         batches.append(rows)
         if suspects:  # rows that failed a column check: decided line by line
@@ -156,7 +183,6 @@ def _parse(
                 end = min(starts[i + 1], len(data))
                 _by_line(split_id, data[starts[i] : end], offset + starts[i], limit, batches, dead)
         return
-    lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
     if failed_at is not None and 0 <= failed_at < lines:
         # The line that failed is known (a hint: every piece is still checked in full).
         start = len(data) - len(data.split(b"\n", failed_at)[-1])
@@ -170,7 +196,18 @@ def _parse(
     if lines <= _SMALL:
         _by_line(split_id, data, offset, limit, batches, dead)
         return
-    # Halves at a line boundary: a bad line is isolated in about log2(lines) parses.
+    _halve(split_id, data, offset, limit, batches, dead)
+
+
+def _halve(
+    split_id: int,
+    data: bytes,
+    offset: int,
+    limit: int,
+    batches: list[pa.RecordBatch],
+    dead: list[tuple[int, bytes, str]],
+) -> None:
+    """Parse the halves (at a line boundary): a bad line is isolated in ~log2(lines) parses."""
     cut = data.find(b"\n", len(data) // 2)
     if cut < 0 or cut + 1 >= len(data):
         cut = data.rfind(b"\n", 0, len(data) // 2)
@@ -181,14 +218,27 @@ def _parse(
 _ROW = re.compile(r" in row (\d+)$")
 
 
-def _fast(data: bytes, limit: int) -> tuple[pa.RecordBatch | None, list[int], int | None]:
-    """(rows, suspects, None) when ``data`` parsed with one row per line: ``rows`` are the
-    lines that passed every check, ``suspects`` the indices of lines that did not (they take
-    the per-line path). Otherwise (None, [], index of a line known to fail, or None)."""
-    newlines = data.count(b"\n")
-    lines = newlines if data.endswith(b"\n") else newlines + 1
-    if not data.startswith(b"{") or data.count(b"\n{") != lines - 1:
-        return None, [], None  # a line not starting with "{" (blank, whitespace, no object)
+def _torn_lines(data: bytes) -> list[tuple[int, int]]:
+    """Byte ranges of the lines of ``data`` that do not end with ``}``."""
+    lines = data.split(b"\n")
+    if data.endswith(b"\n"):
+        lines.pop()
+    out, at = [], 0
+    for line in lines:
+        end = min(at + len(line) + 1, len(data))
+        if not line.rstrip(b"\r").endswith(b"}"):
+            out.append((at, end))
+        at = end
+    return out
+
+
+def _fast(
+    data: bytes, limit: int, lines: int
+) -> tuple[pa.RecordBatch | None, list[int], int | None]:
+    """(rows, suspects, None) when ``data`` (``lines`` lines, each ending with ``}``) parsed
+    with one row per line: ``rows`` are the lines that passed every check, ``suspects`` the
+    indices of lines that did not (they take the per-line path). Otherwise (None, [], index
+    of a line known to fail, or None)."""
     if len(data) > limit and max(map(len, data.split(b"\n"))) > limit:
         return None, [], None  # an over-long line ("\r" of CRLF included: then line by line)
     if not data.isascii():
@@ -196,6 +246,8 @@ def _fast(data: bytes, limit: int) -> tuple[pa.RecordBatch | None, list[int], in
             data.decode()
         except UnicodeDecodeError as exc:
             return None, [], data.count(b"\n", 0, exc.start)
+        if b"\xef\xbb\xbf" in data:
+            return None, [], None  # a byte order mark: Arrow skips a leading one, orjson fails
     buffer = pa.py_buffer(data)
     try:
         table = pj.read_json(buffer, read_options=_READ, parse_options=_STRICT)
