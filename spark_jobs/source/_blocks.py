@@ -70,6 +70,7 @@ _TIME = (
     r"[T ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
     r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?$"
 )
+_ZONED_TIME = _TIME.removesuffix(")?$") + ")$"  # the same, with the offset required
 _OFFSET = r"(Z|[+-][0-9]{2}:[0-9]{2})$"
 # (Years 1000-9899 only: near year 1 or 9999 an offset can leave Python's datetime range,
 # which Arrow's does not mind; such times are decided line by line.)
@@ -178,10 +179,8 @@ def _parse(
     if rows is not None:
         batches.append(rows)
         if suspects:  # rows that failed a column check: decided line by line
-            starts = [0, *accumulate(len(line) + 1 for line in data.split(b"\n"))]
-            for i in suspects:
-                end = min(starts[i + 1], len(data))
-                _by_line(split_id, data[starts[i] : end], offset + starts[i], limit, batches, dead)
+            for start, end in _line_ranges(data, suspects):
+                _by_line(split_id, data[start:end], offset + start, limit, batches, dead)
         return
     if failed_at is not None and 0 <= failed_at < lines:
         # The line that failed is known (a hint: every piece is still checked in full).
@@ -223,12 +222,21 @@ def _torn_lines(data: bytes) -> list[tuple[int, int]]:
     lines = data.split(b"\n")
     if data.endswith(b"\n"):
         lines.pop()
-    out, at = [], 0
-    for line in lines:
-        end = min(at + len(line) + 1, len(data))
-        if not line.rstrip(b"\r").endswith(b"}"):
-            out.append((at, end))
-        at = end
+    torn = [i for i, line in enumerate(lines) if line[-1:] != b"}" and line[-2:] != b"}\r"]
+    return _line_ranges(data, torn, lines)
+
+
+def _line_ranges(
+    data: bytes, indices: list[int], lines: list[bytes] | None = None
+) -> list[tuple[int, int]]:
+    """Byte ranges (newline included) of the lines ``indices`` (ascending) of ``data``."""
+    if lines is None:
+        lines = data.split(b"\n")
+    ends = list(accumulate(map(len, lines)))  # C loops: no Python work per line
+    out = []
+    for i in indices:
+        start = ends[i - 1] + i if i else 0  # + one newline per line before
+        out.append((start, min(ends[i] + i + 1, len(data))))
     return out
 
 
@@ -278,26 +286,36 @@ def _lenient_ok(data: bytes) -> bool:
 
 
 def _validated(table: pa.Table) -> tuple[pa.RecordBatch | None, list[int], int | None]:
-    event_id, user_id, when, event_type, amount = table.combine_chunks().columns
-    checks = [
-        pc.greater(pc.binary_length(event_id), 0),  # null when missing: not true either
-        pc.is_valid(user_id),
-        pc.match_substring_regex(when, _TIME),
-        pc.is_valid(event_type),
-        pc.is_finite(amount),  # Arrow reads NaN, orjson does not
-    ]
-    ok = checks[0]
-    for check in checks[1:]:
-        ok = pc.and_kleene(ok, check)
-    ok = pc.fill_null(ok, False)
+    event_id, user_id, when, event_type, amount = columns = table.combine_chunks().columns
+    # Each check is an aggregate first; a mask of failing rows is built only when one fails.
+    failed: list[pa.Array] = []
+    if any(column.null_count for column in columns):  # a missing (or null) field
+        failed.append(pc.invert(_all_valid(columns)))
+    lengths = pc.binary_length(event_id)
+    if pc.min(lengths).as_py() == 0:
+        failed.append(pc.equal(lengths, 0))
+    finite = pc.is_finite(amount)  # Arrow reads NaN, orjson does not
+    if not pc.all(finite).as_py():
+        failed.append(pc.invert(finite))
+    zoned = pc.match_substring_regex(when, _ZONED_TIME)  # the usual form: one regex
+    naive = False
+    if not pc.all(zoned).as_py():
+        failed.append(pc.invert(pc.match_substring_regex(when, _TIME)))
+        naive = True
     suspects: list[int] = []
-    if not pc.all(ok).as_py():
-        suspects = pc.indices_nonzero(pc.invert(ok)).to_pylist()
-        keep = pc.filter
-        event_id, user_id, when = keep(event_id, ok), keep(user_id, ok), keep(when, ok)
-        event_type, amount = keep(event_type, ok), keep(amount, ok)
-    with_offset = pc.match_substring_regex(when, _OFFSET)
-    if not pc.all(with_offset).as_py():
+    if failed:
+        bad = failed[0]
+        for more in failed[1:]:
+            bad = pc.or_kleene(bad, more)
+        bad = pc.fill_null(bad, True)
+        suspects = pc.indices_nonzero(bad).to_pylist()
+        if suspects:
+            ok = pc.invert(bad)
+            keep = pc.filter
+            event_id, user_id, when = keep(event_id, ok), keep(user_id, ok), keep(when, ok)
+            event_type, amount = keep(event_type, ok), keep(amount, ok)
+    if naive:
+        with_offset = pc.match_substring_regex(when, _OFFSET)
         # No offset means UTC (as in validate_event); Arrow needs one to cast to UTC.
         when = pc.if_else(with_offset, when, pc.binary_join_element_wise(when, "+00:00", ""))
     try:
@@ -309,6 +327,13 @@ def _validated(table: pa.Table) -> tuple[pa.RecordBatch | None, list[int], int |
         schema=EVENT_SCHEMA,
     )
     return rows, suspects, None
+
+
+def _all_valid(columns: list[Any]) -> pa.Array:
+    valid = pc.is_valid(columns[0])
+    for column in columns[1:]:
+        valid = pc.and_(valid, pc.is_valid(column))
+    return valid
 
 
 def _chunk(column: Any) -> pa.Array:
