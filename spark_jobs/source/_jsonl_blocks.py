@@ -193,7 +193,9 @@ def read_span(
     split = assignment.split
     assert isinstance(split, FileSplit)
     span = dataclasses.replace(split, start=start, end=end)
-    reader = JsonBlockSplitReader(max_line_bytes=max_line_bytes, chunk_bytes=max(end - start, 1))
+    # One read for a usual block; an over-long line inside is still streamed, not loaded.
+    chunk = max(1, min(end - start, 4 << 20))
+    reader = JsonBlockSplitReader(max_line_bytes=max_line_bytes, chunk_bytes=chunk)
     reader.add_split(SplitAssignment(assignment.split_id, span, assignment.epoch, start))
     batches: list[pa.RecordBatch] = []
     try:
