@@ -36,7 +36,8 @@ from enumerator_service import (
 from enumerator_service._rebuilds import RebuildStore
 from enumerator_service._schema import dead_letters, sink_transactions, splits
 from spark_jobs._spark import get_spark
-from spark_jobs.jobs._reader_task import TaskConfig, run_reader_subtask
+from spark_jobs.jobs._subtask import run_reader_subtask
+from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.sink import (
     SINK_NAME,
     TABLE_SINK_NAME,
@@ -227,6 +228,7 @@ def run_enrichment(
             batch_size=settings.lookup_batch_size,
             pool_size=settings.lookup_pool_size,
             max_line_bytes=settings.max_line_bytes,
+            block_bytes=settings.read_block_bytes,
             timeout_seconds=settings.lookup_timeout_seconds,
             retries=settings.lookup_retries,
             max_linger_ms=settings.lookup_max_linger_ms,

@@ -6,6 +6,11 @@ the checkpoint listener and all operator state live. The split fetcher and the s
 thread are the only other threads; they talk to the mailbox thread through the hand-off queue
 and mails.
 
+Records travel in batches: the async operator's element is an ``EventBatch`` (a parsed block
+of JSON Lines from the fetcher, or the events of other formats collected during one run of
+the default action), looked up with one query per batch (``ArrowBatchLookup``) and handed to
+the sink as an Arrow record batch.
+
 Checkpoint *n* (``_on_trigger``, a priority mail): the synchronous part runs on the mailbox
 thread between two records — split states (offsets, watermarks), the async operator's inputs
 not yet emitted, the sink's pre-commit — and the asynchronous part (closing staged files, the
@@ -15,13 +20,14 @@ ends only when a checkpoint taken after its input ended has completed.
 
 from __future__ import annotations
 
-import gc
 import uuid
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from enumerator_service import (
     Acknowledgement,
@@ -40,15 +46,18 @@ from spark_jobs.async_io import (
 )
 from spark_jobs.checkpoint import CheckpointListener
 from spark_jobs.jobs._outages import connect_when_up, is_transient
+from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.jobs._task_state import (
+    EventBatch,
     TaskSplit,
-    decode_event,
-    event_timestamp,
+    batch_of_events,
+    decode_pending,
     snapshot_splits,
 )
-from spark_jobs.lookup import LookupCache, PostgresLookup
-from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension, run_task
+from spark_jobs.lookup import ArrowBatchLookup, LookupCache
+from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension
 from spark_jobs.sink import (
+    ENRICHED_SCHEMA,
     SINK_NAME,
     StagedOutput,
     committer,
@@ -57,6 +66,7 @@ from spark_jobs.sink import (
 )
 from spark_jobs.source import (
     Event,
+    EventBlock,
     FormatRouter,
     HandoffQueue,
     InputStatus,
@@ -64,51 +74,18 @@ from spark_jobs.source import (
     RecordEmitter,
     SourceReaderBase,
     SplitFetcher,
+    read_span,
 )
 
-__all__ = ["ReaderTask", "TaskConfig", "run_reader_subtask"]
+__all__ = ["ReaderTask", "TaskConfig"]
 
 #: Elements the default action moves per call before letting I/O callbacks run.
 _SLICE = 512
 _USER_COLUMNS = ("name", "country", "tier", "signup_time")
-
-
-@dataclass(frozen=True, slots=True)
-class TaskConfig:
-    """Everything a subtask needs; plain values so Spark can ship it to workers."""
-
-    database_url: str
-    asyncpg_dsn: str
-    run_id: str
-    lease_seconds: float
-    output_root: str
-    staging_root: str
-    lookup_schema: str
-    lookup_table: str
-    lookup_key: str
-    capacity: int
-    batch_size: int
-    pool_size: int
-    max_line_bytes: int
-    timeout_seconds: float = 30.0
-    retries: int = 3
-    max_linger_ms: float = 0.0
-    cache_rows: int = 0
-    cache_ttl_seconds: float = 300.0
-    #: Benchmarks only: slept per lookup round trip while holding the connection.
-    injected_latency_ms: float = 0.0
-    exactly_once: bool = True
-    checkpoint_poll_seconds: float = 1.0
-    #: A continuous subtask keeps asking for splits; it ends after ``continuous_idle_seconds``
-    #: without one (None: only when cancelled).
-    continuous: bool = False
-    continuous_poll_seconds: float = 1.0
-    continuous_idle_seconds: float | None = None
-    debug: bool = False
-    #: "parquet" (files under output_root) or "postgres" (rows in sink_schema.sink_table).
-    sink: str = SINK_NAME
-    sink_schema: str = "public"
-    sink_table: str = ""
+_USER_TYPES = [field.type for field in ENRICHED_SCHEMA][5:]
+#: Events of record-at-a-time formats per operator element (at most: a run of the default
+#: action flushes what it collected).
+_EVENTS_PER_BATCH = 2048
 
 
 #: Checkpoint mails overtake input and I/O completions, but not "resume input" (MAX_PRIORITY).
@@ -120,9 +97,10 @@ def _resume_on(suspension: Suspension) -> Callable[[Future[None]], None]:
     return lambda _future: suspension.resume()
 
 
-def _join(event: Event, row: Any) -> tuple[Any, ...]:
-    user = (None, None, None, None) if row is None else (row[1], row[2], row[3], row[4])
-    return (event.split_id, *event[1:], *user)
+def _join(batch: EventBatch, rows: Any, users: list[Any]) -> EventBatch:
+    """The enriched rows of ``batch`` (as an EventBatch of the same split)."""
+    enriched = pa.RecordBatch.from_arrays([*rows.columns, *users], schema=ENRICHED_SCHEMA)
+    return EventBatch(batch.split_id, enriched)
 
 
 class ReaderTask:
@@ -132,6 +110,9 @@ class ReaderTask:
         self._attempt = uuid.uuid4().hex[:8]
         self._splits: dict[int, TaskSplit] = {}
         self._days: dict[int, str] = {}  # split → sink partition (kept after the split)
+        # Events of record-at-a-time formats not yet handed to the operator; empty between
+        # two runs of the default action (so never at a checkpoint).
+        self._events: dict[int, list[Event]] = defaultdict(list)
         self._input_ended = False
         self._last_trigger = 0
         self._last_complete = 0
@@ -146,19 +127,20 @@ class ReaderTask:
         store = SplitStore(engine)
         self._processor = processor = MailboxProcessor(self._default_action, debug=config.debug)
         self._checkpoint_mails = processor.executor(CHECKPOINT_PRIORITY)
-        lookup: PostgresLookup[Event, tuple[Any, ...]] = PostgresLookup(
+        lookup: ArrowBatchLookup[EventBatch, EventBatch] = ArrowBatchLookup(
             config.asyncpg_dsn,
             schema=config.lookup_schema,
             table=config.lookup_table,
             key_column=config.lookup_key,
             columns=_USER_COLUMNS,
-            key_of=lambda event: event.user_id,
+            types=_USER_TYPES,
+            key_field="user_id",
+            rows_of=lambda batch: batch.rows,
+            load=EventBatch.loaded,
             joiner=_join,
             max_batch_size=config.batch_size,
             pool_size=config.pool_size,
-            max_linger=config.max_linger_ms / 1000,
-            # Below the operator's timeout, so a retry re-queries instead of re-attaching to
-            # a hung query.
+            # Below the operator's timeout, so a retry re-queries instead of waiting.
             query_timeout=config.timeout_seconds / (config.retries + 2),
             cache=LookupCache(config.cache_rows, expire_after_write=config.cache_ttl_seconds)
             if config.cache_rows
@@ -204,7 +186,11 @@ class ReaderTask:
         handoff = HandoffQueue(capacity=4)
         # A retried attempt first restores the splits its predecessor held (new epoch).
         restored = store.reclaim(config.run_id, self._subtask, config.lease_seconds)
-        router = FormatRouter(max_line_bytes=config.max_line_bytes, dsn=config.asyncpg_dsn)
+        router = FormatRouter(
+            max_line_bytes=config.max_line_bytes,
+            dsn=config.asyncpg_dsn,
+            block_bytes=config.block_bytes,
+        )
         fetcher = SplitFetcher(
             router,
             handoff,
@@ -251,11 +237,13 @@ class ReaderTask:
         operator, reader = self._operator, self._reader
         for _ in range(_SLICE):
             if not operator.has_capacity():
+                self._flush_events()
                 operator.notify_when_available(controller.suspend_default_action().resume)
                 return
             status = reader.poll_next(self)
             if status is InputStatus.MORE_AVAILABLE:
                 continue
+            self._flush_events()
             suspension = controller.suspend_default_action()
             if status is InputStatus.NOTHING_AVAILABLE:
                 reader.is_available().add_done_callback(_resume_on(suspension))
@@ -265,6 +253,16 @@ class ReaderTask:
             self._input_ended = True
             operator.notify_when_drained(self._listener.request_checkpoint)
             return
+        self._flush_events()
+
+    def _flush_events(self) -> None:
+        """Hand collected events of record-at-a-time formats to the operator (one batch per
+        split). Their splits' offsets already moved past them, so they must be operator
+        input before the mailbox runs anything else (a checkpoint snapshots the operator)."""
+        if self._events:
+            events, self._events = self._events, defaultdict(list)
+            for split_id, collected in events.items():
+                self._operator.process_element(batch_of_events(split_id, collected))
 
     # -- ReaderOutput (mailbox thread) ---------------------------------------------------
 
@@ -274,14 +272,27 @@ class ReaderTask:
         self._days[split_id] = self._sink.output_partition(
             assignment.split.partition_key, assignment.rebuild_id
         )
+
         # Restore: the inputs in flight at the committed checkpoint are invoked again, ahead
         # of the records after the split's resume offset (the operator backlogs when full).
-        for encoded in assignment.pending:
-            event = decode_event(split_id, encoded)
-            self._operator.process_element(event, event_timestamp(event))
+        # Blocks come back as byte ranges, read by the lookup on an executor thread.
+        def load_span(start: int, end: int) -> pa.RecordBatch:
+            return read_span(assignment, start, end, self._config.max_line_bytes)
+
+        for batch in decode_pending(split_id, assignment.pending, load_span):
+            self._operator.process_element(batch)
 
     def collect(self, event: Event, timestamp: int) -> None:
-        self._operator.process_element(event, timestamp)
+        collected = self._events[event.split_id]
+        collected.append(event)
+        if len(collected) >= _EVENTS_PER_BATCH:
+            del self._events[event.split_id]
+            self._operator.process_element(batch_of_events(event.split_id, collected))
+
+    def collect_block(self, block: EventBlock) -> None:
+        self._operator.process_element(
+            EventBatch(block.split_id, block.rows, (block.start, block.end))
+        )
 
     def dead_letter(self, split_id: int, line: RawLine, reason: str) -> None:
         self._sink.dead_letter(split_id, line.offset, line.data, reason)
@@ -291,8 +302,9 @@ class ReaderTask:
 
     # -- operator output (mailbox thread) ------------------------------------------------
 
-    def _collect_enriched(self, row: tuple[Any, ...], _timestamp: int | None) -> None:
-        self._sink.write(self._days[row[0]], row[1:])
+    def _collect_enriched(self, batch: EventBatch, _timestamp: int | None) -> None:
+        assert batch.rows is not None
+        self._sink.write_batch(self._days[batch.split_id], batch.rows)
 
     def _on_marker(self, marker: Marker) -> None:
         raise AssertionError(f"unexpected marker {marker!r}")
@@ -312,6 +324,7 @@ class ReaderTask:
         if checkpoint_id <= self._last_trigger:
             return  # repeated (notification and poll both delivered it)
         self._last_trigger = checkpoint_id
+        self._flush_events()  # (empty here: flushed before the mailbox runs a mail)
         final = self._input_ended and self._operator.in_flight() == 0
         # Steps 1-2: split states and the operator's inputs not yet emitted.
         states = snapshot_splits(self._splits, self._operator.snapshot(), checkpoint_id)
@@ -393,25 +406,3 @@ class ReaderTask:
             if held.finished_in is not None and held.finished_in <= checkpoint_id
         ]:
             del self._splits[split_id]
-
-
-#: Young-generation threshold while a subtask runs (CPython's default is 700). A subtask
-#: allocates a few container objects per record and keeps up to ``capacity`` records plus
-#: the lookup cache alive, so the default collects the young generation every few hundred
-#: records and walks the survivors each time: over a third of worker CPU when profiled.
-_GC_YOUNG_THRESHOLD = 50_000
-
-
-def run_reader_subtask(config: TaskConfig, subtask: int) -> dict[str, Any]:
-    """Entry point inside a Spark task: run subtask ``subtask`` of the run to completion."""
-    thresholds = gc.get_threshold()
-    # Objects alive before the task (imports, Spark's worker state) are never garbage:
-    # freezing them keeps every collection from walking them again.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(_GC_YOUNG_THRESHOLD, thresholds[1], thresholds[2])
-    try:
-        return run_task(ReaderTask(config, subtask).run)
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()

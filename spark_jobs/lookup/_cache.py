@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
 __all__ = ["CacheHit", "LookupCache"]
@@ -148,6 +148,58 @@ class LookupCache(Generic[K, V]):
             self._by_write[key] = entry
             self._by_write.move_to_end(key)
         self.loads += 1
+
+    def get_many(self, keys: Iterable[K]) -> list[CacheHit[V] | None]:
+        """``get`` of each key in order, at one clock reading (a batch's lookups are one
+        instant): the per-key work is a dictionary lookup and an LRU move."""
+        now = 0.0
+        if self._expires:
+            now = self._clock()
+            self._purge(now)
+        lookup, touch = self._by_access.get, self._by_access.move_to_end
+        track = self.expire_after_access is not None
+        out: list[CacheHit[V] | None] = []
+        found = 0
+        for key in keys:
+            entry = lookup(key)
+            if entry is None:
+                out.append(None)
+                continue
+            if track:
+                entry.accessed = now
+            touch(key)
+            out.append(entry.hit)
+            found += 1
+        self.hits += found
+        self.misses += len(out) - found
+        return out
+
+    def put_many(self, items: Iterable[tuple[K, V | None]]) -> None:
+        """``put`` of each (key, row) in order, at one clock reading."""
+        if not self.cache_missing_key:
+            for key, row in items:
+                self.put(key, row)
+            return
+        now = 0.0
+        if self._expires:
+            now = self._clock()
+            self._purge(now)
+        by_access, by_write = self._by_access, self._by_write
+        limit = self.maximum_size
+        for key, row in items:
+            entry = _Entry(CacheHit(row), now)
+            if key in by_access:
+                by_access.move_to_end(key)
+            elif len(by_access) >= limit:
+                evicted, _ = by_access.popitem(last=False)
+                if by_write is not None:
+                    del by_write[evicted]
+                self.evictions += 1
+            by_access[key] = entry
+            if by_write is not None:
+                by_write[key] = entry
+                by_write.move_to_end(key)
+            self.loads += 1
 
     def invalidate(self, key: K) -> None:
         """Forget ``key`` (no-op when absent)."""

@@ -71,6 +71,17 @@ class LatencyHistogram:
         if seconds > self.max:
             self.max = seconds
 
+    def record_weighted(self, seconds: float, times: int) -> None:
+        """Add ``times`` observations of ``seconds`` (the rows of one looked-up block)."""
+        if times <= 0:
+            return
+        seconds = max(seconds, 0.0)
+        self._counts[self._index(seconds)] += times
+        self.count += times
+        self.total += seconds * times
+        self.min = min(self.min, seconds)
+        self.max = max(self.max, seconds)
+
     def record_many(self, values: Sequence[float]) -> None:
         """Add a batch of observations: the same as ``record`` each, much cheaper.
 

@@ -239,6 +239,12 @@ class PostgresTableSinkWriter:
             buffer, self._buffer = self._buffer, []
             self._io.submit(self._copy, buffer)
 
+    def write_batch(self, day: str, batch: pa.RecordBatch) -> None:
+        """Rows of an Arrow record batch (``ENRICHED_SCHEMA``): COPY takes them row by row."""
+        columns = [column.to_pylist() for column in batch.columns]
+        for row in zip(*columns, strict=True):
+            self.write(day, row)
+
     def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
         self._dead.append((split_id, offset, raw, reason))
 

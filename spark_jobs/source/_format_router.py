@@ -1,7 +1,9 @@
 """Reads splits of every kind by handing each to the split reader of its format.
 
 A subtask reads one split at a time, so the router only ever has one active format reader;
-the next split goes to its reader once the current one is finished.
+the next split goes to its reader once the current one is finished. Plain JSON Lines splits
+are read in parsed blocks (:class:`JsonBlockSplitReader`, parsed on the fetcher thread); every
+other format hands over one record at a time, parsed on the mailbox thread by ``parse``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeAlias
 
 from enumerator_service import SplitAssignment
+from spark_jobs.source._blocks import EventBlock
 from spark_jobs.source._csv_reader import CsvSplitReader, LinesSplitReader, parse_csv_record
 from spark_jobs.source._events import Event, parse_event
+from spark_jobs.source._jsonl_blocks import JsonBlockSplitReader
 from spark_jobs.source._parquet_reader import (
     ParquetSplitReader,
     RowRecord,
@@ -24,8 +28,10 @@ from spark_jobs.source._table_reader import TableRangeSplitReader
 
 __all__ = ["FormatRouter", "SplitBatch", "SplitReader"]
 
-SplitBatch: TypeAlias = RecordsWithSplitIds[RawLine] | RowsWithSplitIds
-Record = RawLine | RowRecord
+SplitBatch: TypeAlias = (
+    RecordsWithSplitIds[RawLine] | RowsWithSplitIds | RecordsWithSplitIds[EventBlock]
+)
+Record = RawLine | RowRecord | EventBlock
 
 
 class SplitReader(Protocol):
@@ -49,8 +55,9 @@ class FormatRouter:
     or None (not a record), with the parser of that split's format.
     """
 
-    def __init__(self, *, max_line_bytes: int, dsn: str) -> None:
+    def __init__(self, *, max_line_bytes: int, dsn: str, block_bytes: int = 256 << 10) -> None:
         self._max_line = max_line_bytes
+        self._blocks = JsonBlockSplitReader(max_line_bytes=max_line_bytes, chunk_bytes=block_bytes)
         self._lines = LinesSplitReader(max_line_bytes=max_line_bytes)
         self._csv = CsvSplitReader(max_line_bytes=max_line_bytes)
         self._parquet = ParquetSplitReader()
@@ -60,8 +67,14 @@ class FormatRouter:
         # Written by the fetcher thread before the split's first batch is handed over.
         self._parsers: dict[int, Callable[[int, Any], Event | str | None]] = {}
 
+    @property
+    def max_line_bytes(self) -> int:
+        return self._max_line
+
     def _reader_for(self, kind: str) -> SplitReader:
-        if kind in ("jsonl", "jsonl.gz"):
+        if kind == "jsonl":
+            return self._blocks
+        if kind == "jsonl.gz":
             return self._lines
         if kind in ("csv", "csv.gz"):
             return self._csv
@@ -112,5 +125,5 @@ class FormatRouter:
             self._active.wake_up()
 
     def close(self) -> None:
-        for reader in (self._lines, self._csv, self._parquet, self._table):
+        for reader in (self._blocks, self._lines, self._csv, self._parquet, self._table):
             reader.close()

@@ -76,3 +76,48 @@ def test_a_restored_split_reinvokes_its_in_flight_inputs_then_reads_on(make_sett
         assert tuple(state) == ("COMPLETED", sum(len(line) for line in lines), None)
     finally:
         platform.close()
+
+
+def test_a_restored_block_is_re_read_from_its_byte_range(make_settings: Any) -> None:
+    """Blocks of JSON Lines are checkpointed as ``{"span": [start, end]}``: restore re-reads
+    and re-parses the range, invokes its events again, and does not dead-letter its malformed
+    lines a second time (they were committed when the block was emitted)."""
+    settings: Settings = make_settings()
+    platform = open_platform(settings)
+    try:
+        load_users(
+            asyncpg_dsn(platform.url), schema="public", table="users", key="id", users=50, seed=1
+        )
+        folder = settings.landing_path / "dt=2026-01-03"
+        folder.mkdir(parents=True)
+        lines = [
+            orjson.dumps(
+                {
+                    "event_id": f"r{i}",
+                    "user_id": i + 1,
+                    "event_time": f"2026-01-03T00:00:0{i}+00:00",
+                    "event_type": "click",
+                    "amount": float(i),
+                }
+            )
+            + b"\n"
+            for i in range(10)
+        ]
+        lines[5] = b"{not json\n"
+        (folder / "a.jsonl").write_bytes(b"".join(lines))
+        assert discover(platform).splits_registered == 1
+        starts = [sum(len(line) for line in lines[:i]) for i in range(11)]
+        # Committed: lines 0-3 emitted, the block of lines 4-6 pending, 7-9 not read.
+        with platform.engine.begin() as conn:
+            conn.execute(
+                sa.update(splits)
+                .where(splits.c.source == settings.source_name)
+                .values(committed_offset=starts[7], pending=[{"span": [starts[4], starts[7]]}])
+            )
+        summary = run_enrichment(settings)
+        assert (summary.splits, summary.rows_out, summary.dead_letters) == (1, 5, 0)
+        rows = ds.dataset(settings.output_path, format="parquet").to_table().to_pylist()
+        assert sorted(r["event_id"] for r in rows) == ["r4", "r6", "r7", "r8", "r9"]
+        assert all(r["user_name"] is not None for r in rows)
+    finally:
+        platform.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -254,3 +254,49 @@ class CacheMachine(RuleBasedStateMachine):
 
 CacheMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 TestCacheAgainstModel = CacheMachine.TestCase
+
+
+@st.composite
+def _batches(draw: st.DrawFn) -> list[tuple[str, float, list[tuple[str, str | None]]]]:
+    ops = st.lists(st.tuples(st.sampled_from("abcdefg"), st.sampled_from(["x", "y", None])))
+    kind = st.sampled_from(["get", "put"])
+    return draw(st.lists(st.tuples(kind, st.sampled_from([0.0, 0.4, 1.1]), ops), max_size=12))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"expire_after_write": 1.0},
+        {"expire_after_access": 1.0},
+        {"expire_after_write": 2.0, "expire_after_access": 1.0, "cache_missing_key": False},
+    ],
+)
+@settings(max_examples=150, deadline=None)
+@given(batches=_batches())
+def test_get_many_and_put_many_are_get_and_put_at_one_instant(
+    kwargs: dict[str, Any], batches: list[tuple[str, float, list[tuple[str, str | None]]]]
+) -> None:
+    clocks = FakeClock(), FakeClock()
+    one: LookupCache[str, str] = LookupCache(3, clock=clocks[0], **kwargs)
+    many: LookupCache[str, str] = LookupCache(3, clock=clocks[1], **kwargs)
+    for kind, advance, ops in batches:
+        for clock in clocks:
+            clock.advance(advance)
+        if kind == "get":
+            keys = [key for key, _ in ops]
+            got = many.get_many(keys)
+            assert [h if h is None else h.row for h in (one.get(k) for k in keys)] == [
+                h if h is None else h.row for h in got
+            ]
+        else:
+            for key, row in ops:
+                one.put(key, row)
+            many.put_many(ops)
+        assert rows(one, *"abcdefg") == rows(many, *"abcdefg")
+        assert (one.hits, one.misses, one.loads, one.evictions) == (
+            many.hits,
+            many.misses,
+            many.loads,
+            many.evictions,
+        )
