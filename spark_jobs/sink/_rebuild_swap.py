@@ -13,6 +13,7 @@ after the files are in place.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -118,3 +119,6 @@ def _sweep(store: RebuildStore, output_root: Path) -> None:
     for folder, rebuild_id in folders.items():
         if rebuild_id in finished:
             shutil.rmtree(folder, ignore_errors=True)
+    for day in [root, *root.iterdir()][::-1]:  # day folders first, then the root
+        with contextlib.suppress(OSError):
+            day.rmdir()  # only when empty
