@@ -12,6 +12,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from dagster import (
     DefaultSensorStatus,
     RunRequest,
     SkipReason,
+    build_schedule_context,
     build_sensor_context,
     materialize,
 )
@@ -36,6 +38,7 @@ from dagster_project.resources import (
     SluiceResource,
     SparkResource,
 )
+from dagster_project.schedules import hourly_incremental_schedule
 from dagster_project.sensors import FilesSensorCursor, new_files_sensor
 from enumerator_service import ConfigError, Settings, SplitStore, asyncpg_dsn, connect_engine
 from enumerator_service._demo_data import DemoSpec, generate_events, load_users
@@ -282,3 +285,47 @@ def test_incremental_job_processes_everything_unassigned(tiny_dataset: Settings)
         if event.event_type_value == "STEP_OUTPUT"
     ]
     assert output["nothing_new"].value is True
+
+
+def _step_output(result: Any) -> dict[str, Any]:
+    (metadata,) = [
+        event.event_specific_data.metadata
+        for event in result.all_events
+        if event.event_type_value == "STEP_OUTPUT"
+    ]
+    return {key: value.value for key, value in metadata.items()}
+
+
+@pytest.mark.spark
+def test_schedule_ticks_run_everything_discovered_since_the_last_run(
+    tiny_dataset: Settings,
+) -> None:
+    settings, sluice = tiny_dataset, resource_for(tiny_dataset)
+    schedule = hourly_incremental_schedule
+
+    def tick(hour: int) -> dict[str, Any]:
+        when = datetime(2026, 11, 21, hour, tzinfo=UTC)
+        data = schedule.evaluate_tick(build_schedule_context(scheduled_execution_time=when))
+        (request,) = data.run_requests or []
+        assert isinstance(request, RunRequest)
+        assert schedule.job_name == process_new_splits_job.name
+        result = process_new_splits_job.execute_in_process(
+            run_config=request.run_config, tags=request.tags, resources={"sluice": sluice}
+        )
+        assert result.success
+        return _step_output(result)
+
+    files = settings.demo_days * settings.demo_files_per_day
+    first = tick(1)
+    assert first["splits"] == first["splits_registered"] == files
+    assert first["rows_out"] == parquet_rows(settings.output_path) > 0
+    assert tick(2)["nothing_new"] is True
+    # A file landing between two ticks is what the next run processes — and only it.
+    late = settings.landing_path / "dt=2026-01-02" / "part-late.jsonl"
+    late.write_text(
+        '{"event_id": "late-1", "user_id": 1, "event_time": "2026-01-02T12:00:00Z", '
+        '"event_type": "click", "amount": 0}\n'
+    )
+    third = tick(3)
+    assert (third["splits_registered"], third["splits"], third["rows_out"]) == (1, 1, 1)
+    assert parquet_rows(settings.output_path) == first["rows_out"] + 1
