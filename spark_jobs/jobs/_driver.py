@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -51,6 +51,7 @@ __all__ = ["RunSummary", "run_enrichment"]
 
 _log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -278,12 +279,13 @@ def run_enrichment(
             _give_back(store, engine, run_id, sinks)
         if coordinator.error is not None:
             raise RuntimeError("checkpoint coordinator failed") from coordinator.error
+        # The run's work is committed: a Postgres restart now delays the wrap-up, no more.
         if progress is not None:
-            progress(*_run_progress(engine, run_id))
-        recover(engine, sinks)  # publishes anything committed but not yet published
+            progress(*_while_down(lambda: _run_progress(engine, run_id)))
+        _while_down(lambda: recover(engine, sinks))  # publishes what is committed, unpublished
         shutil.rmtree(staging_root / run_id, ignore_errors=True)
-        finish()
-        pending = {r.id for r in rebuilds.pending(source)}
+        _while_down(finish)
+        pending = {r.id for r in _while_down(lambda: rebuilds.pending(source))}
         unfinished = [r for r in replacing if r.id in pending]
         if unfinished:
             raise RuntimeError(
@@ -295,7 +297,7 @@ def run_enrichment(
             sweep_staged(engine, settings.sink_schema, settings.sink_table)
         stats = coordinator.stats
         # From Postgres, not from task results: a retried task's earlier commits count too.
-        committed, rows_out, dead = _run_totals(engine, run_id)
+        committed, rows_out, dead = _while_down(lambda: _run_totals(engine, run_id))
         seconds = time.monotonic() - started
         return RunSummary(
             run_id=run_id,
@@ -317,6 +319,21 @@ def run_enrichment(
         )
     finally:
         engine.dispose()
+
+
+def _while_down(step: Callable[[], _T], patience: float = 60.0) -> _T:
+    """``step``, retried while the database is unreachable (a restart), for ``patience`` s."""
+    deadline = time.monotonic() + patience
+    delay = 0.2
+    while True:
+        try:
+            return step()
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            _log.warning("database unavailable, retrying in %.1fs: %s", delay, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def _give_back(

@@ -42,9 +42,11 @@ USERS = 50_000
 LEASE_SECONDS = 4.0
 #: 10 kill points: every kind at least three times (the order is shuffled by the seed).
 PLAN = ["worker"] * 4 + ["driver"] * 3 + ["postgres"] * 3
-#: Top-up batches at most, and their size.
-MAX_TOP_UPS = 8
-TOP_UP_EVENTS = 25_000
+#: Top-up batches at most, and their size. Batched reading enriches a top-up in about a
+#: second, so a kill moment often comes after a run's work: the stream needs enough batches
+#: (each one more run) to spend every kill.
+MAX_TOP_UPS = 24
+TOP_UP_EVENTS = 50_000
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,8 @@ def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verd
         # ~60 byte-range splits of ~256 KiB over 12 files.
         "SLUICE_TARGET_SPLIT_BYTES": str(256 << 10),
         "SLUICE_LOOKUP_TIMEOUT_SECONDS": "20",
+        # Blocks of ~400 events: more of them in flight (and in checkpoints) at each kill.
+        "SLUICE_READ_BLOCK_BYTES": str(64 << 10),
     }
     env = sluice_env(settings, work)
     landing = work / "data" / "landing" / source
