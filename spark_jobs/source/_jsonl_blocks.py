@@ -19,65 +19,23 @@ Threading: ``fetch`` may block on file I/O and is called by one fetcher thread o
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
-from typing import BinaryIO
 
 import pyarrow as pa
 
 from enumerator_service import FileSplit, SplitAssignment
 from spark_jobs.source._blocks import EventBlock, concat, max_time, parse_lines
 from spark_jobs.source._events import parse_event
+from spark_jobs.source._jsonl_reader import LineSplitCursor
 from spark_jobs.source._records import RawLine, RecordsWithSplitIds
 
 __all__ = ["JsonBlockSplitReader", "read_span"]
 
 
-class JsonBlockSplitReader:
+class JsonBlockSplitReader(LineSplitCursor):
     """Reads its splits one after another, one block of whole lines per ``fetch``."""
 
     def __init__(self, *, max_line_bytes: int, chunk_bytes: int = 256 << 10) -> None:
-        self._max_line = max_line_bytes
-        self._chunk = chunk_bytes
-        self._splits: deque[SplitAssignment] = deque()
-        self._current: SplitAssignment | None = None
-        self._file: BinaryIO | None = None
-        self._pos = 0  # file offset of the first byte of self._carry
-        self._carry = b""
-        self._skip_partial = False  # inside the line that began before the split's start
-        self._long_start: int | None = None  # inside an over-long line starting here
-        self._long_prefix = b""
-        self._woken = False
-
-    def add_split(self, assignment: SplitAssignment) -> None:
-        self._splits.append(assignment)
-
-    def has_splits(self) -> bool:
-        return self._current is not None or bool(self._splits)
-
-    def wake_up(self) -> None:
-        self._woken = True
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def _open_next(self) -> None:
-        assignment = self._splits.popleft()
-        split = assignment.split
-        self._current = assignment
-        self._file = open(split.path, "rb")  # noqa: SIM115 - kept open across fetch calls
-        pos = assignment.resume_offset
-        self._carry = b""
-        self._skip_partial = False
-        self._long_start, self._long_prefix = None, b""
-        if pos > 0 and pos == split.start:
-            # Started mid-file: the line containing byte start-1 belongs to the previous split.
-            self._file.seek(pos - 1)
-            if self._file.read(1) != b"\n":
-                self._skip_partial = True  # discard through the next newline
-        self._file.seek(pos)
-        self._pos = pos
+        super().__init__(max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
 
     def _long_line(self, start: int, following: int) -> tuple[int, int, RawLine]:
         line = RawLine(start, following, self._long_prefix, True)

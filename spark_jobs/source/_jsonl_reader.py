@@ -8,22 +8,18 @@ from typing import BinaryIO
 from enumerator_service import SplitAssignment
 from spark_jobs.source._records import RawLine, RecordsWithSplitIds
 
-__all__ = ["JsonLinesSplitReader"]
+__all__ = ["JsonLinesSplitReader", "LineSplitCursor"]
 
 
-class JsonLinesSplitReader:
-    """Reads the lines of its splits one after another, ``chunk_bytes`` at a time.
+class LineSplitCursor:
+    """Where a line-oriented reader stands: its queue of splits, the open file of the current
+    one, the carried partial line and the over-long-line state. ``_open_next`` applies the
+    offset rule at a split's start (see :class:`JsonLinesSplitReader`).
 
-    Offset rule (see FileSplit): a line belongs to the split in which its first byte lies. A
-    split starting mid-file skips the partial line before its start, and its last line may end
-    past ``end``. A resume offset above ``start`` is always a line start (it was the
-    ``next_offset`` of an emitted line), so nothing is skipped there.
-
-    Threading: ``fetch`` may block on file I/O and is called by one fetcher thread only;
-    ``wake_up`` may be called from any thread and makes a running ``fetch`` return early.
+    Threading: owned by one fetcher thread; ``wake_up`` may be called from any thread.
     """
 
-    def __init__(self, *, max_line_bytes: int, chunk_bytes: int = 1 << 20) -> None:
+    def __init__(self, *, max_line_bytes: int, chunk_bytes: int) -> None:
         self._max_line = max_line_bytes
         self._chunk = chunk_bytes
         self._splits: deque[SplitAssignment] = deque()
@@ -66,6 +62,22 @@ class JsonLinesSplitReader:
                 self._skip_partial = True  # discard through the next newline
         self._file.seek(pos)
         self._pos = pos
+
+
+class JsonLinesSplitReader(LineSplitCursor):
+    """Reads the lines of its splits one after another, ``chunk_bytes`` at a time.
+
+    Offset rule (see FileSplit): a line belongs to the split in which its first byte lies. A
+    split starting mid-file skips the partial line before its start, and its last line may end
+    past ``end``. A resume offset above ``start`` is always a line start (it was the
+    ``next_offset`` of an emitted line), so nothing is skipped there.
+
+    Threading: ``fetch`` may block on file I/O and is called by one fetcher thread only;
+    ``wake_up`` may be called from any thread and makes a running ``fetch`` return early.
+    """
+
+    def __init__(self, *, max_line_bytes: int, chunk_bytes: int = 1 << 20) -> None:
+        super().__init__(max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
 
     def fetch(self) -> RecordsWithSplitIds[RawLine]:
         """Up to one chunk of lines of the current split; marks the split finished at its end."""
