@@ -29,17 +29,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from time import perf_counter
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from enumerator_service import ConfigError, validate_identifier
-from spark_jobs.async_io import AsyncFunction, ResultFuture
+from spark_jobs.async_io import ResultFuture
 from spark_jobs.lookup._cache import LookupCache
-from spark_jobs.lookup._connections import ConnectionPool, acquire_pool, release_pool
-from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
+from spark_jobs.lookup._pooled import PooledLookup
 
 __all__ = ["ArrowBatchLookup"]
 
@@ -53,7 +52,7 @@ WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
 """
 
 
-class ArrowBatchLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
+class ArrowBatchLookup(PooledLookup[IN, OUT]):
     """Look up the ``key_field`` column of each batch in ``schema.table`` (``key_column``)
     and hand ``columns`` of the matching rows, aligned with the batch, to ``joiner``.
 
@@ -93,35 +92,17 @@ class ArrowBatchLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         if latency < 0:
             raise ValueError("latency must not be negative")
-        self._dsn, self._schema, self._table = dsn, schema, table
+        super().__init__(dsn, pool_size)
+        self._schema, self._table = schema, table
         self._key_column, self._columns, self._types = key_column, tuple(columns), list(types)
         self._key_field = key_field
         self._rows_of, self._load, self._joiner = rows_of, load, joiner
-        self._max_batch, self._pool_size = max_batch_size, pool_size
+        self._max_batch = max_batch_size
         self._cache, self._latency, self._query_timeout = cache, latency, query_timeout
-        self._pool: ConnectionPool | None = None
-        self._sql: str | None = None
         self._key_type: pa.DataType | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # asyncio keeps only weak references
-        self._latencies = LatencyHistogram()
-        self.lookups = 0
-        self.batches = 0
-        self.keys_queried = 0
-        self.rows_fetched = 0
-        self.cache_hits = 0
-        self.cache_misses = 0
 
     # -- lifecycle (event loop) ----------------------------------------------------------
-
-    async def open(self) -> None:
-        pool = acquire_pool(self._dsn, self._pool_size)
-        try:
-            async with pool.connection() as conn:
-                self._sql = await self._build_sql(conn)
-        except BaseException:
-            await release_pool(self._dsn)
-            raise
-        self._pool = pool
 
     async def close(self) -> None:
         # Batches still running belong to a failing task: their results would be dropped.
@@ -129,9 +110,7 @@ class ArrowBatchLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._pool is not None:
-            self._pool = None
-            await release_pool(self._dsn)
+        await self._leave_pool()
 
     async def _build_sql(self, conn: asyncpg.Connection) -> str:
         qualified = f"{self._schema}.{self._table}"
@@ -165,21 +144,6 @@ class ArrowBatchLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
         task = asyncio.get_running_loop().create_task(self._serve(value, result_future))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def metrics(self) -> LookupMetrics:
-        """A snapshot of the counters; latencies are per row (a batch's rows share one)."""
-        latencies = self._latencies
-        return LookupMetrics(
-            lookups=self.lookups,
-            batches=self.batches,
-            keys_queried=self.keys_queried,
-            rows_fetched=self.rows_fetched,
-            cache_hits=self.cache_hits,
-            cache_misses=self.cache_misses,
-            p50_ms=latencies.quantile(0.5) * 1e3,
-            p99_ms=latencies.quantile(0.99) * 1e3,
-            mean_batch_size=self.keys_queried / self.batches if self.batches else 0.0,
-        )
 
     # -- one batch (a task on the event loop) ---------------------------------------------
 

@@ -21,15 +21,14 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
 from time import perf_counter
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 
 from enumerator_service import ConfigError, validate_identifier
-from spark_jobs.async_io import AsyncFunction, ResultFuture
+from spark_jobs.async_io import ResultFuture
 from spark_jobs.lookup._cache import LookupCache
-from spark_jobs.lookup._connections import ConnectionPool, acquire_pool, release_pool
-from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
+from spark_jobs.lookup._pooled import PooledLookup
 
 __all__ = ["PostgresLookup"]
 
@@ -46,7 +45,7 @@ WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
 """
 
 
-class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
+class PostgresLookup(PooledLookup[IN, OUT]):
     """Look up each input's key in ``schema.table`` and join the row (or None) onto it.
 
     ``key_column`` is one column name (``key_of`` returns the value) or a sequence of names
@@ -99,7 +98,7 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         if max_linger < 0 or latency < 0:
             raise ValueError("max_linger and latency must not be negative")
-        self._dsn = dsn
+        super().__init__(dsn, pool_size)
         self._schema = schema
         self._table = table
         self._key_columns = key_columns
@@ -107,13 +106,10 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
         self._key_of = key_of
         self._joiner = joiner
         self._max_batch = max_batch_size
-        self._pool_size = pool_size
         self._linger = max_linger
         self._cache = cache
         self._latency = latency
         self._query_timeout = query_timeout
-        self._pool: ConnectionPool | None = None
-        self._sql: str | None = None
         self._sql_one: str | None = None
         # Every key pending or in flight → its waiters (value, future, perf_counter at invoke).
         # One dict for both states makes single-flight one lookup per invoke, and a key leaves
@@ -130,25 +126,8 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
         # asyncio keeps only weak references to tasks: hold them until they finish.
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle_workers: list[asyncio.Future[list[Any] | None]] = []
-        self._latencies = LatencyHistogram()
-        self.lookups = 0
-        self.batches = 0
-        self.keys_queried = 0
-        self.rows_fetched = 0
-        self.cache_hits = 0
-        self.cache_misses = 0
 
     # -- lifecycle (event loop) ----------------------------------------------------------
-
-    async def open(self) -> None:
-        pool = acquire_pool(self._dsn, self._pool_size)
-        try:
-            async with pool.connection() as conn:
-                self._sql = await self._build_sql(conn)
-        except BaseException:
-            await release_pool(self._dsn)
-            raise
-        self._pool = pool
 
     async def close(self) -> None:
         # A lingering batch is sent now rather than left behind with futures never completed;
@@ -160,9 +139,7 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
             self._idle_workers.pop().set_result(None)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._pool is not None:
-            self._pool = None
-            await release_pool(self._dsn)
+        await self._leave_pool()
 
     async def _build_sql(self, conn: asyncpg.Connection) -> str:
         qualified = f"{self._schema}.{self._table}"
@@ -224,21 +201,6 @@ class PostgresLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
                 if self._linger > 0
                 else loop.call_soon(self._on_linger)
             )
-
-    def metrics(self) -> LookupMetrics:
-        """A snapshot of the counters and the invoke-to-completion latency quantiles."""
-        latencies = self._latencies
-        return LookupMetrics(
-            lookups=self.lookups,
-            batches=self.batches,
-            keys_queried=self.keys_queried,
-            rows_fetched=self.rows_fetched,
-            cache_hits=self.cache_hits,
-            cache_misses=self.cache_misses,
-            p50_ms=latencies.quantile(0.5) * 1e3,
-            p99_ms=latencies.quantile(0.99) * 1e3,
-            mean_batch_size=self.keys_queried / self.batches if self.batches else 0.0,
-        )
 
     def _complete(self, value: IN, future: ResultFuture[OUT], row: Any, start: float) -> None:
         try:

@@ -1,0 +1,75 @@
+"""What every Postgres lookup function shares: its pool, its SQL, its counters."""
+
+from __future__ import annotations
+
+import abc
+from typing import Generic, TypeVar
+
+import asyncpg
+
+from spark_jobs.async_io import AsyncFunction
+from spark_jobs.lookup._connections import ConnectionPool, acquire_pool, release_pool
+from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
+
+__all__ = ["PooledLookup"]
+
+IN = TypeVar("IN")
+OUT = TypeVar("OUT")
+
+
+class PooledLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
+    """A lookup on the worker's shared asyncpg pool for ``dsn`` (``pool_size`` connections),
+    with the lookup counters and latency histogram behind :meth:`metrics`.
+
+    Threading: everything runs on the event loop of the task's mailbox thread; the counters
+    are plain attributes because only that thread touches them (the per-key hot path
+    increments them inline).
+    """
+
+    def __init__(self, dsn: str, pool_size: int) -> None:
+        self._dsn, self._pool_size = dsn, pool_size
+        self._pool: ConnectionPool | None = None
+        self._sql: str | None = None
+        self._latencies = LatencyHistogram()
+        self.lookups = 0
+        self.batches = 0
+        self.keys_queried = 0
+        self.rows_fetched = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    async def open(self) -> None:
+        """Join the worker's pool and build the statement (``_build_sql``) on one of its
+        connections; leaves the pool again if that fails."""
+        pool = acquire_pool(self._dsn, self._pool_size)
+        try:
+            async with pool.connection() as conn:
+                self._sql = await self._build_sql(conn)
+        except BaseException:
+            await release_pool(self._dsn)
+            raise
+        self._pool = pool
+
+    async def _leave_pool(self) -> None:
+        if self._pool is not None:
+            self._pool = None
+            await release_pool(self._dsn)
+
+    @abc.abstractmethod
+    async def _build_sql(self, conn: asyncpg.Connection) -> str:
+        """The lookup statement, checked against the catalog through ``conn``."""
+
+    def metrics(self) -> LookupMetrics:
+        """A snapshot of the counters and the invoke-to-completion latency quantiles."""
+        latencies = self._latencies
+        return LookupMetrics(
+            lookups=self.lookups,
+            batches=self.batches,
+            keys_queried=self.keys_queried,
+            rows_fetched=self.rows_fetched,
+            cache_hits=self.cache_hits,
+            cache_misses=self.cache_misses,
+            p50_ms=latencies.quantile(0.5) * 1e3,
+            p99_ms=latencies.quantile(0.99) * 1e3,
+            mean_batch_size=self.keys_queried / self.batches if self.batches else 0.0,
+        )
