@@ -35,21 +35,15 @@ import asyncpg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from enumerator_service import ConfigError, validate_identifier
+from enumerator_service import validate_identifier
 from spark_jobs.async_io import ResultFuture
 from spark_jobs.lookup._cache import LookupCache
-from spark_jobs.lookup._pooled import PooledLookup
+from spark_jobs.lookup._pooled import PooledLookup, column_types
 
 __all__ = ["ArrowBatchLookup"]
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
-
-_COLUMN_TYPES = """
-SELECT attname, format_type(atttypid, NULL)
-FROM pg_catalog.pg_attribute
-WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
-"""
 
 
 class ArrowBatchLookup(PooledLookup[IN, OUT]):
@@ -114,14 +108,7 @@ class ArrowBatchLookup(PooledLookup[IN, OUT]):
 
     async def _build_sql(self, conn: asyncpg.Connection) -> str:
         qualified = f"{self._schema}.{self._table}"
-        oid = await conn.fetchval("SELECT to_regclass($1)::oid", qualified)
-        if oid is None:
-            raise ConfigError("table", f"lookup table {qualified} does not exist")
-        types: dict[str, str] = dict(await conn.fetch(_COLUMN_TYPES, oid))
-        for setting, names in (("key_column", (self._key_column,)), ("columns", self._columns)):
-            for name in names:
-                if name not in types:
-                    raise ConfigError(setting, f"lookup table {qualified} has no column {name}")
+        types = await column_types(conn, qualified, (self._key_column,), self._columns)
         key = self._key_column
         selected = [
             key,

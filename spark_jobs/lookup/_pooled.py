@@ -3,22 +3,50 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 import asyncpg
 
+from enumerator_service import ConfigError
 from spark_jobs.async_io import AsyncFunction
 from spark_jobs.lookup._connections import ConnectionPool, acquire_pool, release_pool
 from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
 
-__all__ = ["PooledLookup"]
+__all__ = ["PooledLookup", "column_types"]
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
 
+# The columns' types without typmod: casting keys to e.g. varchar(20) would silently truncate
+# a longer key and match the wrong row.
+_COLUMN_TYPES = """
+SELECT attname, format_type(atttypid, NULL)
+FROM pg_catalog.pg_attribute
+WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
+"""
+
+
+async def column_types(
+    conn: asyncpg.Connection, qualified: str, key_columns: Sequence[str], columns: Sequence[str]
+) -> dict[str, str]:
+    """The SQL types of table ``qualified``'s columns, from the catalog; a ConfigError naming
+    the setting when the table or one of the key or looked-up columns does not exist."""
+    oid = await conn.fetchval("SELECT to_regclass($1)::oid", qualified)
+    if oid is None:
+        raise ConfigError("table", f"lookup table {qualified} does not exist")
+    types: dict[str, str] = dict(await conn.fetch(_COLUMN_TYPES, oid))
+    for setting, names in (("key_column", key_columns), ("columns", columns)):
+        for name in names:
+            if name not in types:
+                raise ConfigError(setting, f"lookup table {qualified} has no column {name}")
+    return types
+
 
 class PooledLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
-    """A lookup on the worker's shared asyncpg pool for ``dsn`` (``pool_size`` connections),
+    """A lookup on the worker's shared asyncpg pool for ``dsn`` (``pool_size`` connections;
+    one pool per process, event loop and dsn: asyncpg pools belong to the loop that created
+    them),
     with the lookup counters and latency histogram behind :meth:`metrics`.
 
     Threading: everything runs on the event loop of the task's mailbox thread; the counters

@@ -28,21 +28,12 @@ import asyncpg
 from enumerator_service import ConfigError, validate_identifier
 from spark_jobs.async_io import ResultFuture
 from spark_jobs.lookup._cache import LookupCache
-from spark_jobs.lookup._pooled import PooledLookup
+from spark_jobs.lookup._pooled import PooledLookup, column_types
 
 __all__ = ["PostgresLookup"]
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
-
-# One pool per (process, event loop, dsn): asyncpg pools belong to the loop that created them.
-# The key columns' types without typmod: casting keys to e.g. varchar(20) would silently
-# truncate a longer key and match the wrong row.
-_COLUMN_TYPES = """
-SELECT attname, format_type(atttypid, NULL)
-FROM pg_catalog.pg_attribute
-WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
-"""
 
 
 class PostgresLookup(PooledLookup[IN, OUT]):
@@ -143,14 +134,7 @@ class PostgresLookup(PooledLookup[IN, OUT]):
 
     async def _build_sql(self, conn: asyncpg.Connection) -> str:
         qualified = f"{self._schema}.{self._table}"
-        oid = await conn.fetchval("SELECT to_regclass($1)::oid", qualified)
-        if oid is None:
-            raise ConfigError("table", f"lookup table {qualified} does not exist")
-        types: dict[str, str] = dict(await conn.fetch(_COLUMN_TYPES, oid))
-        for setting, names in (("key_column", self._key_columns), ("columns", self._columns)):
-            for name in names:
-                if name not in types:
-                    raise ConfigError(setting, f"lookup table {qualified} has no column {name}")
+        types = await column_types(conn, qualified, self._key_columns, self._columns)
         equal = " AND ".join(f"{name} = ${i}" for i, name in enumerate(self._key_columns, 1))
         self._sql_one = (
             f"SELECT {', '.join((*self._key_columns, *self._columns))} FROM {qualified} "
