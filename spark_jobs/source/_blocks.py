@@ -30,6 +30,7 @@ Threading: pure functions; called on the fetcher thread (and the lookup's loader
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import accumulate
@@ -164,14 +165,7 @@ def _parse(
             _by_line(split_id, data, offset, limit, batches, dead)
             return
         if lines - closed <= _SMALL:
-            at = 0
-            for start, end in _torn_lines(data):
-                if start > at:
-                    _parse(split_id, data[at:start], offset + at, limit, batches, dead)
-                _by_line(split_id, data[start:end], offset + start, limit, batches, dead)
-                at = end
-            if at < len(data):
-                _parse(split_id, data[at:], offset + at, limit, batches, dead)
+            _exact_around(split_id, data, offset, limit, batches, dead, _torn_lines(data))
             return
         _halve(split_id, data, offset, limit, batches, dead)
         return
@@ -186,16 +180,33 @@ def _parse(
         # The line that failed is known (a hint: every piece is still checked in full).
         start = len(data) - len(data.split(b"\n", failed_at)[-1])
         end = data.find(b"\n", start) + 1 or len(data)
-        if start:
-            _parse(split_id, data[:start], offset, limit, batches, dead)
-        _by_line(split_id, data[start:end], offset + start, limit, batches, dead)
-        if end < len(data):
-            _parse(split_id, data[end:], offset + end, limit, batches, dead)
+        _exact_around(split_id, data, offset, limit, batches, dead, [(start, end)])
         return
     if lines <= _SMALL:
         _by_line(split_id, data, offset, limit, batches, dead)
         return
     _halve(split_id, data, offset, limit, batches, dead)
+
+
+def _exact_around(
+    split_id: int,
+    data: bytes,
+    offset: int,
+    limit: int,
+    batches: list[pa.RecordBatch],
+    dead: list[tuple[int, bytes, str]],
+    exact: Iterable[tuple[int, int]],
+) -> None:
+    """The line ranges ``exact`` (ascending, disjoint) line by line, the runs between them
+    through ``_parse`` again; output in line order."""
+    at = 0
+    for start, end in exact:
+        if start > at:
+            _parse(split_id, data[at:start], offset + at, limit, batches, dead)
+        _by_line(split_id, data[start:end], offset + start, limit, batches, dead)
+        at = end
+    if at < len(data):
+        _parse(split_id, data[at:], offset + at, limit, batches, dead)
 
 
 def _halve(
