@@ -45,12 +45,9 @@ class JsonBlockSplitReader(LineSplitCursor):
     def fetch(self) -> RecordsWithSplitIds[EventBlock]:
         """One block of the current split (none if woken first); marks the split finished
         at its end."""
-        self._woken = False
         batch = RecordsWithSplitIds[EventBlock]()
-        if self._current is None:
-            if not self._splits:
-                return batch
-            self._open_next()
+        if not self._begin_fetch():
+            return batch
         assert self._current is not None and self._file is not None
         end = self._current.split.end
         limit = self._max_line

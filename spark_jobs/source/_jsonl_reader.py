@@ -46,6 +46,16 @@ class LineSplitCursor:
             self._file.close()
             self._file = None
 
+    def _begin_fetch(self) -> bool:
+        """Start a ``fetch``: clear the wake-up flag and open the next split if none is
+        current; False when there is no split to read."""
+        self._woken = False
+        if self._current is None:
+            if not self._splits:
+                return False
+            self._open_next()
+        return True
+
     def _open_next(self) -> None:
         assignment = self._splits.popleft()
         split = assignment.split
@@ -81,12 +91,9 @@ class JsonLinesSplitReader(LineSplitCursor):
 
     def fetch(self) -> RecordsWithSplitIds[RawLine]:
         """Up to one chunk of lines of the current split; marks the split finished at its end."""
-        self._woken = False
         batch = RecordsWithSplitIds[RawLine]()
-        if self._current is None:
-            if not self._splits:
-                return batch
-            self._open_next()
+        if not self._begin_fetch():
+            return batch
         assert self._current is not None and self._file is not None
         end = self._current.split.end
         limit = self._max_line
