@@ -277,17 +277,20 @@ def partition_counts(settings: Settings, days: Sequence[date]) -> list[Partition
 # --------------------------------------------------------------------------- checks
 
 
-def _check_days(
-    context: AssetCheckExecutionContext, settings: Settings, name: str
-) -> tuple[list[date], CheckEvents | None]:
-    """The days to check, or the events to yield at once when there is nothing to check."""
+def _evaluate(
+    context: AssetCheckExecutionContext,
+    settings: Settings,
+    name: str,
+    outcomes_of: Callable[[list[date]], dict[date, AssetCheckResult]],
+) -> CheckEvents:
+    """Check ``name`` over the run's days: ``outcomes_of(days)`` gives one result per day,
+    unless there is nothing to check (then what ``_skipped`` says is reported)."""
     days = checked_days(context)
     skipped = _skipped(settings, days)
     if isinstance(skipped, AssetCheckResult):
-        return days, iter([skipped])
-    if skipped is not None:
-        return days, _report(context, name, skipped)
-    return days, None
+        yield skipped
+        return
+    yield from _report(context, name, skipped if skipped is not None else outcomes_of(days))
 
 
 def _per_partition_check(fn: Callable[..., CheckEvents]) -> AssetChecksDefinition:
@@ -313,99 +316,101 @@ def no_duplicate_event_ids(
     import pyarrow.parquet as pq
 
     settings = sluice.settings()
-    days, done = _check_days(context, settings, "no_duplicate_event_ids")
-    if done is not None:
-        yield from done
-        return
-    outcomes: dict[date, AssetCheckResult] = {}
-    for day in days:
-        files = parquet_files(_partition_folder(settings, day))
-        ids = (
-            pq.read_table(files, columns=["event_id"]).column("event_id")
-            if files
-            else pa.chunked_array([], pa.string())
-        )
-        counts = pa.table({"event_id": ids}).group_by("event_id").aggregate([([], "count_all")])
-        repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
-        duplicates = len(ids) - counts.num_rows
-        metadata: dict[str, Any] = {
-            "rows": MetadataValue.int(len(ids)),
-            "duplicate_rows": MetadataValue.int(duplicates),
-        }
-        if repeated.num_rows:
-            sample = repeated.column("event_id").to_pylist()[:SAMPLE_IDS]
-            metadata["sample_event_ids"] = MetadataValue.text(", ".join(sample))
-        outcomes[day] = AssetCheckResult(
-            passed=not repeated.num_rows,
-            metadata=metadata,
-            description=(
-                f"{day}: {duplicates} duplicate rows ({repeated.num_rows} event ids)"
-                if repeated.num_rows
-                else None
-            ),
-        )
-    yield from _report(context, "no_duplicate_event_ids", outcomes)
+
+    def outcomes_of(days: list[date]) -> dict[date, AssetCheckResult]:
+        outcomes: dict[date, AssetCheckResult] = {}
+        for day in days:
+            files = parquet_files(_partition_folder(settings, day))
+            ids = (
+                pq.read_table(files, columns=["event_id"]).column("event_id")
+                if files
+                else pa.chunked_array([], pa.string())
+            )
+            counts = pa.table({"event_id": ids}).group_by("event_id").aggregate([([], "count_all")])
+            repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
+            duplicates = len(ids) - counts.num_rows
+            metadata: dict[str, Any] = {
+                "rows": MetadataValue.int(len(ids)),
+                "duplicate_rows": MetadataValue.int(duplicates),
+            }
+            if repeated.num_rows:
+                sample = repeated.column("event_id").to_pylist()[:SAMPLE_IDS]
+                metadata["sample_event_ids"] = MetadataValue.text(", ".join(sample))
+            outcomes[day] = AssetCheckResult(
+                passed=not repeated.num_rows,
+                metadata=metadata,
+                description=(
+                    f"{day}: {duplicates} duplicate rows ({repeated.num_rows} event ids)"
+                    if repeated.num_rows
+                    else None
+                ),
+            )
+        return outcomes
+
+    yield from _evaluate(context, settings, "no_duplicate_event_ids", outcomes_of)
 
 
 @_per_partition_check
 def rows_reconcile(context: AssetCheckExecutionContext, sluice: SluiceResource) -> CheckEvents:
     """Rows out == rows in - dead letters for the partition, and all its splits are done."""
     settings = sluice.settings()
-    days, done = _check_days(context, settings, "rows_reconcile")
-    if done is not None:
-        yield from done
-        return
-    outcomes: dict[date, AssetCheckResult] = {}
-    for c in partition_counts(settings, days):
-        description = None
-        if not c.reconciles:
-            description = f"{c.day}: {c.rows_out} rows out, expected {c.rows_in - c.dead_letters}"
-            if c.splits_completed != c.splits:
-                description += (
-                    f", {c.splits - c.splits_completed} of {c.splits} splits not completed"
+
+    def outcomes_of(days: list[date]) -> dict[date, AssetCheckResult]:
+        outcomes: dict[date, AssetCheckResult] = {}
+        for c in partition_counts(settings, days):
+            description = None
+            if not c.reconciles:
+                description = (
+                    f"{c.day}: {c.rows_out} rows out, expected {c.rows_in - c.dead_letters}"
                 )
-        outcomes[c.day] = AssetCheckResult(
-            passed=c.reconciles,
-            metadata={
-                "rows_in": MetadataValue.int(c.rows_in),
-                "dead_letters": MetadataValue.int(c.dead_letters),
-                "rows_out": MetadataValue.int(c.rows_out),
-                "splits": MetadataValue.int(c.splits),
-                "splits_completed": MetadataValue.int(c.splits_completed),
-            },
-            description=description,
-        )
-    yield from _report(context, "rows_reconcile", outcomes)
+                if c.splits_completed != c.splits:
+                    description += (
+                        f", {c.splits - c.splits_completed} of {c.splits} splits not completed"
+                    )
+            outcomes[c.day] = AssetCheckResult(
+                passed=c.reconciles,
+                metadata={
+                    "rows_in": MetadataValue.int(c.rows_in),
+                    "dead_letters": MetadataValue.int(c.dead_letters),
+                    "rows_out": MetadataValue.int(c.rows_out),
+                    "splits": MetadataValue.int(c.splits),
+                    "splits_completed": MetadataValue.int(c.splits_completed),
+                },
+                description=description,
+            )
+        return outcomes
+
+    yield from _evaluate(context, settings, "rows_reconcile", outcomes_of)
 
 
 @_per_partition_check
 def dead_letter_ratio(context: AssetCheckExecutionContext, sluice: SluiceResource) -> CheckEvents:
     """Dead letters are at most ``max_dead_letter_ratio`` of the partition's records."""
     settings = sluice.settings()
-    days, done = _check_days(context, settings, "dead_letter_ratio")
-    if done is not None:
-        yield from done
-        return
     limit = sluice.max_dead_letter_ratio
-    outcomes: dict[date, AssetCheckResult] = {}
-    for c in partition_counts(settings, days):
-        failed = c.dead_letter_ratio > limit
-        outcomes[c.day] = AssetCheckResult(
-            passed=not failed,
-            severity=AssetCheckSeverity.WARN,
-            metadata={
-                "max_dead_letter_ratio": MetadataValue.float(limit),
-                "dead_letter_ratio": MetadataValue.float(c.dead_letter_ratio),
-                "dead_letters": MetadataValue.int(c.dead_letters),
-                "rows_in": MetadataValue.int(c.rows_in),
-            },
-            description=(
-                f"{c.day}: {c.dead_letter_ratio:.2%} dead letters (limit {limit:.2%})"
-                if failed
-                else None
-            ),
-        )
-    yield from _report(context, "dead_letter_ratio", outcomes)
+
+    def outcomes_of(days: list[date]) -> dict[date, AssetCheckResult]:
+        outcomes: dict[date, AssetCheckResult] = {}
+        for c in partition_counts(settings, days):
+            failed = c.dead_letter_ratio > limit
+            outcomes[c.day] = AssetCheckResult(
+                passed=not failed,
+                severity=AssetCheckSeverity.WARN,
+                metadata={
+                    "max_dead_letter_ratio": MetadataValue.float(limit),
+                    "dead_letter_ratio": MetadataValue.float(c.dead_letter_ratio),
+                    "dead_letters": MetadataValue.int(c.dead_letters),
+                    "rows_in": MetadataValue.int(c.rows_in),
+                },
+                description=(
+                    f"{c.day}: {c.dead_letter_ratio:.2%} dead letters (limit {limit:.2%})"
+                    if failed
+                    else None
+                ),
+            )
+        return outcomes
+
+    yield from _evaluate(context, settings, "dead_letter_ratio", outcomes_of)
 
 
 #: Every check of enriched_events, for the Definitions.
