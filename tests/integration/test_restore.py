@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from enumerator_service import Settings, asyncpg_dsn
 from enumerator_service._demo_data import load_users
-from enumerator_service._operations import discover, open_platform
+from enumerator_service._operations import Platform, discover, open_platform
 from enumerator_service._schema import splits
 from spark_jobs.jobs import run_enrichment
 from spark_jobs.jobs._task_state import decode_event, encode_event
@@ -22,29 +22,39 @@ from spark_jobs.source._records import RawLine
 pytestmark = pytest.mark.spark
 
 
+def land_ten_events(
+    settings: Settings, platform: Platform, bad_line: int | None = None
+) -> list[bytes]:
+    """Users 1-50, and one landing file of ten click events (``bad_line`` malformed); its lines."""
+    load_users(
+        asyncpg_dsn(platform.url), schema="public", table="users", key="id", users=50, seed=1
+    )
+    folder = settings.landing_path / "dt=2026-01-03"
+    folder.mkdir(parents=True)
+    lines = [
+        orjson.dumps(
+            {
+                "event_id": f"r{i}",
+                "user_id": i + 1,
+                "event_time": f"2026-01-03T00:00:0{i}+00:00",
+                "event_type": "click",
+                "amount": float(i),
+            }
+        )
+        + b"\n"
+        for i in range(10)
+    ]
+    if bad_line is not None:
+        lines[bad_line] = b"{not json\n"
+    (folder / "a.jsonl").write_bytes(b"".join(lines))
+    return lines
+
+
 def test_a_restored_split_reinvokes_its_in_flight_inputs_then_reads_on(make_settings: Any) -> None:
     settings: Settings = make_settings()
     platform = open_platform(settings)
     try:
-        load_users(
-            asyncpg_dsn(platform.url), schema="public", table="users", key="id", users=50, seed=1
-        )
-        folder = settings.landing_path / "dt=2026-01-03"
-        folder.mkdir(parents=True)
-        lines = [
-            orjson.dumps(
-                {
-                    "event_id": f"r{i}",
-                    "user_id": i + 1,
-                    "event_time": f"2026-01-03T00:00:0{i}+00:00",
-                    "event_type": "click",
-                    "amount": float(i),
-                }
-            )
-            + b"\n"
-            for i in range(10)
-        ]
-        (folder / "a.jsonl").write_bytes(b"".join(lines))
+        lines = land_ten_events(settings, platform)
         assert discover(platform).splits_registered == 1
         # The committed checkpoint: lines 0-3 were emitted (their output is committed
         # elsewhere), lines 4-6 were in flight in the async operator, lines 7-9 not read.
@@ -85,26 +95,7 @@ def test_a_restored_block_is_re_read_from_its_byte_range(make_settings: Any) -> 
     settings: Settings = make_settings()
     platform = open_platform(settings)
     try:
-        load_users(
-            asyncpg_dsn(platform.url), schema="public", table="users", key="id", users=50, seed=1
-        )
-        folder = settings.landing_path / "dt=2026-01-03"
-        folder.mkdir(parents=True)
-        lines = [
-            orjson.dumps(
-                {
-                    "event_id": f"r{i}",
-                    "user_id": i + 1,
-                    "event_time": f"2026-01-03T00:00:0{i}+00:00",
-                    "event_type": "click",
-                    "amount": float(i),
-                }
-            )
-            + b"\n"
-            for i in range(10)
-        ]
-        lines[5] = b"{not json\n"
-        (folder / "a.jsonl").write_bytes(b"".join(lines))
+        lines = land_ten_events(settings, platform, bad_line=5)
         assert discover(platform).splits_registered == 1
         starts = [sum(len(line) for line in lines[:i]) for i in range(11)]
         # Committed: lines 0-3 emitted, the block of lines 4-6 pending, 7-9 not read.
