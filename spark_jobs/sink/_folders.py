@@ -9,7 +9,7 @@ import sys
 import uuid
 from pathlib import Path
 
-__all__ = ["exchange_folders", "fsync_folder", "replace_folder"]
+__all__ = ["exchange_folders", "fsync_path", "replace_folder"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -35,9 +35,9 @@ def exchange_folders(first: Path, second: Path) -> bool:
     return bool(result == 0)
 
 
-def fsync_folder(folder: Path) -> None:
-    """Make the entries of ``folder`` (renames into or out of it) durable."""
-    fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Make a file's content, or a folder's entries (renames into or out of it), durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from sqlalchemy.engine import Connection
 
 from enumerator_service._checkpoint_store import StagedTransaction, encode_dead_letters
+from spark_jobs.sink._folders import fsync_path
 from spark_jobs.sink._rebuild_swap import REBUILDS_FOLDER, live_folder, rebuild_folder
 
 __all__ = [
@@ -67,14 +68,6 @@ class StagedOutput:
     @property
     def empty(self) -> bool:
         return not self.files and not self.dead_letters
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ParquetSinkWriter:
@@ -188,7 +181,7 @@ class ParquetSinkWriter:
         out = StagedOutput(dead_letters=encode_dead_letters(dead))
         for partition, (writer, staged, final) in sorted(self._writers.items()):
             writer.close()
-            _fsync(staged)  # the acknowledgement promises the staged file survives a crash
+            fsync_path(staged)  # the acknowledgement promises the staged file survives a crash
             rows = self._counts[partition]
             out.files.append({"staged": str(staged), "final": str(final), "rows": rows})
             out.rows += rows

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine
 from enumerator_service import TransactionalSink
 from enumerator_service._checkpoint_store import publish_committed
 from enumerator_service._rebuilds import Rebuild, RebuildStore
-from spark_jobs.sink._folders import exchange_folders, fsync_folder
+from spark_jobs.sink._folders import exchange_folders, fsync_path
 
 __all__ = ["MARKER", "REBUILDS_FOLDER", "finish_rebuilds", "live_folder", "rebuild_folder"]
 
@@ -91,8 +91,8 @@ def _swap(new: Path, live: Path, rebuild_id: int) -> None:
         os.rename(live, aside)
         os.rename(new, live)
         os.rename(aside, new)
-    fsync_folder(live.parent)
-    fsync_folder(new.parent)
+    fsync_path(live.parent)
+    fsync_path(new.parent)
 
 
 def _write_durably(path: Path, text: str) -> None:
@@ -100,7 +100,7 @@ def _write_durably(path: Path, text: str) -> None:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
-    fsync_folder(path.parent)
+    fsync_path(path.parent)
 
 
 def _sweep(store: RebuildStore, output_root: Path) -> None:
