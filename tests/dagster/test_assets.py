@@ -37,6 +37,7 @@ from dagster import (
 )
 from dagster._core.remote_representation.external_data import RepositorySnap
 from dagster_shared.serdes import serialize_value
+from sluice_resource import resource_for
 
 from dagster_project._pipeline import REVENUE_TABLE
 from dagster_project.assets import daily_revenue_by_country, enriched_events
@@ -103,18 +104,6 @@ def base_settings(db_url: str, root: Path, **overrides: Any) -> Settings:
         **overrides,
     }
     return load_settings(**values)
-
-
-def resource_for(settings: Settings, **fields: Any) -> SluiceResource:
-    assert settings.database_url is not None
-    return SluiceResource(
-        database=DatabaseResource(url=settings.database_url.get_secret_value()),
-        paths=PathsResource(home=str(settings.home), data_dir=str(settings.data_dir)),
-        spark=SparkResource(master=settings.spark_master, parallelism=settings.parallelism),
-        source_name=settings.source_name,
-        lookup_table=settings.lookup_table,
-        **fields,
-    )
 
 
 def load_user_table(settings: Settings) -> None:

@@ -22,6 +22,7 @@ from dagster import (
     job,
     op,
 )
+from sluice_resource import resource_for
 
 from dagster_project.continuous import (
     GENERATION_TAG,
@@ -32,7 +33,6 @@ from dagster_project.continuous import (
     continuous_reader_sensor,
     release_failed_run_splits,
 )
-from dagster_project.resources import DatabaseResource, PathsResource, SluiceResource, SparkResource
 from enumerator_service import Settings, SplitStore, asyncpg_dsn, connect_engine
 from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from enumerator_service._operations import discover, open_platform
@@ -40,19 +40,9 @@ from enumerator_service._operations import discover, open_platform
 MakeSettings = Callable[..., Settings]
 
 
-def _resource(settings: Settings) -> SluiceResource:
-    assert settings.database_url is not None
-    return SluiceResource(
-        database=DatabaseResource(url=settings.database_url.get_secret_value()),
-        spark=SparkResource(master=settings.spark_master, parallelism=settings.parallelism),
-        paths=PathsResource(home=str(settings.home), data_dir=str(settings.data_dir)),
-        source_name=settings.source_name,
-    )
-
-
 def _tick(instance: DagsterInstance, settings: Settings, cursor: str | None) -> tuple[Any, Any]:
     with build_sensor_context(
-        instance=instance, cursor=cursor, resources={"sluice": _resource(settings)}
+        instance=instance, cursor=cursor, resources={"sluice": resource_for(settings)}
     ) as context:
         return continuous_reader_sensor(context), context.cursor
 
@@ -165,7 +155,7 @@ def test_a_failed_runs_splits_are_reassigned_and_finished(make_settings: MakeSet
                 dagster_event=event,
                 dagster_instance=instance,
                 dagster_run=run,
-                resources={"sluice": _resource(settings)},
+                resources={"sluice": resource_for(settings)},
             ) as context:
                 release_failed_run_splits(context.for_run_failure())
         # Long leases notwithstanding, the splits are back in the pool; the next run takes them.

@@ -28,15 +28,13 @@ from dagster import (
     build_sensor_context,
     materialize,
 )
+from sluice_resource import resource_for
 
 from dagster_project.assets import PARTITIONS_START_DATE, enriched_events
 from dagster_project.definitions import defs as load_defs
 from dagster_project.jobs import process_new_splits_job
 from dagster_project.resources import (
-    DatabaseResource,
-    PathsResource,
     SluiceResource,
-    SparkResource,
 )
 from dagster_project.schedules import hourly_incremental_schedule
 from dagster_project.sensors import FilesSensorCursor, new_files_sensor
@@ -45,19 +43,6 @@ from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 
 REPO = Path(__file__).resolve().parents[2]
 MakeSettings = Callable[..., Settings]
-
-
-def resource_for(settings: Settings, **fields: Any) -> SluiceResource:
-    """A resource that reproduces ``settings`` (the fields the tests vary), plus ``fields``."""
-    assert settings.database_url is not None
-    return SluiceResource(
-        database=DatabaseResource(url=settings.database_url.get_secret_value()),
-        paths=PathsResource(home=str(settings.home), data_dir=str(settings.data_dir)),
-        spark=SparkResource(master=settings.spark_master, parallelism=settings.parallelism),
-        source_name=settings.source_name,
-        lookup_table=settings.lookup_table,
-        **fields,
-    )
 
 
 def demo_spec(settings: Settings, **changes: Any) -> DemoSpec:

@@ -21,6 +21,7 @@ from dagster import (
     SkipReason,
     build_sensor_context,
 )
+from sluice_resource import resource_for
 
 from dagster_project.continuous import (
     GENERATION_TAG,
@@ -30,7 +31,7 @@ from dagster_project.continuous import (
     continuous_reader_job,
     continuous_reader_sensor,
 )
-from dagster_project.resources import DatabaseResource, PathsResource, SluiceResource
+from dagster_project.resources import SluiceResource
 from dagster_project.sensors import BACKLOG_TAG, FilesSensorCursor, new_files_sensor
 from enumerator_service import Settings, StaticFileEnumerator, connect_engine
 from enumerator_service._schema import splits
@@ -41,14 +42,8 @@ FILES = 5  # a backlog larger than the cap, drained by two ticks
 T0 = 1_767_225_600.0
 
 
-def resource_for(settings: Settings, cap: int = CAP) -> SluiceResource:
-    assert settings.database_url is not None
-    return SluiceResource(
-        database=DatabaseResource(url=settings.database_url.get_secret_value()),
-        paths=PathsResource(home=str(settings.home), data_dir=str(settings.data_dir)),
-        source_name=settings.source_name,
-        discovery_max_files_per_tick=cap,
-    )
+def capped_resource(settings: Settings, cap: int = CAP) -> SluiceResource:
+    return resource_for(settings, discovery_max_files_per_tick=cap)
 
 
 def land_backlog(settings: Settings, files: int = FILES) -> list[str]:
@@ -101,7 +96,7 @@ def continuous_tick(
 def test_new_files_sensor_drains_a_backlog_in_two_ticks(make_settings: MakeSettings) -> None:
     settings = make_settings()
     paths = land_backlog(settings)
-    sluice = resource_for(settings)
+    sluice = capped_resource(settings)
 
     first, cursor = files_tick(sluice, None)
     assert isinstance(first, RunRequest)
@@ -133,7 +128,7 @@ def test_new_files_sensor_reports_a_backlog_on_a_skipped_tick(
     backlog remains, and the next tick goes on with it."""
     settings = make_settings()
     paths = land_backlog(settings)
-    sluice = resource_for(settings)
+    sluice = capped_resource(settings)
     assert settings.database_url is not None
     engine = connect_engine(settings.database_url.get_secret_value())
     try:
@@ -157,7 +152,7 @@ def test_continuous_sensor_drains_a_backlog_into_its_one_live_run(
 ) -> None:
     settings = make_settings()
     paths = land_backlog(settings)
-    sluice = resource_for(settings)
+    sluice = capped_resource(settings)
     with DagsterInstance.ephemeral() as instance:
         first, cursor = continuous_tick(instance, sluice, None)
         assert isinstance(first, RunRequest)
@@ -192,7 +187,7 @@ def test_continuous_sensor_waiting_for_its_run_keeps_draining(
     unassigned for the run) and never request a second run."""
     settings = make_settings()
     paths = land_backlog(settings, files=7)
-    sluice = resource_for(settings)
+    sluice = capped_resource(settings)
     with DagsterInstance.ephemeral() as instance:
         first, cursor = continuous_tick(instance, sluice, None)
         assert isinstance(first, RunRequest)
