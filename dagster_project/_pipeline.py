@@ -13,7 +13,6 @@ from dagster import DagsterRun, MetadataValue
 
 from enumerator_service import DiscoveryResult, Settings
 from enumerator_service._operations import discover, open_platform
-from spark_jobs.sink._folders import replace_folder
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,7 +27,6 @@ __all__ = [
     "discover_and_enrich",
     "discover_once",
     "parquet_files",
-    "replace_folder",
     "revenue_path",
     "sluice_run_id",
     "summary_metadata",
@@ -180,6 +178,9 @@ def build_daily_revenue(settings: Settings, days: Sequence[date]) -> dict[date, 
     and swaps each day's folder into place; returns what was written, by day.
     """
     import pyarrow.parquet as pq
+
+    # Here, not at module level: loading the code location (every sensor tick) stays light.
+    from spark_jobs.sink._folders import replace_folder
 
     source = settings.output_path
     table = revenue_path(settings)
