@@ -208,15 +208,22 @@ class RebuildStore:
         with self._engine.connect() as conn:
             return set(conn.execute(stmt).scalars())
 
-    def unfinished_members(self, rebuild_id: int) -> int:
+    def unfinished_members(self, rebuild_ids: Sequence[int]) -> int:
+        """How many member splits of the rebuilds ``rebuild_ids`` are not COMPLETED yet."""
         with self._engine.connect() as conn:
-            return int(
-                conn.execute(
-                    sa.select(sa.func.count()).where(
-                        splits.c.rebuild_id == rebuild_id, splits.c.status != "COMPLETED"
-                    )
-                ).scalar_one()
-            )
+            return self._unfinished(conn, rebuild_ids)
+
+    @staticmethod
+    def _unfinished(conn: Connection, rebuild_ids: Sequence[int]) -> int:
+        if not rebuild_ids:
+            return 0
+        return int(
+            conn.execute(
+                sa.select(sa.func.count()).where(
+                    splits.c.rebuild_id.in_(list(rebuild_ids)), splits.c.status != "COMPLETED"
+                )
+            ).scalar_one()
+        )
 
     def begin_swap(self, rebuild: Rebuild) -> bool:
         """BUILDING → SWAPPING if every member completed (True); True if already SWAPPING."""
@@ -227,12 +234,7 @@ class RebuildStore:
                 return True
             if status != "BUILDING":
                 return False
-            unfinished = conn.execute(
-                sa.select(sa.func.count()).where(
-                    splits.c.rebuild_id == rebuild.id, splits.c.status != "COMPLETED"
-                )
-            ).scalar_one()
-            if unfinished:
+            if self._unfinished(conn, [rebuild.id]):
                 return False
             conn.execute(
                 sa.update(partition_rebuilds)

@@ -205,7 +205,7 @@ def run_enrichment(
             if rebuild
             else []
         )
-        assigned = sum(rebuilds.unfinished_members(r.id) for r in replacing)
+        assigned = rebuilds.unfinished_members([r.id for r in replacing])
         assigned += store.assign_to_run(
             run_id, source, lease_seconds=settings.lease_seconds, partition_keys=dates
         )
@@ -290,7 +290,7 @@ def run_enrichment(
         if unfinished:
             raise RuntimeError(
                 f"rebuild of partition {unfinished[0].partition_key} is not complete "
-                f"({rebuilds.unfinished_members(unfinished[0].id)} of its splits uncommitted); "
+                f"({rebuilds.unfinished_members([unfinished[0].id])} of its splits uncommitted); "
                 "the previous output stays live: materialise it again"
             )
         if settings.sink == TABLE_SINK_NAME:
