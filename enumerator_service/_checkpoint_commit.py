@@ -164,10 +164,12 @@ class Acknowledgement:
     staged: Any
     row_count: int
     dead_letters: Sequence[Any]
+    #: Records the pipeline's steps removed in the interval (counted, never stored).
+    dropped: int = 0
 
     @property
     def has_output(self) -> bool:
-        return bool(self.staged) or bool(self.dead_letters)
+        return bool(self.staged) or bool(self.dead_letters) or self.dropped > 0
 
 
 def acknowledge(
@@ -200,6 +202,7 @@ def acknowledge(
                     sink=ack.sink,
                     staged=ack.staged,
                     row_count=ack.row_count,
+                    dropped_count=ack.dropped,
                     dead_letters=list(ack.dead_letters),
                     committed=not two_phase,
                     published=not two_phase,

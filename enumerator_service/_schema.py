@@ -165,6 +165,9 @@ sink_transactions = Table(
     # Sink-specific description of the staged output, e.g. [{"staged", "final", "rows"}, …].
     Column("staged", JSONB, nullable=False),
     Column("row_count", BigInteger, nullable=False),
+    # Records of the same interval that the pipeline's steps removed (Filter, dropped
+    # lookup misses, an AsyncMap returning nothing): rows in = rows + dropped + dead letters.
+    Column("dropped_count", BigInteger, nullable=False, server_default="0"),
     # Rejected input of the same interval: [[split_id, offset, raw (base64), reason], …].
     Column("dead_letters", JSONB, nullable=False),
     Column("committed", Boolean, nullable=False, server_default="false"),
