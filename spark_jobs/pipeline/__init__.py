@@ -17,6 +17,7 @@ from spark_jobs.async_io import (
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._errors import PipelineDefinitionError
 from spark_jobs.pipeline._plan import Column, Plan
+from spark_jobs.pipeline._sample import SampleTarget
 from spark_jobs.pipeline._sinks import ParquetSink, PostgresSink, Sink
 from spark_jobs.pipeline._sources import FileSource, Source, TableSource
 from spark_jobs.pipeline._steps import (
@@ -50,6 +51,7 @@ __all__ = [
     "PostgresSink",
     "ResultFuture",
     "RetryOnMiss",
+    "SampleTarget",
     "Sink",
     "Source",
     "Step",

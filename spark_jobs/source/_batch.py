@@ -74,6 +74,9 @@ class ParsedBlock:
     dead: list[DeadLetter]
     max_event_time: datetime | None
     replay: bool = False
+    #: For a replay block: the index of the restored range (``SplitAssignment.pending``) it
+    #: re-reads.
+    replay_entry: int = 0
 
     @property
     def next_offset(self) -> int:
@@ -85,13 +88,16 @@ class Batch:
     """The element of the operator chain: records of one split, in input order.
 
     ``span``: the offsets the records came from (what a checkpoint stores for a batch still
-    in flight; restore re-reads it). ``dead``: records the step that produced this batch
-    rejected, recorded when the batch moves on; ``dropped``: records steps removed so far.
+    in flight; restore re-reads it); ``only``: set when the batch holds just some records of
+    the span (re-batched after a per-record step) — their offsets. ``dead``: records the step
+    that produced this batch rejected, recorded when the batch moves on; ``dropped``: records
+    that step removed.
     """
 
     split_id: int
     rows: pa.RecordBatch
     span: tuple[int, int]
+    only: tuple[int, ...] | None = None
     dead: list[DeadLetter] = field(default_factory=list)
     dropped: int = 0
     #: Records still without a lookup match after this attempt (FLIP-234 retry predicate).

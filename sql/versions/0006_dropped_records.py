@@ -1,4 +1,4 @@
-"""records dropped by a pipeline's steps, per sink transaction
+"""pipelines: records dropped by steps, and the source of checkpoints and sink output
 
 Revision ID: 0006
 Revises: 0005
@@ -17,6 +17,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    op.add_column("checkpoints", sa.Column("source", sa.Text()), schema="sluice")
+    op.add_column("sink_transactions", sa.Column("source", sa.Text()), schema="sluice")
     op.add_column(
         "sink_transactions",
         sa.Column("dropped_count", sa.BigInteger(), server_default="0", nullable=False),
@@ -26,3 +28,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_column("sink_transactions", "dropped_count", schema="sluice")
+    op.drop_column("sink_transactions", "source", schema="sluice")
+    op.drop_column("checkpoints", "source", schema="sluice")
