@@ -15,8 +15,8 @@ epoch microseconds, decimals at the larger scale, …): keys are bound in their 
 Postgres type (``int8``, ``float8``, ``numeric``, ``text``), so a record key never needs to
 fit the column's narrower type and an index on the column still serves the comparison.
 Timestamps travel as epoch microseconds (asyncpg's datetime decoding costs several times an
-int8's); columns ``catalog_arrow_type`` reads as text are selected ``::text`` (and a key
-column of such a type is compared as text).
+int8's; ``±infinity`` reads as null); columns ``catalog_arrow_type`` reads as text are
+selected ``::text`` (and a key column of such a type is compared as text).
 
 Threading: ``read_shape`` runs on the lookup's event loop; the shapes are immutable.
 """
@@ -176,7 +176,11 @@ def _value_column(
 
 
 def _epoch_micros(expression: str) -> str:
-    return f"(extract(epoch FROM {expression}) * 1000000)::int8"
+    """Epoch microseconds; ``±infinity`` (no Arrow timestamp holds it) becomes null."""
+    return (
+        f"CASE WHEN isfinite({expression}) "
+        f"THEN (extract(epoch FROM {expression}) * 1000000)::int8 END"
+    )
 
 
 def _query(qualified: str, keys: Sequence[KeyPart], values: Sequence[ValueColumn]) -> str:

@@ -68,6 +68,8 @@ CODES = [
     ('JPY ü "q"', Decimal("0.006543"), "yen\nnew line", None, None, None),
     ("GBP", None, None, None, None, None),
 ]
+#: Inserted by SQL: infinite date and timestamp (asyncpg reads the date as date.max).
+INFINITE = ("XAU", None, None, None, date.max, None)
 
 
 # -- tables ---------------------------------------------------------------------------------
@@ -100,6 +102,10 @@ async def _create(tables: Tables) -> None:
             "label varchar(20), ref uuid, valid date, updated timestamp)"
         )
         await conn.copy_records_to_table(tables.codes, records=CODES)
+        await conn.execute(
+            f"INSERT INTO public.{tables.codes} VALUES "
+            "('XAU', NULL, NULL, NULL, 'infinity', 'infinity')"
+        )
         await conn.execute(
             f"CREATE TABLE public.{tables.slots} (day date, starts timestamp, label text, "
             "PRIMARY KEY (day, starts))"
@@ -415,10 +421,10 @@ def test_a_text_key_with_numeric_uuid_date_and_timestamp_columns(tables: Tables)
     )
     plan = plan_of(step, PAYMENTS)
     lookup = make_lookup(tables, plan, PAYMENTS, CODE_TYPES, batch_size=2)
-    codes = ["EUR", "usd", 'JPY ü "q"', None, "GBP", "EUR", "USD"]
+    codes = ["EUR", "usd", 'JPY ü "q"', None, "GBP", "EUR", "USD", "XAU"]
     given = batch(PAYMENTS, [(code, float(i)) for i, code in enumerate(codes)])
     (out,) = run_batches(lookup, given)
-    by_code: dict[str | None, tuple[Any, ...]] = {row[0]: row[1:] for row in CODES}
+    by_code: dict[str | None, tuple[Any, ...]] = {row[0]: row[1:] for row in [*CODES, INFINITE]}
     expected = []
     for i, code in enumerate(codes):
         rate, label, ref, valid, updated = by_code.get(code, (None,) * 5)
@@ -430,7 +436,7 @@ def test_a_text_key_with_numeric_uuid_date_and_timestamp_columns(tables: Tables)
     assert rows_of(out) == expected
     assert [out.rows.schema.field(name).type for name in CODE_TYPES] == list(CODE_TYPES.values())
     assert out.misses == 1  # "usd": keys are case-sensitive; the null code is no miss to retry
-    assert (lookup.batches, lookup.keys_queried) == (3, 5)  # 5 distinct keys, 2 per query
+    assert (lookup.batches, lookup.keys_queried) == (3, 6)  # 6 distinct keys, 2 per query
 
 
 def test_a_date_and_timestamp_key(tables: Tables) -> None:
