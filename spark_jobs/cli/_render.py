@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -20,7 +20,9 @@ from spark_jobs.pipeline._plan import Plan
 __all__ = ["describe_table", "run_table", "status_json", "status_table"]
 
 
-def describe_table(pipeline: Pipeline, plan: Plan | None, landing: str | None, note: str | None):
+def describe_table(
+    pipeline: Pipeline, plan: Plan | None, landing: str | None, note: str | None
+) -> RenderableType:
     """A pipeline's source, steps, sink and output fields."""
     described = describe(pipeline, plan, landing)
     table = Table(title=f"Pipeline {described.name}", show_header=False, title_justify="left")

@@ -65,5 +65,5 @@ def ship_by_value(pipeline: Pipeline) -> list[str]:
 
     modules = user_modules(pipeline)
     for module in modules:
-        cloudpickle.register_pickle_by_value(module)
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
     return [module.__name__ for module in modules]

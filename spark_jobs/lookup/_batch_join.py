@@ -179,7 +179,15 @@ class Joiner:
                 dead = [*dead, *self._dead_letters(rows.filter(missed))]
         else:
             misses = 0
-        return Batch(batch.split_id, out, batch.span, list(dead), dropped, misses)
+        return Batch(
+            batch.split_id,
+            out,
+            batch.span,
+            only=batch.only,
+            dead=list(dead),
+            dropped=dropped,
+            misses=misses,
+        )
 
     def _dead_letters(self, rows: pa.RecordBatch) -> list[DeadLetter]:
         offsets = rows.column(OFFSET).to_pylist()

@@ -49,7 +49,7 @@ def _step(stage: StagePlan) -> str:
     if isinstance(stage, LookupPlan):
         on = ", ".join(f"{f}={c}" for f, c in stage.keys)
         added = ", ".join(out if out == col else f"{col} as {out}" for col, out in stage.columns)
-        miss = stage.on_miss
+        miss: str = stage.on_miss
         if stage.retry_attempts:
             miss = f"retry {stage.retry_attempts}x every {stage.retry_delay:g}s, then {miss}"
         cache = {

@@ -24,7 +24,10 @@ class PipelineDefinitionError(ValueError):
     step (``step 2 (Lookup ref.fx_rates)``) or part, and the field when there is one."""
 
     def __init__(self, pipeline: str, where: str, problem: str) -> None:
-        super().__init__(f"pipeline {pipeline}: {where}: {problem}" if where else problem)
+        # One line, whatever the problem's text (Arrow's messages print whole schemas).
+        problem = "; ".join(line.strip() for line in problem.splitlines() if line.strip())
+        place = f"{where}: " if where else ""
+        super().__init__(f"pipeline {pipeline}: {place}{problem}")
         self.pipeline = pipeline
         self.where = where
         self.problem = problem
