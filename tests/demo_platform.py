@@ -1,13 +1,37 @@
-"""The demo data of a test's settings: landing files and the users table, on its platform."""
+"""The demo pipeline of a test: the clickstream example under the test's own name (its split
+source) and folders, with its sample data loaded on the test's platform."""
 
 from __future__ import annotations
 
-from enumerator_service import Settings, asyncpg_dsn
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
+import dataclasses
+
+from conftest import TestSettings
+
+from enumerator_service import asyncpg_dsn
 from enumerator_service._operations import Platform
+from examples._clickstream_data import DemoSpec, generate_events, load_users
+from examples.clickstream import clickstream
+from spark_jobs import ParquetSink, Pipeline, PostgresSink
+
+DICTIONARY = ("event_type", "user_country", "user_tier")
 
 
-def prepare_demo(settings: Settings, platform: Platform, *, events: bool = True) -> None:
+def demo_pipeline(settings: TestSettings, *, table: str | None = None, **changes: object) -> Pipeline:
+    """The clickstream pipeline named ``settings.source_name``, reading
+    ``settings.landing_path`` and writing ``settings.output_path`` (Parquet), or the Postgres
+    table ``table`` (appending)."""
+    source = dataclasses.replace(clickstream.source, landing=settings.landing_path)
+    sink = (
+        ParquetSink(f"enriched_{settings.source_name}", dictionary=DICTIONARY)
+        if table is None
+        else PostgresSink(table)
+    )
+    return dataclasses.replace(
+        clickstream, name=settings.source_name, source=source, sink=sink, **changes
+    )
+
+
+def prepare_demo(settings: TestSettings, platform: Platform, *, events: bool = True) -> None:
     """Generate the demo landing files (unless ``events`` is False) and load ``public.users``."""
     if events:
         generate_events(settings.landing_path, DemoSpec.from_settings(settings))

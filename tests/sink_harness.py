@@ -15,6 +15,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from enumerator_service import (
+    AbortCause,
     Acknowledgement,
     CheckpointStore,
     FileSplit,
@@ -124,7 +125,7 @@ class Run:
         if complete:
             assert self.checkpoints.complete(checkpoint_id, two_phase=True) is not None
         else:
-            self.checkpoints.abort(checkpoint_id, "test")
+            self.checkpoints.abort(checkpoint_id, AbortCause.TIMEOUT, "test")
 
     def dropped(self) -> list[int]:
         with self.platform.engine.connect() as conn:

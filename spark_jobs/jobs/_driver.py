@@ -105,11 +105,6 @@ class ReaderRun:
         plan = pipeline.plan
         if rebuild and dates is None:
             raise ValueError("a rebuild needs the dates to rebuild")
-        if rebuild and plan.sink.kind != "parquet":
-            raise ConfigError(
-                f"{pipeline.name}: sink",
-                "re-materialising processed partitions needs a ParquetSink",
-            )
         if dates is not None and not plan.source.partitioned:
             raise ConfigError(f"{pipeline.name}: dates", "the pipeline's output is unpartitioned")
         if continuous and settings.checkpoint_interval_seconds == 0:
@@ -122,7 +117,9 @@ class ReaderRun:
         self.progress = progress
         self.run_id = run_id or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         self.continuous = continuous
-        self.rebuild = rebuild
+        # A Parquet day is replaced by a folder swap, an upsert sink's rows by key; an append
+        # sink cannot replace rows: re-materialising a day then only processes its new splits.
+        self.rebuild = rebuild and (plan.sink.kind == "parquet" or bool(plan.sink.upsert_key))
         self.output_root = output_path(pipeline, settings)
         self.staging_root = staging_path(pipeline, settings)
 
@@ -163,7 +160,12 @@ class ReaderRun:
         recover(engine, self._sinks)
         clean_staging(engine, self.staging_root)
         self._finish = functools.partial(
-            finish_rebuilds, engine, self.output_root, self._sinks, source=self.source
+            finish_rebuilds,
+            engine,
+            self.output_root,
+            self._sinks,
+            source=self.source,
+            folders=plan.sink.kind == "parquet",
         )
         self._finish()  # rebuilds a crash interrupted
         if plan.sink.kind == "postgres":

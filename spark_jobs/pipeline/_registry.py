@@ -1,4 +1,5 @@
-"""Where pipelines live: the user's modules, named by ``SLUICE_PIPELINES``.
+"""Where pipelines live: the user's modules, named by ``SLUICE_PIPELINES`` (importable
+from the Python path or the working directory).
 
 Every :class:`Pipeline` object at the top level of a named module is registered (an object
 imported into several modules counts once). Importing a module runs its definitions, so a
@@ -8,6 +9,8 @@ definition mistake surfaces here as the one-line :class:`PipelineDefinitionError
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 from enumerator_service import ConfigError, Settings
 from spark_jobs.pipeline._definition import Pipeline
@@ -21,6 +24,9 @@ def load_pipelines(settings: Settings) -> dict[str, Pipeline]:
     """The registered pipelines by name, in module and definition order."""
     found: dict[str, Pipeline] = {}
     where: dict[str, str] = {}
+    # Like ``python -m``: the user's modules are importable from the working directory.
+    if settings.pipeline_modules and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     for name in settings.pipeline_modules:
         try:
             module = importlib.import_module(name)

@@ -116,12 +116,12 @@ class PostgresTableSinkWriter:
 
     def output_partition(self, day: date | None, rebuild_id: int | None) -> str:
         """The ``dt`` value of a split's rows (ISO date), or ``""`` for an unpartitioned
-        output. A partition rebuild replaces folders: the table sink cannot take part in
-        one."""
-        if rebuild_id is not None:
+        output. A member of a partition rebuild writes its rows again: only an upsert sink
+        replaces rows (by key), so only it takes part in rebuilds."""
+        if rebuild_id is not None and not self._layout.upsert_key:
             raise ValueError(
-                f"split of partition {day} belongs to rebuild {rebuild_id}: partition "
-                "rebuilds need a parquet sink"
+                f"split of partition {day} belongs to rebuild {rebuild_id}: re-processing a "
+                "partition needs an upsert sink (or a parquet sink)"
             )
         if not self._layout.partitioned:
             return ""
