@@ -145,9 +145,16 @@ def new_block(
     return ParsedBlock(split_id, start, end, rows, dead, max_event_time(schema, rows))
 
 
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    return str(value)
+
+
 def raw_json(values: Mapping[str, Any]) -> bytes:
-    """A row as JSON bytes (the raw form of a Parquet or table row's dead letter)."""
+    """A row as JSON bytes (the raw form of a Parquet or table row's dead letter): bytes as
+    UTF-8 text (invalid bytes escaped), decimals and other values as text."""
     try:
-        return orjson.dumps(values, default=str)
+        return orjson.dumps(values, default=_jsonable)
     except TypeError:  # e.g. an int beyond 64 bits
         return repr(dict(values)).encode()

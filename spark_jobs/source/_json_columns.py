@@ -94,7 +94,7 @@ def _float(kind: pa.DataType) -> tuple[_Suspects, _Finish]:
     def suspects(column: pa.Array) -> tuple[pa.Array | None, Any]:
         masks = []
         finite = pc.is_finite(column.cast(kind, safe=False) if single else column)
-        if not pc.all(finite).as_py():
+        if not pc.all(finite, min_count=0).as_py():
             masks.append(pc.invert(finite))
         inverse = pc.divide(1.0, column)  # -inf for -0.0
         if pc.min(inverse).as_py() == -math.inf:
@@ -120,7 +120,7 @@ def _decimal(kind: pa.DataType) -> _Suspects:
 
 
 def _time_suspects(column: pa.Array) -> tuple[pa.Array | None, Any]:
-    if pc.all(pc.match_substring_regex(column, _ZONED_TIME)).as_py():  # the usual form
+    if pc.all(pc.match_substring_regex(column, _ZONED_TIME), min_count=0).as_py():  # the usual form
         return None, False
     return pc.invert(pc.match_substring_regex(column, _TIME)), True
 
@@ -140,7 +140,7 @@ def _timestamp(kind: pa.DataType) -> _Finish:
 
 def _date_suspects(column: pa.Array) -> tuple[pa.Array | None, Any]:
     ok = pc.match_substring_regex(column, _DATE)
-    return (None if pc.all(ok).as_py() else pc.invert(ok)), None
+    return (None if pc.all(ok, min_count=0).as_py() else pc.invert(ok)), None
 
 
 def _plan(kind: pa.DataType) -> tuple[pa.DataType, _Suspects, _Finish]:

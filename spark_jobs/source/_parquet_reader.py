@@ -90,7 +90,7 @@ def _cast(column: pa.Array, kind: pa.DataType) -> pa.Array | None:
         if pa.types.is_integer(given):
             return column.cast(kind)  # exact or ArrowInvalid
         cast = column.cast(kind, safe=False)  # float64 -> float32 rounds as Python does
-        return cast if pc.all(pc.is_finite(cast)).as_py() else None
+        return cast if pc.all(pc.is_finite(cast), min_count=0).as_py() else None
     if pa.types.is_decimal128(kind) and pa.types.is_decimal(given):
         return column.cast(pa.decimal128(38, kind.scale)).cast(kind)  # checks precision
     textual = pa.types.is_string(given) or pa.types.is_large_string(given)
@@ -212,6 +212,8 @@ class ParquetSplitReader:
         columns = []
         for field in self._schema.fields:
             if field.name not in names:
+                if field.name in self._required and batch.num_rows:
+                    return None
                 columns.append(pa.nulls(batch.num_rows, field.type))
                 continue
             try:
