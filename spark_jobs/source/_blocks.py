@@ -16,7 +16,8 @@ the pieces are small, and the lines of a small piece take the exact per-line pat
 - Arrow accepted it with unexpected fields an *error*: only the declared fields are
   parsed, so grammar differences in other fields (``NaN``, numbers too big for a double,
   nesting beyond orjson's depth limit — Arrow accepts all three) cannot occur. A block with
-  extra fields is parsed again with them ignored, behind checks for exactly those cases;
+  extra fields is parsed again with them ignored, behind checks for exactly those cases
+  (once a block had extra fields, the next ones are parsed that way first);
 - every column check passed (rows that fail one are *suspects*: decided line by line);
 - no line is longer than the reader's limit (those are dead-lettered as too long).
 
@@ -26,7 +27,8 @@ piece, which then goes the exact way and gets the exact dead-letter reason.
 Each row's offset (its line's first byte) fills the offset column, computed column-wise
 from the line lengths. Rows come out in line order, dead letters in offset order.
 
-Threading: a parser is immutable; any thread (the fetcher thread).
+Threading: a parser is used by one thread at a time (the fetcher thread); its only state is
+that hint about extra fields.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class JsonLinesParser:
             explicit_schema=self._checks.wire, unexpected_field_behavior="ignore"
         )
         self._fast_ok = bool(schema.fields)
+        #: The last block had undeclared fields (a hint; only this parser's thread uses it).
+        self._extra_fields = False
 
     def parse(self, data: bytes, offset: int) -> tuple[pa.RecordBatch, list[DeadLetter]]:
         """Whole lines ``data`` starting at offset ``offset`` (the last one may lack its
@@ -132,24 +136,24 @@ class JsonLinesParser:
         return rows, out.dead
 
     def _parse(self, data: bytes, offset: int, out: _Out) -> None:
-        newlines = data.count(b"\n")
-        lines = newlines if data.endswith(b"\n") else newlines + 1
-        closed = data.count(b"}\n")
-        if closed != newlines:
-            closed += data.count(b"}\r\n")
-        if lines != closed + (
-            0 if data.endswith(b"\n") or not data.rstrip(b"\r").endswith(b"}") else 1
-        ):
-            # Some line does not end with "}" (truncated, blank, not an object): such lines take
-            # the exact path at once and the runs between them the fast one (Arrow would fail
-            # at each, and the failed parse be wasted); too many: halve first.
-            if lines <= _SMALL:
-                self._by_line(data, offset, out)
-            elif lines - closed <= _SMALL:
-                self._exact_around(data, offset, out, _torn_lines(data))
-            else:
-                self._halve(data, offset, out)
-            return
+        lines = _lines(data)  # one Arrow split serves the checks below and the offsets
+        count = len(lines)
+        closed = pc.ends_with(lines, "}")
+        if not pc.all(closed, min_count=0).as_py():
+            closed = pc.or_(closed, pc.ends_with(lines, "}\r"))
+            torn = count - pc.sum(closed, min_count=0).as_py()
+            if torn:
+                # Some line does not end with "}" (truncated, blank, not an object): such
+                # lines take the exact path at once and the runs between them the fast one
+                # (Arrow would fail at each, and the failed parse be wasted); too many:
+                # halve first.
+                if count <= _SMALL:
+                    self._by_line(data, offset, out)
+                elif torn <= _SMALL:
+                    self._exact_around(data, offset, out, _torn_lines(data, lines, closed))
+                else:
+                    self._halve(data, offset, out)
+                return
         rows, suspects, failed_at = self._fast(data, offset, lines)
         if rows is not None:
             out.batches.append(rows)
@@ -157,12 +161,12 @@ class JsonLinesParser:
                 out.in_order = False
                 for start, end in suspects:
                     self._by_line(data[start:end], offset + start, out)
-        elif failed_at is not None and 0 <= failed_at < lines:
+        elif failed_at is not None and 0 <= failed_at < count:
             # The line that failed is known (a hint: every piece is still checked in full).
             start = len(data) - len(data.split(b"\n", failed_at)[-1])
             end = data.find(b"\n", start) + 1 or len(data)
             self._exact_around(data, offset, out, [(start, end)])
-        elif lines <= _SMALL:
+        elif count <= _SMALL:
             self._by_line(data, offset, out)
         else:
             self._halve(data, offset, out)
@@ -190,14 +194,13 @@ class JsonLinesParser:
         self._parse(data[cut + 1 :], offset + cut + 1, out)
 
     def _fast(
-        self, data: bytes, offset: int, lines: int
+        self, data: bytes, offset: int, lines: pa.Array
     ) -> tuple[pa.RecordBatch | None, list[tuple[int, int]], int | None]:
-        """(rows, suspects, None) when ``data`` (``lines`` lines, each ending with ``}``)
+        """(rows, suspects, None) when ``data`` (its ``lines``, each ending with ``}``)
         parsed with one row per line: ``rows`` are the lines that passed every check,
         ``suspects`` the byte ranges (in ``data``) of the lines that did not. Otherwise
         (None, [], index of a line known to fail, or None)."""
-        lines_of_data = _lines(data) if len(data) > self._limit else None
-        if lines_of_data is not None and _longest(lines_of_data) > self._limit:
+        if len(data) > self._limit and _longest(lines) > self._limit:
             return None, [], None  # an over-long line ("\r" of CRLF included: line by line)
         if not data.isascii():
             try:
@@ -206,30 +209,14 @@ class JsonLinesParser:
                 return None, [], data.count(b"\n", 0, exc.start)
             if b"\xef\xbb\xbf" in data:
                 return None, [], None  # a byte order mark: Arrow skips a leading one, orjson fails
-        buffer = pa.py_buffer(data)
-        try:
-            table = pj.read_json(buffer, read_options=_READ, parse_options=self._strict)
-        except pa.ArrowInvalid as exc:
-            message = str(exc)
-            if "unexpected field" not in message:
-                row = _ROW.search(message)
-                return None, [], int(row.group(1)) if row else None
-            if b"NaN" in data or b"Infinity" in data:
-                return None, [], None
-            if lines_of_data is None:
-                lines_of_data = _lines(data)
-            if _longest(lines_of_data) > _LENIENT_MAX_LINE or _long_number(data):
-                return None, [], None
-            try:  # extra fields: ignore them (behind the checks above)
-                table = pj.read_json(buffer, read_options=_READ, parse_options=self._lenient)
-            except pa.ArrowInvalid as again:
-                row = _ROW.search(str(again))
-                return None, [], int(row.group(1)) if row else None
-        if table.num_rows != lines:
+        table, failed_at = self._read(data, lines)
+        if table is None:
+            return None, [], failed_at
+        if table.num_rows != len(lines):
             return None, [], None
         columns = [_array(column) for column in table.columns]
         bad, notes = self._checks.suspects(columns)
-        starts, ends = _bounds(lines_of_data if lines_of_data is not None else _lines(data), offset)
+        starts, ends = _bounds(lines, offset)
         suspects: list[tuple[int, int]] = []
         if bad is not None:
             indices = pc.indices_nonzero(bad)
@@ -249,6 +236,29 @@ class JsonLinesParser:
             return None, [], None  # e.g. February 30th: found by halving, decided line by line
         rows = pa.RecordBatch.from_arrays([*columns, starts], schema=self._batch_schema)
         return rows, suspects, None
+
+    def _read(self, data: bytes, lines: pa.Array) -> tuple[pa.Table | None, int | None]:
+        """Arrow's parse of ``data``: (table, None), or (None, index of a line known to fail,
+        or None). Extra fields are ignored only behind ``_lenient_ok``; once a block had
+        some, later ones are parsed that way first (a hint: the result is the same)."""
+        buffer = pa.py_buffer(data)
+        if self._extra_fields and _lenient_ok(data, lines):
+            try:
+                return pj.read_json(buffer, read_options=_READ, parse_options=self._lenient), None
+            except pa.ArrowInvalid as exc:
+                return None, _failed_line(exc)
+        try:
+            return pj.read_json(buffer, read_options=_READ, parse_options=self._strict), None
+        except pa.ArrowInvalid as exc:
+            if "unexpected field" not in str(exc):
+                return None, _failed_line(exc)
+        self._extra_fields = True
+        if not _lenient_ok(data, lines):
+            return None, None
+        try:
+            return pj.read_json(buffer, read_options=_READ, parse_options=self._lenient), None
+        except pa.ArrowInvalid as exc:
+            return None, _failed_line(exc)
 
     def _by_line(self, data: bytes, offset: int, out: _Out) -> None:
         """The exact path: each line through ``parse_line``."""
@@ -294,15 +304,25 @@ def _longest(lines: pa.Array) -> int:
     return int(longest) if longest is not None else 0
 
 
-def _long_number(data: bytes) -> bool:
-    """Some number might be too big for orjson (ignored fields are not parsed by Arrow)."""
-    return bool(pc.match_substring_regex(_whole(data), "[0-9]{300}")[0].as_py())
+def _failed_line(exc: pa.ArrowInvalid) -> int | None:
+    row = _ROW.search(str(exc))
+    return int(row.group(1)) if row else None
 
 
-def _torn_lines(data: bytes) -> list[tuple[int, int]]:
-    """Byte ranges (newline included) of the lines of ``data`` that do not end with ``}``."""
-    lines = _lines(data)
-    closed = pc.or_(pc.ends_with(lines, "}"), pc.ends_with(lines, "}\r"))
+def _lenient_ok(data: bytes, lines: pa.Array) -> bool:
+    """Ignored fields can hide nothing orjson rejects and Arrow accepts: ``NaN`` and
+    ``Infinity``, numbers of 300 digits and more (too big for orjson), nesting deeper than
+    orjson's limit of 1024 (which needs lines longer than ``_LENIENT_MAX_LINE``)."""
+    if b"NaN" in data or b"Infinity" in data:
+        return False
+    longest = _longest(lines)
+    if longest > _LENIENT_MAX_LINE:
+        return False
+    return longest < 300 or not pc.match_substring_regex(_whole(data), "[0-9]{300}")[0].as_py()
+
+
+def _torn_lines(data: bytes, lines: pa.Array, closed: pa.Array) -> list[tuple[int, int]]:
+    """Byte ranges (newline included) of the ``lines`` of ``data`` not ``closed``."""
     torn = pc.indices_nonzero(pc.invert(closed))
     starts, ends = _bounds(lines, 0)
     firsts, afters = starts.take(torn).to_pylist(), ends.take(torn).to_pylist()
