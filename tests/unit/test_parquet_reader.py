@@ -14,6 +14,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import orjson
 import pyarrow as pa
@@ -31,6 +32,7 @@ from spark_jobs.source import (
     RecordSchema,
     SplitRead,
 )
+from spark_jobs.source._parquet_rows import BatchConverter
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 FILE_SCHEMA = pa.schema(
@@ -88,11 +90,10 @@ def read(
     batch_rows: int,
     schema: RecordSchema = EVENTS,
     stop: int | None = None,
-    reader: type[ParquetSplitReader] = ParquetSplitReader,
 ) -> list[ParsedBlock]:
     a = file_assignment(1, path, start, end, resume, kind="parquet")
     split_read = SplitRead(1, a.split, a.resume_offset, stop, replay=stop is not None)
-    blocks = read_blocks(reader(schema, batch_rows=batch_rows), split_read, 1000)
+    blocks = read_blocks(ParquetSplitReader(schema, batch_rows=batch_rows), split_read, 1000)
     assert all(b.rows.num_rows + len(b.dead) <= batch_rows for b in blocks)
     return blocks
 
@@ -247,13 +248,6 @@ def test_timestamp_text_and_decimal_columns_convert() -> None:
     ]
 
 
-class ColumnsOnly(ParquetSplitReader):
-    """Fails when a batch goes row by row."""
-
-    def _by_row(self, batch: pa.RecordBatch, first_row: int) -> Any:
-        raise AssertionError(f"rows {first_row}.. went row by row")
-
-
 def orders_table(values: list[dict[str, Any]]) -> pa.Table:
     """ORDERS in other Parquet types, each needing a cast (or the row path)."""
     types = {
@@ -317,10 +311,12 @@ def test_casts_equal_the_row_path_and_bad_rows_are_found(
 ) -> None:
     """A batch cast column-wise and a batch read row by row (it holds a bad row) give the
     same rows; exactly the bad rows are dead letters, with their reasons."""
-    with table_file(orders_table(values)) as path:
-        clean = rows_of(
-            read(path, 0, None, batch_rows=batch_rows, schema=ORDERS, reader=ColumnsOnly)
-        )
+    row_by_row = AssertionError("a clean batch went row by row")
+    with (
+        table_file(orders_table(values)) as path,
+        mock.patch.object(BatchConverter, "by_row", side_effect=row_by_row),
+    ):
+        clean = rows_of(read(path, 0, None, batch_rows=batch_rows, schema=ORDERS))
     mixed, reasons = list(values), {}
     for at, kind in sorted(bad, reverse=True):
         change, reason = BAD_ROWS[kind]
@@ -367,3 +363,26 @@ def test_replay_of_single_rows_across_row_groups() -> None:
             blocks = read(path, 0, None, offset, batch_rows=2, stop=offset + 1)
             assert rows_of(blocks) == expected(offset, offset + 1)
             assert all(block.start == offset and block.end == offset + 1 for block in blocks)
+
+
+@pytest.mark.parametrize(
+    ("name", "column"),
+    [
+        ("placed_at", pa.array([0, 1 << 62], pa.timestamp("us", tz="UTC"))),
+        ("placed_at", pa.array([0, -(1 << 62)], pa.timestamp("us"))),
+        ("placed_on", pa.array([0, 3_000_000], pa.date32())),
+    ],
+)
+def test_times_beyond_python_go_row_by_row(name: str, column: pa.Array) -> None:
+    """Arrow holds them, Python (the exact path) cannot: such a row is a dead letter."""
+    columns = {
+        "region": pa.array(["eu", "us"]),
+        "order_no": pa.array([1, 2], pa.int32()),
+        "placed_at": pa.array([0, 0], pa.timestamp("us", tz="UTC")),
+        "total": pa.array([Decimal(1), Decimal(2)], pa.decimal128(10, 2)),
+    }
+    with table_file(pa.table({**columns, name: column})) as path:
+        blocks = read(path, 0, None, batch_rows=10, schema=ORDERS)
+    assert [r["order_no"] for r in rows_of(blocks)] == [1]
+    [(offset, _, reason)] = dead_of(blocks)
+    assert offset == 1 and reason.startswith(f"bad value: {name} cannot be read: ")
