@@ -21,12 +21,13 @@ Parquet row, a table row) is converted field by field to the declared Arrow type
   rounded to infinity (``bad value: F V is outside the float32 range``). CSV: ``float(text)``
   (``wrong type: F must be a number, got 'text'``).
 - ``bool``: JSON bool only (``wrong type: F must be a boolean``); CSV ``true/false/1/0``
-  (case-insensitive, after strip).
+  (case-insensitive, after strip; ``wrong type: F must be a boolean, got 'text'``).
 - ``decimal(p,s)``: JSON string (exact ``Decimal(text)``; ``bad value: F 'text' is not a
   decimal number``) or number (``Decimal(repr(float))``, or the int); Parquet/table also
-  Decimal; CSV ``Decimal(text)``. It must be finite and fit without rounding: at most ``s``
-  fractional digits and at most ``p-s`` integer digits, trailing zeros aside (``bad value:
-  F V does not fit decimal(p,s)``).
+  Decimal; CSV ``Decimal(text)`` (``wrong type: F must be a decimal number, got 'text'``).
+  It must be finite and fit without rounding: at most ``s`` fractional digits and at most
+  ``p-s`` integer digits, trailing zeros aside (``bad value: F V does not fit
+  decimal(p,s)``).
 - ``timestamp`` (UTC, µs): ISO-8601 text (``datetime.fromisoformat``; no offset means UTC;
   ``bad value: F 'text' is not ISO-8601``); Parquet/table also datetime (naive = UTC).
   ``timestamp_naive``: the same, kept naive (aware values converted to UTC, then made
@@ -34,6 +35,14 @@ Parquet row, a table row) is converted field by field to the declared Arrow type
 - ``date``: ``YYYY-MM-DD`` text (``bad value: F 'text' is not a YYYY-MM-DD date``);
   Parquet/table also date.
 - ``binary``: JSON/CSV text as UTF-8 bytes; Parquet/table bytes (or text).
+
+Before that, per format: a line (JSON Lines, CSV) longer than the reader's limit is ``line
+too long: over N bytes``; a blank line is no record; a line that is not valid UTF-8 is
+``invalid UTF-8: line is not valid UTF-8 text``. JSON: orjson's error as ``invalid JSON:
+…``, a value that is not an object ``wrong type: expected a JSON object, got list``. CSV
+(see ``_csv``): ``invalid CSV: …`` (unbalanced quotes included), a row with another number
+of fields than the header ``bad value: expected 5 fields, got 4``. Parquet: a value Python
+cannot hold ``bad value: F cannot be read: …``.
 
 Reasons are ``category: detail``; the categories are ``invalid JSON``, ``invalid UTF-8``,
 ``invalid CSV``, ``missing field``, ``wrong type``, ``bad value`` and ``line too long``.
