@@ -322,3 +322,59 @@ def test_blocks_cover_exactly_the_lines_of_their_range(
         assert [entry for b in blocks for entry in b.dead] == exact_dead
         for block in blocks:  # a block's range re-read gives it again
             reread(path, start, end, block, limit)
+
+
+# -- random values of every JSON type in every field -----------------------------------------
+
+NUMBER_TEXTS = ["-0", "0", "1E2", "1e-400", "-1e-400", "1.5e1", "123456789012345678901", "0.1"]
+TEXTS = [
+    "2026-01-01",
+    "2024-02-29",
+    "2026-02-29",
+    "2026-01-01T00:00:00",
+    "2026-01-01T00:00:00.123456+05:30",
+    "2026-01-01 00:00:00Z",
+    "1.25",
+    "-0.50",
+    "1e3",
+    "9" * 12,
+    "",
+    "é",
+]
+json_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.integers(-300, 300),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.decimals(allow_nan=False, allow_infinity=False, places=3).map(float),
+    st.sampled_from(TEXTS),
+    st.text(max_size=4),
+    st.lists(st.integers(-5, 5), max_size=2),
+)
+
+
+@st.composite
+def random_line(draw: st.DrawFn, schema: RecordSchema) -> bytes:
+    names = [field.name for field in schema.fields] + ["extra"]
+    present = draw(st.lists(st.sampled_from(names), unique=True))
+    values = {name: draw(json_values) for name in present}
+    line = orjson.dumps(values)
+    for name in present:  # a raw number literal instead of the value, now and then
+        if draw(st.integers(0, 9)) == 0:
+            literal = draw(st.sampled_from(NUMBER_TEXTS)).encode()
+            line = line.replace(b'"' + name.encode() + b'":' + orjson.dumps(values[name]),
+                                b'"' + name.encode() + b'":' + literal, 1)  # fmt: skip
+    return line
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(SCHEMAS)), data=st.data())
+def test_random_values_in_every_field_parse_as_line_by_line(name: str, data: st.DataObject) -> None:
+    schema = SCHEMAS[name][0]
+    count = data.draw(st.integers(1, 30))
+    lines = [
+        data.draw(random_line(schema)) if data.draw(st.booleans()) else good_line(schema, i)
+        for i in range(count)
+    ]
+    same(schema, b"\n".join(lines) + b"\n", 1 << 20)
