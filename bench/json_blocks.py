@@ -3,8 +3,9 @@
     python bench/json_blocks.py [--repeat 15] [--block-bytes 262144]
 
 Parses one block (``--block-bytes`` of whole lines, the reader's default: ~1,900 lines) of the
-demo generator's clickstream events with ``JsonLinesParser`` under the clickstream schema
-(string, int64, timestamp, string, float64; all required), three ways:
+clickstream example's sample events (``examples/_clickstream_data.py``) with
+``JsonLinesParser`` under the schema ``examples/clickstream.py`` declares (string, int64,
+timestamp, string, float64; all required), three ways:
 
 - the demo block as generated (about one malformed line in a thousand: halving and the exact
   path for those lines included);
@@ -27,7 +28,7 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 
-from enumerator_service._demo_data import DemoSpec, generate_events
+from examples._clickstream_data import DemoSpec, generate_events
 from spark_jobs.source import JsonLinesParser, RecordSchema
 
 CLICKSTREAM = RecordSchema(

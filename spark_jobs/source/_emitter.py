@@ -39,17 +39,20 @@ class RecordEmitter:
     """Emits blocks, extracts event time, tracks per-split watermarks.
 
     A split's watermark is its largest event time minus ``out_of_orderness`` (bounded
-    out-of-orderness). A split that emitted no record for ``idle_timeout`` seconds is idle
-    and does not hold the task watermark back until its next record.
+    out-of-orderness; a timedelta or seconds). A split that emitted no record for
+    ``idle_timeout`` seconds is idle and does not hold the task watermark back until its next
+    record.
     """
 
     def __init__(
         self,
         *,
-        out_of_orderness: timedelta = timedelta(seconds=5),
+        out_of_orderness: timedelta | float = timedelta(seconds=5),
         idle_timeout: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not isinstance(out_of_orderness, timedelta):
+            out_of_orderness = timedelta(seconds=out_of_orderness)
         self._delay = out_of_orderness
         self._idle_timeout = idle_timeout
         self._clock = clock

@@ -8,8 +8,9 @@ reader is active; the next read goes to its reader once the current one is finis
 
 Restore: a :class:`SplitAssignment` carries ``pending`` — ``{"span": [a, b]}`` entries, the
 offset ranges that were in flight in the operator chain at the restored checkpoint. They are
-read first, in order, as blocks marked ``replay`` holding exactly the records whose offset
-lies in ``[a, b)`` (line files: a copy of the FileSplit with ``start=a, end=b``; gzip: lines
+read first, in order, as blocks marked ``replay`` (``replay_entry``: the entry's index in
+``pending``; other keys of an entry are left to the task) holding exactly the records whose
+offset lies in ``[a, b)`` (line files: a copy of the FileSplit with ``start=a, end=b``; gzip: lines
 starting before ``b``; Parquet: rows; table: keys); then the split is read normally from its
 resume offset. Only that final, normal read reports the split as finished.
 """
@@ -52,7 +53,7 @@ def replay_reads(assignment: SplitAssignment) -> list[SplitRead]:
     """
     reads = []
     split = assignment.split
-    for entry in assignment.pending:
+    for index, entry in enumerate(assignment.pending):
         span = entry.get("span") if isinstance(entry, Mapping) else None
         if not isinstance(span, list | tuple) or len(span) != 2:
             raise ValueError(f"split {assignment.split_id}: unreadable pending entry {entry!r}")
@@ -62,7 +63,7 @@ def replay_reads(assignment: SplitAssignment) -> list[SplitRead]:
         bounded = split
         if isinstance(split, FileSplit) and split.kind in ("jsonl", "csv"):
             bounded = dataclasses.replace(split, start=start, end=end)
-        reads.append(SplitRead(assignment.split_id, bounded, start, end, replay=True))
+        reads.append(SplitRead(assignment.split_id, bounded, start, end, True, index))
     return reads
 
 
@@ -133,7 +134,8 @@ class FormatRouter:
         read, reader = self._current
         block, done = reader.fetch()
         if block is not None:
-            block.replay = read.replay
+            if read.replay:
+                block.replay, block.replay_entry = True, read.entry
             batch.blocks.append(block)
         if done:
             self._current = None

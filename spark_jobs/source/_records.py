@@ -16,8 +16,9 @@ class SplitRead:
     """One read of a split: its records with offsets from ``resume`` (the split's resume
     offset, or a replayed range's start) up to ``stop`` (exclusive; None: the split's end).
 
-    ``replay``: the read re-reads a range that was in flight at the restored checkpoint;
-    its blocks are marked ``replay`` and it never finishes the split.
+    ``replay``: the read re-reads a range that was in flight at the restored checkpoint —
+    entry ``entry`` of the assignment's ``pending``; its blocks are marked ``replay`` (with
+    ``replay_entry = entry``) and it never finishes the split.
     """
 
     split_id: int
@@ -25,6 +26,7 @@ class SplitRead:
     resume: int
     stop: int | None = None
     replay: bool = False
+    entry: int = 0
 
     @classmethod
     def of(cls, assignment: SplitAssignment) -> SplitRead:

@@ -102,7 +102,8 @@ KINDS = ["jsonl", "csv", "jsonl.gz", "csv.gz", "parquet", "table"]
 
 
 def drain(router: FormatRouter, assignment: SplitAssignment) -> list[tuple[str, Any]]:
-    """What the fetches return, in order: ("replay"|"block", event ids), ("finished", id)."""
+    """What the fetches return, in order: ("replay", (pending entry, event ids)),
+    ("block", event ids), ("finished", split id)."""
     router.add_split(assignment)
     events: list[tuple[str, Any]] = []
     for _ in range(1000):
@@ -112,7 +113,10 @@ def drain(router: FormatRouter, assignment: SplitAssignment) -> list[tuple[str, 
         for block in batch.blocks:
             ids = block.rows.column("event_id").to_pylist()
             assert block.split_id == 9
-            events.append(("replay" if block.replay else "block", ids))
+            if block.replay:
+                events.append(("replay", (block.replay_entry, ids)))
+            else:
+                events.append(("block", ids))
             offsets = block.rows.column(OFFSET).to_pylist()
             assert all(block.start <= o < block.end for o in offsets)
         events.extend(("finished", split_id) for split_id in batch.finished)
@@ -143,18 +147,17 @@ def test_pending_ranges_are_replayed_in_order_then_the_split_from_its_offset(
     pending = tuple({"span": [a, b]} for a, b in spans)
     assignment, _ = make(kind, tmp_path, pending, o[9])
     events = drain(router(), assignment)
-    replays = [ids for what, ids in events if what == "replay"]
-    grouped, at = [], 0
-    for a, b in spans[:3]:  # each range's blocks, in order
-        expected = ids_between(o, a, b)
-        got: list[str] = []
-        while len(got) < len(expected):
-            got.extend(replays[at])
-            at += 1
-        grouped.append(got)
-        assert got == expected
-    assert grouped == [["e1", "e2"], ["e6"], ["e2", "e3", "e4"]]
-    assert all(not ids for ids in replays[at:])
+    replays = [entry_ids for what, entry_ids in events if what == "replay"]
+    # Each range's blocks, in order, marked with the range's pending entry.
+    grouped: dict[int, list[str]] = {}
+    for entry, ids in replays:
+        assert entry >= max(grouped, default=0)
+        grouped.setdefault(entry, []).extend(ids)
+    assert (
+        grouped
+        == {i: ids_between(o, a, b) for i, (a, b) in enumerate(spans[:3])}
+        == {0: ["e1", "e2"], 1: ["e6"], 2: ["e2", "e3", "e4"]}
+    )
     first_normal = next(i for i, (what, _) in enumerate(events) if what != "replay")
     assert all(what == "replay" for what, _ in events[:first_normal])
     normal = [i for what, ids in events[first_normal:] if what == "block" for i in ids]
@@ -175,8 +178,8 @@ def test_single_record_ranges_read_exactly_that_record(
     pending = tuple({"span": [offsets[i], offsets[i] + 1]} for i in picks)
     assignment, _ = make(kind, tmp_path, pending, offsets[N])
     events = drain(router(), assignment)
-    replayed = [i for what, ids in events if what == "replay" for i in ids]
-    assert replayed == [f"e{i}" for i in picks]
+    replayed = [entry_ids for what, entry_ids in events if what == "replay" and entry_ids[1]]
+    assert replayed == [(entry, [f"e{i}"]) for entry, i in enumerate(picks)]
     assert [what for what, _ in events if what != "replay"][-1:] == ["finished"]
     assert [i for what, ids in events if what == "block" for i in ids] == []
 
