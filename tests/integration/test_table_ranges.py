@@ -7,7 +7,6 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
@@ -19,9 +18,7 @@ from enumerator_service import (
     asyncpg_dsn,
 )
 from enumerator_service._operations import Platform, open_platform
-from spark_jobs.source import OFFSET, RecordSchema, SplitRead, TableRangeSplitReader
-
-VALUES = RecordSchema((pa.field("v", pa.string()),), frozenset({"v"}))
+from spark_jobs.source._table_reader import TableRangeSplitReader
 
 
 @pytest.fixture
@@ -45,18 +42,13 @@ def table(make_settings: Any) -> Iterator[tuple[Platform, str]]:
 
 
 def _read(dsn: str, assignments: list[SplitAssignment], batch_rows: int) -> list[int]:
-    """The keys read from the assignments, in order (each row's ``v`` checked)."""
-    reader = TableRangeSplitReader(VALUES, dsn, batch_rows=batch_rows)
+    reader = TableRangeSplitReader(dsn, batch_rows=batch_rows)
     keys: list[int] = []
     for assignment in assignments:
-        reader.open(SplitRead.of(assignment))
-        done = False
-        while not done:
-            block, done = reader.fetch()
-            if block is not None:
-                assert not block.dead
-                keys.extend(block.rows.column(OFFSET).to_pylist())
-                assert all(v.startswith("v") for v in block.rows.column("v").to_pylist())
+        reader.add_split(assignment)
+    while reader.has_splits():
+        for records in reader.fetch().records.values():
+            keys.extend(r.offset for r in records)
     reader.close()
     return keys
 
