@@ -46,11 +46,11 @@ from typing import Any
 
 import sqlalchemy as sa
 from _harness import forget_source, timed  # bench/ is on sys.path when run as a script
+from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from rich.console import Console
 from rich.table import Table
 
 from enumerator_service import Settings, asyncpg_dsn, load_settings
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from enumerator_service._operations import Platform, discover, open_platform
 from enumerator_service._schema import (
     checkpoint_acks,

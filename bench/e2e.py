@@ -78,9 +78,9 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import forget_source
+from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 
 from enumerator_service import Settings, asyncpg_dsn, load_settings
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from enumerator_service._operations import Platform, discover, open_platform
 
 console = Console(width=170)

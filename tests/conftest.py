@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
-
 from pydantic import ValidationError
+from sqlalchemy.engine import make_url
 
 from enumerator_service import ConfigError, Settings
 from enumerator_service._database import database_url

@@ -16,7 +16,9 @@ from spark_jobs import ParquetSink, Pipeline, PostgresSink
 DICTIONARY = ("event_type", "user_country", "user_tier")
 
 
-def demo_pipeline(settings: TestSettings, *, table: str | None = None, **changes: object) -> Pipeline:
+def demo_pipeline(
+    settings: TestSettings, *, table: str | None = None, **changes: object
+) -> Pipeline:
     """The clickstream pipeline named ``settings.source_name``, reading
     ``settings.landing_path`` and writing ``settings.output_path`` (Parquet), or the Postgres
     table ``table`` (appending)."""

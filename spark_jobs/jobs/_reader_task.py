@@ -135,7 +135,6 @@ class ReaderTask:
             idle_exit=config.continuous_idle_seconds,
         )
         emitter = RecordEmitter(
-            router,
             out_of_orderness=plan.source.out_of_orderness,
             idle_timeout=plan.source.idle_timeout,
         )
@@ -199,16 +198,18 @@ class ReaderTask:
 
     def collect_block(self, block: ParsedBlock) -> None:
         rows, only = block.rows, None
+        held = self._splits[block.split_id]
         if block.replay:
-            entry = self._splits[block.split_id].replayed(block.replay_entry, block.end)
+            entry = held.replayed(block.replay_entry, block.end)
             if entry is not None and entry.only is not None:
                 # Only some records of this range were pending (a per-record step's).
                 wanted = [o for o in entry.only if block.start <= o < block.end]
                 rows = rows.filter(pc.is_in(rows.column(OFFSET), pa.array(wanted, pa.int64())))
                 only = tuple(wanted)
         else:
-            self._splits[block.split_id].replay.clear()
-        self._chain.push(Batch(block.split_id, rows, (block.start, block.end), only=only))
+            held.replay.clear()  # the split's own reading began: every range was re-read
+        if rows.num_rows:  # (a block of only blank lines or dead letters has none)
+            self._chain.push(Batch(block.split_id, rows, (block.start, block.end), only=only))
 
     def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
         self._sink.dead_letter(split_id, offset, raw, reason)

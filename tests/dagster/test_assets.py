@@ -36,10 +36,11 @@ from dagster import (
     materialize,
 )
 from dagster._core.remote_representation.external_data import RepositorySnap
+from dagster_project._pipeline import REVENUE_TABLE
 from dagster_shared.serdes import serialize_value
+from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from sluice_resource import resource_for
 
-from dagster_project._pipeline import REVENUE_TABLE
 from dagster_project.assets import daily_revenue_by_country, enriched_events
 from dagster_project.checks import enriched_events_checks
 from dagster_project.definitions import defs as load_defs
@@ -51,7 +52,6 @@ from dagster_project.resources import (
     SparkResource,
 )
 from enumerator_service import Settings, asyncpg_dsn, load_settings
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 
 DAYS = ["2026-01-01", "2026-01-02"]
 RANGE_TAGS = {

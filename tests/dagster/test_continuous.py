@@ -22,6 +22,7 @@ from dagster import (
     job,
     op,
 )
+from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from sluice_resource import resource_for
 
 from dagster_project.continuous import (
@@ -34,7 +35,6 @@ from dagster_project.continuous import (
     release_failed_run_splits,
 )
 from enumerator_service import Settings, SplitStore, asyncpg_dsn, connect_engine
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from enumerator_service._operations import discover, open_platform
 
 MakeSettings = Callable[..., Settings]

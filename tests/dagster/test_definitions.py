@@ -28,6 +28,7 @@ from dagster import (
     build_sensor_context,
     materialize,
 )
+from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from sluice_resource import resource_for
 
 from dagster_project.assets import PARTITIONS_START_DATE, enriched_events
@@ -39,7 +40,6 @@ from dagster_project.resources import (
 from dagster_project.schedules import hourly_incremental_schedule
 from dagster_project.sensors import FilesSensorCursor, new_files_sensor
 from enumerator_service import ConfigError, Settings, SplitStore, asyncpg_dsn, connect_engine
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 
 REPO = Path(__file__).resolve().parents[2]
 MakeSettings = Callable[..., Settings]

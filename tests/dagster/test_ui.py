@@ -36,9 +36,9 @@ from typing import Any, NoReturn
 
 import pyarrow.parquet as pq
 import pytest
+from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 
 from enumerator_service import Settings, asyncpg_dsn, load_settings
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 
 REPO = Path(__file__).resolve().parents[2]
 ASSET = "enriched_events"

@@ -17,6 +17,7 @@ from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
+from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from fault_harness import (
     Chaos,
     Driver,
@@ -32,7 +33,6 @@ from fault_harness import (
 )
 
 from enumerator_service._database import asyncpg_dsn
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 
 pytestmark = [pytest.mark.faults, pytest.mark.spark, pytest.mark.timeout(1200)]
 

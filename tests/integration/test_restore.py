@@ -9,9 +9,9 @@ import orjson
 import pyarrow.dataset as ds
 import pytest
 import sqlalchemy as sa
+from enumerator_service._demo_data import load_users
 
 from enumerator_service import Settings, asyncpg_dsn
-from enumerator_service._demo_data import load_users
 from enumerator_service._operations import Platform, discover, open_platform
 from enumerator_service._schema import splits
 from spark_jobs.jobs import run_enrichment
