@@ -13,6 +13,8 @@ converted to euros, upserted into Postgres.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -75,7 +77,8 @@ orders = Pipeline(
             cache=FullCache(reload_every="10m"),
         ),
         Map(add_amount_eur, output={"amount_eur": "decimal(18,2)"}),
-        Filter(pc.field("amount_eur") > 0),
+        # A decimal literal: Arrow compares decimals with integers only up to small precisions.
+        Filter(pc.field("amount_eur") > Decimal(0)),
     ],
     sink=PostgresSink("analytics.orders_enriched", upsert_key=["order_id"]),
     sample_data=write_sample_data,

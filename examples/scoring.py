@@ -4,8 +4,8 @@ The user's own async function (``ScoringClient``, Flink's ``AsyncFunction`` in c
 style) calls ``POST <url>`` once per record with ``{"event_id", "amount"}`` and adds the
 service's ``score``. At most ``capacity`` requests are in flight per task; a request that
 takes longer than ``timeout`` is answered by ``ScoringClient.timeout()`` — the record is kept
-with ``score`` null and ``scored`` false — instead of failing the task. Results are emitted
-as they complete (``unordered``).
+with ``score`` null and ``scored`` false — instead of failing the task; a dropped connection
+is retried with exponential backoff. Results are emitted as they complete (``unordered``).
 
 ``examples.scoring_service`` is a local scoring service to try it with
 (``python -m examples.scoring_service --port 8700``).
@@ -26,6 +26,7 @@ from spark_jobs import (
     ParquetSink,
     Pipeline,
     ResultFuture,
+    exponential_backoff,
 )
 from spark_jobs.pipeline._types import Duration
 
@@ -62,10 +63,20 @@ class ScoringClient(CoroutineAsyncFunction[dict[str, Any], dict[str, Any]]):
         result_future.complete([{"score": None, "scored": False}])
 
 
+def _transport_error(error: BaseException) -> bool:
+    return isinstance(error, httpx.TransportError)
+
+
 def scoring_pipeline(
-    url: str, *, name: str = "scoring", landing: str = "landing/events", timeout: Duration = "1s"
+    url: str,
+    *,
+    name: str = "scoring",
+    landing: str = "landing/events",
+    timeout: Duration = "2s",
+    capacity: int = 64,
 ) -> Pipeline:
-    """The pipeline, scoring against the service at ``url``."""
+    """The pipeline, scoring against the service at ``url`` with ``capacity`` requests in
+    flight per task (one connection each, so no request waits for a connection)."""
     return Pipeline(
         name=name,
         description="Orders among the web events, scored by an HTTP service.",
@@ -84,11 +95,13 @@ def scoring_pipeline(
         steps=[
             Filter(pc.field("event_type") == "order"),
             AsyncMap(
-                ScoringClient(url),
+                ScoringClient(url, connections=capacity),
                 output={"score": "float64", "scored": "bool"},
                 per="record",
-                capacity=64,
+                capacity=capacity,
                 timeout=timeout,
+                # A dropped connection is worth another try (the timeout spans all of them).
+                retry=exponential_backoff(3, 0.05, 0.5, on_exception=_transport_error),
                 mode="unordered",
             ),
         ],

@@ -31,6 +31,8 @@ def is_slow(event_id: str, slow_share: float) -> bool:
 
 class ScoringService(ThreadingHTTPServer):
     daemon_threads = True
+    # The listen backlog: many clients connect at once (socketserver's default is 5).
+    request_queue_size = 1024
 
     def __init__(
         self,
