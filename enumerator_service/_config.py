@@ -98,16 +98,10 @@ class Settings(BaseSettings):
         default=30.0, gt=0, description="Bound on one lookup, all retries included."
     )
     lookup_retries: int = Field(
-        default=3, ge=0, le=20, description="Retries of a failed lookup (exponential backoff)."
-    )
-    lookup_cache_rows: int = Field(
-        default=0,
+        default=3,
         ge=0,
-        description="Rows cached per task (0: no cache). Worth it for skewed keys; with "
-        "uniformly spread keys batching alone is faster (bench/e2e.py).",
-    )
-    lookup_cache_ttl_seconds: float = Field(
-        default=300.0, gt=0, description="Cached rows expire this long after they were read."
+        le=20,
+        description="Default retries of a Lookup step's failed query (exponential backoff).",
     )
     lookup_injected_latency_ms: float = Field(
         default=0.0,

@@ -8,6 +8,7 @@ not commit returns to the pool when it ends, successfully or not.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import shutil
@@ -204,7 +205,8 @@ class ReaderRun:
     def _task_config(self, resolved: Resolved) -> TaskConfig:
         settings = self.settings
         return TaskConfig(
-            pipeline=self.pipeline,
+            # The sample-data generator stays here: workers never need it (nor its imports).
+            pipeline=dataclasses.replace(self.pipeline, sample_data=None),
             plan=resolved.plan,
             lookup_types=resolved.lookup_types,
             database_url=self._url,

@@ -1,6 +1,5 @@
 """Lookup functions for the async I/O operator, with a partial cache and latency metrics."""
 
-from spark_jobs.lookup._arrow_lookup import ArrowBatchLookup
 from spark_jobs.lookup._batch_lookup import BatchLookup, miss_retry_strategy
 from spark_jobs.lookup._cache import CacheHit, LookupCache
 from spark_jobs.lookup._connections import ConnectionPool, acquire_pool, release_pool
@@ -8,7 +7,6 @@ from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
 from spark_jobs.lookup._postgres import PostgresLookup
 
 __all__ = [
-    "ArrowBatchLookup",
     "BatchLookup",
     "CacheHit",
     "ConnectionPool",
