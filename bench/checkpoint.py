@@ -3,8 +3,8 @@
     python bench/checkpoint.py [--events 400000] [--users 200000] [--repeat 5] [--quick]
 
 Runs the clickstream example pipeline (``run_pipeline``: local Spark, ``--parallelism``
-reader subtasks, async lookups, Parquet sink) on the platform database of ``load_settings()`` (the embedded
-Postgres by default). The events (JSON Lines over several files) and the users table
+reader subtasks, async lookups, Parquet sink) on the platform database of
+``load_settings()`` (the embedded Postgres by default). The events (JSON Lines over several files) and the users table
 (``public.bench_checkpoint_users``) are generated once and cached under
 ``<home>/bench/checkpoint``. Every run registers the same landing files under a source of its
 own (``bench_ckpt_<random>``), so each run processes all of them; its splits, checkpoints and
