@@ -4,8 +4,8 @@
 
 Runs the clickstream example pipeline (``run_pipeline``: local Spark, ``--parallelism``
 reader subtasks, async lookups, Parquet sink) on the platform database of
-``load_settings()`` (the embedded Postgres by default). The events (JSON Lines over several files) and the users table
-(``public.bench_checkpoint_users``) are generated once and cached under
+``load_settings()`` (the embedded Postgres by default). The events (JSON Lines over several
+files) and the users table (``public.bench_checkpoint_users``) are generated once and cached under
 ``<home>/bench/checkpoint``. Every run registers the same landing files under a source of its
 own (``bench_ckpt_<random>``), so each run processes all of them; its splits, checkpoints and
 output are deleted afterwards.
