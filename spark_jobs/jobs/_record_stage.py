@@ -15,7 +15,7 @@ Threading: mailbox thread only; never blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,13 +27,11 @@ from spark_jobs.async_io import (
     AsyncFunction,
     AsyncRetryStrategy,
     AsyncWaitOperator,
-    Marker,
     Output,
     OutputMode,
     StreamRecord,
 )
-from spark_jobs.jobs._results import StepMetrics
-from spark_jobs.jobs._stages import PendingRange, Stage
+from spark_jobs.jobs._stages import OperatorStage, PendingRange
 from spark_jobs.jobs._user_functions import Completed
 from spark_jobs.pipeline._plan import AsyncMapPlan
 from spark_jobs.runtime import MailboxProcessor
@@ -61,7 +59,7 @@ class _Collected:
     dropped: int = 0
 
 
-class RecordStage(Stage):
+class RecordStage(OperatorStage):
     def __init__(
         self,
         plan: AsyncMapPlan,
@@ -77,7 +75,7 @@ class RecordStage(Stage):
         self._schema = plan.output_schema()
         self._added = tuple(c.name for c in plan.added)
         self._collected: dict[int, _Collected] = {}
-        self._operator: AsyncWaitOperator[RecordElement, Completed] = AsyncWaitOperator(
+        self._operator = AsyncWaitOperator(
             function,
             Output(self._collect, self._marker, self._flush),
             processor,
@@ -86,12 +84,6 @@ class RecordStage(Stage):
             timeout=timeout,
             retry=retry,
         )
-
-    async def open(self) -> None:
-        await self._operator.open()
-
-    async def close(self) -> None:
-        await self._operator.close()
 
     def process(self, batch: Batch) -> None:
         rows = user_rows(batch.rows).to_pylist()
@@ -168,22 +160,7 @@ class RecordStage(Stage):
             kept.append(offset)
         return pa.RecordBatch.from_pylist(rows, schema=self._schema), kept, dead
 
-    def _marker(self, marker: Marker) -> None:
-        raise AssertionError(f"unexpected marker {marker!r}")
-
     # -- chain protocol ------------------------------------------------------------------
-
-    def has_capacity(self) -> bool:
-        return self._operator.has_capacity()
-
-    def notify_when_available(self, callback: Callable[[], None]) -> None:
-        self._operator.notify_when_available(callback)
-
-    def in_flight(self) -> int:
-        return self._operator.in_flight()
-
-    def notify_when_drained(self, callback: Callable[[], None]) -> None:
-        self._operator.notify_when_drained(callback)
 
     def pending(self) -> Iterator[PendingRange]:
         assert not self._collected, "collected records are flushed after every emission run"
@@ -194,14 +171,3 @@ class RecordStage(Stage):
                 offsets.setdefault(record.split_id, []).append(record.offset)
         for split_id, found in offsets.items():
             yield PendingRange(split_id, min(found), max(found) + 1, tuple(sorted(set(found))))
-
-    def metrics(self) -> StepMetrics:
-        operator = self._operator
-        return StepMetrics(
-            self.plan.index,
-            self.plan.where,
-            self.records_in,
-            self.records_out,
-            operator.retries,
-            operator.timeouts,
-        )

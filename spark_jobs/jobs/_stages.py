@@ -42,6 +42,7 @@ __all__ = [
     "AsyncBatchStage",
     "FilterStage",
     "MapStage",
+    "OperatorStage",
     "PendingRange",
     "Stage",
     "as_batch",
@@ -183,7 +184,48 @@ class FilterStage(Stage):
         self.downstream(batch)
 
 
-class AsyncBatchStage(Stage):
+class OperatorStage(Stage):
+    """A step run by an async wait operator (``self._operator``): flow control, lifecycle and
+    retry/timeout counters are the operator's."""
+
+    _operator: AsyncWaitOperator[Any, Any]
+    _lookup_metrics: Callable[[], LookupMetrics] | None = None
+
+    async def open(self) -> None:
+        await self._operator.open()
+
+    async def close(self) -> None:
+        await self._operator.close()
+
+    def has_capacity(self) -> bool:
+        return self._operator.has_capacity()
+
+    def notify_when_available(self, callback: Callable[[], None]) -> None:
+        self._operator.notify_when_available(callback)
+
+    def in_flight(self) -> int:
+        return self._operator.in_flight()
+
+    def notify_when_drained(self, callback: Callable[[], None]) -> None:
+        self._operator.notify_when_drained(callback)
+
+    def _marker(self, marker: Marker) -> None:
+        raise AssertionError(f"unexpected marker {marker!r}")
+
+    def metrics(self) -> StepMetrics:
+        operator = self._operator
+        return StepMetrics(
+            self.plan.index,
+            self.plan.where,
+            self.records_in,
+            self.records_out,
+            operator.retries,
+            operator.timeouts,
+            self._lookup_metrics() if self._lookup_metrics is not None else None,
+        )
+
+
+class AsyncBatchStage(OperatorStage):
     """An async wait operator whose element is a batch: a ``Lookup`` (the function returns
     the enriched batch) or a per-batch ``AsyncMap`` (``merge`` turns the user's results into
     the output batch)."""
@@ -202,10 +244,9 @@ class AsyncBatchStage(Stage):
         lookup: Callable[[], LookupMetrics] | None = None,
     ) -> None:
         super().__init__(plan)
-        self._function = function
         self._merge = merge
         self._lookup_metrics = lookup
-        self._operator: AsyncWaitOperator[Batch, Any] = AsyncWaitOperator(
+        self._operator = AsyncWaitOperator(
             function,
             Output(self._collect, self._marker),
             processor,
@@ -214,12 +255,6 @@ class AsyncBatchStage(Stage):
             timeout=timeout,
             retry=retry,
         )
-
-    async def open(self) -> None:
-        await self._operator.open()
-
-    async def close(self) -> None:
-        await self._operator.close()
 
     def process(self, batch: Batch) -> None:
         self.records_in += batch.rows.num_rows
@@ -230,34 +265,7 @@ class AsyncBatchStage(Stage):
         self.records_out += batch.rows.num_rows
         self.downstream(batch)
 
-    def _marker(self, marker: Marker) -> None:
-        raise AssertionError(f"unexpected marker {marker!r}")
-
-    def has_capacity(self) -> bool:
-        return self._operator.has_capacity()
-
-    def notify_when_available(self, callback: Callable[[], None]) -> None:
-        self._operator.notify_when_available(callback)
-
-    def in_flight(self) -> int:
-        return self._operator.in_flight()
-
-    def notify_when_drained(self, callback: Callable[[], None]) -> None:
-        self._operator.notify_when_drained(callback)
-
     def pending(self) -> Iterator[PendingRange]:
         for element in self._operator.snapshot():
             if isinstance(element, StreamRecord):
                 yield batch_range(element.value)
-
-    def metrics(self) -> StepMetrics:
-        operator = self._operator
-        return StepMetrics(
-            self.plan.index,
-            self.plan.where,
-            self.records_in,
-            self.records_out,
-            operator.retries,
-            operator.timeouts,
-            self._lookup_metrics() if self._lookup_metrics is not None else None,
-        )
