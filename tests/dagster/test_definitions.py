@@ -329,6 +329,45 @@ def test_sensors_of_two_pipelines_keep_to_their_own_files(make_settings: MakeSet
     assert split_counts(one, other.source_name) == {"UNASSIGNED": 1}
 
 
+def test_a_pipeline_registered_before_its_first_file(make_settings: MakeSettings) -> None:
+    """No landing folder yet: the sensors skip and an incremental run finds nothing (files
+    are to come); a partition asked for by day fails, naming the folder. The first file then
+    starts the usual work."""
+    settings = make_settings()
+    platform = open_platform(settings)
+    try:
+        prepare_demo(settings, platform, events=False)
+    finally:
+        platform.close()
+    built, sluice = demo_definitions(settings), resource_for(settings)
+    with DagsterInstance.ephemeral() as instance:
+        files, _ = sensor_tick(sensor_named(built, "new_files"), sluice)
+        assert isinstance(files, SkipReason)
+        assert files.skip_message == f"no landing folder yet ({settings.landing_path})"
+        reader, _ = sensor_tick(sensor_named(built, "continuous"), sluice, None, instance)
+        assert isinstance(reader, SkipReason)
+        assert (reader.skip_message or "").startswith("no new input (0 seen)")
+
+        run = built.incremental_job.execute_in_process(resources={"sluice": sluice})
+        assert run.success
+        assert step_output(run)["nothing_new"] is True
+
+        day = materialize(
+            [built.output],
+            partition_key="2026-01-01",
+            resources={"sluice": sluice},
+            instance=instance,
+            raise_on_error=False,
+        )
+        assert not day.success
+        (failure,) = [e for e in day.all_events if e.event_type_value == "STEP_FAILURE"]
+        assert "folder does not exist" in str(failure.event_specific_data.error)
+
+    _land(settings, 10)
+    files, _ = sensor_tick(sensor_named(built, "new_files"), sluice)
+    assert isinstance(files, RunRequest)
+
+
 # --------------------------------------------------------------------------- Spark runs
 
 
