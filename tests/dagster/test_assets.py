@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 from conftest import TestSettings, load_test_settings
 from dagster import (
     AssetCheckEvaluation,
@@ -747,3 +748,78 @@ def test_re_materialising_a_partition_replaces_it_with_identical_output(
     assert not files & set(parquet_files(folder))
     assert partition_content(folder) == before
     assert all(check.passed for check in materialized.checks_of(result).values())
+
+
+# --------------------------------------------------------------------------- a table sink
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("upsert", [False, True], ids=["append", "upsert"])
+def test_checks_of_a_table_sink_per_day(db_url: str, tmp_path: Path, upsert: bool) -> None:
+    """The same checks on a Postgres sink: rows out counted in the table by ``dt``, duplicate
+    keys found there; an appending sink reconciles row for row, an upsert sink only checks its
+    splits (rows merge by key)."""
+    settings = base_settings(db_url, tmp_path)
+    users = f"users_{secrets.token_hex(3)}"
+    table = f"analytics.{settings.source_name}"
+    pipeline = demo_pipeline(
+        settings,
+        table=table,
+        steps=[dataclasses.replace(clickstream.steps[0], table=f"public.{users}")],
+    )
+    if upsert:
+        pipeline = dataclasses.replace(
+            pipeline, sink=dataclasses.replace(pipeline.sink, upsert_key=["event_id"])
+        )
+    built = pipeline_definitions(with_start_date(pipeline, settings), settings)
+    generate_events(settings.landing_path, DemoSpec.from_settings(settings))
+    load_user_table(settings, users)
+    sluice = resource_for(settings)
+    assert settings.database_url is not None
+    engine = sa.create_engine(
+        sa.make_url(settings.database_url.get_secret_value()).set(drivername="postgresql+psycopg")
+    )
+    with DagsterInstance.ephemeral() as instance:
+        result = run_output(built, sluice, instance, tags=RANGE_TAGS)
+        assert result.success
+        checks = {(e.check_name, e.partition): e for e in result.get_asset_check_evaluations()}
+        assert {k: e.passed for k, e in checks.items()} == {
+            (name, day): True for name in CHECKS for day in DAYS
+        }
+        with engine.connect() as conn:
+            per_day = dict(
+                conn.execute(sa.text(f"SELECT dt::text, count(*) FROM {table} GROUP BY 1")).all()
+            )
+        for day in DAYS:
+            reconcile = values(checks["rows_reconcile", day].metadata)
+            assert reconcile["rows_out"] == per_day[day] > 0
+            assert reconcile["rows_committed"] == per_day[day]
+            assert ("note" in reconcile) is upsert
+
+        # A stray copy of a row of day two in the table (not possible with a unique key).
+        if not upsert:
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO {table} SELECT * FROM {table} "
+                        "WHERE dt = :day ORDER BY event_id LIMIT 1"
+                    ),
+                    {"day": date.fromisoformat(DAYS[1])},
+                )
+            again = materialize(
+                [built.output, *built.checks],
+                selection=AssetSelection.checks_for_assets(built.output),
+                tags=RANGE_TAGS,
+                resources={"sluice": sluice},
+                instance=instance,
+            )
+            passed = {
+                (e.check_name, e.partition): e.passed for e in again.get_asset_check_evaluations()
+            }
+            assert passed == {
+                **{(name, DAYS[0]): True for name in CHECKS},
+                ("unique_key", DAYS[1]): False,
+                ("rows_reconcile", DAYS[1]): False,
+                ("dead_letter_ratio", DAYS[1]): True,
+            }
+    engine.dispose()
