@@ -12,7 +12,7 @@ from dagster import DagsterRun, MetadataValue
 from enumerator_service import DiscoveryResult, Settings
 from enumerator_service._operations import discover, open_platform
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import discovery_of
+from spark_jobs.pipeline._paths import discovery_of, landing_path
 
 if TYPE_CHECKING:
     from spark_jobs.jobs import RunSummary
@@ -22,8 +22,10 @@ __all__ = [
     "SLUICE_RUN_TAG",
     "describe_run",
     "discover_and_run",
+    "discover_new",
     "discover_once",
     "drain_discovery",
+    "missing_landing",
     "parquet_files",
     "sluice_run_id",
     "summary_metadata",
@@ -52,6 +54,23 @@ def discover_once(
         platform.close()
 
 
+def missing_landing(settings: Settings, pipeline: Pipeline) -> Path | None:
+    """The landing folder of a file source while it does not exist yet (a pipeline registered
+    before its first file landed), else None."""
+    if pipeline.plan.source.kind != "files":
+        return None
+    landing = landing_path(pipeline, settings)
+    return None if landing.is_dir() else landing
+
+
+def discover_new(settings: Settings, pipeline: Pipeline) -> DiscoveryResult:
+    """One capped tick of the continuous discovery (sensors, incremental runs); nothing is
+    found while the landing folder does not exist yet — not an error: files are to come."""
+    if missing_landing(settings, pipeline) is not None:
+        return DiscoveryResult(files_seen=0, splits_registered=0, cursor={})
+    return discover_once(settings, pipeline)
+
+
 def drain_discovery(settings: Settings, pipeline: Pipeline) -> int:
     """Capped discovery ticks until no backlog is left; the splits they registered.
 
@@ -61,7 +80,7 @@ def drain_discovery(settings: Settings, pipeline: Pipeline) -> int:
     """
     registered = 0
     while True:
-        tick = discover_once(settings, pipeline)
+        tick = discover_new(settings, pipeline)
         registered += tick.splits_registered
         if tick.complete:
             return registered
@@ -81,7 +100,12 @@ def discover_and_run(
     failed-run sensor can give a dead run's splits back). ``rebuild``: days of ``dates`` that
     were processed before are processed again and their output replaced.
     """
-    discovery = discover_once(settings, pipeline, dates)
+    # Days asked for must have their folders; "all new input" may have none yet.
+    discovery = (
+        discover_new(settings, pipeline)
+        if dates is None
+        else discover_once(settings, pipeline, dates)
+    )
     # Imported here so loading the code location (and every sensor tick) never imports PySpark.
     from spark_jobs.jobs import run_pipeline
 

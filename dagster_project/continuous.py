@@ -45,7 +45,7 @@ from dagster_project._runs import (
     PIPELINE_TAG,
     SLUICE_RUN_TAG,
     describe_run,
-    discover_once,
+    discover_new,
     sluice_run_id,
     summary_metadata,
 )
@@ -164,7 +164,9 @@ def continuous_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinitio
         context: SensorEvaluationContext, sluice: SluiceResource
     ) -> RunRequest | SkipReason:
         settings = sluice.settings()
-        discovery = discover_once(settings, pipeline)
+        # Without a landing folder yet nothing is discovered; a live run is still fed and a
+        # dead one still replaced.
+        discovery = discover_new(settings, pipeline)
         cursor = _Cursor.parse(context.cursor)
         # Recorded on every tick, skipped or not: the cursor always shows the current backlog.
         context.update_cursor(replace(cursor, backlog_files=discovery.backlog_files).dump())

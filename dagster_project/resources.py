@@ -58,13 +58,11 @@ class SparkResource(ConfigurableResource["SparkResource"]):
 
 
 class PathsResource(ConfigurableResource["PathsResource"]):
-    """State, landing and warehouse folders."""
+    """State, data and warehouse folders (a pipeline's landing folder is its definition's:
+    ``<data_dir>/landing/<pipeline>`` unless it names one)."""
 
     home: str | None = Field(default=None, description="State folder (SLUICE_HOME).")
     data_dir: str | None = Field(default=None, description="Data root (SLUICE_DATA_DIR).")
-    landing_dir: str | None = Field(
-        default=None, description="Landing folder (SLUICE_LANDING_DIR)."
-    )
     warehouse_dir: str | None = Field(
         default=None, description="Output root (SLUICE_WAREHOUSE_DIR)."
     )
@@ -74,7 +72,6 @@ class PathsResource(ConfigurableResource["PathsResource"]):
             {
                 "home": self.home,
                 "data_dir": self.data_dir,
-                "landing_dir": self.landing_dir,
                 "warehouse_dir": self.warehouse_dir,
             }
         )

@@ -14,7 +14,7 @@ from dagster import (
     sensor,
 )
 
-from dagster_project._runs import PIPELINE_TAG, discover_once
+from dagster_project._runs import PIPELINE_TAG, discover_new, missing_landing
 from dagster_project.resources import SluiceResource
 from enumerator_service import DiscoveryResult
 from spark_jobs.pipeline import Pipeline
@@ -95,7 +95,10 @@ def new_files_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinition
         context: SensorEvaluationContext, sluice: SluiceResource
     ) -> RunRequest | SkipReason:
         settings = sluice.settings()
-        discovery = discover_once(settings, pipeline)
+        missing = missing_landing(settings, pipeline)
+        if missing is not None:
+            return SkipReason(f"no landing folder yet ({missing})")
+        discovery = discover_new(settings, pipeline)
         cursor = FilesSensorCursor.parse(context.cursor)
         if discovery.splits_registered == 0:
             if cursor.backlog_files != discovery.backlog_files:
