@@ -57,6 +57,7 @@ from enumerator_service._schema import SplitStatus
 from spark_jobs.pipeline import Pipeline
 
 __all__ = [
+    "CONTINUOUS_TAG",
     "GENERATION_TAG",
     "MODE_TAG",
     "SLUICE_RUN_TAG",
@@ -67,6 +68,8 @@ __all__ = [
 ]
 
 MODE_TAG = "sluice/mode"
+#: On a continuous run: its pipeline (the deployment allows one continuous run per value).
+CONTINUOUS_TAG = "sluice/continuous"
 GENERATION_TAG = "sluice/generation"
 _IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
@@ -136,7 +139,7 @@ def continuous_job(pipeline: Pipeline) -> JobDefinition:
     @job(
         name=f"{pipeline.name}_continuous",
         description=f"The long-running reader of pipeline {pipeline.name} (one at a time).",
-        tags={MODE_TAG: "continuous", PIPELINE_TAG: pipeline.name},
+        tags={MODE_TAG: "continuous", PIPELINE_TAG: pipeline.name, CONTINUOUS_TAG: pipeline.name},
     )
     def _job() -> None:
         run_continuous_reader()

@@ -171,7 +171,8 @@ class Map:
 @dataclass(frozen=True)
 class Filter:
     """Keep the records for which a ``pyarrow.compute`` expression is true (e.g.
-    ``pc.field("amount") > 0``); null counts as false."""
+    ``pc.field("qty") > 0``; compare a decimal field with a ``Decimal``: Arrow compares
+    decimals with integer literals only at small precisions); null counts as false."""
 
     predicate: pc.Expression
     name: str | None = None

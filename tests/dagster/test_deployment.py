@@ -869,10 +869,11 @@ def test_dagster_yaml_run_queue_loads(dagster_config: dict[str, Any], tmp_path: 
         assert queue is not None
         assert queue.max_concurrent_runs > 0
         limits = {
-            (limit["key"], limit.get("value")): limit["limit"]
+            (limit["key"], str(limit.get("value"))): limit["limit"]
             for limit in queue.tag_concurrency_limits
         }
-        assert limits[("sluice/mode", "continuous")] == 1
+        # One continuous run per pipeline (the tag's value is the pipeline's name).
+        assert limits[("sluice/continuous", "{'applyLimitPerUniqueValue': True}")] == 1
 
 
 def test_dagster_services_get_what_dagster_yaml_reads(
