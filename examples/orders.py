@@ -13,6 +13,8 @@ converted to euros, upserted into Postgres.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -75,7 +77,9 @@ orders = Pipeline(
             cache=FullCache(reload_every="10m"),
         ),
         Map(add_amount_eur, output={"amount_eur": "decimal(18,2)"}),
-        Filter(pc.field("amount_eur") > 0),
+        # A Decimal, not the int 0: Acero casts an int literal to the field's decimal(18,2),
+        # which fails ("Precision is not great enough for the result. It should be at least 21").
+        Filter(pc.field("amount_eur") > Decimal(0)),
     ],
     sink=PostgresSink("analytics.orders_enriched", upsert_key=["order_id"]),
     sample_data=write_sample_data,
