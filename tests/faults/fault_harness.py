@@ -1,9 +1,10 @@
 """Fault-injection harness: a Postgres server of the test's own, `sluice run` subprocesses, a
 seeded killer, and an independent check of the output.
 
-Nothing here imports the code under test beyond the demo data generator: runs go through the
-``sluice`` CLI in subprocesses (their own process groups), so a kill hits exactly what it would
-hit in production — the Python driver and its JVM, a Spark Python worker, or Postgres.
+Nothing here imports the code under test: runs go through the ``sluice`` CLI in subprocesses
+(their own process groups), so a kill hits exactly what it would hit in production — the Python
+driver and its JVM, a Spark Python worker, or Postgres. Every run names its pipeline
+(``sluice run PIPELINE``), registered by the ``SLUICE_PIPELINES`` of its environment.
 """
 
 from __future__ import annotations
@@ -166,17 +167,17 @@ def sluice(env: dict[str, str], root: Path, *args: str) -> str:
 
 
 class Run:
-    """One `sluice run` in its own process group (driver, JVM; Python workers are in the
-    Spark daemon's group, which the daemon itself creates)."""
+    """One `sluice run PIPELINE` in its own process group (driver, JVM; Python workers are in
+    the Spark daemon's group, which the daemon itself creates)."""
 
-    def __init__(self, number: int, env: dict[str, str], root: Path) -> None:
+    def __init__(self, number: int, env: dict[str, str], root: Path, pipeline: str) -> None:
         self.number = number
         self.log_path = root / "logs" / f"run-{number:02d}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         self._log = self.log_path.open("w")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [str(SLUICE), "run"],
+            [str(SLUICE), "run", pipeline],
             env=env,
             cwd=root,
             stdout=self._log,
@@ -331,7 +332,7 @@ def run_summary(output: str) -> str:
     if "Nothing new to process" in output:
         return "nothing new"
     figures = []
-    for name in ("splits", "rows out", "dead letters", "fenced commits"):
+    for name in ("splits", "rows out", "removed by steps", "dead letters", "checkpoints (aborted)"):
         for line in output.splitlines():
             cells = [c.strip() for c in line.strip("│┃ ").split("│")]
             if len(cells) == 2 and cells[0] == name:
@@ -517,15 +518,15 @@ def split_counts(db_url: str, source: str) -> dict[str, int]:
 
 @dataclass
 class Driver:
-    """Runs `sluice run` again and again while ``chaos`` spends its kill budget, then until
-    everything is committed."""
+    """Runs `sluice run PIPELINE` again and again while ``chaos`` spends its kill budget, then
+    until everything is committed. The pipeline's name is also its split source."""
 
     chaos: Chaos
     env: dict[str, str]
     root: Path
     pg: OwnPostgres
     db_url: str
-    source: str
+    pipeline: str
     lease_seconds: float
     #: A kill lands this long (uniform, seconds) after the run's Python workers appeared.
     moment: tuple[float, float] = (0.3, 3.0)
@@ -542,8 +543,8 @@ class Driver:
         self._number += 1
         if self._number == 1:
             self._t0 = time.monotonic()
-        run = self._current = Run(self._number, self.env, self.root)
-        log(f"run {run.number} started (pid {run.proc.pid})")
+        run = self._current = Run(self._number, self.env, self.root, self.pipeline)
+        log(f"run {run.number} ({self.pipeline}) started (pid {run.proc.pid})")
         return run
 
     def close(self) -> None:
@@ -605,7 +606,7 @@ class Driver:
     def spend_budget(self) -> None:
         chaos = self.chaos
         while chaos.plan:
-            if set(split_counts(self.db_url, self.source)) == {"COMPLETED"} and not (
+            if set(split_counts(self.db_url, self.pipeline)) == {"COMPLETED"} and not (
                 self.top_up is not None and self.top_up()
             ):
                 raise AssertionError(f"the work ran out with {len(chaos.plan)} kills left")
@@ -635,12 +636,12 @@ class Driver:
         """Run until a run has nothing new and every split is COMPLETED."""
         for _ in range(self.max_drain_runs):
             record = self._finish(self._start(), [])
-            counts = split_counts(self.db_url, self.source)
+            counts = split_counts(self.db_url, self.pipeline)
             if record.summary == "nothing new" and set(counts) == {"COMPLETED"}:
                 return
             if record.returncode != 0 or set(counts) != {"COMPLETED"}:
                 time.sleep(self.lease_seconds + 1)
         raise AssertionError(
             f"not every split completed after {self.max_drain_runs} fault-free runs: "
-            f"{split_counts(self.db_url, self.source)}"
+            f"{split_counts(self.db_url, self.pipeline)}"
         )
