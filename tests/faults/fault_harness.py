@@ -33,7 +33,8 @@ from landing_oracle import expected_events as landing_events
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SLUICE = BIN / "sluice"
-PY_SPY = BIN / "py-spy"
+#: py-spy (not a dependency of the project): the virtualenv's, or one on PATH.
+PY_SPY = BIN / "py-spy" if (BIN / "py-spy").exists() else Path(shutil.which("py-spy") or "py-spy")
 
 #: No single wait may exceed these (the test can never hang).
 RUN_TIMEOUT = 180.0
@@ -198,17 +199,25 @@ class Run:
 
     def workers(self) -> list[psutil.Process]:
         """Spark Python workers of this run: children of the pyspark daemon (forked, same
-        command line), or standalone pyspark.worker processes."""
+        command line), or standalone pyspark.worker processes. Never the daemon itself, whose
+        command line (``-m pyspark.daemon pyspark.worker``) names the worker module too:
+        killing it would orphan its workers, which then outlive a dead driver."""
         procs = self.descendants()
         daemons = {p.pid for p in procs if "pyspark.daemon" in _cmdline(p)}
         return sorted(
             (
                 p
                 for p in procs
-                if (p.pid in daemons and _ppid(p) in daemons) or "pyspark.worker" in _cmdline(p)
+                if (p.pid in daemons and _ppid(p) in daemons)
+                or (p.pid not in daemons and "pyspark.worker" in _cmdline(p))
             ),
             key=lambda p: p.pid,
         )
+
+    def session(self) -> list[psutil.Process]:
+        """Every process left in the run's session (the driver leads it; the JVM, the Spark
+        daemon's own process group and its workers — even orphaned ones — stay in it)."""
+        return _in_session(self.proc.pid)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -220,11 +229,11 @@ class Run:
         return self.returncode
 
     def kill_driver(self) -> list[psutil.Process]:
-        """SIGKILL the run's process group (Python driver + JVM). Returns the processes that
-        were descendants (the Spark daemon and workers are outside the group)."""
-        before = self.descendants()
+        """SIGKILL the run's process group (Python driver + JVM). Returns the other processes
+        of the run's session (the Spark daemon and workers are outside the group)."""
+        before = self.session()
         os.killpg(self.proc.pid, signal.SIGKILL)
-        return before
+        return [p for p in before if p.pid != self.proc.pid]
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -232,7 +241,7 @@ class Run:
     def diagnose(self) -> str:
         """py-spy stacks of the driver and every Python descendant (for a run that hangs)."""
         parts = []
-        pids = [self.proc.pid] + [p.pid for p in self.descendants() if "python" in _cmdline(p)]
+        pids = [self.proc.pid] + [p.pid for p in self.session() if "python" in _cmdline(p)]
         for pid in pids:
             try:
                 dump = subprocess.run(
@@ -248,13 +257,24 @@ class Run:
         return "\n".join(parts)
 
     def terminate_all(self) -> None:
-        procs = self.descendants()
+        procs = self.session()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 p.kill()
         self.wait(30)
+
+
+def _in_session(sid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != sid and os.getsid(p.pid) == sid:
+                found.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return found
 
 
 def _cmdline(p: psutil.Process) -> str:
@@ -481,6 +501,12 @@ def verify(output: Path, db_url: str, source: str, expected: Expected) -> Verdic
             wrong += 1
             if wrong <= 5:
                 log(f"wrong row {event_id}: got {got}, want {(day, user_id, when, *user)}")
+    by_day: Counter[str] = Counter()
+    for event_id, n in counts.items():
+        if n > 1:
+            by_day[expected.events[event_id][0] if event_id in expected.events else "?"] += n - 1
+    if by_day:
+        log(f"duplicates by day: {dict(sorted(by_day.items()))}")
     return Verdict(
         rows=rows,
         distinct=len(counts),
@@ -563,7 +589,18 @@ class Driver:
                 f"log tail:\n{run.output()[-4000:]}"
             )
         seconds = (run.ended or time.monotonic()) - run.started
-        record = RunRecord(run.number, rc, seconds, kills, run_summary(run.output()))
+        summary = run_summary(run.output())
+        # Nothing of a run may outlive it (the Spark daemon exits with its JVM and takes its
+        # workers along): whatever is left of its session would run on as a zombie attempt.
+        stray = wait_gone(run.session(), 20)
+        if stray:
+            described = ", ".join(f"{p.pid} {_cmdline(p)[:60]}" for p in stray)
+            for p in stray:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            log(f"run {run.number}: {len(stray)} processes outlived it, killed: {described}")
+            summary = f"{summary}{', ' if summary else ''}{len(stray)} stray processes killed"
+        record = RunRecord(run.number, rc, seconds, kills, summary)
         self.chaos.runs.append(record)
         log(f"run {run.number} ended: exit {rc} after {seconds:.1f}s; {record.summary}")
         return record
