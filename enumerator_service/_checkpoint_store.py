@@ -297,6 +297,31 @@ class CheckpointStore:
             alignment=(max(ack_times) - min(ack_times)).total_seconds() if ack_times else 0.0,
         )
 
+    def finished(self, subtask: int) -> bool:
+        """Whether a completed checkpoint of this run carries ``subtask``'s final snapshot: the
+        subtask's work is committed, and a retried attempt of it has nothing left to do."""
+        with self._engine.connect() as conn:
+            found = conn.execute(
+                sa.select(sa.literal(1))
+                .select_from(
+                    checkpoint_acks.join(
+                        checkpoints,
+                        sa.and_(
+                            checkpoints.c.run_id == checkpoint_acks.c.run_id,
+                            checkpoints.c.checkpoint_id == checkpoint_acks.c.checkpoint_id,
+                        ),
+                    )
+                )
+                .where(
+                    checkpoint_acks.c.run_id == self._run_id,
+                    checkpoint_acks.c.subtask == subtask,
+                    checkpoint_acks.c.final,
+                    checkpoints.c.status == CheckpointStatus.COMPLETED,
+                )
+                .limit(1)
+            ).first()
+        return found is not None
+
     def abort_uncommitted(self) -> int:
         """At the end of the run: abort pending checkpoints and delete staged output left."""
         return _abort_runs(self._engine, self._sinks, [self._run_id], AbortCause.RUN_ENDED)

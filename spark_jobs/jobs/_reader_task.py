@@ -28,7 +28,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from enumerator_service import Acknowledgement, SplitAssignment, SplitState, SplitStore, acknowledge
+from enumerator_service import (
+    Acknowledgement,
+    CheckpointStore,
+    SplitAssignment,
+    SplitState,
+    SplitStore,
+    acknowledge,
+)
 from spark_jobs.checkpoint import CheckpointListener
 from spark_jobs.jobs._build import build_stages
 from spark_jobs.jobs._chain import OperatorChain
@@ -92,6 +99,13 @@ class ReaderTask:
         plan = config.plan
         self._engine = engine = await connect_when_up(config.database_url)
         store = SplitStore(engine)
+        # A retried attempt of a subtask whose final snapshot was already committed (its
+        # worker died after the checkpoint completed): nothing is left to do, and the
+        # coordinator, for which the subtask is a closed channel, would never trigger a
+        # checkpoint for it again.
+        if CheckpointStore(engine, config.run_id, {}).finished(self._subtask):
+            engine.dispose()
+            return SubtaskResult(self._subtask, self._attempt, 0, 0, 0)
         self._processor = processor = MailboxProcessor(self._default_action, debug=config.debug)
         self._checkpoint_mails = processor.executor(CHECKPOINT_PRIORITY)
         self._chain = OperatorChain(build_stages(config, processor), self)
