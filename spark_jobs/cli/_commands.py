@@ -242,9 +242,9 @@ def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
     """Splits by state, committed rows, dead letters and the last checkpoint (of one
     pipeline, or of every registered one)."""
     settings = _settings(ctx)
+    found = load_pipelines(settings)  # (an import error fails before any database is opened)
     platform = _open(settings)
     try:
-        found = load_pipelines(settings)
         chosen = [pick_pipeline(found, pipeline)] if pipeline or not found else [*found.values()]
         statuses = [platform_status(platform, p.name) for p in chosen]
     finally:
