@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
+# The example pipelines, unless the environment names the user's own modules.
+export SLUICE_PIPELINES ?= examples.clickstream,examples.orders
 
 .PHONY: install demo test test-fast faults lint ui bench bench-e2e clean
 
@@ -14,12 +16,12 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,examples]'
 	rm -f $(VENV)/.installed-* && touch $@
 
-## demo: set everything up on embedded defaults and run the main pipeline
+## demo: set everything up on embedded defaults and run the clickstream example pipeline
 demo: install
-	$(BIN)/sluice demo
+	$(BIN)/sluice demo clickstream
 
 ## test: the whole suite against a real Postgres, real local Spark, real Dagster
 test: install

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import run_operator
 
 from enumerator_service import asyncpg_dsn, load_settings
-from enumerator_service._demo_data import load_users
 from enumerator_service._operations import open_platform
+from examples._clickstream_data import load_users
 from spark_jobs.async_io import (
     AsyncFunction,
     CoroutineAsyncFunction,

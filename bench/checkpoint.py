@@ -2,10 +2,10 @@
 
     python bench/checkpoint.py [--events 400000] [--users 200000] [--repeat 5] [--quick]
 
-Runs the whole pipeline (``run_enrichment``: local Spark, ``--parallelism`` reader subtasks,
-async lookups, Parquet sink) on the platform database of ``load_settings()`` (the embedded
-Postgres by default). The events (JSON Lines over several files) and the users table
-(``public.bench_checkpoint_users``) are generated once and cached under
+Runs the clickstream example pipeline (``run_pipeline``: local Spark, ``--parallelism``
+reader subtasks, async lookups, Parquet sink) on the platform database of
+``load_settings()`` (the embedded Postgres by default). The events (JSON Lines over several
+files) and the users table (``public.bench_checkpoint_users``) are generated once and cached under
 ``<home>/bench/checkpoint``. Every run registers the same landing files under a source of its
 own (``bench_ckpt_<random>``), so each run processes all of them; its splits, checkpoints and
 output are deleted afterwards.
@@ -33,6 +33,7 @@ other load on the machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import statistics
@@ -50,13 +51,13 @@ from rich.console import Console
 from rich.table import Table
 
 from enumerator_service import Settings, asyncpg_dsn, load_settings
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
 from enumerator_service._operations import Platform, discover, open_platform
 from enumerator_service._schema import (
     checkpoint_acks,
     checkpoints,
     splits,
 )
+from examples._clickstream_data import DemoSpec, generate_events, load_users
 
 console = Console(width=170)
 
@@ -137,7 +138,7 @@ def prepare_data(settings: Settings, platform: Platform, args: argparse.Namespac
 class Measured:
     rows_in: int
     seconds: float  # assignment → last completed checkpoint
-    wall: float  # the whole run_enrichment call
+    wall: float  # the whole run_pipeline call
     cpu: float  # CPU seconds of this process and its descendants (Spark JVM, Python workers)
     completed: int
     aborted: int
@@ -153,25 +154,42 @@ def run_once(
     variant: Variant,
     dates: list[date] | None = None,
 ) -> Measured:
-    from spark_jobs.jobs import run_enrichment  # imports pyspark
+    from spark_jobs.jobs import run_pipeline  # imports pyspark
+    from spark_jobs.pipeline._paths import discovery_of, output_path
 
     source = f"bench_ckpt_{uuid.uuid4().hex[:10]}"
+    options = dict(base)
+    landing = options.pop("landing")
     settings = load_settings(
-        **base,
-        source_name=source,
+        **options,
         checkpoint_interval_seconds=variant.interval,
         checkpointing_mode=variant.mode,
     )
+    pipeline = bench_pipeline(landing, source)
     try:
-        found = discover(Platform(settings, platform.url, platform.engine))
+        spec = discovery_of(pipeline, settings)
+        found = discover(Platform(settings, platform.url, platform.engine), spec)
         assert found.splits_registered > 0, "no splits registered"
         cpu = cpu_seconds()
-        wall, summary = timed(lambda: run_enrichment(settings, dates=dates))
+        wall, summary = timed(lambda: run_pipeline(settings, pipeline, dates=dates))
         cpu = cpu_seconds() - cpu
         assert summary.splits > 0 and summary.fenced == 0, summary
         return measure(platform.engine, summary, wall, cpu)
     finally:
-        cleanup(platform.engine, source, settings.output_path)
+        cleanup(platform.engine, source, output_path(pipeline, settings))
+
+
+def bench_pipeline(landing: Path, source: str) -> Any:
+    """The clickstream example over the bench's files and users table."""
+    from examples.clickstream import clickstream
+
+    (lookup,) = clickstream.steps
+    return dataclasses.replace(
+        clickstream,
+        name=source,
+        source=dataclasses.replace(clickstream.source, landing=landing),
+        steps=[dataclasses.replace(lookup, table=f"public.{USERS_TABLE}")],
+    )
 
 
 def cpu_seconds() -> float:
@@ -321,11 +339,8 @@ def main() -> None:
     try:
         landing = prepare_data(settings, platform, args)
         base: dict[str, Any] = {
-            "landing_dir": landing,
+            "landing": landing,
             "warehouse_dir": landing.parent / "warehouse",
-            "lookup_schema": "public",
-            "lookup_table": USERS_TABLE,
-            "lookup_key": "id",
             "parallelism": args.parallelism,
         }
         with console.status("Warm-up (Spark session, Python workers; one day, not measured)…"):

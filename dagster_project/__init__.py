@@ -1,0 +1,16 @@
+"""Dagster definitions built from the registered pipelines: an asset factory per pipeline
+(``pipeline_definitions``), and what a pipeline module's own assets need to join them."""
+
+from dagster_project._factory import PipelineDefinitions, pipeline_definitions
+from dagster_project._runs import parquet_files
+from dagster_project.assets import partition_days, partitions_of
+from dagster_project.resources import SluiceResource
+
+__all__ = [
+    "PipelineDefinitions",
+    "SluiceResource",
+    "parquet_files",
+    "partition_days",
+    "partitions_of",
+    "pipeline_definitions",
+]

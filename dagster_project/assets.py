@@ -1,12 +1,23 @@
-"""The daily-partitioned assets: enriched events (backfill mode) and revenue by country."""
+"""A pipeline's output asset and its partitions.
+
+The asset of pipeline ``P`` is ``P``: materialising a partition (a day of a day-partitioned
+source) discovers that day's files and processes them; a backfill runs once for its whole
+range of days. A day processed before is re-read from scratch and its output replaced when
+all of it is committed (a Parquet folder swap; an upsert sink's rows are written again): never
+duplicated, never half-replaced if the run dies. An unpartitioned pipeline's asset processes
+everything discovered.
+"""
 
 import warnings
 from collections.abc import Sequence
-from datetime import date
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
 
 from dagster import (
     AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
     BackfillPolicy,
     BetaWarning,
     DailyPartitionsDefinition,
@@ -15,35 +26,42 @@ from dagster import (
     asset,
 )
 
-from dagster_project._pipeline import (
-    build_daily_revenue,
-    describe,
-    discover_and_enrich,
-    revenue_path,
-    sluice_run_id,
-    summary_metadata,
-)
-from dagster_project.observations import raw_events, users
+from dagster_project._runs import describe_run, discover_and_run, sluice_run_id, summary_metadata
 from dagster_project.resources import SluiceResource
+from enumerator_service import Settings
+from enumerator_service._enumerator import _PARTITION_DIR
+from spark_jobs.pipeline import Pipeline
+from spark_jobs.pipeline._paths import landing_path, output_path
 
-if TYPE_CHECKING:
-    import pyarrow as pa
+__all__ = ["output_asset", "output_location", "partition_days", "partitions_of"]
 
-__all__ = [
-    "PARTITIONS_START_DATE",
-    "daily_partitions",
-    "daily_revenue_by_country",
-    "enriched_events",
-    "partition_days",
-]
+_PARTITIONS: dict[str, DailyPartitionsDefinition] = {}
 
-#: First partition of the enriched events (the demo data starts on this day too).
-PARTITIONS_START_DATE = "2026-01-01"
 
-daily_partitions = DailyPartitionsDefinition(start_date=PARTITIONS_START_DATE)
+def _earliest_day(landing: Path) -> date | None:
+    """The earliest ``dt=YYYY-MM-DD`` folder in ``landing`` (None without one)."""
+    if not landing.is_dir():
+        return None
+    days = [
+        date.fromisoformat(match.group(1))
+        for entry in landing.iterdir()
+        if (match := _PARTITION_DIR.match(entry.name)) and entry.is_dir()
+    ]
+    return min(days, default=None)
 
-#: Rows of the markdown preview of the revenue aggregate.
-PREVIEW_ROWS = 20
+
+def partitions_of(pipeline: Pipeline, settings: Settings) -> DailyPartitionsDefinition | None:
+    """The daily partitions of a day-partitioned pipeline (None otherwise): from its
+    ``start_date``, else from the earliest ``dt=`` folder of its landing folder when the code
+    location loads, else today. The same object for every asset of the pipeline."""
+    if not pipeline.plan.source.partitioned:
+        return None
+    known = _PARTITIONS.get(pipeline.name)
+    if known is None:
+        start = pipeline.plan.source.start_date or _earliest_day(landing_path(pipeline, settings))
+        start = start or datetime.now(UTC).date()
+        known = _PARTITIONS[pipeline.name] = DailyPartitionsDefinition(start_date=start.isoformat())
+    return known
 
 
 def partition_days(context: AssetExecutionContext) -> list[date]:
@@ -51,117 +69,64 @@ def partition_days(context: AssetExecutionContext) -> list[date]:
     return [date.fromisoformat(key) for key in context.partition_keys]
 
 
-def _span(days: Sequence[date]) -> dict[str, MetadataValue[Any]]:
-    return {
-        "partitions": MetadataValue.int(len(days)),
-        "partition_range": MetadataValue.text(f"{days[0].isoformat()}..{days[-1].isoformat()}"),
-    }
+def output_location(pipeline: Pipeline, settings: Settings, days: Sequence[date] | None) -> str:
+    """Where the output of ``days`` is (a folder, or a table and its ``dt`` values)."""
+    sink = pipeline.plan.sink
+    if sink.kind == "postgres":
+        assert sink.table is not None
+        where = f"postgres {sink.table[0]}.{sink.table[1]}"
+        return where if not days else f"{where} (dt {days[0]}..{days[-1]})"
+    folder = output_path(pipeline, settings)
+    if days and len(days) == 1:
+        folder = folder / f"dt={days[0].isoformat()}"
+    return str(folder)
 
 
-# BackfillPolicy is a beta parameter of @asset in dagster 1.13: opting in is deliberate here.
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", BetaWarning)
-
-    @asset(
-        partitions_def=daily_partitions,
-        backfill_policy=BackfillPolicy.single_run(),
-        deps=[raw_events, users],
-        group_name="sluice",
-        kinds={"spark", "postgres", "parquet"},
+def output_asset(
+    pipeline: Pipeline, partitions: DailyPartitionsDefinition | None, deps: Sequence[AssetKey]
+) -> AssetsDefinition:
+    """The asset ``pipeline.name``: the pipeline's output."""
+    kinds = {"spark", pipeline.plan.sink.kind}
+    description = (pipeline.description or f"The output of pipeline {pipeline.name}.") + (
+        " Materialising a day processes its files; a day processed before is replaced."
+        if partitions is not None
+        else " Materialising processes everything discovered and not yet processed."
     )
-    def enriched_events(
-        context: AssetExecutionContext, sluice: SluiceResource
-    ) -> MaterializeResult[None]:
-        """Events enriched with the users dimension, as Parquet under ``dt=<day>/``.
+    # BackfillPolicy is a beta parameter of @asset in dagster 1.13: opting in is deliberate.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BetaWarning)
 
-        Registers the landing files of the run's days as splits (bounded listing of exactly
-        those ``dt=`` folders, no cursor), then runs the PySpark reader job once over those
-        days' splits. A backfill runs once for its whole range of days. A day processed
-        before (by an earlier materialisation or the incremental jobs) is re-read from
-        scratch and its folder replaced in one swap when all of it is committed: never
-        duplicated, never half-replaced if the run dies.
-        """
-        days = partition_days(context)
-        settings = sluice.settings()
-        discovery, summary = discover_and_enrich(
-            settings, days, run_id=sluice_run_id(context.run), rebuild=True
+        @asset(
+            name=pipeline.name,
+            partitions_def=partitions,
+            backfill_policy=BackfillPolicy.single_run() if partitions is not None else None,
+            deps=list(deps),
+            group_name=pipeline.name,
+            kinds=kinds,
+            description=description,
         )
-        context.log.info(
-            f"{days[0]}..{days[-1]}: {discovery.splits_registered} new splits; {describe(summary)}"
-        )
-        output = settings.output_path
-        if len(days) == 1:
-            output = output / f"dt={days[0].isoformat()}"
-        return MaterializeResult(
-            metadata={**summary_metadata(discovery, summary, output), **_span(days)}
-        )
-
-    @asset(
-        partitions_def=daily_partitions,
-        backfill_policy=BackfillPolicy.single_run(),
-        deps=[enriched_events],
-        group_name="sluice",
-        kinds={"spark", "parquet"},
-    )
-    def daily_revenue_by_country(
-        context: AssetExecutionContext, sluice: SluiceResource
-    ) -> MaterializeResult[None]:
-        """Revenue (sum of order amounts), orders and events per user country and day.
-
-        Spark SQL over the enriched Parquet of the run's days; each day's folder
-        ``<warehouse>/daily_revenue_by_country/dt=<day>/`` is replaced as a whole.
-        """
-        days = partition_days(context)
-        settings = sluice.settings()
-        if settings.sink != "parquet":
-            raise ValueError(
-                f"daily_revenue_by_country reads the Parquet output (SLUICE_SINK={settings.sink})"
+        def _output(
+            context: AssetExecutionContext, sluice: SluiceResource
+        ) -> MaterializeResult[None]:
+            settings = sluice.settings()
+            days = partition_days(context) if partitions is not None else None
+            discovery, summary = discover_and_run(
+                settings,
+                pipeline,
+                days,
+                run_id=sluice_run_id(context.run),
+                rebuild=days is not None,
             )
-        written = build_daily_revenue(settings, days)
-        rows = sum(table.num_rows for table in written.values())
-        revenue = sum(_column_sum(table, "revenue") for table in written.values())
-        orders = sum(_column_sum(table, "orders") for table in written.values())
-        events = sum(_column_sum(table, "events") for table in written.values())
-        context.log.info(f"{days[0]}..{days[-1]}: {rows} rows, revenue {revenue:,.2f}")
-        output = revenue_path(settings)
-        if len(days) == 1:
-            output = output / f"dt={days[0].isoformat()}"
-        return MaterializeResult(
-            metadata={
-                "row_count": MetadataValue.int(rows),
-                "revenue": MetadataValue.float(float(revenue)),
-                "orders": MetadataValue.int(int(orders)),
-                "events": MetadataValue.int(int(events)),
-                "preview": MetadataValue.md(_preview(written)),
-                "output_path": MetadataValue.path(str(output)),
-                **_span(days),
-            }
-        )
-
-
-def _column_sum(table: "pa.Table", column: str) -> float:
-    import pyarrow.compute as pc
-
-    total = pc.sum(table.column(column)).as_py()
-    return float(total) if total is not None else 0.0
-
-
-def _preview(written: "dict[date, pa.Table]") -> str:
-    """A markdown table of the first rows (by day, then revenue, highest first)."""
-    lines = [
-        "| dt | user_country | revenue | orders | events |",
-        "|---|---|---:|---:|---:|",
-    ]
-    shown, total = 0, sum(table.num_rows for table in written.values())
-    for day, table in sorted(written.items()):
-        for row in table.sort_by([("revenue", "descending")]).to_pylist():
-            if shown == PREVIEW_ROWS:
-                lines.append(f"| … | {total - shown} more rows | | | |")
-                return "\n".join(lines)
-            country = row["user_country"] if row["user_country"] is not None else "(unknown)"
-            lines.append(
-                f"| {day.isoformat()} | {country} | {row['revenue']:,.2f} | {row['orders']} "
-                f"| {row['events']} |"
+            span = f"{days[0]}..{days[-1]}: " if days else ""
+            context.log.info(
+                f"{span}{discovery.splits_registered} new splits; {describe_run(summary)}"
             )
-            shown += 1
-    return "\n".join(lines)
+            metadata: dict[str, Any] = summary_metadata(
+                discovery, summary, output_location(pipeline, settings, days)
+            )
+            if days:
+                metadata["partitions"] = MetadataValue.int(len(days))
+                metadata["partition_range"] = MetadataValue.text(f"{days[0]}..{days[-1]}")
+            return MaterializeResult(metadata=metadata)
+
+    return _output

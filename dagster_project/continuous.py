@@ -1,9 +1,9 @@
-"""Sensor-driven continuous mode, and giving a failed run's splits back.
+"""Sensor-driven continuous mode per pipeline, and giving a failed run's splits back.
 
-``continuous_reader_sensor`` is the enumerator: every tick registers new landing files as
+A pipeline's continuous sensor is its enumerator: every tick registers new landing files as
 splits (the enumerator's bounded cursor and its per-tick cap keep a tick short: a backlog is
 drained over several ticks, and the sensor cursor says how much is left), and it keeps exactly one
-long-running ``continuous_reader_job`` run alive. New splits go to the live run (whose
+long-running run of its continuous job alive. New splits go to the live run (whose
 subtasks pull them as they appear) or to the run the tick requests. Each run is one
 *generation* (its ``run_key``), so a request is never made twice, and a new generation is
 requested only when the previous run is over — failed, cancelled, or ended after idling.
@@ -24,6 +24,7 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
+    JobDefinition,
     Nothing,
     OpExecutionContext,
     Out,
@@ -31,6 +32,7 @@ from dagster import (
     RunFailureSensorContext,
     RunRequest,
     RunsFilter,
+    SensorDefinition,
     SensorEvaluationContext,
     SkipReason,
     job,
@@ -39,30 +41,36 @@ from dagster import (
     sensor,
 )
 
-from dagster_project._pipeline import (
+from dagster_project._runs import (
+    PIPELINE_TAG,
     SLUICE_RUN_TAG,
-    describe,
-    discover_once,
+    describe_run,
+    discover_new,
     sluice_run_id,
     summary_metadata,
 )
+from dagster_project.assets import output_location
 from dagster_project.resources import SluiceResource
 from dagster_project.sensors import BACKLOG_TAG, backlog_note
 from enumerator_service import Settings, SplitStore, connect_engine, database_url
+from enumerator_service._schema import SplitStatus
+from spark_jobs.pipeline import Pipeline
 
 __all__ = [
+    "CONTINUOUS_TAG",
     "GENERATION_TAG",
     "MODE_TAG",
     "SLUICE_RUN_TAG",
-    "continuous_reader_job",
-    "continuous_reader_sensor",
+    "continuous_job",
+    "continuous_sensor",
     "release_failed_run_splits",
     "sluice_run_id",
 ]
 
 MODE_TAG = "sluice/mode"
+#: On a continuous run: its pipeline (the deployment allows one continuous run per value).
+CONTINUOUS_TAG = "sluice/continuous"
 GENERATION_TAG = "sluice/generation"
-SOURCE_TAG = "sluice/source"
 _IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
@@ -70,28 +78,6 @@ _IN_PROGRESS = [
     DagsterRunStatus.STARTED,
     DagsterRunStatus.CANCELING,
 ]
-
-
-@op(out=Out(Nothing))
-def run_continuous_reader(context: OpExecutionContext, sluice: SluiceResource) -> Output[None]:
-    """A long-running reader: pulls the splits the sensor assigns to this run as they come,
-    checkpointing every ``SLUICE_CHECKPOINT_INTERVAL_SECONDS``; ends when cancelled, or
-    after ``SLUICE_CONTINUOUS_IDLE_SECONDS`` without new splits."""
-    # Imported here so loading the code location (and every sensor tick) never imports PySpark.
-    from spark_jobs.jobs import run_enrichment
-
-    settings = sluice.settings()
-    summary = run_enrichment(settings, run_id=sluice_run_id(context.run), continuous=True)
-    context.log.info(describe(summary))
-    return Output(None, metadata=summary_metadata(None, summary, settings.output_path))
-
-
-@job(
-    description="The long-running reader of sensor-driven continuous mode (one at a time).",
-    tags={MODE_TAG: "continuous"},
-)
-def continuous_reader_job() -> None:
-    run_continuous_reader()
 
 
 @dataclass(frozen=True)
@@ -128,76 +114,116 @@ def _runs(context: SensorEvaluationContext, tags: dict[str, str], **kw: Any) -> 
 
 
 def _unassigned(store: SplitStore, source: str) -> int:
-    return store.counts(source).get("UNASSIGNED", 0)
+    return store.counts(source).get(SplitStatus.UNASSIGNED, 0)
 
 
-@sensor(
-    job=continuous_reader_job,
-    minimum_interval_seconds=15,
-    default_status=DefaultSensorStatus.STOPPED,
-)
-def continuous_reader_sensor(
-    context: SensorEvaluationContext, sluice: SluiceResource
-) -> RunRequest | SkipReason:
-    """Register new files; keep one continuous reader run alive and feed it the new splits.
+def continuous_job(pipeline: Pipeline) -> JobDefinition:
+    """``<pipeline>_continuous``: the long-running reader of sensor-driven continuous mode."""
+
+    @op(name=f"{pipeline.name}_continuous_reader", out=Out(Nothing))
+    def run_continuous_reader(context: OpExecutionContext, sluice: SluiceResource) -> Output[None]:
+        """Pulls the splits the sensor assigns to this run as they come, checkpointing every
+        ``SLUICE_CHECKPOINT_INTERVAL_SECONDS``; ends when cancelled, or after
+        ``SLUICE_CONTINUOUS_IDLE_SECONDS`` without new splits."""
+        # Imported here so loading the code location (every sensor tick) never imports PySpark.
+        from spark_jobs.jobs import run_pipeline
+
+        settings = sluice.settings()
+        summary = run_pipeline(
+            settings, pipeline, run_id=sluice_run_id(context.run), continuous=True
+        )
+        context.log.info(describe_run(summary))
+        where = output_location(pipeline, settings, None)
+        return Output(None, metadata=summary_metadata(None, summary, where))
+
+    @job(
+        name=f"{pipeline.name}_continuous",
+        description=f"The long-running reader of pipeline {pipeline.name} (one at a time).",
+        tags={MODE_TAG: "continuous", PIPELINE_TAG: pipeline.name, CONTINUOUS_TAG: pipeline.name},
+    )
+    def _job() -> None:
+        run_continuous_reader()
+
+    return _job
+
+
+def continuous_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinition:
+    """``<pipeline>_continuous`` (stopped by default): register new input; keep one continuous
+    reader run alive and feed it the new splits.
 
     A tick registers at most ``SLUICE_DISCOVERY_MAX_FILES_PER_TICK`` files; what it leaves is
     recorded in the cursor (``backlog_files``) and the tick's message, and the next ticks go
     on with it, feeding each chunk to the one live run (or to the run they request).
     """
-    settings = sluice.settings()
-    discovery = discover_once(settings)
-    source = settings.source_name
-    cursor = _Cursor.parse(context.cursor)
-    # Recorded on every tick, skipped or not: the cursor always shows the current backlog.
-    context.update_cursor(replace(cursor, backlog_files=discovery.backlog_files).dump())
-    note = backlog_note(discovery)
-    engine = connect_engine(database_url(settings), pool_size=1)
-    try:
-        store = SplitStore(engine)
-        mine = {MODE_TAG: "continuous", SOURCE_TAG: source}
-        live = _runs(context, mine, statuses=_IN_PROGRESS)
-        if live:
-            run_id = sluice_run_id(live[0])
-            assigned = store.assign_to_run(run_id, source, lease_seconds=settings.lease_seconds)
-            return SkipReason(
-                f"{discovery.splits_registered} new splits; {assigned} assigned to the live "
-                f"continuous run {live[0].run_id}{note}"
-            )
-        current = (
-            _runs(context, {**mine, GENERATION_TAG: str(cursor.generation)})
-            if cursor.generation
-            else []
-        )
-        if cursor.generation and not current:
-            # Requested by an earlier tick and not created yet: never request a second one.
-            return SkipReason(f"waiting for continuous run generation {cursor.generation}{note}")
-        ended_badly = bool(current) and current[0].status in (
-            DagsterRunStatus.FAILURE,
-            DagsterRunStatus.CANCELED,
-        )
-        if not ended_badly and _unassigned(store, source) == 0:
-            return SkipReason(f"no new files ({discovery.files_seen} files seen){note}")
-        next_cursor = _Cursor(
-            cursor.generation + 1, f"{source}-c{secrets.token_hex(4)}", discovery.backlog_files
-        )
-        assert next_cursor.run_id is not None
-        assigned = store.assign_to_run(
-            next_cursor.run_id, source, lease_seconds=settings.lease_seconds
-        )
-    finally:
-        engine.dispose()
-    context.update_cursor(next_cursor.dump())
-    return RunRequest(
-        run_key=f"{source}:continuous:{next_cursor.generation}:{next_cursor.run_id}",
-        tags={
-            **mine,
-            GENERATION_TAG: str(next_cursor.generation),
-            SLUICE_RUN_TAG: next_cursor.run_id,
-            "sluice/splits_assigned": str(assigned),
-            BACKLOG_TAG: str(discovery.backlog_files),
-        },
+    source = pipeline.name
+
+    @sensor(
+        name=f"{pipeline.name}_continuous",
+        job=job,
+        minimum_interval_seconds=15,
+        default_status=DefaultSensorStatus.STOPPED,
     )
+    def _sensor(
+        context: SensorEvaluationContext, sluice: SluiceResource
+    ) -> RunRequest | SkipReason:
+        settings = sluice.settings()
+        # Without a landing folder yet nothing is discovered; a live run is still fed and a
+        # dead one still replaced.
+        discovery = discover_new(settings, pipeline)
+        cursor = _Cursor.parse(context.cursor)
+        # Recorded on every tick, skipped or not: the cursor always shows the current backlog.
+        context.update_cursor(replace(cursor, backlog_files=discovery.backlog_files).dump())
+        note = backlog_note(discovery)
+        engine = connect_engine(database_url(settings), pool_size=1)
+        try:
+            store = SplitStore(engine)
+            mine = {MODE_TAG: "continuous", PIPELINE_TAG: source}
+            live = _runs(context, mine, statuses=_IN_PROGRESS)
+            if live:
+                run_id = sluice_run_id(live[0])
+                assigned = store.assign_to_run(run_id, source, lease_seconds=settings.lease_seconds)
+                return SkipReason(
+                    f"{discovery.splits_registered} new splits; {assigned} assigned to the "
+                    f"live continuous run {live[0].run_id}{note}"
+                )
+            current = (
+                _runs(context, {**mine, GENERATION_TAG: str(cursor.generation)})
+                if cursor.generation
+                else []
+            )
+            if cursor.generation and not current:
+                # Requested by an earlier tick and not created yet: never request a second one.
+                return SkipReason(
+                    f"waiting for continuous run generation {cursor.generation}{note}"
+                )
+            ended_badly = bool(current) and current[0].status in (
+                DagsterRunStatus.FAILURE,
+                DagsterRunStatus.CANCELED,
+            )
+            if not ended_badly and _unassigned(store, source) == 0:
+                return SkipReason(f"no new input ({discovery.files_seen} seen){note}")
+            next_cursor = _Cursor(
+                cursor.generation + 1, f"{source}-c{secrets.token_hex(4)}", discovery.backlog_files
+            )
+            assert next_cursor.run_id is not None
+            assigned = store.assign_to_run(
+                next_cursor.run_id, source, lease_seconds=settings.lease_seconds
+            )
+        finally:
+            engine.dispose()
+        context.update_cursor(next_cursor.dump())
+        return RunRequest(
+            run_key=f"{source}:continuous:{next_cursor.generation}:{next_cursor.run_id}",
+            tags={
+                **mine,
+                GENERATION_TAG: str(next_cursor.generation),
+                SLUICE_RUN_TAG: next_cursor.run_id,
+                "sluice/splits_assigned": str(assigned),
+                BACKLOG_TAG: str(discovery.backlog_files),
+            },
+        )
+
+    return _sensor
 
 
 @run_failure_sensor(default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=30)

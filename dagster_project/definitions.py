@@ -1,36 +1,40 @@
 """The Sluice code location: ``dagster dev -m dagster_project.definitions``.
 
+Built when the code location loads (never at import): every pipeline registered with
+``SLUICE_PIPELINES`` becomes its assets, checks, jobs, sensors and schedule
+(``_factory.pipeline_definitions``).
+
 ``DAGSTER_DEPLOYMENT`` (``local``, the default, or ``production``) picks the resources when the
 code location loads (not when this module is imported). Local resources leave every setting
 to the ``SLUICE_*`` environment and the defaults; production ones name the environment
 variables the deployment must set, so the UI shows variable names, never their values.
 """
 
+import importlib
 import os
 from collections.abc import Callable
 from typing import Any
 
-from dagster import Definitions, EnvVar, definitions
+from dagster import AssetsDefinition, Definitions, EnvVar, definitions
 
-from dagster_project.assets import daily_revenue_by_country, enriched_events
-from dagster_project.checks import enriched_events_checks
-from dagster_project.continuous import (
-    continuous_reader_job,
-    continuous_reader_sensor,
-    release_failed_run_splits,
-)
-from dagster_project.jobs import process_new_splits_job
-from dagster_project.observations import raw_events, users
+from dagster_project._factory import pipeline_definitions
+from dagster_project.continuous import release_failed_run_splits
 from dagster_project.resources import (
     DatabaseResource,
     PathsResource,
     SluiceResource,
     SparkResource,
 )
-from dagster_project.schedules import hourly_incremental_schedule
-from dagster_project.sensors import new_files_sensor
+from enumerator_service import load_settings
+from spark_jobs.pipeline._registry import load_pipelines
 
-__all__ = ["DEPLOYMENTS", "defs", "local_resources", "production_resources"]
+__all__ = [
+    "DEPLOYMENTS",
+    "defs",
+    "local_resources",
+    "pipelines_definitions",
+    "production_resources",
+]
 
 
 def _resources(
@@ -65,6 +69,39 @@ DEPLOYMENTS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
+def pipelines_definitions(resources: dict[str, Any]) -> Definitions:
+    """Assets, checks, jobs, sensors and schedules of every registered pipeline
+    (``SLUICE_PIPELINES``), the assets their modules add (a module-level ``dagster_assets()``
+    returning a list), and the failed-run sensor."""
+    settings = load_settings()
+    pipelines = load_pipelines(settings)
+    assets: dict[Any, AssetsDefinition] = {}
+    checks, jobs, sensors, schedules = [], [], [release_failed_run_splits], []
+    for pipeline in pipelines.values():
+        built = pipeline_definitions(pipeline, settings)
+        for definition in [*built.source_assets, built.output]:
+            for key in definition.keys:
+                assets.setdefault(key, definition)  # a table several pipelines read: once
+        checks += built.checks
+        jobs += built.jobs
+        sensors += built.sensors
+        schedules += built.schedules
+    extra: list[Any] = []
+    for name in settings.pipeline_modules:
+        hook = getattr(importlib.import_module(name), "dagster_assets", None)
+        if callable(hook):
+            extra += hook()
+    unique = list(dict.fromkeys(assets.values()))
+    return Definitions(
+        assets=[*unique, *extra],
+        asset_checks=checks,
+        jobs=jobs,
+        sensors=sensors,
+        schedules=schedules,
+        resources=resources,
+    )
+
+
 @definitions
 def defs() -> Definitions:
     deployment = os.environ.get("DAGSTER_DEPLOYMENT", "local")
@@ -72,11 +109,4 @@ def defs() -> Definitions:
         raise ValueError(
             f"DAGSTER_DEPLOYMENT: {deployment!r} is not one of {', '.join(sorted(DEPLOYMENTS))}"
         )
-    return Definitions(
-        assets=[raw_events, users, enriched_events, daily_revenue_by_country],
-        asset_checks=enriched_events_checks,
-        jobs=[process_new_splits_job, continuous_reader_job],
-        sensors=[new_files_sensor, continuous_reader_sensor, release_failed_run_splits],
-        schedules=[hourly_incremental_schedule],
-        resources=DEPLOYMENTS[deployment](),
-    )
+    return pipelines_definitions(DEPLOYMENTS[deployment]())

@@ -1,55 +1,50 @@
-"""The incremental job: discover new files, then process everything unassigned."""
+"""A pipeline's incremental job: discover new input, then process everything unassigned."""
 
 import dataclasses
 
-from dagster import Nothing, OpExecutionContext, Out, Output, job, op
+from dagster import JobDefinition, Nothing, OpExecutionContext, Out, Output, job, op
 
-from dagster_project._pipeline import (
-    describe,
-    discover_and_enrich,
-    discover_once,
+from dagster_project._runs import (
+    PIPELINE_TAG,
+    describe_run,
+    discover_and_run,
+    drain_discovery,
     sluice_run_id,
     summary_metadata,
 )
+from dagster_project.assets import output_location
 from dagster_project.resources import SluiceResource
-from enumerator_service import Settings
+from spark_jobs.pipeline import Pipeline
+
+__all__ = ["incremental_job"]
 
 
-def drain_discovery(settings: Settings) -> int:
-    """Capped discovery ticks until no backlog is left; the splits they registered.
+def incremental_job(pipeline: Pipeline) -> JobDefinition:
+    """``<pipeline>_incremental``: continuous-cursor discovery (every chunk of a backlog), then
+    one bounded reader run ("available now")."""
 
-    The per-tick cap keeps a *sensor tick* short; a run has no such limit and processes
-    "everything discovered", so it first registers the whole backlog, one committed chunk
-    after another.
-    """
-    registered = 0
-    while True:
-        tick = discover_once(settings)
-        registered += tick.splits_registered
-        if tick.complete:
-            return registered
+    @op(name=f"{pipeline.name}_process_new_splits", out=Out(Nothing))
+    def process_new_splits(context: OpExecutionContext, sluice: SluiceResource) -> Output[None]:
+        settings = sluice.settings()
+        drained = drain_discovery(settings, pipeline)
+        discovery, summary = discover_and_run(settings, pipeline, run_id=sluice_run_id(context.run))
+        discovery = dataclasses.replace(
+            discovery, splits_registered=drained + discovery.splits_registered
+        )
+        context.log.info(
+            f"discovery: {discovery.files_seen} seen, {discovery.splits_registered} new splits; "
+            f"{describe_run(summary)}"
+        )
+        where = output_location(pipeline, settings, None)
+        return Output(None, metadata=summary_metadata(discovery, summary, where))
 
-
-__all__ = ["process_new_splits", "process_new_splits_job"]
-
-
-@op(out=Out(Nothing))
-def process_new_splits(context: OpExecutionContext, sluice: SluiceResource) -> Output[None]:
-    """Continuous-cursor discovery (every chunk of a backlog), then one bounded reader run
-    ("available now")."""
-    settings = sluice.settings()
-    drained = drain_discovery(settings)
-    discovery, summary = discover_and_enrich(settings, run_id=sluice_run_id(context.run))
-    discovery = dataclasses.replace(
-        discovery, splits_registered=drained + discovery.splits_registered
+    @job(
+        name=f"{pipeline.name}_incremental",
+        description=f"Discover new input of pipeline {pipeline.name} and process every "
+        "unassigned split.",
+        tags={PIPELINE_TAG: pipeline.name},
     )
-    context.log.info(
-        f"discovery: {discovery.files_seen} files seen, "
-        f"{discovery.splits_registered} new splits; {describe(summary)}"
-    )
-    return Output(None, metadata=summary_metadata(discovery, summary, settings.output_path))
+    def _job() -> None:
+        process_new_splits()
 
-
-@job(description="Discover new landing files and enrich every unassigned split.")
-def process_new_splits_job() -> None:
-    process_new_splits()
+    return _job

@@ -23,7 +23,7 @@ def _set(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class DatabaseResource(ConfigurableResource["DatabaseResource"]):
-    """The platform database (``sluice`` schema and the dimension table)."""
+    """The platform database (``sluice`` schema, and the tables pipelines read and write)."""
 
     url: str | None = Field(
         default=None,
@@ -58,13 +58,11 @@ class SparkResource(ConfigurableResource["SparkResource"]):
 
 
 class PathsResource(ConfigurableResource["PathsResource"]):
-    """State, landing and warehouse folders."""
+    """State, data and warehouse folders (a pipeline's landing folder is its definition's:
+    ``<data_dir>/landing/<pipeline>`` unless it names one)."""
 
     home: str | None = Field(default=None, description="State folder (SLUICE_HOME).")
     data_dir: str | None = Field(default=None, description="Data root (SLUICE_DATA_DIR).")
-    landing_dir: str | None = Field(
-        default=None, description="Landing folder (SLUICE_LANDING_DIR)."
-    )
     warehouse_dir: str | None = Field(
         default=None, description="Output root (SLUICE_WAREHOUSE_DIR)."
     )
@@ -74,7 +72,6 @@ class PathsResource(ConfigurableResource["PathsResource"]):
             {
                 "home": self.home,
                 "data_dir": self.data_dir,
-                "landing_dir": self.landing_dir,
                 "warehouse_dir": self.warehouse_dir,
             }
         )
@@ -94,10 +91,6 @@ class SluiceResource(ConfigurableResource["SluiceResource"]):
     database: DatabaseResource | None = None
     spark: SparkResource | None = None
     paths: PathsResource | None = None
-    source_name: str | None = None
-    lookup_schema: str | None = None
-    lookup_table: str | None = None
-    lookup_key: str | None = None
     lookup_capacity: int | None = None
     lookup_batch_size: int | None = None
     lookup_pool_size: int | None = None
@@ -109,8 +102,8 @@ class SluiceResource(ConfigurableResource["SluiceResource"]):
         default=0.05,
         ge=0.0,
         le=1.0,
-        description="The dead-letter check of enriched_events fails above this share of a "
-        "partition's records.",
+        description="A pipeline's dead-letter check fails above this share of a partition's "
+        "records.",
     )
 
     def overrides(self) -> dict[str, Any]:

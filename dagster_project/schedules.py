@@ -1,16 +1,20 @@
-"""The hourly incremental schedule (bounded "available now" runs)."""
+"""A pipeline's schedule of incremental ("available now") runs."""
 
-from dagster import DefaultScheduleStatus, ScheduleDefinition
+from dagster import DefaultScheduleStatus, JobDefinition, ScheduleDefinition
 
-from dagster_project.jobs import process_new_splits_job
+from spark_jobs.pipeline import Pipeline
 
-__all__ = ["hourly_incremental_schedule"]
+__all__ = ["incremental_schedule"]
 
-hourly_incremental_schedule = ScheduleDefinition(
-    name="hourly_incremental_schedule",
-    job=process_new_splits_job,
-    cron_schedule="0 * * * *",
-    execution_timezone="UTC",
-    default_status=DefaultScheduleStatus.STOPPED,
-    description="Every hour: discover new landing files and enrich every unassigned split.",
-)
+
+def incremental_schedule(pipeline: Pipeline, job: JobDefinition) -> ScheduleDefinition:
+    """``<pipeline>_schedule`` (stopped by default): the pipeline's ``schedule`` (cron, UTC)."""
+    return ScheduleDefinition(
+        name=f"{pipeline.name}_schedule",
+        job=job,
+        cron_schedule=pipeline.schedule,
+        execution_timezone="UTC",
+        default_status=DefaultScheduleStatus.STOPPED,
+        description=f"On {pipeline.schedule!r} (UTC): discover new input of pipeline "
+        f"{pipeline.name} and process every unassigned split.",
+    )

@@ -1,4 +1,4 @@
-"""The sensor that registers new landing files and asks for an incremental run."""
+"""A pipeline's sensor that registers new input and asks for an incremental run."""
 
 import hashlib
 import json
@@ -6,16 +6,18 @@ from dataclasses import dataclass
 
 from dagster import (
     DefaultSensorStatus,
+    JobDefinition,
     RunRequest,
+    SensorDefinition,
     SensorEvaluationContext,
     SkipReason,
     sensor,
 )
 
-from dagster_project._pipeline import discover_once
-from dagster_project.jobs import process_new_splits_job
+from dagster_project._runs import PIPELINE_TAG, discover_new, missing_landing
 from dagster_project.resources import SluiceResource
 from enumerator_service import DiscoveryResult
+from spark_jobs.pipeline import Pipeline
 
 __all__ = [
     "BACKLOG_TAG",
@@ -74,41 +76,50 @@ def backlog_note(discovery: DiscoveryResult) -> str:
     return f"; {discovery.backlog_files} files left for the next ticks (backlog)"
 
 
-@sensor(
-    job=process_new_splits_job,
-    minimum_interval_seconds=30,
-    default_status=DefaultSensorStatus.STOPPED,
-)
-def new_files_sensor(
-    context: SensorEvaluationContext, sluice: SluiceResource
-) -> RunRequest | SkipReason:
-    """Each tick registers new landing files as splits; new splits -> one incremental run.
+def new_files_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinition:
+    """``<pipeline>_new_files`` (stopped by default): each tick registers new input as splits;
+    new splits -> one incremental run.
 
     A tick registers at most ``SLUICE_DISCOVERY_MAX_FILES_PER_TICK`` files (oldest first), so
     a large backlog is drained over several ticks, each requesting a run for its chunk; the
     cursor and the run's ``sluice/backlog_files`` tag say how much is left.
     """
-    settings = sluice.settings()
-    discovery = discover_once(settings)
-    cursor = FilesSensorCursor.parse(context.cursor)
-    if discovery.splits_registered == 0:
-        if cursor.backlog_files != discovery.backlog_files:
-            context.update_cursor(
-                FilesSensorCursor(cursor.sequence, discovery.backlog_files).dump()
-            )
-        reason = (
-            f"no new files ({discovery.files_seen} files seen)"
-            if discovery.complete
-            else f"no new splits in this chunk ({discovery.files_seen} files seen)"
-        )
-        return SkipReason(reason + backlog_note(discovery))
-    sequence = cursor.sequence + 1
-    context.update_cursor(FilesSensorCursor(sequence, discovery.backlog_files).dump())
-    return RunRequest(
-        run_key=discovery_run_key(settings.source_name, discovery, sequence),
-        tags={
-            "sluice/source": settings.source_name,
-            "sluice/splits_registered": str(discovery.splits_registered),
-            BACKLOG_TAG: str(discovery.backlog_files),
-        },
+
+    @sensor(
+        name=f"{pipeline.name}_new_files",
+        job=job,
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.STOPPED,
     )
+    def _sensor(
+        context: SensorEvaluationContext, sluice: SluiceResource
+    ) -> RunRequest | SkipReason:
+        settings = sluice.settings()
+        missing = missing_landing(settings, pipeline)
+        if missing is not None:
+            return SkipReason(f"no landing folder yet ({missing})")
+        discovery = discover_new(settings, pipeline)
+        cursor = FilesSensorCursor.parse(context.cursor)
+        if discovery.splits_registered == 0:
+            if cursor.backlog_files != discovery.backlog_files:
+                context.update_cursor(
+                    FilesSensorCursor(cursor.sequence, discovery.backlog_files).dump()
+                )
+            reason = (
+                f"no new input ({discovery.files_seen} seen)"
+                if discovery.complete
+                else f"no new splits in this chunk ({discovery.files_seen} seen)"
+            )
+            return SkipReason(reason + backlog_note(discovery))
+        sequence = cursor.sequence + 1
+        context.update_cursor(FilesSensorCursor(sequence, discovery.backlog_files).dump())
+        return RunRequest(
+            run_key=discovery_run_key(pipeline.name, discovery, sequence),
+            tags={
+                PIPELINE_TAG: pipeline.name,
+                "sluice/splits_registered": str(discovery.splits_registered),
+                BACKLOG_TAG: str(discovery.backlog_files),
+            },
+        )
+
+    return _sensor

@@ -2,6 +2,7 @@
 
 from enumerator_service._assignment_tracker import NO_CHECKPOINT, SplitAssignmentTracker
 from enumerator_service._checkpoint_store import (
+    AbortCause,
     Acknowledgement,
     CheckpointStore,
     CompletedCheckpoint,
@@ -17,7 +18,6 @@ from enumerator_service._config import (
     redact_url,
     validate_identifier,
 )
-from enumerator_service._coordinator import CheckpointCoordinator, CoordinatorStats
 from enumerator_service._database import (
     asyncpg_dsn,
     connect_engine,
@@ -42,13 +42,12 @@ from enumerator_service._table_enumerator import TableRangeEnumerator
 
 __all__ = [
     "NO_CHECKPOINT",
+    "AbortCause",
     "Acknowledgement",
-    "CheckpointCoordinator",
     "CheckpointStore",
     "CompletedCheckpoint",
     "ConfigError",
     "ContinuousFileEnumerator",
-    "CoordinatorStats",
     "DiscoveryResult",
     "FencedError",
     "FileSplit",

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Engine
 
-from enumerator_service._schema import checkpoint_acks, sink_transactions, splits
+from enumerator_service._schema import SplitStatus, checkpoint_acks, sink_transactions, splits
 from enumerator_service._split_store import FencedError
 
 __all__ = [
@@ -126,7 +126,9 @@ def apply_split_states(
             "pending": state["pending"] or None,
         }
         if finished:
-            values.update(status="COMPLETED", lease_expires_at=None, completed_at=sa.func.now())
+            values.update(
+                status=SplitStatus.COMPLETED, lease_expires_at=None, completed_at=sa.func.now()
+            )
         result = conn.execute(
             sa.update(splits)
             .where(
@@ -135,7 +137,7 @@ def apply_split_states(
                 splits.c.run_id == run_id,
                 # COMPLETED too: a snapshot taken before the subtask heard that the split's
                 # final state was committed carries that same state again (idempotent).
-                splits.c.status.in_(("READING", "COMPLETED")),
+                splits.c.status.in_((SplitStatus.READING, SplitStatus.COMPLETED)),
             )
             .values(**values)
         )
@@ -164,10 +166,14 @@ class Acknowledgement:
     staged: Any
     row_count: int
     dead_letters: Sequence[Any]
+    #: Records the pipeline's steps removed in the interval (counted, never stored).
+    dropped: int = 0
+    #: The split source (pipeline) the subtask reads.
+    source: str | None = None
 
     @property
     def has_output(self) -> bool:
-        return bool(self.staged) or bool(self.dead_letters)
+        return bool(self.staged) or bool(self.dead_letters) or self.dropped > 0
 
 
 def acknowledge(
@@ -194,12 +200,14 @@ def acknowledge(
                 insert(sink_transactions)
                 .values(
                     run_id=ack.run_id,
+                    source=ack.source,
                     subtask=ack.subtask,
                     attempt=ack.attempt,
                     checkpoint_id=ack.checkpoint_id,
                     sink=ack.sink,
                     staged=ack.staged,
                     row_count=ack.row_count,
+                    dropped_count=ack.dropped,
                     dead_letters=list(ack.dead_letters),
                     committed=not two_phase,
                     published=not two_phase,

@@ -22,6 +22,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
@@ -39,12 +40,20 @@ from enumerator_service._checkpoint_commit import (
     encode_dead_letters,
     insert_dead_letters,
 )
-from enumerator_service._schema import checkpoint_acks, checkpoints, sink_transactions, splits
+from enumerator_service._schema import (
+    ACTIVE_SPLIT,
+    CheckpointStatus,
+    checkpoint_acks,
+    checkpoints,
+    sink_transactions,
+    splits,
+)
 from enumerator_service._split_store import SplitStore
 
 __all__ = [
     "CHECKPOINT_CHANNEL",
     "COORDINATOR_CHANNEL",
+    "AbortCause",
     "Acknowledgement",
     "CheckpointStore",
     "CompletedCheckpoint",
@@ -59,6 +68,19 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+
+class AbortCause(StrEnum):
+    """Why a checkpoint was given up (the start of ``checkpoints.reason``)."""
+
+    #: Not every open subtask acknowledged it within the checkpoint timeout.
+    TIMEOUT = "timeout"
+    #: An acknowledgement came from a task attempt that has been superseded.
+    FENCED = "fenced"
+    #: Its run ended before it completed.
+    RUN_ENDED = "run ended"
+    #: Its run died (recovery of a later run found it pending).
+    RUN_DIED = "run died"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +140,18 @@ def _abort_staged(
 class CheckpointStore:
     """The checkpoints of one run. Blocking: call from the coordinator thread."""
 
-    def __init__(self, engine: Engine, run_id: str, sinks: Mapping[str, TransactionalSink]):
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: str,
+        sinks: Mapping[str, TransactionalSink],
+        *,
+        source: str | None = None,
+    ) -> None:
         self._engine = engine
         self._run_id = run_id
         self._sinks = sinks
+        self._source = source
 
     def _notify(self, conn: Connection, checkpoint_id: int, event: str) -> None:
         payload = json.dumps({"run": self._run_id, "id": checkpoint_id, "event": event})
@@ -130,7 +160,9 @@ class CheckpointStore:
     def trigger(self, checkpoint_id: int) -> None:
         with self._engine.begin() as conn:
             conn.execute(
-                sa.insert(checkpoints).values(run_id=self._run_id, checkpoint_id=checkpoint_id)
+                sa.insert(checkpoints).values(
+                    run_id=self._run_id, checkpoint_id=checkpoint_id, source=self._source
+                )
             )
             self._notify(conn, checkpoint_id, "trigger")
 
@@ -145,17 +177,20 @@ class CheckpointStore:
             ).all()
         return [(int(subtask), bool(final)) for subtask, final in rows]
 
-    def abort(self, checkpoint_id: int, reason: str) -> None:
+    def abort(self, checkpoint_id: int, cause: AbortCause, detail: str = "") -> None:
         """PENDING → ABORTED. Staged output stays: it commits with a later checkpoint."""
+        reason = f"{cause.value}: {detail}" if detail else cause.value
         with self._engine.begin() as conn:
             updated = conn.execute(
                 sa.update(checkpoints)
                 .where(
                     checkpoints.c.run_id == self._run_id,
                     checkpoints.c.checkpoint_id == checkpoint_id,
-                    checkpoints.c.status == "PENDING",
+                    checkpoints.c.status == CheckpointStatus.PENDING,
                 )
-                .values(status="ABORTED", reason=reason[:500], completed_at=sa.func.now())
+                .values(
+                    status=CheckpointStatus.ABORTED, reason=reason[:500], completed_at=sa.func.now()
+                )
             ).rowcount
             if updated:
                 self._notify(conn, checkpoint_id, "abort")
@@ -180,7 +215,7 @@ class CheckpointStore:
                 )
                 .with_for_update()
             ).one_or_none()
-            if row is None or row.status != "PENDING":
+            if row is None or row.status != CheckpointStatus.PENDING:
                 return None
             # Step 2: the acknowledgements (one per subtask: the latest attempt's).
             acks = conn.execute(
@@ -239,7 +274,7 @@ class CheckpointStore:
                     checkpoints.c.run_id == run_id,
                     checkpoints.c.checkpoint_id == checkpoint_id,
                 )
-                .values(status="COMPLETED", completed_at=sa.func.now())
+                .values(status=CheckpointStatus.COMPLETED, completed_at=sa.func.now())
                 .returning(checkpoints.c.completed_at)
             ).scalar_one()
             self._notify(conn, checkpoint_id, "complete")
@@ -262,21 +297,51 @@ class CheckpointStore:
             alignment=(max(ack_times) - min(ack_times)).total_seconds() if ack_times else 0.0,
         )
 
+    def finished(self, subtask: int) -> bool:
+        """Whether a completed checkpoint of this run carries ``subtask``'s final snapshot: the
+        subtask's work is committed, and a retried attempt of it has nothing left to do."""
+        with self._engine.connect() as conn:
+            found = conn.execute(
+                sa.select(sa.literal(1))
+                .select_from(
+                    checkpoint_acks.join(
+                        checkpoints,
+                        sa.and_(
+                            checkpoints.c.run_id == checkpoint_acks.c.run_id,
+                            checkpoints.c.checkpoint_id == checkpoint_acks.c.checkpoint_id,
+                        ),
+                    )
+                )
+                .where(
+                    checkpoint_acks.c.run_id == self._run_id,
+                    checkpoint_acks.c.subtask == subtask,
+                    checkpoint_acks.c.final,
+                    checkpoints.c.status == CheckpointStatus.COMPLETED,
+                )
+                .limit(1)
+            ).first()
+        return found is not None
+
     def abort_uncommitted(self) -> int:
         """At the end of the run: abort pending checkpoints and delete staged output left."""
-        return _abort_runs(self._engine, self._sinks, [self._run_id], "run ended")
+        return _abort_runs(self._engine, self._sinks, [self._run_id], AbortCause.RUN_ENDED)
 
 
 def _abort_runs(
-    engine: Engine, sinks: Mapping[str, TransactionalSink], run_ids: Sequence[str], reason: str
+    engine: Engine,
+    sinks: Mapping[str, TransactionalSink],
+    run_ids: Sequence[str],
+    cause: AbortCause,
 ) -> int:
     if not run_ids:
         return 0
     with engine.begin() as conn:
         conn.execute(
             sa.update(checkpoints)
-            .where(checkpoints.c.run_id.in_(run_ids), checkpoints.c.status == "PENDING")
-            .values(status="ABORTED", reason=reason, completed_at=sa.func.now())
+            .where(
+                checkpoints.c.run_id.in_(run_ids), checkpoints.c.status == CheckpointStatus.PENDING
+            )
+            .values(status=CheckpointStatus.ABORTED, reason=cause.value, completed_at=sa.func.now())
         )
         leftover = _staged(
             conn.execute(
@@ -301,13 +366,14 @@ def recover(engine: Engine, sinks: Mapping[str, TransactionalSink]) -> tuple[int
     published = publish_committed(engine, sinks)
     with engine.connect() as conn:
         live = sa.select(splits.c.run_id).where(
-            splits.c.status.in_(("ASSIGNED", "READING")), splits.c.run_id.is_not(None)
+            splits.c.status.in_(ACTIVE_SPLIT), splits.c.run_id.is_not(None)
         )
         dead_runs = sorted(
             set(
                 conn.execute(
                     sa.select(checkpoints.c.run_id).where(
-                        checkpoints.c.status == "PENDING", checkpoints.c.run_id.not_in(live)
+                        checkpoints.c.status == CheckpointStatus.PENDING,
+                        checkpoints.c.run_id.not_in(live),
                     )
                 ).scalars()
             )
@@ -320,7 +386,7 @@ def recover(engine: Engine, sinks: Mapping[str, TransactionalSink]) -> tuple[int
                 ).scalars()
             )
         )
-    aborted = _abort_runs(engine, sinks, dead_runs, "run died")
+    aborted = _abort_runs(engine, sinks, dead_runs, AbortCause.RUN_DIED)
     if published or aborted:
         _log.info("recovery: published %d, aborted %d", published, aborted)
     return published, aborted

@@ -59,6 +59,20 @@ def _kind_of(name: str) -> str | None:
     return None
 
 
+def _data_files(
+    folder: str | Path, day: date | None
+) -> Iterator[tuple[str, str, date | None, int, float]]:
+    """(path, kind, ``day``, size, mtime) of the data files directly in ``folder``."""
+    with os.scandir(folder) as files:
+        for file in files:
+            kind = _kind_of(file.name)
+            # Hidden and "_" files are in-flight writes or markers, never data.
+            if kind is None or file.name.startswith((".", "_")) or not file.is_file():
+                continue
+            stat = file.stat()
+            yield os.path.abspath(file.path), kind, day, stat.st_size, stat.st_mtime
+
+
 @dataclass(frozen=True, slots=True)
 class DiscoveryResult:
     """What one discovery tick found.
@@ -185,7 +199,8 @@ class SplitEnumerator(abc.ABC):
 
 
 class _FileEnumerator(SplitEnumerator):
-    """Lists ``<landing>/dt=YYYY-MM-DD/*`` and cuts large files into byte ranges."""
+    """Lists ``<landing>/dt=YYYY-MM-DD/*`` (``partitioned``) or ``<landing>/*`` and cuts
+    large files into byte ranges."""
 
     def __init__(
         self,
@@ -195,15 +210,22 @@ class _FileEnumerator(SplitEnumerator):
         *,
         lease_seconds: float = 60.0,
         target_split_bytes: int = 128 << 20,
+        partitioned: bool = True,
     ) -> None:
         super().__init__(engine, source, lease_seconds=lease_seconds)
         if target_split_bytes < 1:
             raise ValueError("target_split_bytes must be positive")
         self._landing = landing
         self._target = target_split_bytes
+        self._partitioned = partitioned
 
-    def _files(self, dates: frozenset[date] | None) -> Iterator[tuple[str, str, date, int, float]]:
+    def _files(
+        self, dates: frozenset[date] | None
+    ) -> Iterator[tuple[str, str, date | None, int, float]]:
         """(path, kind, partition date, size, mtime) of every data file."""
+        if not self._partitioned:
+            yield from _data_files(self._landing, None)
+            return
         with os.scandir(self._landing) as partitions:
             for entry in partitions:
                 match = _PARTITION_DIR.match(entry.name)
@@ -212,17 +234,9 @@ class _FileEnumerator(SplitEnumerator):
                 day = date.fromisoformat(match.group(1))
                 if dates is not None and day not in dates:
                     continue
-                with os.scandir(entry.path) as files:
-                    for file in files:
-                        kind = _kind_of(file.name)
-                        # Hidden and "_" files are in-flight writes or markers, never data.
-                        if kind is None or file.name.startswith((".", "_")) or not file.is_file():
-                            continue
-                        stat = file.stat()
-                        path = os.path.abspath(file.path)
-                        yield path, kind, day, stat.st_size, stat.st_mtime
+                yield from _data_files(entry.path, day)
 
-    def _splits_of(self, path: str, kind: str, day: date, size: int) -> list[FileSplit]:
+    def _splits_of(self, path: str, kind: str, day: date | None, size: int) -> list[FileSplit]:
         if kind == "parquet" and size > self._target:
             return self._row_group_splits(path, day)
         if kind not in _SPLITTABLE:
@@ -235,7 +249,7 @@ class _FileEnumerator(SplitEnumerator):
             for start in range(0, size, self._target)
         ]
 
-    def _row_group_splits(self, path: str, day: date) -> list[FileSplit]:
+    def _row_group_splits(self, path: str, day: date | None) -> list[FileSplit]:
         """Row-group ranges ``[start, end)`` of about the target size, from the footer.
 
         A Parquet split's offsets are row indices while its bounds are row-group indices; a
@@ -274,6 +288,7 @@ class StaticFileEnumerator(_FileEnumerator):
         dates: Sequence[date] | None = None,
         lease_seconds: float = 60.0,
         target_split_bytes: int = 128 << 20,
+        partitioned: bool = True,
     ) -> None:
         super().__init__(
             engine,
@@ -281,6 +296,7 @@ class StaticFileEnumerator(_FileEnumerator):
             landing,
             lease_seconds=lease_seconds,
             target_split_bytes=target_split_bytes,
+            partitioned=partitioned,
         )
         self._dates = frozenset(dates) if dates is not None else None
 
@@ -318,6 +334,7 @@ class ContinuousFileEnumerator(_FileEnumerator):
         lookback_seconds: float = 600.0,
         target_split_bytes: int = 128 << 20,
         max_files_per_tick: int | None = None,
+        partitioned: bool = True,
     ) -> None:
         super().__init__(
             engine,
@@ -325,6 +342,7 @@ class ContinuousFileEnumerator(_FileEnumerator):
             landing,
             lease_seconds=lease_seconds,
             target_split_bytes=target_split_bytes,
+            partitioned=partitioned,
         )
         if max_files_per_tick is not None and max_files_per_tick < 1:
             raise ValueError("max_files_per_tick must be positive (or None: no cap)")
@@ -354,7 +372,9 @@ class ContinuousFileEnumerator(_FileEnumerator):
         known = set(cursor["recent_paths"])
         horizon = float("-inf") if watermark is None else watermark - self._lookback
         window: dict[str, float] = {}  # known files modified inside the lookback window
-        candidates: list[tuple[float, str, str, date, int]] = []  # (mtime, path, kind, day, size)
+        candidates: list[
+            tuple[float, str, str, date | None, int]
+        ] = []  # mtime, path, kind, day, size
         seen = 0
         for path, kind, day, size, mtime in self._files(None):
             seen += 1

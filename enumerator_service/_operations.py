@@ -1,10 +1,16 @@
-"""The platform operations shared by the CLI and Dagster: open, migrate, discover, inspect."""
+"""The platform operations shared by the CLI and Dagster: open, migrate, discover, inspect.
+
+Discovery is described by plain values (:class:`FileDiscovery`, :class:`TableDiscovery`):
+the pipeline layer above builds them from a pipeline's source, so nothing here knows a
+pipeline.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,8 +26,18 @@ from enumerator_service._enumerator import (
 )
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions
 from enumerator_service._split_store import SplitStore
+from enumerator_service._table_enumerator import TableRangeEnumerator
 
-__all__ = ["Platform", "PlatformStatus", "discover", "open_platform", "platform_status"]
+__all__ = [
+    "Discovery",
+    "FileDiscovery",
+    "Platform",
+    "PlatformStatus",
+    "TableDiscovery",
+    "discover",
+    "open_platform",
+    "platform_status",
+]
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,30 @@ class Platform:
         self.engine.dispose()
 
 
+@dataclass(frozen=True, slots=True)
+class FileDiscovery:
+    """Files of source ``source`` in ``landing`` (``dt=YYYY-MM-DD`` folders if
+    ``partitioned``, else directly in it)."""
+
+    source: str
+    landing: Path
+    partitioned: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TableDiscovery:
+    """Key ranges of ``schema.table`` (integer ``key``) of about ``rows_per_split`` rows."""
+
+    source: str
+    schema: str
+    table: str
+    key: str
+    rows_per_split: int = 100_000
+
+
+Discovery = FileDiscovery | TableDiscovery
+
+
 def open_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     """Connect (starting the embedded Postgres if needed) and bring the schema up to date."""
     url = database_url(settings)
@@ -45,59 +85,77 @@ def open_platform(settings: Settings, *, migrate: bool = True) -> Platform:
     return Platform(settings, url, engine)
 
 
-def discover(platform: Platform, *, dates: Sequence[date] | None = None) -> DiscoveryResult:
-    """One enumerator tick over the landing folder (bounded to ``dates`` when given).
+def discover(
+    platform: Platform, spec: Discovery, *, dates: Sequence[date] | None = None
+) -> DiscoveryResult:
+    """One enumerator tick over the source (bounded to ``dates`` when given).
 
-    Without ``dates`` the tick registers at most ``discovery_max_files_per_tick`` files; the
-    result's ``backlog_files`` says how many the next tick will continue with.
+    Without ``dates`` a file tick registers at most ``discovery_max_files_per_tick`` files;
+    the result's ``backlog_files`` says how many the next tick will continue with.
     """
     settings = platform.settings
-    landing = settings.landing_path
-    if not landing.is_dir():
-        raise ConfigError("SLUICE_LANDING_DIR", f"folder does not exist: {landing}")
     enumerator: SplitEnumerator
+    if isinstance(spec, TableDiscovery):
+        enumerator = TableRangeEnumerator(
+            platform.engine,
+            spec.source,
+            schema=spec.schema,
+            table=spec.table,
+            key_column=spec.key,
+            rows_per_split=spec.rows_per_split,
+            lease_seconds=settings.lease_seconds,
+        )
+        return enumerator.discover()
+    if not spec.landing.is_dir():
+        raise ConfigError(f"{spec.source}: landing", f"folder does not exist: {spec.landing}")
     if dates is not None:
         enumerator = StaticFileEnumerator(
             platform.engine,
-            settings.source_name,
-            landing,
+            spec.source,
+            spec.landing,
             dates=dates,
             lease_seconds=settings.lease_seconds,
             target_split_bytes=settings.target_split_bytes,
+            partitioned=spec.partitioned,
         )
     else:
         # A tick of the sensor must stay short whatever the backlog: capped (a backfill's
         # bounded listing of some dates runs inside its run, not in a tick, and is not).
         enumerator = ContinuousFileEnumerator(
             platform.engine,
-            settings.source_name,
-            landing,
+            spec.source,
+            spec.landing,
             lease_seconds=settings.lease_seconds,
             target_split_bytes=settings.target_split_bytes,
             max_files_per_tick=settings.discovery_max_files_per_tick,
+            partitioned=spec.partitioned,
         )
     return enumerator.discover()
 
 
 @dataclass(frozen=True)
 class PlatformStatus:
+    source: str
     splits: dict[str, int]
     rows_committed: int
+    rows_dropped: int
     dead_letters: int
     dead_letter_reasons: list[tuple[str, int]]
     last_checkpoint: dict[str, Any] | None
     last_commit_at: datetime | None
 
 
-def platform_status(platform: Platform) -> PlatformStatus:
-    source = platform.settings.source_name
+def platform_status(platform: Platform, source: str) -> PlatformStatus:
+    """Splits by state, committed rows and dead letters of ``source``, and its last
+    checkpoint."""
     reason = sa.func.split_part(dead_letters.c.reason, ":", 1)
     with platform.engine.connect() as conn:
-        rows, last_commit = conn.execute(
+        rows, dropped, last_commit = conn.execute(
             sa.select(
                 sa.func.coalesce(sa.func.sum(sink_transactions.c.row_count), 0),
+                sa.func.coalesce(sa.func.sum(sink_transactions.c.dropped_count), 0),
                 sa.func.max(sink_transactions.c.committed_at),
-            ).where(sink_transactions.c.committed)
+            ).where(sink_transactions.c.committed, sink_transactions.c.source == source)
         ).one()
         reasons = conn.execute(
             sa.select(reason, sa.func.count())
@@ -107,12 +165,15 @@ def platform_status(platform: Platform) -> PlatformStatus:
         ).all()
         last = conn.execute(
             sa.select(checkpoints)
+            .where(checkpoints.c.source == source)
             .order_by(checkpoints.c.triggered_at.desc(), checkpoints.c.checkpoint_id.desc())
             .limit(1)
         ).first()
     return PlatformStatus(
+        source=source,
         splits=SplitStore(platform.engine).counts(source),
         rows_committed=int(rows),
+        rows_dropped=int(dropped),
         dead_letters=sum(n for _, n in reasons),
         dead_letter_reasons=[(r, n) for r, n in reasons],
         last_checkpoint=dict(last._mapping) if last is not None else None,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from enumerator_service._schema import RebuildStatus
+
 __all__ = ["ACTIVE_REBUILD", "lock_rebuilds"]
 
 #: Rebuild statuses during which new splits of the partition are held back.
-ACTIVE_REBUILD = ("BUILDING", "SWAPPING")
+ACTIVE_REBUILD = (RebuildStatus.BUILDING, RebuildStatus.SWAPPING)
 
 
 def lock_rebuilds(conn: Connection, source: str, *, shared: bool = False) -> None:

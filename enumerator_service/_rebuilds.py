@@ -32,7 +32,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, Row
 
 from enumerator_service._rebuild_lock import ACTIVE_REBUILD, lock_rebuilds
-from enumerator_service._schema import dead_letters, partition_rebuilds, splits
+from enumerator_service._schema import (
+    ACTIVE_SPLIT,
+    RebuildStatus,
+    SplitStatus,
+    dead_letters,
+    partition_rebuilds,
+    splits,
+)
 
 __all__ = ["PartitionBusyError", "Rebuild", "RebuildStore"]
 
@@ -87,7 +94,7 @@ class RebuildStore:
                     .where(
                         of_days,
                         sa.or_(
-                            splits.c.status.not_in(("UNASSIGNED", "HELD")),
+                            splits.c.status.not_in((SplitStatus.UNASSIGNED, SplitStatus.HELD)),
                             splits.c.committed_offset.is_not(None),
                             splits.c.rebuild_id.is_not(None),
                         ),
@@ -103,7 +110,7 @@ class RebuildStore:
                 sa.select(splits.c.partition_key, splits.c.run_id)
                 .where(
                     in_days,
-                    splits.c.status.in_(("ASSIGNED", "READING")),
+                    splits.c.status.in_(ACTIVE_SPLIT),
                     splits.c.run_id != run_id,
                     splits.c.lease_expires_at > sa.func.now(),
                 )
@@ -119,7 +126,7 @@ class RebuildStore:
                 sa.select(partition_rebuilds.c.partition_key).where(
                     partition_rebuilds.c.source == source,
                     partition_rebuilds.c.partition_key.in_(processed),
-                    partition_rebuilds.c.status == "SWAPPING",
+                    partition_rebuilds.c.status == RebuildStatus.SWAPPING,
                 )
             ).first()
             if swapping is not None:
@@ -132,9 +139,9 @@ class RebuildStore:
                 .where(
                     partition_rebuilds.c.source == source,
                     partition_rebuilds.c.partition_key.in_(processed),
-                    partition_rebuilds.c.status == "BUILDING",
+                    partition_rebuilds.c.status == RebuildStatus.BUILDING,
                 )
-                .values(status="ABANDONED")
+                .values(status=RebuildStatus.ABANDONED)
             )
             # Step 4: one new rebuild per day.
             started = [
@@ -156,7 +163,7 @@ class RebuildStore:
                 sa.update(splits)
                 .where(in_days)
                 .values(
-                    status="ASSIGNED",
+                    status=SplitStatus.ASSIGNED,
                     run_id=run_id,
                     subtask=None,
                     lease_expires_at=_lease(lease_seconds),
@@ -184,12 +191,12 @@ class RebuildStore:
         """Rebuilds to swap now: SWAPPING ones (a crash interrupted them) and BUILDING ones
         whose members have all completed."""
         unfinished = sa.exists().where(
-            splits.c.rebuild_id == partition_rebuilds.c.id, splits.c.status != "COMPLETED"
+            splits.c.rebuild_id == partition_rebuilds.c.id, splits.c.status != SplitStatus.COMPLETED
         )
         stmt = sa.select(partition_rebuilds).where(
             sa.or_(
-                partition_rebuilds.c.status == "SWAPPING",
-                sa.and_(partition_rebuilds.c.status == "BUILDING", sa.not_(unfinished)),
+                partition_rebuilds.c.status == RebuildStatus.SWAPPING,
+                sa.and_(partition_rebuilds.c.status == RebuildStatus.BUILDING, sa.not_(unfinished)),
             )
         )
         if source is not None:
@@ -203,7 +210,7 @@ class RebuildStore:
             return set()
         stmt = sa.select(partition_rebuilds.c.id).where(
             partition_rebuilds.c.id.in_(list(ids)),
-            partition_rebuilds.c.status.in_(("DONE", "ABANDONED")),
+            partition_rebuilds.c.status.in_((RebuildStatus.DONE, RebuildStatus.ABANDONED)),
         )
         with self._engine.connect() as conn:
             return set(conn.execute(stmt).scalars())
@@ -220,7 +227,8 @@ class RebuildStore:
         return int(
             conn.execute(
                 sa.select(sa.func.count()).where(
-                    splits.c.rebuild_id.in_(list(rebuild_ids)), splits.c.status != "COMPLETED"
+                    splits.c.rebuild_id.in_(list(rebuild_ids)),
+                    splits.c.status != SplitStatus.COMPLETED,
                 )
             ).scalar_one()
         )
@@ -230,16 +238,16 @@ class RebuildStore:
         with self._engine.begin() as conn:
             lock_rebuilds(conn, rebuild.source)
             status = self._status(conn, rebuild.id)
-            if status == "SWAPPING":
+            if status == RebuildStatus.SWAPPING:
                 return True
-            if status != "BUILDING":
+            if status != RebuildStatus.BUILDING:
                 return False
             if self._unfinished(conn, [rebuild.id]):
                 return False
             conn.execute(
                 sa.update(partition_rebuilds)
                 .where(partition_rebuilds.c.id == rebuild.id)
-                .values(status="SWAPPING")
+                .values(status=RebuildStatus.SWAPPING)
             )
             return True
 
@@ -248,7 +256,7 @@ class RebuildStore:
         the members leave the rebuild and the HELD splits of the partition join the pool."""
         with self._engine.begin() as conn:
             lock_rebuilds(conn, rebuild.source)
-            if self._status(conn, rebuild.id) != "SWAPPING":
+            if self._status(conn, rebuild.id) != RebuildStatus.SWAPPING:
                 return  # finished by someone else meanwhile
             of_partition = sa.select(splits.c.id).where(
                 splits.c.source == rebuild.source,
@@ -268,14 +276,14 @@ class RebuildStore:
                 .where(
                     splits.c.source == rebuild.source,
                     splits.c.partition_key == rebuild.partition_key,
-                    splits.c.status == "HELD",
+                    splits.c.status == SplitStatus.HELD,
                 )
-                .values(status="UNASSIGNED")
+                .values(status=SplitStatus.UNASSIGNED)
             )
             conn.execute(
                 sa.update(partition_rebuilds)
                 .where(partition_rebuilds.c.id == rebuild.id)
-                .values(status="DONE", swapped_at=sa.func.now())
+                .values(status=RebuildStatus.DONE, swapped_at=sa.func.now())
             )
 
     @staticmethod

@@ -6,6 +6,8 @@ produce it, and ``tests/integration/test_migrations.py`` proves the two agree.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -29,9 +31,13 @@ from sqlalchemy import text as sa_text
 from sqlalchemy.dialects.postgresql import JSONB
 
 __all__ = [
+    "ACTIVE_SPLIT",
     "CHECKPOINT_STATUSES",
     "SCHEMA",
     "SPLIT_STATUSES",
+    "CheckpointStatus",
+    "RebuildStatus",
+    "SplitStatus",
     "checkpoint_acks",
     "checkpoints",
     "dead_letters",
@@ -44,11 +50,43 @@ __all__ = [
 
 SCHEMA = "sluice"
 
-#: UNASSIGNED: in the pool. ASSIGNED: given to a run, not yet pulled by a subtask.
-#: READING: pulled by a subtask under a lease. COMPLETED: output committed up to end_offset.
-#: HELD: registered while its partition is rebuilt; released to the pool by the rebuild's swap.
-SPLIT_STATUSES = ("UNASSIGNED", "ASSIGNED", "READING", "COMPLETED", "HELD")
-CHECKPOINT_STATUSES = ("PENDING", "COMPLETED", "ABORTED")
+
+class SplitStatus(StrEnum):
+    """Where a split is in its life (``splits.status``)."""
+
+    #: In the pool.
+    UNASSIGNED = "UNASSIGNED"
+    #: Given to a run, not yet pulled by a subtask.
+    ASSIGNED = "ASSIGNED"
+    #: Pulled by a subtask under a lease.
+    READING = "READING"
+    #: Output committed up to its end.
+    COMPLETED = "COMPLETED"
+    #: Registered while its partition is rebuilt; released to the pool by the rebuild's swap.
+    HELD = "HELD"
+
+
+class CheckpointStatus(StrEnum):
+    """``checkpoints.status``."""
+
+    PENDING = "PENDING"
+    COMPLETED = "COMPLETED"
+    ABORTED = "ABORTED"
+
+
+class RebuildStatus(StrEnum):
+    """``partition_rebuilds.status``: BUILDING → SWAPPING → DONE, or BUILDING → ABANDONED."""
+
+    BUILDING = "BUILDING"
+    SWAPPING = "SWAPPING"
+    DONE = "DONE"
+    ABANDONED = "ABANDONED"
+
+
+#: A split in a run's hands (its lease is renewed, it may be pulled or is being read).
+ACTIVE_SPLIT = (SplitStatus.ASSIGNED, SplitStatus.READING)
+SPLIT_STATUSES = tuple(status.value for status in SplitStatus)
+CHECKPOINT_STATUSES = tuple(status.value for status in CheckpointStatus)
 
 metadata = MetaData(
     schema=SCHEMA,
@@ -120,6 +158,8 @@ checkpoints = Table(
     metadata,
     Column("run_id", Text, primary_key=True),
     Column("checkpoint_id", BigInteger, primary_key=True),
+    # The split source (pipeline) the run reads; NULL for checkpoints of older versions.
+    Column("source", Text),
     Column("status", Text, nullable=False, server_default="PENDING"),
     Column("triggered_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("completed_at", DateTime(timezone=True)),
@@ -155,6 +195,8 @@ sink_transactions = Table(
     metadata,
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("run_id", Text, nullable=False),
+    # The split source (pipeline) of the output; NULL for transactions of older versions.
+    Column("source", Text),
     Column("subtask", Integer, nullable=False),
     Column("attempt", Text, nullable=False),
     # The checkpoint whose pre-commit staged this output. It commits with the first completed
@@ -165,6 +207,9 @@ sink_transactions = Table(
     # Sink-specific description of the staged output, e.g. [{"staged", "final", "rows"}, …].
     Column("staged", JSONB, nullable=False),
     Column("row_count", BigInteger, nullable=False),
+    # Records of the same interval that the pipeline's steps removed (Filter, dropped
+    # lookup misses, an AsyncMap returning nothing): rows in = rows + dropped + dead letters.
+    Column("dropped_count", BigInteger, nullable=False, server_default="0"),
     # Rejected input of the same interval: [[split_id, offset, raw (base64), reason], …].
     Column("dead_letters", JSONB, nullable=False),
     Column("committed", Boolean, nullable=False, server_default="false"),

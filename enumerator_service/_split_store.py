@@ -19,15 +19,14 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Engine, Row
 
 from enumerator_service._rebuild_lock import ACTIVE_REBUILD, lock_rebuilds
-from enumerator_service._schema import partition_rebuilds, splits
+from enumerator_service._schema import ACTIVE_SPLIT, SplitStatus, partition_rebuilds, splits
 from enumerator_service._splits import FileSplit, Split, SplitAssignment, TableRangeSplit
 
 __all__ = ["FencedError", "SplitStore"]
 
-_ACTIVE = ("ASSIGNED", "READING")
 #: A split given back to the pool: no run, no subtask, no lease, no checkpointed hand-out.
 _RETURNED: dict[str, object] = {
-    "status": "UNASSIGNED",
+    "status": SplitStatus.UNASSIGNED,
     "run_id": None,
     "subtask": None,
     "lease_expires_at": None,
@@ -127,7 +126,10 @@ class SplitStore:
             partition_rebuilds.c.partition_key == values.c.partition_key,
             partition_rebuilds.c.status.in_(ACTIVE_REBUILD),
         )
-        status = sa.case((rebuilding, sa.literal("HELD")), else_=sa.literal("UNASSIGNED"))
+        status = sa.case(
+            (rebuilding, sa.literal(SplitStatus.HELD.value)),
+            else_=sa.literal(SplitStatus.UNASSIGNED.value),
+        )
         stmt = (
             insert(splits)
             .from_select(
@@ -148,7 +150,7 @@ class SplitStore:
             sa.update(splits)
             .where(
                 splits.c.source == source,
-                splits.c.status.in_(_ACTIVE),
+                splits.c.status.in_(ACTIVE_SPLIT),
                 splits.c.lease_expires_at < sa.func.now(),
             )
             .values(**_RETURNED)
@@ -165,14 +167,14 @@ class SplitStore:
         partition_keys: Sequence[date] | None = None,
     ) -> int:
         """Assign every unassigned split of ``source`` (optionally of some dates) to a run."""
-        conditions = [splits.c.source == source, splits.c.status == "UNASSIGNED"]
+        conditions = [splits.c.source == source, splits.c.status == SplitStatus.UNASSIGNED]
         if partition_keys is not None:
             conditions.append(splits.c.partition_key.in_(list(partition_keys)))
         stmt = (
             sa.update(splits)
             .where(*conditions)
             .values(
-                status="ASSIGNED",
+                status=SplitStatus.ASSIGNED,
                 run_id=run_id,
                 subtask=None,
                 assigned_at=sa.func.now(),
@@ -186,7 +188,7 @@ class SplitStore:
         """Extend the lease of every split the run holds; returns how many it holds."""
         stmt = (
             sa.update(splits)
-            .where(splits.c.run_id == run_id, splits.c.status.in_(_ACTIVE))
+            .where(splits.c.run_id == run_id, splits.c.status.in_(ACTIVE_SPLIT))
             .values(lease_expires_at=_lease(lease_seconds))
         )
         with self._engine.begin() as conn:
@@ -196,7 +198,7 @@ class SplitStore:
         """Return the run's splits that no commit covers to the pool (addSplitsBack)."""
         stmt = (
             sa.update(splits)
-            .where(splits.c.run_id == run_id, splits.c.status.in_(_ACTIVE))
+            .where(splits.c.run_id == run_id, splits.c.status.in_(ACTIVE_SPLIT))
             .values(**_RETURNED)
         )
         with self._engine.begin() as conn:
@@ -215,7 +217,7 @@ class SplitStore:
             .where(
                 splits.c.run_id == run_id,
                 splits.c.subtask == subtask,
-                splits.c.status == "READING",
+                splits.c.status == SplitStatus.READING,
             )
             .values(epoch=splits.c.epoch + 1, lease_expires_at=_lease(lease_seconds))
             .returning(*splits.c)
@@ -263,10 +265,10 @@ class SplitStore:
                 splits.c.id == assignment.split_id,
                 splits.c.epoch == assignment.epoch,
                 splits.c.run_id == run_id,
-                splits.c.status == "READING",
+                splits.c.status == SplitStatus.READING,
             )
             .values(
-                status="COMPLETED",
+                status=SplitStatus.COMPLETED,
                 committed_offset=committed_offset,
                 committed_watermark=watermark,
                 lease_expires_at=None,
@@ -293,7 +295,7 @@ class SplitStore:
             sa.update(splits)
             .where(
                 splits.c.run_id == run_id,
-                splits.c.status == "READING",
+                splits.c.status == SplitStatus.READING,
                 splits.c.assigned_checkpoint.is_(None),
             )
             .values(assigned_checkpoint=checkpoint_id)
@@ -311,7 +313,7 @@ class SplitStore:
         checkpoint needs no bookkeeping here: only the latest completed one is ever restored,
         so the hand-outs it covers are never returned again.
         """
-        conditions = [splits.c.run_id == run_id, splits.c.status == "READING"]
+        conditions = [splits.c.run_id == run_id, splits.c.status == SplitStatus.READING]
         if subtask is not None:
             conditions.append(splits.c.subtask == subtask)
         if checkpoint_id is not None:
@@ -324,7 +326,7 @@ class SplitStore:
         stmt = (
             sa.update(splits)
             .where(*conditions)
-            .values(status="ASSIGNED", subtask=None, assigned_checkpoint=None)
+            .values(status=SplitStatus.ASSIGNED, subtask=None, assigned_checkpoint=None)
             .returning(splits.c.id)
         )
         with self._engine.begin() as conn:
@@ -336,10 +338,10 @@ class SplitStore:
             sa.update(splits)
             .where(
                 splits.c.run_id == run_id,
-                splits.c.status == "READING",
+                splits.c.status == SplitStatus.READING,
                 splits.c.id.in_(list(split_ids)),
             )
-            .values(status="ASSIGNED", subtask=None, assigned_checkpoint=None)
+            .values(status=SplitStatus.ASSIGNED, subtask=None, assigned_checkpoint=None)
         )
         with self._engine.begin() as conn:
             return conn.execute(stmt).rowcount

@@ -1,6 +1,56 @@
-"""Sluice reading: everything that runs inside a Spark task, and the job entry points.
+"""Sluice reading: everything that runs inside a Spark task, the pipeline API, the CLI.
 
-Sub-packages: ``runtime`` (mailbox), ``async_io`` (async wait operator and queues), ``source``
-(split readers, fetcher, emitter, source reader), ``lookup`` (Postgres lookups), ``sink``
-(transactional Parquet), ``jobs`` (driver and subtask entry points).
+Public pipeline definition names are re-exported here (``from spark_jobs import Pipeline``).
+Sub-packages: ``pipeline`` (definitions, validation), ``runtime`` (mailbox), ``async_io``
+(async wait operator and queues), ``source`` (split readers, fetcher, emitter, source
+reader), ``lookup`` (Postgres lookups), ``sink`` (transactional Parquet and Postgres),
+``checkpoint`` (barriers, coordinator), ``jobs`` (driver and subtask), ``cli``.
 """
+
+from spark_jobs.pipeline import (
+    EMPTY_RESULT,
+    HAS_EXCEPTION,
+    AsyncFunction,
+    AsyncMap,
+    CoroutineAsyncFunction,
+    FileSource,
+    Filter,
+    FullCache,
+    Lookup,
+    Map,
+    ParquetSink,
+    PartialCache,
+    Pipeline,
+    PipelineDefinitionError,
+    PostgresSink,
+    ResultFuture,
+    RetryOnMiss,
+    SampleTarget,
+    TableSource,
+    exponential_backoff,
+    fixed_delay,
+)
+
+__all__ = [
+    "EMPTY_RESULT",
+    "HAS_EXCEPTION",
+    "AsyncFunction",
+    "AsyncMap",
+    "CoroutineAsyncFunction",
+    "FileSource",
+    "Filter",
+    "FullCache",
+    "Lookup",
+    "Map",
+    "ParquetSink",
+    "PartialCache",
+    "Pipeline",
+    "PipelineDefinitionError",
+    "PostgresSink",
+    "ResultFuture",
+    "RetryOnMiss",
+    "SampleTarget",
+    "TableSource",
+    "exponential_backoff",
+    "fixed_delay",
+]

@@ -15,12 +15,40 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
-from enumerator_service import Settings, load_settings
+from enumerator_service import ConfigError, Settings
 from enumerator_service._database import database_url
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+class TestSettings(Settings):
+    """Settings plus what a test varies on its own: the split source (the name of the test's
+    pipeline) and the folders of the demo pipeline built for it (``demo_platform``)."""
+
+    __test__ = False  # not a test class
+
+    source_name: str = "events"
+
+    @property
+    def landing_path(self) -> Path:
+        return self.data_path / "landing" / self.source_name
+
+    @property
+    def output_path(self) -> Path:
+        return self.warehouse_path / f"enriched_{self.source_name}"
+
+
+def load_test_settings(**overrides: object) -> TestSettings:
+    """Like ``load_settings``: a bad value is a one-line ConfigError."""
+    try:
+        return TestSettings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "settings"
+        raise ConfigError(f"SLUICE_{field.upper()}", str(error["msg"])) from None
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +81,7 @@ def db_url(server_url: str) -> Iterator[str]:
 def make_settings(db_url: str, tmp_path: Path) -> object:
     """Factory of Settings on the test database with data under ``tmp_path``."""
 
-    def factory(**overrides: object) -> Settings:
+    def factory(**overrides: object) -> TestSettings:
         base: dict[str, object] = {
             "database_url": db_url,
             "home": tmp_path / "home",
@@ -69,6 +97,6 @@ def make_settings(db_url: str, tmp_path: Path) -> object:
             "demo_start_date": date(2026, 1, 1),
         }
         base.update(overrides)
-        return load_settings(**base)
+        return load_test_settings(**base)
 
     return factory

@@ -349,15 +349,17 @@ class AsyncWaitOperator(Generic[IN, OUT]):
     # -- emission ------------------------------------------------------------------------
 
     def _emit(self) -> None:
-        queue, backlog = self._queue, self._backlog
-        queue.emit_completed(self._output)
+        queue, backlog, output = self._queue, self._backlog, self._output
+        emitted = queue.emit_completed(output)
         while backlog and queue.has_capacity() and self._failure is None:
             element = backlog.popleft()
             if isinstance(element, StreamRecord):
                 self._invoke(element)
             else:
                 queue.try_put(element)
-                queue.emit_completed(self._output)
+                emitted += queue.emit_completed(output)
+        if emitted and output.flush is not None:
+            output.flush()
         if queue.is_empty():
             self._cancel_timer()  # nothing can time out any more: no timer stays behind
         if self._available and self.has_capacity():

@@ -67,13 +67,21 @@ class QueueEntry(Generic[OUT]):
 
 
 class Output(Generic[OUT]):
-    """Where emitted results and markers go (the next operator)."""
+    """Where emitted results and markers go (the next operator).
+
+    ``flush``, if given, is called after each run of emissions (every element that could
+    leave has left): a consumer that buffers results (to re-batch them) passes them on then.
+    """
 
     def __init__(
-        self, collect: Callable[[OUT, int | None], None], marker: Callable[[Marker], None]
+        self,
+        collect: Callable[[OUT, int | None], None],
+        marker: Callable[[Marker], None],
+        flush: Callable[[], None] | None = None,
     ) -> None:
         self.collect = collect
         self.emit_marker = marker
+        self.flush = flush
 
 
 class StreamElementQueue(abc.ABC, Generic[OUT]):

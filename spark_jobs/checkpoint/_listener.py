@@ -20,11 +20,16 @@ from typing import Any
 import asyncpg
 
 from enumerator_service._checkpoint_store import CHECKPOINT_CHANNEL, COORDINATOR_CHANNEL
+from enumerator_service._schema import CheckpointStatus
 
 __all__ = ["CheckpointListener"]
 
 _log = logging.getLogger(__name__)
-_EVENTS = {"PENDING": "trigger", "COMPLETED": "complete", "ABORTED": "abort"}
+_EVENTS = {
+    CheckpointStatus.PENDING: "trigger",
+    CheckpointStatus.COMPLETED: "complete",
+    CheckpointStatus.ABORTED: "abort",
+}
 _STATUSES = """
 SELECT checkpoint_id, status FROM sluice.checkpoints
 WHERE run_id = $1 AND checkpoint_id >= $2 ORDER BY checkpoint_id

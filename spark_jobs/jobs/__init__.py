@@ -1,8 +1,20 @@
-"""PySpark job entry points."""
+"""PySpark job entry points: a pipeline run's driver and its reader subtasks."""
 
-from spark_jobs.jobs._driver import RunSummary, run_enrichment
+from spark_jobs.jobs._driver import ReaderRun, run_pipeline
 from spark_jobs.jobs._reader_task import ReaderTask
+from spark_jobs.jobs._results import StepMetrics, SubtaskResult
 from spark_jobs.jobs._subtask import run_reader_subtask
-from spark_jobs.jobs._task_config import TaskConfig
+from spark_jobs.jobs._summary import RunSummary
+from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
 
-__all__ = ["ReaderTask", "RunSummary", "TaskConfig", "run_enrichment", "run_reader_subtask"]
+__all__ = [
+    "ReaderRun",
+    "ReaderTask",
+    "RunSummary",
+    "StepDefaults",
+    "StepMetrics",
+    "SubtaskResult",
+    "TaskConfig",
+    "run_pipeline",
+    "run_reader_subtask",
+]

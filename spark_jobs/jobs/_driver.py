@@ -1,161 +1,64 @@
-"""The reader job's driver: assign splits to a run, run the subtasks on Spark, report.
+"""The reader job's driver: one run of a pipeline, in named steps.
 
-The driver holds the run's leases (a heartbeat thread renews them), runs the checkpoint
-coordinator while the subtasks run, and returns whatever the run did not commit to the pool
-when it ends, successfully or not.
+:class:`ReaderRun` resolves the pipeline against the catalog, recovers what crashed runs
+left, assigns splits to the run, runs the subtasks on Spark under the checkpoint coordinator
+and a lease heartbeat, publishes and swaps what completed, and reports. Whatever the run does
+not commit returns to the pool when it ends, successfully or not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import shutil
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 
 from enumerator_service import (
-    CheckpointCoordinator,
+    AbortCause,
     CheckpointStore,
     ConfigError,
     Settings,
     SplitStore,
-    TransactionalSink,
     asyncpg_dsn,
     connect_engine,
     database_url,
     recover,
 )
-from enumerator_service._rebuilds import RebuildStore
-from enumerator_service._schema import dead_letters, sink_transactions, splits
+from enumerator_service._rebuilds import Rebuild, RebuildStore
 from spark_jobs._spark import get_spark
+from spark_jobs.checkpoint import CheckpointCoordinator
+from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress, run_totals
+from spark_jobs.jobs._outages import while_down
+from spark_jobs.jobs._results import SubtaskResult, lookup_totals
+from spark_jobs.jobs._shipping import ship_by_value
 from spark_jobs.jobs._subtask import run_reader_subtask
-from spark_jobs.jobs._task_config import TaskConfig
-from spark_jobs.sink import (
-    SINK_NAME,
-    TABLE_SINK_NAME,
-    build_sinks,
-    ensure_tables,
-    finish_rebuilds,
-    sweep_staged,
-)
+from spark_jobs.jobs._summary import RunSummary, quantile
+from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
+from spark_jobs.pipeline import Pipeline
+from spark_jobs.pipeline._catalog import Resolved, resolve
+from spark_jobs.pipeline._paths import output_path, staging_path
+from spark_jobs.sink import build_sinks, ensure_tables, finish_rebuilds, sweep_staged
 
-__all__ = ["RunSummary", "run_enrichment"]
+__all__ = ["ReaderRun", "RunSummary", "run_pipeline"]
 
 _log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
-_T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    run_id: str
-    splits: int
-    rows_in: int
-    rows_out: int
-    dead_letters: int
-    fenced: int
-    seconds: float
-    rows_per_second: float
-    nothing_new: bool
-    lookups: int = 0
-    lookup_queries: int = 0
-    cache_hit_rate: float = 0.0
-    lookup_p50_ms: float = 0.0
-    lookup_p99_ms: float = 0.0
-    checkpoints: int = 0
-    checkpoints_aborted: int = 0
-    checkpoint_p50_ms: float = 0.0
-    checkpoint_p99_ms: float = 0.0
-    alignment_p50_ms: float = 0.0
-    #: Partitions (ISO dates) whose output this run replaced.
-    rebuilt: tuple[str, ...] = ()
 
 
 def _subtask_partition(config: TaskConfig, index: int, _rows: Iterator[Any]) -> Iterator[Any]:
     yield run_reader_subtask(config, index)
 
 
-class _Heartbeat(threading.Thread):
-    """Renews the run's leases and reports progress until stopped."""
-
-    def __init__(
-        self,
-        store: SplitStore,
-        engine: sa.Engine,
-        run_id: str,
-        lease: float,
-        progress: Progress | None,
-        finish_rebuilds: Callable[[], object] | None = None,
-    ) -> None:
-        super().__init__(name="sluice-heartbeat", daemon=True)
-        self._store, self._engine, self._run_id = store, engine, run_id
-        self._lease, self._progress = lease, progress
-        self._finish_rebuilds = finish_rebuilds
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        last_renewal = last_finish = time.monotonic()
-        while not self._stop_event.wait(0.5):
-            try:
-                if time.monotonic() - last_renewal >= self._lease / 3:
-                    self._store.heartbeat_run(self._run_id, self._lease)
-                    last_renewal = time.monotonic()
-                # A long-running reader may complete a rebuild's last members (its own run
-                # died): swap it in without waiting for the reader to end.
-                if self._finish_rebuilds is not None and time.monotonic() - last_finish >= 10:
-                    last_finish = time.monotonic()
-                    self._finish_rebuilds()
-                if self._progress is not None:
-                    self._progress(*_run_progress(self._engine, self._run_id))
-            except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
-                # Postgres restarting: renew on the next beat (a lease is lease/3 ahead).
-                _log.warning("lease heartbeat failed: %s", exc)
-            except Exception:
-                # Never let a failed swap stop the lease renewals; the next call retries it.
-                _log.exception("finishing partition rebuilds failed")
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(timeout=10)
-
-
-def _run_progress(engine: sa.Engine, run_id: str) -> tuple[int, int]:
-    with engine.connect() as conn:
-        done, total = conn.execute(
-            sa.select(
-                sa.func.count().filter(splits.c.status == "COMPLETED"), sa.func.count()
-            ).where(splits.c.run_id == run_id)
-        ).one()
-    return int(done), int(total)
-
-
-def _clean_staging(engine: sa.Engine, staging: Path) -> None:
-    """Delete staged files of runs that hold no split any more (aborted pre-commits)."""
-    if not staging.is_dir():
-        return
-    with engine.connect() as conn:
-        live = set(
-            conn.execute(
-                sa.select(splits.c.run_id)
-                .where(splits.c.status.in_(("ASSIGNED", "READING")))
-                .distinct()
-            ).scalars()
-        )
-    for folder in staging.iterdir():
-        if folder.is_dir() and folder.name not in live:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def run_enrichment(
+def run_pipeline(
     settings: Settings,
+    pipeline: Pipeline,
     *,
     dates: Sequence[date] | None = None,
     progress: Progress | None = None,
@@ -163,7 +66,22 @@ def run_enrichment(
     continuous: bool = False,
     rebuild: bool = False,
 ) -> RunSummary:
-    """Assign the unassigned splits (of ``dates`` if given) to a new run and process them.
+    """Assign the pipeline's unassigned splits (of ``dates`` if given) to a new run and
+    process them (see :class:`ReaderRun`)."""
+    run = ReaderRun(
+        settings,
+        pipeline,
+        dates=dates,
+        progress=progress,
+        run_id=run_id,
+        continuous=continuous,
+        rebuild=rebuild,
+    )
+    return run.execute()
+
+
+class ReaderRun:
+    """One run of ``pipeline``.
 
     ``continuous``: a long-running reader — its subtasks keep pulling splits that are
     assigned to ``run_id`` later (by the enumerator sensor) and end only after
@@ -173,97 +91,180 @@ def run_enrichment(
     scratch and their output replaces the previous output in one swap at the end (see
     ``enumerator_service._rebuilds``); days never processed are simply processed.
     """
-    if rebuild and dates is None:
-        raise ValueError("a rebuild needs the dates to rebuild")
-    if rebuild and settings.sink != SINK_NAME:
-        raise ConfigError("SLUICE_SINK", "re-materialising processed partitions needs 'parquet'")
-    started = time.monotonic()
-    run_id = run_id or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-    url = database_url(settings)
-    engine = connect_engine(url)
-    store = SplitStore(engine)
-    source = settings.source_name
-    output_root = settings.output_path
-    # Outside the table folder, so no reader of the table ever sees staged files.
-    staging_root = settings.warehouse_path / "_staging" / output_root.name
-    try:
-        # Recovery first: return dead runs' leases, publish output committed but not yet
-        # published, abort what dead runs staged.
-        store.release_expired(source)
-        sinks = build_sinks(engine)
-        recover(engine, sinks)
-        _clean_staging(engine, staging_root)
-        finish = functools.partial(finish_rebuilds, engine, output_root, sinks, source=source)
-        finish()  # rebuilds a crash interrupted
-        if settings.sink == TABLE_SINK_NAME:
-            ensure_tables(engine, settings.sink_schema, settings.sink_table)
-            sweep_staged(engine, settings.sink_schema, settings.sink_table)
-        rebuilds = RebuildStore(engine)
-        # Rebuilt days: every split is assigned to this run again, as a rebuild member.
-        replacing = (
-            rebuilds.start(source, dates or [], run_id, lease_seconds=settings.lease_seconds)
-            if rebuild
-            else []
-        )
-        assigned = rebuilds.unfinished_members([r.id for r in replacing])
-        assigned += store.assign_to_run(
-            run_id, source, lease_seconds=settings.lease_seconds, partition_keys=dates
-        )
+
+    def __init__(
+        self,
+        settings: Settings,
+        pipeline: Pipeline,
+        *,
+        dates: Sequence[date] | None = None,
+        progress: Progress | None = None,
+        run_id: str | None = None,
+        continuous: bool = False,
+        rebuild: bool = False,
+    ) -> None:
+        plan = pipeline.plan
+        if rebuild and dates is None:
+            raise ValueError("a rebuild needs the dates to rebuild")
+        if dates is not None and not plan.source.partitioned:
+            raise ConfigError(f"{pipeline.name}: dates", "the pipeline's output is unpartitioned")
         if continuous and settings.checkpoint_interval_seconds == 0:
             raise ConfigError(
                 "SLUICE_CHECKPOINT_INTERVAL_SECONDS", "must be > 0 for a continuous reader run"
             )
-        if assigned == 0 and not continuous:
-            return RunSummary(run_id, 0, 0, 0, 0, 0, time.monotonic() - started, 0.0, True)
-        config = TaskConfig(
-            database_url=url,
-            asyncpg_dsn=asyncpg_dsn(url),
-            run_id=run_id,
+        self.settings = settings
+        self.pipeline = pipeline
+        self.dates = list(dates) if dates is not None else None
+        self.progress = progress
+        self.run_id = run_id or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        self.continuous = continuous
+        # A Parquet day is replaced by a folder swap, an upsert sink's rows by key; an append
+        # sink cannot replace rows: re-materialising a day then only processes its new splits.
+        self.rebuild = rebuild and (plan.sink.kind == "parquet" or bool(plan.sink.upsert_key))
+        self.output_root = output_path(pipeline, settings)
+        self.staging_root = staging_path(pipeline, settings)
+
+    @property
+    def source(self) -> str:
+        return self.pipeline.name
+
+    def execute(self) -> RunSummary:
+        started = time.monotonic()
+        self._url = database_url(self.settings)
+        self._engine = connect_engine(self._url)
+        try:
+            # Step 1: the complete plan from the catalog (looked-up types, key types): a
+            # definition that does not fit the database fails here, before anything moves.
+            resolved = resolve(self.pipeline, self._engine)
+            # Step 2: recovery — dead runs' leases back, committed output published, dead
+            # runs' staged output aborted, interrupted rebuild swaps finished.
+            self._sinks = build_sinks(self._engine)
+            self._recover(resolved)
+            # Step 3: assignment (rebuilt days first, as rebuild members).
+            replacing, assigned = self._assign()
+            if assigned == 0 and not self.continuous:
+                return RunSummary.nothing(self.source, self.run_id, time.monotonic() - started)
+            # Step 4: the subtasks on Spark, under the coordinator and the lease heartbeat.
+            results, coordinator = self._execute(resolved, assigned)
+            # Step 5: publish what is committed, swap finished rebuilds, sweep.
+            self._wrap_up(replacing)
+            # Step 6: the summary, from Postgres (a retried task's commits count too).
+            return self._summarize(results, coordinator, replacing, started)
+        finally:
+            self._engine.dispose()
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _recover(self, resolved: Resolved) -> None:
+        engine, plan = self._engine, resolved.plan
+        SplitStore(engine).release_expired(self.source)
+        recover(engine, self._sinks)
+        clean_staging(engine, self.staging_root)
+        self._finish = functools.partial(
+            finish_rebuilds,
+            engine,
+            self.output_root,
+            self._sinks,
+            source=self.source,
+            folders=plan.sink.kind == "parquet",
+        )
+        self._finish()  # rebuilds a crash interrupted
+        if plan.sink.kind == "postgres":
+            assert plan.sink.table is not None
+            schema, table = plan.sink.table
+            ensure_tables(
+                engine,
+                schema,
+                table,
+                plan.output_schema(),
+                partitioned=plan.source.partitioned,
+                upsert_key=plan.sink.upsert_key,
+            )
+            sweep_staged(engine, schema, table)
+
+    def _assign(self) -> tuple[list[Rebuild], int]:
+        settings, store = self.settings, SplitStore(self._engine)
+        self._rebuilds = rebuilds = RebuildStore(self._engine)
+        # Rebuilt days: every split is assigned to this run again, as a rebuild member.
+        replacing = (
+            rebuilds.start(
+                self.source, self.dates or [], self.run_id, lease_seconds=settings.lease_seconds
+            )
+            if self.rebuild
+            else []
+        )
+        assigned = rebuilds.unfinished_members([r.id for r in replacing])
+        assigned += store.assign_to_run(
+            self.run_id,
+            self.source,
             lease_seconds=settings.lease_seconds,
-            output_root=str(output_root),
-            staging_root=str(staging_root),
-            lookup_schema=settings.lookup_schema,
-            lookup_table=settings.lookup_table,
-            lookup_key=settings.lookup_key,
-            capacity=settings.lookup_capacity,
-            batch_size=settings.lookup_batch_size,
-            pool_size=settings.lookup_pool_size,
+            partition_keys=self.dates,
+        )
+        return replacing, assigned
+
+    def _task_config(self, resolved: Resolved) -> TaskConfig:
+        settings = self.settings
+        return TaskConfig(
+            # The sample-data generator stays here: workers never need it (nor its imports).
+            pipeline=dataclasses.replace(self.pipeline, sample_data=None),
+            plan=resolved.plan,
+            lookup_types=resolved.lookup_types,
+            database_url=self._url,
+            asyncpg_dsn=asyncpg_dsn(self._url),
+            run_id=self.run_id,
+            lease_seconds=settings.lease_seconds,
+            output_root=str(self.output_root),
+            staging_root=str(self.staging_root),
             max_line_bytes=settings.max_line_bytes,
             block_bytes=settings.read_block_bytes,
-            timeout_seconds=settings.lookup_timeout_seconds,
-            retries=settings.lookup_retries,
-            max_linger_ms=settings.lookup_max_linger_ms,
-            cache_rows=settings.lookup_cache_rows,
-            cache_ttl_seconds=settings.lookup_cache_ttl_seconds,
-            injected_latency_ms=settings.lookup_injected_latency_ms,
+            defaults=StepDefaults(
+                lookup_capacity=settings.lookup_capacity,
+                lookup_batch_size=settings.lookup_batch_size,
+                lookup_pool_size=settings.lookup_pool_size,
+                lookup_timeout_seconds=settings.lookup_timeout_seconds,
+                lookup_retries=settings.lookup_retries,
+                injected_latency_ms=settings.lookup_injected_latency_ms,
+            ),
             exactly_once=settings.checkpointing_mode == "EXACTLY_ONCE",
-            sink=settings.sink,
-            sink_schema=settings.sink_schema,
-            sink_table=settings.sink_table,
-            continuous=continuous,
+            continuous=self.continuous,
             continuous_poll_seconds=settings.continuous_poll_seconds,
             continuous_idle_seconds=settings.continuous_idle_seconds or None,
         )
-        parallelism = settings.parallelism if continuous else min(settings.parallelism, assigned)
-        heartbeat = _Heartbeat(
-            store, engine, run_id, settings.lease_seconds, progress, finish if continuous else None
+
+    def _execute(
+        self, resolved: Resolved, assigned: int
+    ) -> tuple[list[SubtaskResult], CheckpointCoordinator]:
+        settings, engine = self.settings, self._engine
+        config = self._task_config(resolved)
+        parallelism = (
+            settings.parallelism if self.continuous else min(settings.parallelism, assigned)
+        )
+        heartbeat = Heartbeat(
+            SplitStore(engine),
+            engine,
+            self.run_id,
+            settings.lease_seconds,
+            self.progress,
+            self._finish if self.continuous else None,
         )
         spark = get_spark(settings.spark_master, driver_host=settings.spark_driver_host)
+        ship_by_value(self.pipeline)
         coordinator = CheckpointCoordinator(
             engine,
-            run_id,
+            self.run_id,
             parallelism,
-            sinks,
+            self._sinks,
             interval=settings.checkpoint_interval_seconds,
             timeout=settings.checkpoint_timeout_seconds,
             exactly_once=config.exactly_once,
+            source=self.source,
             # Subtasks wait for their final checkpoint: without a coordinator, stop the job.
             on_failure=lambda _exc: spark.sparkContext.cancelAllJobs(),
         )
         heartbeat.start()
         coordinator.start()
         try:
-            results: list[dict[str, Any]] = (
+            results: list[SubtaskResult] = (
                 spark.sparkContext.parallelize(range(parallelism), parallelism)
                 .mapPartitionsWithIndex(functools.partial(_subtask_partition, config))
                 .collect()
@@ -276,112 +277,91 @@ def run_enrichment(
         finally:
             coordinator.stop()
             heartbeat.stop()
-            _give_back(store, engine, run_id, sinks)
+            self._give_back()
         if coordinator.error is not None:
             raise RuntimeError("checkpoint coordinator failed") from coordinator.error
+        return results, coordinator
+
+    def _wrap_up(self, replacing: list[Rebuild]) -> None:
+        engine, plan = self._engine, self.pipeline.plan
         # The run's work is committed: a Postgres restart now delays the wrap-up, no more.
-        if progress is not None:
-            progress(*_while_down(lambda: _run_progress(engine, run_id)))
-        _while_down(lambda: recover(engine, sinks))  # publishes what is committed, unpublished
-        shutil.rmtree(staging_root / run_id, ignore_errors=True)
-        _while_down(finish)
-        pending = {r.id for r in _while_down(lambda: rebuilds.pending(source))}
+        if self.progress is not None:
+            self.progress(*while_down(lambda: run_progress(engine, self.run_id)))
+        while_down(lambda: recover(engine, self._sinks))  # publishes committed, unpublished
+        shutil.rmtree(self.staging_root / self.run_id, ignore_errors=True)
+        while_down(self._finish)
+        pending = {r.id for r in while_down(lambda: self._rebuilds.pending(self.source))}
         unfinished = [r for r in replacing if r.id in pending]
         if unfinished:
+            left = self._rebuilds.unfinished_members([unfinished[0].id])
             raise RuntimeError(
                 f"rebuild of partition {unfinished[0].partition_key} is not complete "
-                f"({rebuilds.unfinished_members([unfinished[0].id])} of its splits uncommitted); "
-                "the previous output stays live: materialise it again"
+                f"({left} of its splits uncommitted); the previous output stays live: "
+                "materialise it again"
             )
-        if settings.sink == TABLE_SINK_NAME:
-            sweep_staged(engine, settings.sink_schema, settings.sink_table)
+        if plan.sink.kind == "postgres":
+            assert plan.sink.table is not None
+            sweep_staged(engine, *plan.sink.table)
+
+    def _summarize(
+        self,
+        results: list[SubtaskResult],
+        coordinator: CheckpointCoordinator,
+        replacing: list[Rebuild],
+        started: float,
+    ) -> RunSummary:
+        totals = while_down(lambda: run_totals(self._engine, self.run_id))
         stats = coordinator.stats
-        # From Postgres, not from task results: a retried task's earlier commits count too.
-        committed, rows_out, dead = _while_down(lambda: _run_totals(engine, run_id))
         seconds = time.monotonic() - started
+        rows_in = totals.rows + totals.dropped + totals.dead_letters
+        lookups = lookup_totals(results)
+        durations = [c.duration for c in stats.completed]
         return RunSummary(
-            run_id=run_id,
-            splits=committed,
-            rows_in=rows_out + dead,
-            rows_out=rows_out,
-            dead_letters=dead,
-            fenced=sum(1 for _, reason in stats.aborted if reason.startswith("fenced")),
+            pipeline=self.source,
+            run_id=self.run_id,
+            splits=totals.splits,
+            rows_in=rows_in,
+            rows_out=totals.rows,
+            dropped=totals.dropped,
+            dead_letters=totals.dead_letters,
+            fenced=stats.aborted_by(AbortCause.FENCED),
             seconds=seconds,
-            rows_per_second=(rows_out + dead) / seconds if seconds > 0 else 0.0,
+            rows_per_second=rows_in / seconds if seconds > 0 else 0.0,
             nothing_new=False,
+            lookups=lookups.lookups,
+            lookup_queries=lookups.queries,
+            cache_hit_rate=lookups.cache_hit_rate,
+            lookup_p50_ms=lookups.p50_ms,
+            lookup_p99_ms=lookups.p99_ms,
             checkpoints=len(stats.completed),
             checkpoints_aborted=len(stats.aborted),
-            checkpoint_p50_ms=_quantile([c.duration for c in stats.completed], 0.5) * 1e3,
-            checkpoint_p99_ms=_quantile([c.duration for c in stats.completed], 0.99) * 1e3,
-            alignment_p50_ms=_quantile([c.alignment for c in stats.completed], 0.5) * 1e3,
+            checkpoint_p50_ms=quantile(durations, 0.5) * 1e3,
+            checkpoint_p99_ms=quantile(durations, 0.99) * 1e3,
+            alignment_p50_ms=quantile([c.alignment for c in stats.completed], 0.5) * 1e3,
             rebuilt=tuple(r.partition_key.isoformat() for r in replacing),
-            **_lookup_totals(results),
+            steps=_step_totals(results),
         )
-    finally:
-        engine.dispose()
 
-
-def _while_down(step: Callable[[], _T], patience: float = 60.0) -> _T:
-    """``step``, retried while the database is unreachable (a restart), for ``patience`` s."""
-    deadline = time.monotonic() + patience
-    delay = 0.2
-    while True:
+    def _give_back(self) -> None:
+        """Whatever the run did not commit goes back to the pool (addSplitsBack), and its
+        staged leftovers are aborted. With the database down this fails — logged, not
+        raised, so the run's own error stays visible; lease expiry and recovery do the same
+        work later."""
         try:
-            return step()
+            SplitStore(self._engine).release_run(self.run_id)
+            CheckpointStore(self._engine, self.run_id, self._sinks).abort_uncommitted()
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
-            if time.monotonic() + delay > deadline:
-                raise
-            _log.warning("database unavailable, retrying in %.1fs: %s", delay, exc)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-
-
-def _give_back(
-    store: SplitStore, engine: sa.Engine, run_id: str, sinks: dict[str, TransactionalSink]
-) -> None:
-    """Whatever the run did not commit goes back to the pool (addSplitsBack), and its staged
-    leftovers are aborted. With the database down this fails — logged, not raised, so the
-    run's own error stays visible; lease expiry and recovery do the same work later."""
-    try:
-        store.release_run(run_id)
-        CheckpointStore(engine, run_id, sinks).abort_uncommitted()
-    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
-        _log.warning("run %s: splits not returned now (lease expiry will): %s", run_id, exc)
-
-
-def _lookup_totals(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Lookup metrics over the subtasks (latency quantiles: the worst subtask's)."""
-    lookups = sum(r["lookups"] for r in results)
-    return {
-        "lookups": lookups,
-        "lookup_queries": sum(r["lookup_batches"] for r in results),
-        "cache_hit_rate": sum(r["cache_hits"] for r in results) / lookups if lookups else 0.0,
-        "lookup_p50_ms": max((r["lookup_p50_ms"] for r in results), default=0.0),
-        "lookup_p99_ms": max((r["lookup_p99_ms"] for r in results), default=0.0),
-    }
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _run_totals(engine: sa.Engine, run_id: str) -> tuple[int, int, int]:
-    """Splits completed, rows committed and dead letters recorded by the run."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(sink_transactions.c.row_count), 0)).where(
-                sink_transactions.c.run_id == run_id, sink_transactions.c.committed
+            _log.warning(
+                "run %s: splits not returned now (lease expiry will): %s", self.run_id, exc
             )
-        ).scalar_one()
-        splits_done = conn.execute(
-            sa.select(sa.func.count()).where(
-                splits.c.run_id == run_id, splits.c.status == "COMPLETED"
-            )
-        ).scalar_one()
-        dead = conn.execute(
-            sa.select(sa.func.count()).where(dead_letters.c.run_id == run_id)
-        ).scalar_one()
-    return int(splits_done), int(rows), int(dead)
+
+
+def _step_totals(results: list[SubtaskResult]) -> tuple[tuple[str, int, int], ...]:
+    """(step, records in, records out) over the subtasks."""
+    totals: dict[int, list[Any]] = {}
+    for result in results:
+        for step in result.steps:
+            entry = totals.setdefault(step.index, [step.where, 0, 0])
+            entry[1] += step.records_in
+            entry[2] += step.records_out
+    return tuple((w, i, o) for _, (w, i, o) in sorted(totals.items()))

@@ -1,4 +1,4 @@
-"""How a reader subtask rides out database outages (a restart, dropped connections).
+"""How a run rides out database outages (a restart, dropped connections).
 
 Lookups retry connection-level failures with backoff (``is_transient`` is their retry
 predicate); a new task attempt waits for the database to come back before giving up
@@ -9,14 +9,21 @@ the retry resume from committed state.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import asyncpg
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import ConfigError, connect_engine
 
-__all__ = ["connect_when_up", "is_transient"]
+__all__ = ["connect_when_up", "is_transient", "while_down"]
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 def is_transient(error: BaseException) -> bool:
@@ -49,3 +56,19 @@ async def connect_when_up(url: str) -> Engine:
                 raise
             await asyncio.sleep(delay)
             delay = min(2 * delay, 2.0)
+
+
+def while_down(step: Callable[[], _T], patience: float = 60.0) -> _T:
+    """``step``, retried while the database is unreachable (a restart), for ``patience`` s:
+    the driver's wrap-up after a committed run waits out a restart instead of failing."""
+    deadline = time.monotonic() + patience
+    delay = 0.2
+    while True:
+        try:
+            return step()
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            _log.warning("database unavailable, retrying in %.1fs: %s", delay, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)

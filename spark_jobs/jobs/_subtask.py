@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import gc
-from typing import Any
 
 from spark_jobs.jobs._reader_task import ReaderTask
+from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.runtime import run_task
 
@@ -19,7 +19,7 @@ __all__ = ["run_reader_subtask"]
 _GC_YOUNG_THRESHOLD = 50_000
 
 
-def run_reader_subtask(config: TaskConfig, subtask: int) -> dict[str, Any]:
+def run_reader_subtask(config: TaskConfig, subtask: int) -> SubtaskResult:
     """Entry point inside a Spark task: run subtask ``subtask`` of the run to completion."""
     thresholds = gc.get_threshold()
     # Objects alive before the task (imports, Spark's worker state) are never garbage:

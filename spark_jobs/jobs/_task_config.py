@@ -1,40 +1,49 @@
-"""A reader subtask's configuration: plain values, so Spark can ship it to the workers."""
+"""A reader subtask's configuration: what Spark ships to the workers for one run."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from spark_jobs.sink import SINK_NAME
+import pyarrow as pa
 
-__all__ = ["TaskConfig"]
+from spark_jobs.pipeline import Pipeline
+from spark_jobs.pipeline._plan import Plan
+
+__all__ = ["StepDefaults", "TaskConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepDefaults:
+    """Platform defaults (``SLUICE_LOOKUP_*``) for the options a step leaves unset."""
+
+    lookup_capacity: int = 8
+    lookup_batch_size: int = 4096
+    lookup_pool_size: int = 4
+    lookup_timeout_seconds: float = 30.0
+    lookup_retries: int = 3
+    #: Benchmarks only: slept per lookup round trip while holding the connection.
+    injected_latency_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class TaskConfig:
-    """Everything a subtask needs; plain values so Spark can ship it to workers."""
+    """Everything a subtask needs. The pipeline travels with its resolved plan (looked-up
+    column types from the catalog); its user functions are pickled with it."""
 
+    pipeline: Pipeline
+    plan: Plan
+    #: Step index → looked-up table column → Arrow type.
+    lookup_types: dict[int, dict[str, pa.DataType]]
     database_url: str
     asyncpg_dsn: str
     run_id: str
     lease_seconds: float
     output_root: str
     staging_root: str
-    lookup_schema: str
-    lookup_table: str
-    lookup_key: str
-    capacity: int
-    batch_size: int
-    pool_size: int
     max_line_bytes: int
-    #: JSON Lines are read and parsed in blocks of about this many bytes (operator elements).
+    #: Line files are read and parsed in blocks of about this many bytes (operator elements).
     block_bytes: int = 256 << 10
-    timeout_seconds: float = 30.0
-    retries: int = 3
-    max_linger_ms: float = 0.0
-    cache_rows: int = 0
-    cache_ttl_seconds: float = 300.0
-    #: Benchmarks only: slept per lookup round trip while holding the connection.
-    injected_latency_ms: float = 0.0
+    defaults: StepDefaults = field(default_factory=StepDefaults)
     exactly_once: bool = True
     checkpoint_poll_seconds: float = 1.0
     #: A continuous subtask keeps asking for splits; it ends after ``continuous_idle_seconds``
@@ -43,7 +52,8 @@ class TaskConfig:
     continuous_poll_seconds: float = 1.0
     continuous_idle_seconds: float | None = None
     debug: bool = False
-    #: "parquet" (files under output_root) or "postgres" (rows in sink_schema.sink_table).
-    sink: str = SINK_NAME
-    sink_schema: str = "public"
-    sink_table: str = ""
+
+    @property
+    def source(self) -> str:
+        """The split source: the pipeline's name."""
+        return self.pipeline.name

@@ -1,167 +1,110 @@
 """What a reader subtask checkpoints, and how it is encoded.
 
-A subtask's state is, per split it holds: the split's progress (offset of the first record not
-yet handed to the async operator, watermark — see ``SplitState``) and the operator's inputs
-from that split that were not emitted yet. Together with the sink's staged output this is a
-consistent cut: every record before the offset is either in the staged output, among the
-pending inputs (re-invoked on restore), or a dead letter.
+A subtask's state is, per split it holds: the split's progress (offset of the first record
+not yet handed to the chain, watermark — see ``SplitState``) and the source ranges of the
+records the chain has not emitted yet (:class:`PendingRange`, from every stage). Together
+with the sink's staged output this is a consistent cut: every record before the offset is
+in the staged output, among the pending ranges (read again and re-run through the whole
+chain on restore), a dead letter, or was removed by a step.
 
-The operator's element is an :class:`EventBatch`, and a pending one is encoded compactly:
+Encoding of a split's pending ranges (``splits.pending``, in the order restore reads them):
+``{"span": [start, end]}`` for all records whose offset lies in ``[start, end)`` (a block:
+``end`` is at most the split's offset, since a block's end becomes the offset when it is
+emitted), plus ``"only": [offsets]`` when just those records of the range are pending
+(records of a per-record step). Ranges are re-read by the split's reader before it goes on
+from the split's offset; a range being re-read is itself pending until its last record was
+handed to the chain.
 
-- a block of JSON Lines (``span`` set) as ``{"span": [start, end]}`` — its lines' byte range,
-  re-read and re-parsed on restore (its dead letters were recorded when it was emitted, so
-  only its events are invoked again). ``end`` is at most the split's offset: a block's
-  ``end`` becomes the split's offset when it is emitted (see ``JsonBlockSplitReader``);
-- events of other formats (no span: read record by record, or restored from such entries)
-  as one ``[event_id, user_id, event_time, event_type, amount]`` entry per event, the
-  encoding of checkpoints taken before batches existed, which restore still reads.
-
-Threading: mailbox thread only (``EventBatch.load`` runs on an executor thread).
+Threading: mailbox thread only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
 from enumerator_service import SplitAssignment, SplitState
-from spark_jobs.async_io import StreamRecord
-from spark_jobs.source import Event, events_to_batch
+from spark_jobs.jobs._stages import PendingRange
 
-__all__ = [
-    "EventBatch",
-    "TaskSplit",
-    "batch_of_events",
-    "decode_event",
-    "decode_pending",
-    "encode_event",
-    "event_timestamp",
-    "snapshot_splits",
-]
-
-
-@dataclass(slots=True)
-class EventBatch:
-    """The async operator's element: events of one split, in input order.
-
-    ``rows`` (``EVENT_SCHEMA``) is None until ``load`` read them (a block restored as its
-    byte range ``span``); ``span`` is set for blocks of JSON Lines, whose range is what a
-    checkpoint stores.
-    """
-
-    split_id: int
-    rows: pa.RecordBatch | None
-    span: tuple[int, int] | None = None
-    load: Callable[[], pa.RecordBatch] | None = None
-
-    def loaded(self) -> pa.RecordBatch:
-        """Executor thread (via the lookup): the rows, reading the span if needed."""
-        if self.rows is not None:
-            return self.rows
-        assert self.load is not None, "a batch without rows has a loader"
-        return self.load()
-
-
-def batch_of_events(split_id: int, events: list[Event]) -> EventBatch:
-    batch, unfit = events_to_batch(events)
-    if unfit:  # as before batches: such a key or time fails the task (the query did)
-        raise ValueError(f"event {events[unfit[0]].event_id!r}: user_id or time out of range")
-    return EventBatch(split_id, batch)
-
-
-def decode_pending(
-    split_id: int,
-    entries: Iterable[Any],
-    load_span: Callable[[int, int], pa.RecordBatch],
-) -> list[EventBatch]:
-    """The pending inputs of a restored split as batches, in their order."""
-    out: list[EventBatch] = []
-    events: list[Event] = []
-    for entry in entries:
-        if isinstance(entry, dict):
-            if events:
-                out.append(batch_of_events(split_id, events))
-                events = []
-            start, end = entry["span"]
-            out.append(EventBatch(split_id, None, (start, end), _loader(load_span, start, end)))
-        else:
-            events.append(decode_event(split_id, entry))
-    if events:
-        out.append(batch_of_events(split_id, events))
-    return out
-
-
-def _loader(
-    load_span: Callable[[int, int], pa.RecordBatch], start: int, end: int
-) -> Callable[[], pa.RecordBatch]:
-    return lambda: load_span(start, end)
-
-
-def _encode_batch(batch: EventBatch) -> list[Any]:
-    if batch.span is not None:
-        return [{"span": list(batch.span)}]
-    rows = batch.loaded().to_pylist()
-    return [
-        [r["event_id"], r["user_id"], r["event_time"].isoformat(), r["event_type"], r["amount"]]
-        for r in rows
-    ]
+__all__ = ["TaskSplit", "decode_pending", "encode_pending", "snapshot_splits"]
 
 
 @dataclass(slots=True)
 class TaskSplit:
     """A split this attempt holds: its assignment, its live state (shared with the reader),
-    and the checkpoint whose snapshot last recorded it as finished."""
+    the checkpoint whose snapshot last recorded it as finished, and the restored ranges not
+    yet re-read (by their index in the assignment's ``pending``)."""
 
     assignment: SplitAssignment
     state: SplitState
     reading_done: bool = False
     finished_in: int | None = None
+    replay: dict[int, PendingRange] = field(default_factory=dict)
+
+    def replayed(self, entry: int, end: int) -> PendingRange | None:
+        """A re-read block of pending entry ``entry`` ended at ``end``: the entry's range
+        (before this block), after which only ``[end, …)`` of it is left. Earlier entries
+        are done (they are re-read in order)."""
+        for done in [index for index in self.replay if index < entry]:
+            del self.replay[done]
+        current = self.replay.get(entry)
+        if current is None:
+            return None
+        if end >= current.end:
+            del self.replay[entry]
+        else:
+            only = None if current.only is None else tuple(o for o in current.only if o >= end)
+            self.replay[entry] = dataclasses.replace(current, start=end, only=only)
+        return current
 
 
-def encode_event(event: Event) -> list[Any]:
-    """JSON form of an in-flight operator input (the split id is implied by the split)."""
-    return [
-        event.event_id,
-        event.user_id,
-        event.event_time.isoformat(),
-        event.event_type,
-        event.amount,
-    ]
+def decode_pending(split_id: int, entries: Iterable[Any]) -> list[PendingRange]:
+    """The pending ranges of a restored split, in the order they are re-read."""
+    ranges = []
+    for entry in entries:
+        if not isinstance(entry, dict) or "span" not in entry:
+            raise ValueError(
+                f"split {split_id}: pending input {entry!r} is not a range; it was "
+                "checkpointed by a version before pipelines (re-run that version to drain it)"
+            )
+        start, end = entry["span"]
+        only = entry.get("only")
+        ranges.append(
+            PendingRange(split_id, int(start), int(end), None if only is None else tuple(only))
+        )
+    return ranges
 
 
-def decode_event(split_id: int, encoded: list[Any]) -> Event:
-    event_id, user_id, when, event_type, amount = encoded
-    return Event(split_id, event_id, user_id, datetime.fromisoformat(when), event_type, amount)
-
-
-def event_timestamp(event: Event) -> int:
-    """The record timestamp (epoch milliseconds) the operator carries with an event."""
-    return int(event.event_time.timestamp() * 1000)
+def encode_pending(ranges: Iterable[PendingRange]) -> list[dict[str, Any]]:
+    """JSON form of one split's pending ranges, ordered by their start."""
+    out: list[dict[str, Any]] = []
+    for r in sorted(ranges, key=lambda r: (r.start, r.end)):
+        entry: dict[str, Any] = {"span": [r.start, r.end]}
+        if r.only is not None:
+            entry["only"] = sorted(set(r.only))
+        out.append(entry)
+    return out
 
 
 def snapshot_splits(
-    splits: Mapping[int, TaskSplit], operator_snapshot: Iterable[object], checkpoint_id: int
+    splits: Mapping[int, TaskSplit], pending: Iterable[PendingRange], checkpoint_id: int
 ) -> list[dict[str, Any]]:
-    """The split states of checkpoint ``checkpoint_id``: offsets, watermarks and the
-    operator's not-yet-emitted inputs of each split, in input order.
+    """The split states of checkpoint ``checkpoint_id``: offsets, watermarks and the pending
+    ranges of each split (from the chain, and restored ranges not re-read yet).
 
     A split that is read to its end with nothing pending is marked finished in this
     checkpoint: once it completes, the split is no longer this subtask's state.
     """
-    pending: dict[int, list[Any]] = defaultdict(list)
-    for element in operator_snapshot:
-        if isinstance(element, StreamRecord):
-            batch: EventBatch = element.value
-            pending[batch.split_id].extend(_encode_batch(batch))
+    by_split: dict[int, list[PendingRange]] = defaultdict(list)
+    for entry in pending:
+        by_split[entry.split_id].append(entry)
     states = []
     for split_id, held in splits.items():
         state = held.state
-        waiting = pending.get(split_id, [])
+        waiting = encode_pending([*by_split.get(split_id, ()), *held.replay.values()])
         states.append(
             {
                 "id": split_id,

@@ -1,13 +1,13 @@
 """Lookup functions for the async I/O operator, with a partial cache and latency metrics."""
 
-from spark_jobs.lookup._arrow_lookup import ArrowBatchLookup
+from spark_jobs.lookup._batch_lookup import BatchLookup, miss_retry_strategy
 from spark_jobs.lookup._cache import CacheHit, LookupCache
 from spark_jobs.lookup._connections import ConnectionPool, acquire_pool, release_pool
 from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
 from spark_jobs.lookup._postgres import PostgresLookup
 
 __all__ = [
-    "ArrowBatchLookup",
+    "BatchLookup",
     "CacheHit",
     "ConnectionPool",
     "LatencyHistogram",
@@ -15,5 +15,6 @@ __all__ = [
     "LookupMetrics",
     "PostgresLookup",
     "acquire_pool",
+    "miss_retry_strategy",
     "release_pool",
 ]

@@ -1,21 +1,18 @@
-"""Sinks: two-phase-commit output (staged per checkpoint, committed with it)."""
+"""Sinks: two-phase-commit output (staged per checkpoint, committed with it), for any output
+schema a pipeline derives."""
 
 from spark_jobs.sink._parquet import (
-    ENRICHED_SCHEMA,
     SINK_NAME,
     ParquetSink,
     ParquetSinkWriter,
-    StagedOutput,
     publish_files,
 )
-from spark_jobs.sink._postgres_table import (
-    TABLE_SINK_NAME,
-    PostgresTableSink,
-    PostgresTableSinkWriter,
-    ensure_tables,
-    sweep_staged,
-)
+from spark_jobs.sink._postgres_table import PostgresTableSinkWriter
 from spark_jobs.sink._rebuild_swap import finish_rebuilds
+from spark_jobs.sink._staged import StagedOutput
+from spark_jobs.sink._table_commit import PostgresTableSink
+from spark_jobs.sink._table_layout import TABLE_SINK_NAME
+from spark_jobs.sink._table_setup import ensure_tables, sweep_staged
 from spark_jobs.sink._writers import (
     SINKS,
     SinkWriter,
@@ -25,7 +22,6 @@ from spark_jobs.sink._writers import (
 )
 
 __all__ = [
-    "ENRICHED_SCHEMA",
     "SINKS",
     "SINK_NAME",
     "TABLE_SINK_NAME",

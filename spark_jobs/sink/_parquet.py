@@ -1,10 +1,12 @@
-"""Parquet output of enriched events as a two-phase-commit sink (Flink's FileSink pattern).
+"""Parquet output as a two-phase-commit sink (Flink's FileSink pattern).
 
-Task side, :class:`ParquetSinkWriter`: rows go to in-progress files, one per event date, in
-a staging folder nobody reads; a checkpoint's pre-commit closes them (durable, still
-invisible) and starts new ones. Commit side, :class:`ParquetSink`: after the checkpoint
-completed in Postgres the staged files are renamed to their final names — deterministic, so
-publishing twice (recovery after a crash) overwrites and never adds a second copy.
+Task side, :class:`ParquetSinkWriter`: record batches (the pipeline's output schema) go to
+in-progress files, one per output partition (an event date's ``dt=`` folder, or the root of
+an unpartitioned output), in a staging folder nobody reads; a checkpoint's pre-commit closes
+them (durable, still invisible) and starts new ones. Commit side, :class:`ParquetSink`: after
+the checkpoint completed in Postgres the staged files are renamed to their final names —
+deterministic, so publishing twice (recovery after a crash) overwrites and never adds a
+second copy.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,9 @@ from sqlalchemy.engine import Connection
 from enumerator_service._checkpoint_store import StagedTransaction, encode_dead_letters
 from spark_jobs.sink._folders import fsync_path
 from spark_jobs.sink._rebuild_swap import REBUILDS_FOLDER, live_folder, rebuild_folder
+from spark_jobs.sink._staged import StagedOutput, conform_batch
 
 __all__ = [
-    "ENRICHED_SCHEMA",
     "SINK_NAME",
     "ParquetSink",
     "ParquetSinkWriter",
@@ -34,65 +35,49 @@ __all__ = [
     "publish_files",
 ]
 
-ENRICHED_SCHEMA = pa.schema(
-    [
-        pa.field("event_id", pa.string(), nullable=False),
-        pa.field("user_id", pa.int64(), nullable=False),
-        pa.field("event_time", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("event_type", pa.string(), nullable=False),
-        pa.field("amount", pa.float64(), nullable=False),
-        pa.field("user_name", pa.string()),
-        pa.field("user_country", pa.string()),
-        pa.field("user_tier", pa.string()),
-        pa.field("user_signup_time", pa.timestamp("us", tz="UTC")),
-    ]
-)
 SINK_NAME = "parquet"
-#: Dictionary encoding only where values repeat: tried on unique ids it is given up page by
-#: page, after the work (half the cost of writing a row, bench/e2e.py, and larger files).
-_DICTIONARY_COLUMNS = ["event_type", "user_country", "user_tier"]
-_CHUNK = 8192  # rows per hand-over to the writer thread (and per Parquet row group)
 #: Arrow rows per hand-over to the writer thread (and per Parquet row group): big row groups
 #: cost less per row to encode and compress; a checkpoint's pre-commit flushes the rest.
 _BATCH_CHUNK = 65536
 
 
-@dataclass(slots=True)
-class StagedOutput:
-    """What one pre-commit staged: files (staged → final path, rows) and dead letters."""
-
-    files: list[dict[str, Any]] = field(default_factory=list)
-    rows: int = 0
-    dead_letters: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def empty(self) -> bool:
-        return not self.files and not self.dead_letters
-
-
 class ParquetSinkWriter:
-    """Stages one task attempt's output. ``write``/``dead_letter``/``pre_commit`` are called
-    on the mailbox thread and never block: file I/O runs on ``io`` (one thread, so the
-    order of chunks and pre-commits is kept)."""
+    """Stages one task attempt's output (record batches with exactly ``schema``).
+
+    ``write_batch``/``count_dropped``/``dead_letter``/``pre_commit`` are called on the
+    mailbox thread and never block: file I/O runs on ``io`` (one thread, so the order of
+    batches and pre-commits is kept). ``dictionary``: the columns to dictionary-encode (only
+    worth it where values repeat: tried on unique ids it is given up page by page, after the
+    work); ``compression``: the Parquet codec.
+    """
 
     def __init__(
         self,
         io: ThreadPoolExecutor,
         *,
+        schema: pa.Schema,
+        dictionary: Sequence[str],
+        compression: str,
         staging_root: Path,
         output_root: Path,
         run_id: str,
         subtask: int,
         attempt: str,
     ) -> None:
+        unknown = [name for name in dictionary if name not in schema.names]
+        if unknown:
+            raise ValueError(f"dictionary column(s) {', '.join(unknown)} are not in the output")
         self._io = io
+        self._schema = schema
+        self._dictionary = list(dictionary)
+        self._compression = compression
         self._staging = staging_root / run_id
         self._output = output_root
         self._prefix = f"part-{run_id}-t{subtask:03d}-{attempt}"
-        self._buffers: dict[str, list[tuple[Any, ...]]] = {}
         self._batches: dict[str, list[pa.RecordBatch]] = {}
         self._batch_rows: dict[str, int] = {}
         self._dead: list[tuple[int, int, bytes, str]] = []
+        self._dropped = 0
         # Writer thread only:
         self._writers: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
         self._counts: dict[str, int] = {}
@@ -103,24 +88,20 @@ class ParquetSinkWriter:
 
     @staticmethod
     def output_partition(day: date | None, rebuild_id: int | None) -> str:
-        """The folder (relative to the output root) of a split's rows: its day's partition,
-        or the folder of the partition rebuild it is a member of."""
-        iso = day.isoformat() if day is not None else "__unknown__"
+        """The folder (relative to the output root) of a split's rows: ``""`` (the root) for
+        an unpartitioned output, its day's ``dt=`` folder, or the folder of the partition
+        rebuild it is a member of."""
+        if day is None:
+            if rebuild_id is not None:
+                raise ValueError(f"rebuild {rebuild_id} of an unpartitioned output")
+            return ""
+        iso = day.isoformat()
         return live_folder(iso) if rebuild_id is None else rebuild_folder(iso, rebuild_id)
 
-    def write(self, partition: str, row: tuple[Any, ...]) -> None:
-        """Buffer ``row`` for ``partition`` (an ``output_partition`` result)."""
-        buffer = self._buffers.get(partition)
-        if buffer is None:
-            buffer = self._buffers[partition] = []
-        buffer.append(row)
-        if len(buffer) >= _CHUNK:
-            self._buffers[partition] = []
-            self._io.submit(self._write_chunk, partition, buffer)
-
     def write_batch(self, partition: str, batch: pa.RecordBatch) -> None:
-        """Rows of ``batch`` (``ENRICHED_SCHEMA``) into ``partition``'s file (an
+        """Rows of ``batch`` (exactly the output schema) into ``partition``'s file (an
         ``output_partition`` result)."""
+        batch = conform_batch(batch, self._schema, "parquet sink")
         batches = self._batches.get(partition)
         if batches is None:
             batches = self._batches[partition] = []
@@ -132,36 +113,27 @@ class ParquetSinkWriter:
             self._batch_rows[partition] = 0
             self._io.submit(self._write_batches, partition, batches)
 
+    def count_dropped(self, n: int) -> None:
+        """``n`` records the pipeline's steps removed (reported by the next pre-commit)."""
+        self._dropped += n
+
     def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
         self._dead.append((split_id, offset, raw, reason))
 
     def pre_commit(self) -> Future[StagedOutput]:
         """Hand everything written so far to the writer thread, which closes the files."""
-        for partition, buffer in self._buffers.items():
-            if buffer:
-                self._io.submit(self._write_chunk, partition, buffer)
-        self._buffers = {}
         for partition, batches in self._batches.items():
             if batches:
                 self._io.submit(self._write_batches, partition, batches)
         self._batches, self._batch_rows = {}, {}
         dead, self._dead = self._dead, []
-        return self._io.submit(self._close_files, dead)
+        dropped, self._dropped = self._dropped, 0
+        return self._io.submit(self._close_files, dead, dropped)
 
     # -- writer thread --------------------------------------------------------------------
 
-    def _write_chunk(self, partition: str, rows: list[tuple[Any, ...]]) -> None:
-        columns = list(zip(*rows, strict=True))
-        table = pa.Table.from_arrays(
-            [pa.array(col, type=f.type) for col, f in zip(columns, ENRICHED_SCHEMA, strict=True)],
-            schema=ENRICHED_SCHEMA,
-        )
-        self._write_table(partition, table)
-
     def _write_batches(self, partition: str, batches: list[pa.RecordBatch]) -> None:
-        self._write_table(partition, pa.Table.from_batches(batches, schema=ENRICHED_SCHEMA))
-
-    def _write_table(self, partition: str, table: pa.Table) -> None:
+        table = pa.Table.from_batches(batches, schema=self._schema)
         entry = self._writers.get(partition)
         if entry is None:
             self._sequence += 1
@@ -169,7 +141,10 @@ class ParquetSinkWriter:
             staged = self._staging / partition / name
             staged.parent.mkdir(parents=True, exist_ok=True)
             writer = pq.ParquetWriter(
-                staged, ENRICHED_SCHEMA, compression="zstd", use_dictionary=_DICTIONARY_COLUMNS
+                staged,
+                self._schema,
+                compression=self._compression,
+                use_dictionary=self._dictionary,
             )
             entry = self._writers[partition] = (writer, staged, self._output / partition / name)
             self._counts[partition] = 0
@@ -177,8 +152,8 @@ class ParquetSinkWriter:
         self._counts[partition] += table.num_rows
         self.rows_written += table.num_rows
 
-    def _close_files(self, dead: list[tuple[int, int, bytes, str]]) -> StagedOutput:
-        out = StagedOutput(dead_letters=encode_dead_letters(dead))
+    def _close_files(self, dead: list[tuple[int, int, bytes, str]], dropped: int) -> StagedOutput:
+        out = StagedOutput(dead_letters=encode_dead_letters(dead), dropped=dropped)
         for partition, (writer, staged, final) in sorted(self._writers.items()):
             writer.close()
             fsync_path(staged)  # the acknowledgement promises the staged file survives a crash

@@ -47,10 +47,19 @@ def rebuild_folder(day: str, rebuild_id: int) -> str:
 
 
 def finish_rebuilds(
-    engine: Engine, output_root: Path, sinks: Mapping[str, TransactionalSink], *, source: str
+    engine: Engine,
+    output_root: Path,
+    sinks: Mapping[str, TransactionalSink],
+    *,
+    source: str,
+    folders: bool = True,
 ) -> list[Rebuild]:
     """Swap in every ready rebuild of ``source``; returns the ones now live. Safe to call at
-    any time, from any process, any number of times."""
+    any time, from any process, any number of times.
+
+    ``folders`` False (an upsert table sink): the members' rows replaced the previous ones by
+    key as they committed; only the bookkeeping (step 4) is left to do.
+    """
     store = RebuildStore(engine)
     ready = store.ready(source)
     swapped = []
@@ -65,14 +74,17 @@ def finish_rebuilds(
         day = rebuild.partition_key.isoformat()
         new, live = output_root / rebuild_folder(day, rebuild.id), output_root / live_folder(day)
         # Step 3: exchange the folders (skipped if a crash came after it).
-        _swap(new, live, rebuild.id)
+        if folders:
+            _swap(new, live, rebuild.id)
         # Step 4: DONE; the previous generation's dead letters go, HELD splits are released.
         store.end_swap(rebuild)
         # Step 5: what was swapped out.
-        shutil.rmtree(new, ignore_errors=True)
+        if folders:
+            shutil.rmtree(new, ignore_errors=True)
         swapped.append(rebuild)
         _log.info("rebuild %d of %s is live", rebuild.id, day)
-    _sweep(store, output_root)
+    if folders:
+        _sweep(store, output_root)
     return swapped
 
 

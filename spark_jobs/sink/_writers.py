@@ -5,15 +5,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pyarrow as pa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import TransactionalSink
+from spark_jobs.pipeline._plan import SinkPlan
 from spark_jobs.sink._parquet import SINK_NAME, ParquetSink, ParquetSinkWriter
-from spark_jobs.sink._postgres_table import (
-    TABLE_SINK_NAME,
-    PostgresTableSink,
-    PostgresTableSinkWriter,
-)
+from spark_jobs.sink._postgres_table import TABLE_SINK_NAME, PostgresTableSinkWriter
+from spark_jobs.sink._table_commit import PostgresTableSink
 
 __all__ = ["SINKS", "SinkWriter", "build_sinks", "committer", "open_sink_writer"]
 
@@ -40,32 +39,47 @@ def committer(sink: str) -> TransactionalSink:
 
 
 def open_sink_writer(
-    sink: str,
+    plan: SinkPlan,
     io: ThreadPoolExecutor,
     *,
+    schema: pa.Schema,
+    partitioned: bool,
     dsn: str,
-    schema: str,
-    table: str,
     staging_root: Path,
     output_root: Path,
     run_id: str,
     subtask: int,
     attempt: str,
 ) -> SinkWriter:
-    """The task-side writer of sink ``sink`` (``parquet`` or ``postgres``); file or database
-    I/O runs on ``io``."""
-    if sink == TABLE_SINK_NAME:
+    """The task-side writer of ``plan`` for output batches of ``schema`` (the pipeline's
+    resolved output schema); file or database I/O runs on ``io``.
+
+    ``partitioned``: the source is day-partitioned (a table sink then has the ``dt``
+    column). ``dsn``: the table sink's database. ``output_root``: the Parquet table folder
+    (``<warehouse>/<plan.folder>``); ``staging_root``: where its files are staged, outside
+    that folder.
+    """
+    if plan.kind == TABLE_SINK_NAME:
+        if plan.table is None:
+            raise ValueError("a postgres sink plan without a table")
+        schema_name, table = plan.table
         return PostgresTableSinkWriter(
             io,
             dsn=dsn,
-            schema=schema,
+            schema_name=schema_name,
             table=table,
+            columns=schema,
+            partitioned=partitioned,
+            upsert_key=plan.upsert_key,
             run_id=run_id,
             subtask=subtask,
             attempt=attempt,
         )
     return ParquetSinkWriter(
         io,
+        schema=schema,
+        dictionary=plan.dictionary,
+        compression=plan.compression,
         staging_root=staging_root,
         output_root=output_root,
         run_id=run_id,

@@ -1,412 +1,329 @@
-"""Event blocks: a run of whole JSON Lines of one split, parsed at once into Arrow columns.
+"""JSON Lines blocks: a run of whole lines of one split parsed at once into Arrow columns.
 
-Per-record Python work (one JSON object, one validated ``Event``, one ``datetime`` per line)
-dominated a reader subtask's CPU. A block is parsed by Arrow's JSON reader in one call and
-validated column-wise. The result must be exactly what :func:`parse_event` (orjson, then
-:func:`validate_event`) gives line by line, so the fast path only accepts a piece of input
-it can prove is handled identically; anything else is cut in halves until the pieces are
-small, and the lines of a small piece take the exact per-line path:
+Per-record Python work (one JSON object, one converted row per line) dominated a reader
+subtask's CPU. A block is parsed by Arrow's JSON reader in one call, with the source's
+schema as its explicit schema, and validated column-wise (:mod:`._json_columns`). The
+result must be exactly what the exact path (orjson, then
+:meth:`RecordConverter.from_json`) gives line by line, so the fast path only accepts a
+piece of input it can prove is handled identically; anything else is cut in halves until
+the pieces are small, and the lines of a small piece take the exact per-line path:
 
 - every line ends with ``}`` (so none is blank or whitespace, the lines Arrow skips, and
   each yields at least one row; with "rows == lines" each line is exactly one row — Arrow
   reads ``{…} {…}`` as two, which would shift rows against line offsets). Lines that do
   not are few in practice (truncated writes): they go line by line straight away;
 - the text is valid UTF-8 without a byte order mark (Arrow checks neither; orjson does);
-- Arrow accepted it with unexpected fields an *error*: only the five event fields are
+- Arrow accepted it with unexpected fields an *error*: only the declared fields are
   parsed, so grammar differences in other fields (``NaN``, numbers too big for a double,
   nesting beyond orjson's depth limit — Arrow accepts all three) cannot occur. A block with
-  extra fields is parsed again with them ignored, behind checks for exactly those cases;
-- no nulls (missing field), no empty ``event_id``, finite ``amount`` (Arrow reads ``NaN``),
-  ``event_time`` in a strict ISO-8601 form on which Arrow's cast and
-  ``datetime.fromisoformat`` agree (values without an offset are UTC in both);
+  extra fields is parsed again with them ignored, behind checks for exactly those cases
+  (once a block had extra fields, the next ones are parsed that way first);
+- every column check passed (rows that fail one are *suspects*: decided line by line);
 - no line is longer than the reader's limit (those are dead-lettered as too long).
 
-Type mismatches (``user_id`` 1.0, ``true``, ``"5"``; ``amount`` ``"x"``) make Arrow fail the
+Type mismatches (an integer field holding ``1.0``, ``true`` or ``"5"``) make Arrow fail the
 piece, which then goes the exact way and gets the exact dead-letter reason.
 
-Threading: pure functions; called on the fetcher thread (and the lookup's loader thread).
+Each row's offset (its line's first byte) fills the offset column, computed column-wise
+from the line lengths. Rows come out in line order, dead letters in offset order.
+
+Threading: a parser is used by one thread at a time (the fetcher thread); its only state is
+that hint about extra fields.
 """
 
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from itertools import accumulate
+from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from spark_jobs.source._events import Event, parse_event
-from spark_jobs.source._records import RawLine
+from spark_jobs.source._batch import OFFSET, DeadLetter, RecordSchema
+from spark_jobs.source._convert import RecordConverter
+from spark_jobs.source._json_columns import ColumnChecks
+from spark_jobs.source._lines import lines_of
 
-__all__ = ["EVENT_SCHEMA", "EventBlock", "concat", "events_to_batch", "max_time", "parse_lines"]
+__all__ = ["JsonLinesParser"]
 
-EVENT_SCHEMA = pa.schema(
-    [
-        pa.field("event_id", pa.string(), nullable=False),
-        pa.field("user_id", pa.int64(), nullable=False),
-        pa.field("event_time", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("event_type", pa.string(), nullable=False),
-        pa.field("amount", pa.float64(), nullable=False),
-    ]
-)
-_JSON_SCHEMA = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("user_id", pa.int64()),
-        ("event_time", pa.string()),  # cast after a format check, see _times
-        ("event_type", pa.string()),
-        ("amount", pa.float64()),
-    ]
-)
-_STRICT = pj.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="error")
-_LENIENT = pj.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore")
 _READ = pj.ReadOptions(use_threads=False, block_size=1 << 24)
-_TIME = (
-    r"^([1-8][0-9]{3}|9[0-8][0-9]{2})-[0-9]{2}-[0-9]{2}"
-    r"[T ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
-    r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?$"
-)
-_ZONED_TIME = _TIME.removesuffix(")?$") + ")$"  # the same, with the offset required
-_OFFSET = r"(Z|[+-][0-9]{2}:[0-9]{2})$"
-# (Years 1000-9899 only: near year 1 or 9999 an offset can leave Python's datetime range,
-# which Arrow's does not mind; such times are decided line by line.)
-_UTC = pa.timestamp("us", tz="UTC")
 #: Pieces of at most this many lines that the fast path rejects are parsed line by line.
 _SMALL = 8
 #: With ignored fields: longer lines go line by line (orjson's depth limit of 1024 needs more
-#: than 2048 bytes of brackets, which Arrow would accept).
+#: than 2048 bytes of brackets, which Arrow would accept; orjson rejects numbers of 300 and
+#: more digits, which Arrow would skip).
 _LENIENT_MAX_LINE = 2048
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-
-
-@dataclass(slots=True)
-class EventBlock:
-    """Whole lines ``[start, end)`` of split ``split_id``, parsed.
-
-    ``rows`` holds the well-formed events in line order (:data:`EVENT_SCHEMA`); ``dead`` the
-    malformed lines as (offset, raw bytes, reason), one per line, in line order. ``end`` is
-    the offset after the block's last line: the split's offset once the block is emitted.
-    """
-
-    split_id: int
-    start: int
-    end: int
-    rows: pa.RecordBatch
-    dead: list[tuple[int, bytes, str]]
-    max_event_time: datetime | None
-
-    @property
-    def next_offset(self) -> int:
-        return self.end
-
-
-def events_to_batch(events: list[Event]) -> tuple[pa.RecordBatch, list[int]]:
-    """Events as an Arrow batch; also the indices of events Arrow cannot hold (a ``user_id``
-    beyond 64 bits, an event time outside Arrow's range), which are left out."""
-    bad: list[int] = []
-    kept = events
-    for i, event in enumerate(events):
-        if not _INT64[0] <= event.user_id <= _INT64[1] or not _fits(event.event_time):
-            bad.append(i)
-    if bad:
-        skip = set(bad)
-        kept = [e for i, e in enumerate(events) if i not in skip]
-    columns = list(zip(*kept, strict=True)) if kept else [()] * 6
-    arrays = [pa.array(columns[i + 1], type=field.type) for i, field in enumerate(EVENT_SCHEMA)]
-    return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), bad
-
-
-def _fits(when: datetime) -> bool:
-    try:
-        when.astimezone(UTC)
-    except OverflowError:
-        return False
-    return True
-
-
-def parse_lines(
-    split_id: int, data: bytes, offset: int, max_line_bytes: int
-) -> tuple[list[pa.RecordBatch], list[tuple[int, bytes, str]]]:
-    """Parse whole lines ``data`` (starting at file offset ``offset``; the last one may lack
-    its newline at the end of a file): the events as batches in line order, and dead letters.
-    """
-    batches: list[pa.RecordBatch] = []
-    dead: list[tuple[int, bytes, str]] = []
-    if data:
-        _parse(split_id, data, offset, max_line_bytes, batches, dead)
-    return batches, dead
-
-
-def _parse(
-    split_id: int,
-    data: bytes,
-    offset: int,
-    limit: int,
-    batches: list[pa.RecordBatch],
-    dead: list[tuple[int, bytes, str]],
-) -> None:
-    newlines = data.count(b"\n")
-    lines = newlines if data.endswith(b"\n") else newlines + 1
-    closed = data.count(b"}\n")
-    if closed != newlines:
-        closed += data.count(b"}\r\n")
-    if lines != closed + (
-        0 if data.endswith(b"\n") or not data.rstrip(b"\r").endswith(b"}") else 1
-    ):
-        # Some line does not end with "}" (truncated, blank, not an object): such lines take
-        # the exact path at once and the runs between them the fast one (Arrow would fail
-        # at each, and the failed parse be wasted); too many: halve first.
-        if lines <= _SMALL:
-            _by_line(split_id, data, offset, limit, batches, dead)
-            return
-        if lines - closed <= _SMALL:
-            _exact_around(split_id, data, offset, limit, batches, dead, _torn_lines(data))
-            return
-        _halve(split_id, data, offset, limit, batches, dead)
-        return
-    rows, suspects, failed_at = _fast(data, limit, lines)
-    if rows is not None:
-        batches.append(rows)
-        if suspects:  # rows that failed a column check: decided line by line
-            for start, end in _line_ranges(data, suspects):
-                _by_line(split_id, data[start:end], offset + start, limit, batches, dead)
-        return
-    if failed_at is not None and 0 <= failed_at < lines:
-        # The line that failed is known (a hint: every piece is still checked in full).
-        start = len(data) - len(data.split(b"\n", failed_at)[-1])
-        end = data.find(b"\n", start) + 1 or len(data)
-        _exact_around(split_id, data, offset, limit, batches, dead, [(start, end)])
-        return
-    if lines <= _SMALL:
-        _by_line(split_id, data, offset, limit, batches, dead)
-        return
-    _halve(split_id, data, offset, limit, batches, dead)
-
-
-def _exact_around(
-    split_id: int,
-    data: bytes,
-    offset: int,
-    limit: int,
-    batches: list[pa.RecordBatch],
-    dead: list[tuple[int, bytes, str]],
-    exact: Iterable[tuple[int, int]],
-) -> None:
-    """The line ranges ``exact`` (ascending, disjoint) line by line, the runs between them
-    through ``_parse`` again; output in line order."""
-    at = 0
-    for start, end in exact:
-        if start > at:
-            _parse(split_id, data[at:start], offset + at, limit, batches, dead)
-        _by_line(split_id, data[start:end], offset + start, limit, batches, dead)
-        at = end
-    if at < len(data):
-        _parse(split_id, data[at:], offset + at, limit, batches, dead)
-
-
-def _halve(
-    split_id: int,
-    data: bytes,
-    offset: int,
-    limit: int,
-    batches: list[pa.RecordBatch],
-    dead: list[tuple[int, bytes, str]],
-) -> None:
-    """Parse the halves (at a line boundary): a bad line is isolated in ~log2(lines) parses."""
-    cut = data.find(b"\n", len(data) // 2)
-    if cut < 0 or cut + 1 >= len(data):
-        cut = data.rfind(b"\n", 0, len(data) // 2)
-    _parse(split_id, data[: cut + 1], offset, limit, batches, dead)
-    _parse(split_id, data[cut + 1 :], offset + cut + 1, limit, batches, dead)
-
-
 _ROW = re.compile(r" in row (\d+)$")
 
 
-def _torn_lines(data: bytes) -> list[tuple[int, int]]:
-    """Byte ranges of the lines of ``data`` that do not end with ``}``."""
-    lines = data.split(b"\n")
-    if data.endswith(b"\n"):
-        lines.pop()
-    torn = [i for i, line in enumerate(lines) if line[-1:] != b"}" and line[-2:] != b"}\r"]
-    return _line_ranges(data, torn, lines)
+@dataclass(slots=True)
+class _Out:
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    in_order: bool = True
 
 
-def _line_ranges(
-    data: bytes, indices: list[int], lines: list[bytes] | None = None
-) -> list[tuple[int, int]]:
-    """Byte ranges (newline included) of the lines ``indices`` (ascending) of ``data``."""
-    if lines is None:
-        lines = data.split(b"\n")
-    ends = list(accumulate(map(len, lines)))  # C loops: no Python work per line
-    out = []
-    for i in indices:
-        start = ends[i - 1] + i if i else 0  # + one newline per line before
-        out.append((start, min(ends[i] + i + 1, len(data))))
-    return out
+class JsonLinesParser:
+    """Parses whole JSON Lines into rows of ``schema`` (and dead letters).
 
+    ``parse`` is the fast path, ``parse_exact`` the reference it must equal (line by line).
+    """
 
-def _fast(
-    data: bytes, limit: int, lines: int
-) -> tuple[pa.RecordBatch | None, list[int], int | None]:
-    """(rows, suspects, None) when ``data`` (``lines`` lines, each ending with ``}``) parsed
-    with one row per line: ``rows`` are the lines that passed every check, ``suspects`` the
-    indices of lines that did not (they take the per-line path). Otherwise (None, [], index
-    of a line known to fail, or None)."""
-    if len(data) > limit and max(map(len, data.split(b"\n"))) > limit:
-        return None, [], None  # an over-long line ("\r" of CRLF included: then line by line)
-    if not data.isascii():
+    def __init__(self, schema: RecordSchema, max_line_bytes: int) -> None:
+        self._converter = RecordConverter(schema)
+        self._checks = ColumnChecks(schema)
+        self._limit = max_line_bytes
+        self._batch_schema = schema.batch_schema
+        self._strict = pj.ParseOptions(
+            explicit_schema=self._checks.wire, unexpected_field_behavior="error"
+        )
+        self._lenient = pj.ParseOptions(
+            explicit_schema=self._checks.wire, unexpected_field_behavior="ignore"
+        )
+        self._fast_ok = bool(schema.fields)
+        #: The last block had undeclared fields (a hint; only this parser's thread uses it).
+        self._extra_fields = False
+
+    def parse(self, data: bytes, offset: int) -> tuple[pa.RecordBatch, list[DeadLetter]]:
+        """Whole lines ``data`` starting at offset ``offset`` (the last one may lack its
+        newline at the end of a file): (rows in line order, dead letters in offset order)."""
+        out = _Out()
+        if data:
+            if self._fast_ok:
+                self._parse(data, offset, out)
+            else:
+                self._by_line(data, offset, out)
+        return self._result(out)
+
+    def parse_exact(self, data: bytes, offset: int) -> tuple[pa.RecordBatch, list[DeadLetter]]:
+        """The same, line by line (the definition ``parse`` must equal)."""
+        out = _Out()
+        self._by_line(data, offset, out)
+        return self._result(out)
+
+    def parse_line(self, content: bytes, truncated: bool = False) -> tuple[Any, ...] | str | None:
+        """One line (without its line ending): the row, a dead-letter reason, or None for a
+        blank line (not a record)."""
+        if truncated:
+            return f"line too long: over {self._limit} bytes"
+        if not content.strip():
+            return None
         try:
-            data.decode()
-        except UnicodeDecodeError as exc:
-            return None, [], data.count(b"\n", 0, exc.start)
-        if b"\xef\xbb\xbf" in data:
-            return None, [], None  # a byte order mark: Arrow skips a leading one, orjson fails
-    buffer = pa.py_buffer(data)
-    try:
-        table = pj.read_json(buffer, read_options=_READ, parse_options=_STRICT)
-    except pa.ArrowInvalid as exc:
-        message = str(exc)
-        if "unexpected field" not in message:
-            row = _ROW.search(message)
-            return None, [], int(row.group(1)) if row else None
-        if b"NaN" in data or b"Infinity" in data or not _lenient_ok(data):
+            obj = orjson.loads(content)
+        except orjson.JSONDecodeError as exc:
+            if "UTF-8" in str(exc):
+                return "invalid UTF-8: line is not valid UTF-8 text"
+            return f"invalid JSON: {exc}"
+        if not isinstance(obj, dict):
+            return f"wrong type: expected a JSON object, got {type(obj).__name__}"
+        return self._converter.from_json(obj)
+
+    def _result(self, out: _Out) -> tuple[pa.RecordBatch, list[DeadLetter]]:
+        if not out.batches:
+            rows = self._converter.empty()
+        elif len(out.batches) == 1:
+            rows = out.batches[0]
+        else:
+            rows = pa.concat_batches(out.batches)
+        if not out.in_order:  # suspects decided line by line come after their piece's rows
+            rows = rows.take(pc.sort_indices(rows.column(OFFSET)))
+        out.dead.sort(key=lambda entry: entry[0])
+        return rows, out.dead
+
+    def _parse(self, data: bytes, offset: int, out: _Out) -> None:
+        lines = _lines(data)  # one Arrow split serves the checks below and the offsets
+        count = len(lines)
+        closed = pc.ends_with(lines, "}")
+        if not pc.all(closed, min_count=0).as_py():
+            closed = pc.or_(closed, pc.ends_with(lines, "}\r"))
+            torn = count - pc.sum(closed, min_count=0).as_py()
+            if torn:
+                # Some line does not end with "}" (truncated, blank, not an object): such
+                # lines take the exact path at once and the runs between them the fast one
+                # (Arrow would fail at each, and the failed parse be wasted); too many:
+                # halve first.
+                if count <= _SMALL:
+                    self._by_line(data, offset, out)
+                elif torn <= _SMALL:
+                    self._exact_around(data, offset, out, _torn_lines(data, lines, closed))
+                else:
+                    self._halve(data, offset, out)
+                return
+        rows, suspects, failed_at = self._fast(data, offset, lines)
+        if rows is not None:
+            out.batches.append(rows)
+            if suspects:  # rows that failed a column check: decided line by line
+                out.in_order = False
+                for start, end in suspects:
+                    self._by_line(data[start:end], offset + start, out)
+        elif failed_at is not None and 0 <= failed_at < count:
+            # The line that failed is known (a hint: every piece is still checked in full).
+            start = len(data) - len(data.split(b"\n", failed_at)[-1])
+            end = data.find(b"\n", start) + 1 or len(data)
+            self._exact_around(data, offset, out, [(start, end)])
+        elif count <= _SMALL:
+            self._by_line(data, offset, out)
+        else:
+            self._halve(data, offset, out)
+
+    def _exact_around(
+        self, data: bytes, offset: int, out: _Out, exact: Iterable[tuple[int, int]]
+    ) -> None:
+        """The line ranges ``exact`` (ascending, disjoint) line by line, the runs between
+        them through ``_parse`` again; output in line order."""
+        at = 0
+        for start, end in exact:
+            if start > at:
+                self._parse(data[at:start], offset + at, out)
+            self._by_line(data[start:end], offset + start, out)
+            at = end
+        if at < len(data):
+            self._parse(data[at:], offset + at, out)
+
+    def _halve(self, data: bytes, offset: int, out: _Out) -> None:
+        """Parse the halves (at a line boundary): a bad line is isolated in ~log2(lines)."""
+        cut = data.find(b"\n", len(data) // 2)
+        if cut < 0 or cut + 1 >= len(data):
+            cut = data.rfind(b"\n", 0, len(data) // 2)
+        self._parse(data[: cut + 1], offset, out)
+        self._parse(data[cut + 1 :], offset + cut + 1, out)
+
+    def _fast(
+        self, data: bytes, offset: int, lines: pa.Array
+    ) -> tuple[pa.RecordBatch | None, list[tuple[int, int]], int | None]:
+        """(rows, suspects, None) when ``data`` (its ``lines``, each ending with ``}``)
+        parsed with one row per line: ``rows`` are the lines that passed every check,
+        ``suspects`` the byte ranges (in ``data``) of the lines that did not. Otherwise
+        (None, [], index of a line known to fail, or None)."""
+        if len(data) > self._limit and _longest(lines) > self._limit:
+            return None, [], None  # an over-long line ("\r" of CRLF included: line by line)
+        if not data.isascii():
+            try:
+                data.decode()
+            except UnicodeDecodeError as exc:
+                return None, [], data.count(b"\n", 0, exc.start)
+            if b"\xef\xbb\xbf" in data:
+                return None, [], None  # a byte order mark: Arrow skips a leading one, orjson fails
+        table, failed_at = self._read(data, lines)
+        if table is None:
+            return None, [], failed_at
+        if table.num_rows != len(lines):
             return None, [], None
-        try:  # extra fields: ignore them (behind the checks above)
-            table = pj.read_json(buffer, read_options=_READ, parse_options=_LENIENT)
-        except pa.ArrowInvalid as again:
-            row = _ROW.search(str(again))
-            return None, [], int(row.group(1)) if row else None
-    if table.num_rows != lines:
-        return None, [], None
-    return _validated(table)
+        columns = [_array(column) for column in table.columns]
+        bad, notes = self._checks.suspects(columns)
+        starts, ends = _bounds(lines, offset)
+        suspects: list[tuple[int, int]] = []
+        if bad is not None:
+            indices = pc.indices_nonzero(bad)
+            if len(indices):
+                firsts, afters = starts.take(indices).to_pylist(), ends.take(indices).to_pylist()
+                last = offset + len(data)
+                suspects = [
+                    (first - offset, min(after, last) - offset)
+                    for first, after in zip(firsts, afters, strict=True)
+                ]
+                keep = pc.invert(bad)
+                columns = [pc.filter(column, keep) for column in columns]
+                starts = pc.filter(starts, keep)
+        try:
+            columns = self._checks.finish(columns, notes)
+        except pa.ArrowInvalid:
+            return None, [], None  # e.g. February 30th: found by halving, decided line by line
+        rows = pa.RecordBatch.from_arrays([*columns, starts], schema=self._batch_schema)
+        return rows, suspects, None
+
+    def _read(self, data: bytes, lines: pa.Array) -> tuple[pa.Table | None, int | None]:
+        """Arrow's parse of ``data``: (table, None), or (None, index of a line known to fail,
+        or None). Extra fields are ignored only behind ``_lenient_ok``; once a block had
+        some, later ones are parsed that way first (a hint: the result is the same)."""
+        buffer = pa.py_buffer(data)
+        if self._extra_fields and _lenient_ok(data, lines):
+            try:
+                return pj.read_json(buffer, read_options=_READ, parse_options=self._lenient), None
+            except pa.ArrowInvalid as exc:
+                return None, _failed_line(exc)
+        try:
+            return pj.read_json(buffer, read_options=_READ, parse_options=self._strict), None
+        except pa.ArrowInvalid as exc:
+            if "unexpected field" not in str(exc):
+                return None, _failed_line(exc)
+        self._extra_fields = True
+        if not _lenient_ok(data, lines):
+            return None, None
+        try:
+            return pj.read_json(buffer, read_options=_READ, parse_options=self._lenient), None
+        except pa.ArrowInvalid as exc:
+            return None, _failed_line(exc)
+
+    def _by_line(self, data: bytes, offset: int, out: _Out) -> None:
+        """The exact path: each line through ``parse_line``."""
+        rows: list[tuple[Any, ...]] = []
+        offsets: list[int] = []
+        for at, content, truncated in lines_of(data, offset, self._limit):
+            parsed = self.parse_line(content, truncated)
+            if isinstance(parsed, str):
+                out.dead.append((at, content, parsed))
+            elif parsed is not None:
+                rows.append(parsed)
+                offsets.append(at)
+        if rows:
+            out.batches.append(self._converter.to_batch(rows, offsets))
 
 
-def _lenient_ok(data: bytes) -> bool:
-    """Ignored fields hide no number orjson rejects as too big and no deep nesting."""
-    longest = max(map(len, data.split(b"\n")))
+def _array(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _whole(data: bytes) -> pa.Array:
+    """``data`` as a one-element binary array (no copy)."""
+    offsets = pa.py_buffer(array("q", [0, len(data)]))
+    return pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)])
+
+
+def _lines(data: bytes) -> pa.Array:
+    """The lines of whole lines ``data`` (newlines excluded), split by Arrow."""
+    parts = pc.split_pattern(_whole(data), "\n").values
+    return parts.slice(0, len(parts) - 1) if data.endswith(b"\n") else parts
+
+
+def _bounds(lines: pa.Array, offset: int) -> tuple[pa.Array, pa.Array]:
+    """(first byte, first byte after the newline) of each line of ``lines``, which start at
+    ``offset``: column-wise, no Python work per line."""
+    sizes = pc.add(pc.binary_length(lines), 1)
+    ends = pc.cumulative_sum(sizes, start=offset)
+    return pc.subtract(ends, sizes), ends
+
+
+def _longest(lines: pa.Array) -> int:
+    longest = pc.max(pc.binary_length(lines)).as_py()
+    return int(longest) if longest is not None else 0
+
+
+def _failed_line(exc: pa.ArrowInvalid) -> int | None:
+    row = _ROW.search(str(exc))
+    return int(row.group(1)) if row else None
+
+
+def _lenient_ok(data: bytes, lines: pa.Array) -> bool:
+    """Ignored fields can hide nothing orjson rejects and Arrow accepts: ``NaN`` and
+    ``Infinity``, numbers of 300 digits and more (too big for orjson), nesting deeper than
+    orjson's limit of 1024 (which needs lines longer than ``_LENIENT_MAX_LINE``)."""
+    if b"NaN" in data or b"Infinity" in data:
+        return False
+    longest = _longest(lines)
     if longest > _LENIENT_MAX_LINE:
         return False
-    digits = pc.match_substring_regex(pa.array([data], pa.large_binary()), "[0-9]{300}")
-    return not digits[0].as_py()
+    return longest < 300 or not pc.match_substring_regex(_whole(data), "[0-9]{300}")[0].as_py()
 
 
-def _validated(table: pa.Table) -> tuple[pa.RecordBatch | None, list[int], int | None]:
-    event_id, user_id, when, event_type, amount = columns = table.combine_chunks().columns
-    # Each check is an aggregate first; a mask of failing rows is built only when one fails.
-    failed: list[pa.Array] = []
-    if any(column.null_count for column in columns):  # a missing (or null) field
-        failed.append(pc.invert(_all_valid(columns)))
-    lengths = pc.binary_length(event_id)
-    if pc.min(lengths).as_py() == 0:
-        failed.append(pc.equal(lengths, 0))
-    finite = pc.is_finite(amount)  # Arrow reads NaN, orjson does not
-    if not pc.all(finite).as_py():
-        failed.append(pc.invert(finite))
-    zoned = pc.match_substring_regex(when, _ZONED_TIME)  # the usual form: one regex
-    naive = False
-    if not pc.all(zoned).as_py():
-        failed.append(pc.invert(pc.match_substring_regex(when, _TIME)))
-        naive = True
-    suspects: list[int] = []
-    if failed:
-        bad = failed[0]
-        for more in failed[1:]:
-            bad = pc.or_kleene(bad, more)
-        bad = pc.fill_null(bad, True)
-        suspects = pc.indices_nonzero(bad).to_pylist()
-        if suspects:
-            ok = pc.invert(bad)
-            keep = pc.filter
-            event_id, user_id, when = keep(event_id, ok), keep(user_id, ok), keep(when, ok)
-            event_type, amount = keep(event_type, ok), keep(amount, ok)
-    if naive:
-        with_offset = pc.match_substring_regex(when, _OFFSET)
-        # No offset means UTC (as in validate_event); Arrow needs one to cast to UTC.
-        when = pc.if_else(with_offset, when, pc.binary_join_element_wise(when, "+00:00", ""))
-    try:
-        times = pc.cast(when, _UTC)
-    except pa.ArrowInvalid:
-        return None, [], None  # e.g. February 30th: found by halving, decided line by line
-    rows = pa.RecordBatch.from_arrays(
-        [_chunk(event_id), _chunk(user_id), _chunk(times), _chunk(event_type), _chunk(amount)],
-        schema=EVENT_SCHEMA,
-    )
-    return rows, suspects, None
-
-
-def _all_valid(columns: list[Any]) -> pa.Array:
-    valid = pc.is_valid(columns[0])
-    for column in columns[1:]:
-        valid = pc.and_(valid, pc.is_valid(column))
-    return valid
-
-
-def _chunk(column: Any) -> pa.Array:
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-
-
-def _by_line(
-    split_id: int,
-    data: bytes,
-    offset: int,
-    limit: int,
-    batches: list[pa.RecordBatch],
-    dead: list[tuple[int, bytes, str]],
-) -> None:
-    """The exact path: each line as the per-record reader and parse_event see it."""
-    events: list[Event] = []
-    raws: list[RawLine] = []
-    at = offset
-    for text in data.split(b"\n"):
-        following = at + len(text) + 1
-        if following > offset + len(data):  # the last line, without a newline
-            following = offset + len(data)
-            if not text:
-                break
-        content = text.removesuffix(b"\r")
-        line = RawLine(at, following, content[:limit], len(content) > limit)
-        parsed = parse_event(split_id, line, limit)
-        if isinstance(parsed, str):
-            dead.append((at, line.data, parsed))
-        elif parsed is not None:
-            events.append(parsed)
-            raws.append(line)
-        at = following
-    if not events:
-        return
-    batch, unfit = events_to_batch(events)
-    for i in unfit:
-        reason = "bad value: user_id or event_time out of range"
-        dead.append((raws[i].offset, raws[i].data, reason))
-    if unfit:
-        dead.sort(key=lambda entry: entry[0])
-    batches.append(batch)
-
-
-def concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    """One batch of ``batches`` (the schema's empty batch for none)."""
-    if not batches:
-        return _empty()
-    if len(batches) == 1:
-        return batches[0]
-    return pa.concat_batches(batches)
-
-
-def _empty() -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array([], type=field.type) for field in EVENT_SCHEMA], schema=EVENT_SCHEMA
-    )
-
-
-def max_time(rows: pa.RecordBatch) -> datetime | None:
-    """The largest event time of ``rows`` (None for no rows)."""
-    if not rows.num_rows:
-        return None
-    value: Any = pc.max(rows.column(2)).as_py()
-    return value if isinstance(value, datetime) else None
+def _torn_lines(data: bytes, lines: pa.Array, closed: pa.Array) -> list[tuple[int, int]]:
+    """Byte ranges (newline included) of the ``lines`` of ``data`` not ``closed``."""
+    torn = pc.indices_nonzero(pc.invert(closed))
+    starts, ends = _bounds(lines, 0)
+    firsts, afters = starts.take(torn).to_pylist(), ends.take(torn).to_pylist()
+    return [(first, min(after, len(data))) for first, after in zip(firsts, afters, strict=True)]

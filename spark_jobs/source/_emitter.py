@@ -1,9 +1,9 @@
-"""RecordEmitter: turns fetched records into events and keeps each split's progress.
+"""RecordEmitter: hands fetched blocks to the task and keeps each split's progress.
 
 Runs on the mailbox thread. It updates a split's state *as it emits* (offset, records, dead
-letters, watermark), so a snapshot taken between two emitted records is exact. A block of
-JSON Lines (parsed on the fetcher thread) is emitted as a whole: its dead letters, then its
-events as one batch; the split's offset moves to the block's end.
+letters, watermark), so a snapshot taken between two emitted blocks is exact. A block was
+parsed on the fetcher thread; emitting it is per-block work only (no work per record): its
+dead letters, its rows as one block, the split's offset moved to the block's end.
 """
 
 from __future__ import annotations
@@ -14,93 +14,79 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from enumerator_service import SplitAssignment, SplitState
-from spark_jobs.source._blocks import EventBlock
-from spark_jobs.source._events import Event
-from spark_jobs.source._format_router import FormatRouter, Record
-from spark_jobs.source._records import RawLine
+from spark_jobs.source._batch import ParsedBlock
 
 __all__ = ["ReaderOutput", "RecordEmitter"]
 
 
 class ReaderOutput(Protocol):
-    """Where a source emits (implemented by the task)."""
+    """Where a source emits (implemented by the task). Mailbox thread only."""
 
-    def split_added(self, assignment: SplitAssignment, state: SplitState) -> None: ...
-    def collect(self, event: Event, timestamp: int) -> None: ...
-    def collect_block(self, block: EventBlock) -> None: ...
-    def dead_letter(self, split_id: int, line: RawLine, reason: str) -> None: ...
-    def split_finished(self, split_id: int, state: SplitState) -> None: ...
+    def split_added(self, assignment: SplitAssignment, state: SplitState) -> None:
+        """A split starts (or restarts: ``state`` is its restored progress)."""
+
+    def collect_block(self, block: ParsedBlock) -> None:
+        """A block's rows enter the operator chain (``block.replay``: re-read on restore)."""
+
+    def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
+        """A malformed record of a split (``reason``: ``"category: detail"``)."""
+
+    def split_finished(self, split_id: int, state: SplitState) -> None:
+        """The split's last block was emitted."""
 
 
 class RecordEmitter:
-    """Parse (by the split's format), extract event time, track per-split watermarks.
+    """Emits blocks, extracts event time, tracks per-split watermarks.
 
     A split's watermark is its largest event time minus ``out_of_orderness`` (bounded
-    out-of-orderness). A split that emitted nothing for ``idle_timeout`` seconds is idle and
-    does not hold the task watermark back until its next record.
+    out-of-orderness; a timedelta or seconds). A split that emitted no record for
+    ``idle_timeout`` seconds is idle and does not hold the task watermark back until its next
+    record.
     """
 
     def __init__(
         self,
-        router: FormatRouter,
         *,
-        out_of_orderness: timedelta = timedelta(seconds=5),
+        out_of_orderness: timedelta | float = timedelta(seconds=5),
         idle_timeout: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._router = router
+        if not isinstance(out_of_orderness, timedelta):
+            out_of_orderness = timedelta(seconds=out_of_orderness)
         self._delay = out_of_orderness
         self._idle_timeout = idle_timeout
         self._clock = clock
         self._max_event_time: dict[int, datetime] = {}
         self._last_record: dict[int, float] = {}  # split -> clock time of its last record
 
-    def emit(self, split_id: int, record: Record, state: SplitState, output: ReaderOutput) -> None:
-        if type(record) is EventBlock:
-            self._emit_block(split_id, record, state, output)
-            return
-        parsed = self._router.parse(split_id, record)
-        state.offset = record.next_offset
-        if parsed is None:
-            return
-        if isinstance(parsed, str):
-            state.dead_letters += 1
-            assert not isinstance(record, EventBlock)  # blocks are emitted above
-            line = record if isinstance(record, RawLine) else record.as_raw_line()
-            output.dead_letter(split_id, line, parsed)
-            return
-        state.records += 1
-        self._last_record[split_id] = self._clock()
-        event_time = parsed.event_time
-        latest = self._max_event_time.get(split_id)
-        if latest is None or event_time > latest:
-            self._max_event_time[split_id] = event_time
-            state.watermark = event_time - self._delay
-        output.collect(parsed, int(event_time.timestamp() * 1000))
-
-    def _emit_block(
-        self, split_id: int, block: EventBlock, state: SplitState, output: ReaderOutput
+    def emit(
+        self, split_id: int, block: ParsedBlock, state: SplitState, output: ReaderOutput
     ) -> None:
+        """A normal block moves the split's offset to its end and records its dead letters,
+        records and event times; a replay block (its range is behind the offset, its dead
+        letters were recorded before the restored checkpoint) only re-enters the chain."""
+        if block.replay:
+            output.collect_block(block)
+            return
         state.offset = block.end
         for offset, raw, reason in block.dead:
             state.dead_letters += 1
-            output.dead_letter(split_id, RawLine(offset, offset + len(raw), raw), reason)
+            output.dead_letter(split_id, offset, raw, reason)
         count = block.rows.num_rows
-        if not count:
-            return
-        state.records += count
-        self._last_record[split_id] = self._clock()
+        if count:
+            state.records += count
+            self._last_record[split_id] = self._clock()
         event_time = block.max_event_time
-        latest = self._max_event_time.get(split_id)
-        if event_time is not None and (latest is None or event_time > latest):
-            self._max_event_time[split_id] = event_time
-            state.watermark = event_time - self._delay
+        if event_time is not None:
+            latest = self._max_event_time.get(split_id)
+            if latest is None or event_time > latest:
+                self._max_event_time[split_id] = event_time
+                state.watermark = event_time - self._delay
         output.collect_block(block)
 
     def split_finished(self, split_id: int) -> None:
         self._max_event_time.pop(split_id, None)
         self._last_record.pop(split_id, None)
-        self._router.split_done(split_id)
 
     def is_idle(self, split_id: int) -> bool:
         last = self._last_record.get(split_id)

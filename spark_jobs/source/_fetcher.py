@@ -10,8 +10,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from enumerator_service import SplitAssignment
-from spark_jobs.source._format_router import SplitBatch, SplitReader
-from spark_jobs.source._records import RawLine, RecordsWithSplitIds
+from spark_jobs.source._format_router import SplitReader
+from spark_jobs.source._records import RecordsWithSplitIds
 
 __all__ = ["HandoffQueue", "SplitFetcher"]
 
@@ -26,13 +26,13 @@ class HandoffQueue:
     """
 
     def __init__(self, capacity: int) -> None:
-        self._items: deque[SplitBatch | BaseException] = deque()
+        self._items: deque[RecordsWithSplitIds | BaseException] = deque()
         self._capacity = capacity
         self._cond = threading.Condition()
         self._closed = False
         self._waiter: Future[None] | None = None
 
-    def put(self, item: SplitBatch | BaseException) -> bool:
+    def put(self, item: RecordsWithSplitIds | BaseException) -> bool:
         """Append ``item``; False if the queue was closed meanwhile (item dropped)."""
         with self._cond:
             while len(self._items) >= self._capacity and not self._closed:
@@ -45,7 +45,7 @@ class HandoffQueue:
             waiter.set_result(None)
         return True
 
-    def poll(self) -> SplitBatch | BaseException | None:
+    def poll(self) -> RecordsWithSplitIds | BaseException | None:
         with self._cond:
             if not self._items:
                 return None
@@ -70,7 +70,7 @@ class HandoffQueue:
 
 
 class SplitFetcher(threading.Thread):
-    """Runs the blocking side of a reader: asks for splits and fetches their records.
+    """Runs the blocking side of a reader: asks for splits and fetches their blocks.
 
     ``request_split`` may block (it queries the split store); it is called only when the split
     reader has run out of splits, so assignment is lazy and idle subtasks pull more work.
@@ -123,7 +123,7 @@ class SplitFetcher(threading.Thread):
                 if not self._reader.has_splits():
                     requested = self._next_split()
                     if requested is None:
-                        self._handoff.put(RecordsWithSplitIds[RawLine](end_of_input=True))
+                        self._handoff.put(RecordsWithSplitIds(end_of_input=True))
                         return
                     self._reader.add_split(requested)
                     added.append(requested)

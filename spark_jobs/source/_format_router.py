@@ -1,129 +1,154 @@
-"""Reads splits of every kind by handing each to the split reader of its format.
+"""The SplitReader of a source: reads splits of every kind with the reader of their format.
 
-A subtask reads one split at a time, so the router only ever has one active format reader;
-the next split goes to its reader once the current one is finished. Plain JSON Lines splits
-are read in parsed blocks (:class:`JsonBlockSplitReader`, parsed on the fetcher thread); every
-other format hands over one record at a time, parsed on the mailbox thread by ``parse``.
+Every format is read in :class:`ParsedBlock`\\ s of the source's :class:`RecordSchema`,
+parsed and validated on the fetcher thread: line files (JSON Lines, CSV, plain or gzip) by
+:class:`LineSplitReader`, Parquet by :class:`ParquetSplitReader`, Postgres table ranges by
+:class:`TableRangeSplitReader`. A subtask reads one split at a time, so only one format
+reader is active; the next read goes to its reader once the current one is finished.
+
+Restore: a :class:`SplitAssignment` carries ``pending`` — ``{"span": [a, b]}`` entries, the
+offset ranges that were in flight in the operator chain at the restored checkpoint. They are
+read first, in order, as blocks marked ``replay`` (``replay_entry``: the entry's index in
+``pending``; other keys of an entry are left to the task) holding exactly the records whose
+offset lies in ``[a, b)`` (line files: a copy of the FileSplit with ``start=a, end=b``; gzip: lines
+starting before ``b``; Parquet: rows; table: keys); then the split is read normally from its
+resume offset. Only that final, normal read reports the split as finished.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol, TypeAlias
+from collections.abc import Mapping
+from typing import Protocol
 
-from enumerator_service import SplitAssignment
-from spark_jobs.source._blocks import EventBlock
-from spark_jobs.source._csv_reader import CsvSplitReader, LinesSplitReader, parse_csv_record
-from spark_jobs.source._events import Event, parse_event
-from spark_jobs.source._jsonl_blocks import JsonBlockSplitReader
-from spark_jobs.source._parquet_reader import (
-    ParquetSplitReader,
-    RowRecord,
-    RowsWithSplitIds,
-    parse_parquet_record,
-)
-from spark_jobs.source._records import RawLine, RecordsWithSplitIds
+from enumerator_service import FileSplit, SplitAssignment
+from spark_jobs.source._batch import RecordSchema
+from spark_jobs.source._line_reader import LINE_KINDS, LineSplitReader, check_whole_file
+from spark_jobs.source._parquet_reader import ParquetSplitReader
+from spark_jobs.source._records import BlockReader, RecordsWithSplitIds, SplitRead
 from spark_jobs.source._table_reader import TableRangeSplitReader
 
-__all__ = ["FormatRouter", "SplitBatch", "SplitReader"]
-
-SplitBatch: TypeAlias = (
-    RecordsWithSplitIds[RawLine] | RowsWithSplitIds | RecordsWithSplitIds[EventBlock]
-)
-Record = RawLine | RowRecord | EventBlock
+__all__ = ["FormatRouter", "SplitReader", "replay_reads"]
 
 
 class SplitReader(Protocol):
     """The blocking side of a source (FLIP-27's SplitReader).
 
-    ``fetch`` may block and is called by one fetcher thread; ``wake_up`` may be called from any
-    thread and makes a blocked ``fetch`` return early.
+    ``fetch`` may block and is called by one fetcher thread; ``wake_up`` may be called from
+    any thread and makes a blocked ``fetch`` return early.
     """
 
     def add_split(self, assignment: SplitAssignment) -> None: ...
     def has_splits(self) -> bool: ...
-    def fetch(self) -> SplitBatch: ...
+    def fetch(self) -> RecordsWithSplitIds: ...
     def wake_up(self) -> None: ...
     def close(self) -> None: ...
 
 
-class FormatRouter:
-    """A SplitReader over JSON Lines, CSV (plain or gzip), Parquet and Postgres table ranges.
+def replay_reads(assignment: SplitAssignment) -> list[SplitRead]:
+    """The replay reads of an assignment's pending ranges, in order (empty ranges skipped).
 
-    ``parse`` (mailbox thread) turns a record of a split into an Event, a dead-letter reason,
-    or None (not a record), with the parser of that split's format.
+    ValueError for an entry that is not ``{"span": [a, b]}`` (a restore must not drop it).
+    """
+    reads = []
+    split = assignment.split
+    for index, entry in enumerate(assignment.pending):
+        span = entry.get("span") if isinstance(entry, Mapping) else None
+        if not isinstance(span, list | tuple) or len(span) != 2:
+            raise ValueError(f"split {assignment.split_id}: unreadable pending entry {entry!r}")
+        start, end = int(span[0]), int(span[1])
+        if start >= end:
+            continue
+        bounded = split
+        if isinstance(split, FileSplit) and split.kind in ("jsonl", "csv"):
+            bounded = dataclasses.replace(split, start=start, end=end)
+        reads.append(SplitRead(assignment.split_id, bounded, start, end, True, index))
+    return reads
+
+
+class FormatRouter:
+    """A SplitReader over JSON Lines, CSV (plain or gzip), Parquet and Postgres table ranges,
+    producing blocks of ``schema``.
+
+    Threading: ``add_split``, ``has_splits``, ``fetch`` and ``close`` are called by the one
+    fetcher thread (``fetch`` and ``close`` may block on I/O); ``wake_up`` may be called from
+    any thread and makes a running ``fetch`` return early (maybe without a block).
     """
 
-    def __init__(self, *, max_line_bytes: int, dsn: str, block_bytes: int = 256 << 10) -> None:
+    def __init__(
+        self,
+        schema: RecordSchema,
+        *,
+        max_line_bytes: int,
+        dsn: str,
+        block_bytes: int = 256 << 10,
+    ) -> None:
+        self.schema = schema
         self._max_line = max_line_bytes
-        self._blocks = JsonBlockSplitReader(max_line_bytes=max_line_bytes, chunk_bytes=block_bytes)
-        self._lines = LinesSplitReader(max_line_bytes=max_line_bytes)
-        self._csv = CsvSplitReader(max_line_bytes=max_line_bytes)
-        self._parquet = ParquetSplitReader()
-        self._table = TableRangeSplitReader(dsn)
-        self._pending: deque[SplitAssignment] = deque()
-        self._active: SplitReader | None = None
-        # Written by the fetcher thread before the split's first batch is handed over.
-        self._parsers: dict[int, Callable[[int, Any], Event | str | None]] = {}
+        self._lines = LineSplitReader(
+            schema, max_line_bytes=max_line_bytes, chunk_bytes=block_bytes
+        )
+        self._parquet = ParquetSplitReader(schema)
+        self._table = TableRangeSplitReader(schema, dsn)
+        self._reads: deque[SplitRead] = deque()
+        self._current: tuple[SplitRead, BlockReader] | None = None
 
     @property
     def max_line_bytes(self) -> int:
         return self._max_line
 
-    def _reader_for(self, kind: str) -> SplitReader:
-        if kind == "jsonl":
-            return self._blocks
-        if kind == "jsonl.gz":
+    def _reader_for(self, kind: str) -> BlockReader:
+        if kind in LINE_KINDS:
             return self._lines
-        if kind in ("csv", "csv.gz"):
-            return self._csv
         if kind == "parquet":
             return self._parquet
         if kind == "table":
             return self._table
         raise ValueError(f"no split reader for kind {kind!r}")
 
-    def _parser_for(self, kind: str) -> Callable[[int, Any], Event | str | None]:
-        if kind in ("jsonl", "jsonl.gz"):
-            return lambda split_id, line: parse_event(split_id, line, self._max_line)
-        if kind in ("csv", "csv.gz"):
-            return lambda split_id, line: parse_csv_record(
-                split_id, self._csv.header_of(split_id), line, self._max_line
-            )
-        return parse_parquet_record  # Parquet and table rows are both RowRecords
-
     def add_split(self, assignment: SplitAssignment) -> None:
-        kind = assignment.split.kind
-        self._reader_for(kind)  # unknown kinds fail here, in the fetcher, not later
-        self._parsers[assignment.split_id] = self._parser_for(kind)
-        self._pending.append(assignment)
+        """Queue the split's replay reads, then its normal read. Unknown kinds, gzip ranges
+        and unreadable pending entries fail here, in the fetcher, not later."""
+        split = assignment.split
+        self._reader_for(split.kind)
+        if isinstance(split, FileSplit):
+            check_whole_file(split)
+        self._reads.extend(replay_reads(assignment))
+        self._reads.append(SplitRead.of(assignment))
 
     def has_splits(self) -> bool:
-        return bool(self._pending) or (self._active is not None and self._active.has_splits())
+        return self._current is not None or bool(self._reads)
 
-    def fetch(self) -> SplitBatch:
-        if self._active is None or not self._active.has_splits():
-            if not self._pending:
-                self._active = None
-                return RecordsWithSplitIds[RawLine]()
-            assignment = self._pending.popleft()
-            self._active = self._reader_for(assignment.split.kind)
-            self._active.add_split(assignment)
-        return self._active.fetch()
-
-    def parse(self, split_id: int, record: Record) -> Event | str | None:
-        return self._parsers[split_id](split_id, record)
-
-    def split_done(self, split_id: int) -> None:
-        """Forget a finished split's parser (and its CSV header)."""
-        self._parsers.pop(split_id, None)
-        self._csv.release(split_id)
+    def fetch(self) -> RecordsWithSplitIds:
+        """At most one block of the current read; the split is finished with its last block
+        (or in a fetch of its own) when its normal read ends."""
+        batch = RecordsWithSplitIds()
+        if self._current is None:
+            if not self._reads:
+                return batch
+            read = self._reads.popleft()
+            reader = self._reader_for(read.split.kind)
+            reader.open(read)
+            self._current = (read, reader)
+        read, reader = self._current
+        block, done = reader.fetch()
+        if block is not None:
+            if read.replay:
+                block.replay, block.replay_entry = True, read.entry
+            batch.blocks.append(block)
+        if done:
+            self._current = None
+            if not read.replay:
+                batch.finished.append(read.split_id)
+        return batch
 
     def wake_up(self) -> None:
-        if self._active is not None:
-            self._active.wake_up()
+        current = self._current
+        if current is not None:
+            current[1].wake_up()
 
     def close(self) -> None:
-        for reader in (self._blocks, self._lines, self._csv, self._parquet, self._table):
+        self._current = None
+        for reader in (self._lines, self._parquet, self._table):
             reader.close()

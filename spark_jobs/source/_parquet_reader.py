@@ -1,112 +1,75 @@
-"""Blocking reader of Parquet row-group splits (runs in a fetcher thread)."""
+"""Reader of Parquet row-group splits in blocks (runs in a fetcher thread).
+
+A FileSplit of kind ``"parquet"`` covers row groups ``[start, end)`` of its file (``end``
+None: through the last row group). Offset rule: an offset is a *row index within the file*,
+the first row not yet emitted. A fresh assignment has ``resume_offset == split.start`` (the
+split store hands out ``start_offset``, a row-group index, while nothing is committed), so
+reading begins at ``max(resume_offset, first row of row group start)``. That is exact when
+the first row of row group ``start`` is at least ``start`` (always true without empty row
+groups): every emitted offset then lies above it. Otherwise a committed row offset could
+equal ``start``, so such a split (with rows) fails with :class:`ParquetSplitError`: the
+enumerator must not start a split right after empty row groups. Resuming inside a row group
+decodes that row group from its beginning and skips the rows before the offset. A replay
+read of rows ``[a, b)`` reads exactly those rows.
+
+Each ``fetch`` turns one ``iter_batches`` batch (the declared columns only) into a block,
+converted by :class:`BatchConverter`.
+
+Threading: ``open`` and ``fetch`` may block on file I/O and are called by one fetcher thread
+only; ``wake_up`` may be called from any thread (a ``fetch`` reads at most one batch, so it
+returns soon anyway).
+"""
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_right
-from collections import deque
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from decimal import Decimal
-from typing import Any, TypeAlias
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from typing import Any
 
-import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from enumerator_service import SplitAssignment
-from spark_jobs.source._events import Event, validate_event
-from spark_jobs.source._records import RawLine, RecordsWithSplitIds
+from spark_jobs.source._batch import ParsedBlock, RecordSchema
+from spark_jobs.source._convert import new_block
+from spark_jobs.source._parquet_rows import BatchConverter
+from spark_jobs.source._records import SplitRead
 
-__all__ = [
-    "ParquetSplitError",
-    "ParquetSplitReader",
-    "RowRecord",
-    "RowsWithSplitIds",
-    "parse_parquet_record",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class RowRecord:
-    """One row of a Parquet split: its row index in the file, the next index, its values.
-
-    Offset rule: offsets of Parquet splits are *row indices within the file* (not bytes);
-    ``next_offset`` (= ``offset + 1``) is the first row not yet emitted once this row is.
-    """
-
-    offset: int
-    next_offset: int
-    values: dict[str, Any]
-
-    def as_raw_line(self) -> RawLine:
-        """The row as JSON bytes, for the dead-letter path (which stores raw lines)."""
-        return RawLine(self.offset, self.next_offset, orjson.dumps(self.values, default=str))
-
-
-#: A fetch of Parquet or table rows.
-RowsWithSplitIds: TypeAlias = RecordsWithSplitIds[RowRecord]
+__all__ = ["ParquetSplitError", "ParquetSplitReader"]
 
 
 class ParquetSplitError(RuntimeError):
     """A Parquet file is unreadable (missing, corrupt, fewer row groups than the split names).
 
-    Raised from ``fetch``: the task fails and the split is retried. An unreadable file is not a
-    malformed *record*, so it is never dead-lettered row by row.
+    Raised from ``open``/``fetch``: the task fails and the split is retried. An unreadable
+    file is not a malformed *record*, so it is never dead-lettered row by row.
     """
 
 
 class ParquetSplitReader:
-    """Reads the rows of its splits one after another, ``batch_rows`` rows per ``fetch``.
+    """Reads one read of a Parquet split at a time, up to ``batch_rows`` rows per block."""
 
-    A FileSplit of kind ``"parquet"`` covers row groups ``[start, end)`` of its file (``end``
-    None: through the last row group). Offset rule: an offset is a *row index within the file*,
-    the first row not yet emitted. A fresh assignment has ``resume_offset == split.start`` (the
-    split store hands out ``start_offset``, a row-group index, while nothing is committed), so
-    reading begins at ``max(resume_offset, first row of row group start)``. That is exact when
-    the first row of row group ``start`` is at least ``start`` (always true without empty row
-    groups): every emitted ``next_offset`` then lies above it. Otherwise a committed row offset
-    could equal ``start``, so such a split (with rows) fails with :class:`ParquetSplitError`:
-    the enumerator must not start a split right after empty row groups. Resuming inside a row
-    group decodes that row group from its beginning and skips the rows before the offset.
-
-    Timestamp columns in nanoseconds are truncated to microseconds (Python datetimes).
-
-    Threading: ``fetch`` may block on file I/O and is called by one fetcher thread only;
-    ``wake_up`` may be called from any thread (a ``fetch`` reads at most one batch, so it
-    returns soon anyway).
-    """
-
-    def __init__(self, *, batch_rows: int = 1024, columns: Sequence[str] | None = None) -> None:
+    def __init__(self, schema: RecordSchema, *, batch_rows: int = 1024) -> None:
+        self._schema = schema
+        self._rows = BatchConverter(schema)
+        self._names = [field.name for field in schema.fields]
         self._batch_rows = batch_rows
-        self._columns = list(columns) if columns is not None else None
-        self._splits: deque[SplitAssignment] = deque()
-        self._current: SplitAssignment | None = None
+        self._read: SplitRead | None = None
         self._file: Any = None  # pq.ParquetFile
-        self._batches: Iterator[Any] | None = None  # pa.RecordBatch
+        self._batches: Iterator[Any] = iter(())  # pa.RecordBatch
         self._row = 0  # row index of the next row the batches yield
         self._first = 0  # first row to emit (rows before it are skipped)
-        self._woken = False
+        self._stop = 0  # first row not to emit
 
-    def add_split(self, assignment: SplitAssignment) -> None:
-        self._splits.append(assignment)
+    def open(self, read: SplitRead) -> None:
+        self.close()
+        self._read = read
+        try:
+            self._open(read)
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise self._error(exc) from exc
 
-    def has_splits(self) -> bool:
-        return self._current is not None or bool(self._splits)
-
-    def wake_up(self) -> None:
-        self._woken = True
-
-    def close(self) -> None:
-        self._batches = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def _open_next(self) -> None:
-        self._current = assignment = self._splits.popleft()
-        split = assignment.split
+    def _open(self, read: SplitRead) -> None:
+        split = read.split
         self._file = pq.ParquetFile(split.path)
         meta = self._file.metadata
         groups = int(meta.num_row_groups)
@@ -121,104 +84,69 @@ class ParquetSplitReader:
                 f"row group {split.start} starts at row {firsts[split.start]}, below its own "
                 "index (empty row groups before it): a fresh resume offset would be ambiguous"
             )
-        self._first = max(assignment.resume_offset, firsts[split.start])
-        # The last row group starting at or before row self._first (skips empty groups).
-        group = max(split.start, bisect_right(firsts, self._first) - 1)
-        self._row = firsts[group]
-        if self._first >= firsts[end]:
+        self._first = max(read.resume, firsts[split.start])
+        self._stop = firsts[end] if read.stop is None else min(read.stop, firsts[end])
+        if self._first >= self._stop:
             self._batches = iter(())
             return
+        # From the last row group starting at or before the first row (skips empty groups)
+        # to the one holding the last row.
+        group = max(split.start, bisect_right(firsts, self._first) - 1)
+        last = min(end, bisect_left(firsts, self._stop))
+        self._row = firsts[group]
+        present = set(self._file.schema_arrow.names)
         self._batches = self._file.iter_batches(
-            batch_size=self._batch_rows, row_groups=list(range(group, end)), columns=self._columns
+            batch_size=self._batch_rows,
+            row_groups=list(range(group, last)),
+            columns=[name for name in self._names if name in present],
         )
 
-    def fetch(self) -> RowsWithSplitIds:
-        """Up to ``batch_rows`` rows of the current split; marks the split finished at its end."""
-        self._woken = False
-        batch = RowsWithSplitIds()
-        if self._current is None:
-            if not self._splits:
-                return batch
+    def fetch(self) -> tuple[ParsedBlock | None, bool]:
+        if self._read is None:
+            return None, True
+        while True:
             try:
-                self._open_next()
+                batch = next(self._batches, None)
             except (OSError, ValueError, pa.ArrowException) as exc:
                 raise self._error(exc) from exc
-        assert self._current is not None and self._batches is not None
-        split_id = self._current.split_id
-        rows: list[RowRecord] = []
-        while not rows and not self._woken:
-            try:
-                arrow = next(self._batches, None)
-                values = None if arrow is None else _to_pylist(arrow)
-            except (OSError, ValueError, pa.ArrowException) as exc:
-                raise self._error(exc) from exc
-            if values is None:
-                batch.finished.append(split_id)
+            if batch is None:
                 self.close()
-                self._current = None
-                break
-            skip = max(0, min(len(values), self._first - self._row))
-            rows.extend(
-                RowRecord(self._row + i, self._row + i + 1, values[i])
-                for i in range(skip, len(values))
-            )
-            self._row += len(values)
-        if rows:
-            batch.records[split_id] = rows
-        return batch
+                return None, True
+            first_row = self._row
+            self._row += batch.num_rows
+            skip = max(0, self._first - first_row)
+            take = min(batch.num_rows, self._stop - first_row) - skip
+            done = self._row >= self._stop
+            if take > 0:
+                block = self._block(batch.slice(skip, take), first_row + skip)
+                if done:
+                    self.close()
+                return block, done
+            if done:
+                self.close()
+                return None, True
+
+    def _block(self, batch: pa.RecordBatch, first_row: int) -> ParsedBlock:
+        assert self._read is not None
+        rows, dead = self._rows.convert(batch, first_row)
+        end = first_row + batch.num_rows
+        return new_block(self._schema, self._read.split_id, first_row, end, rows, dead)
+
+    def wake_up(self) -> None:
+        """Nothing to interrupt: a ``fetch`` reads one batch."""
+
+    def close(self) -> None:
+        self._batches = iter(())
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def _error(self, exc: BaseException) -> ParquetSplitError:
-        assert self._current is not None
-        split = self._current.split
+        read = self._read
+        assert read is not None
+        split = read.split
         self.close()
         return ParquetSplitError(
-            f"split {self._current.split_id}: cannot read Parquet file {split.path} "
+            f"split {read.split_id}: cannot read Parquet file {split.path} "
             f"(row groups [{split.start}, {split.end})): {exc}"
         )
-
-
-def _to_pylist(batch: Any) -> list[dict[str, Any]]:
-    """The rows of a pa.RecordBatch; nanosecond timestamps are truncated to microseconds."""
-    fields = list(batch.schema)
-    micros = [
-        f.with_type(pa.timestamp("us", tz=f.type.tz))
-        if pa.types.is_timestamp(f.type) and f.type.unit == "ns"
-        else f
-        for f in fields
-    ]
-    if micros != fields:
-        batch = batch.cast(pa.schema(micros), safe=False)
-    rows: list[dict[str, Any]] = batch.to_pylist()
-    return rows
-
-
-def parse_parquet_record(split_id: int, record: RowRecord) -> Event | str:
-    """The event in one Parquet row, or a dead-letter reason (``"category: detail"``).
-
-    Conversions before :func:`validate_event`: a timestamp (datetime) ``event_time`` becomes ISO
-    text (naive means UTC); binary ``event_id``/``event_type`` are decoded as UTF-8; a decimal
-    ``amount`` becomes a float. Nulls count as missing; non-finite amounts and user ids outside
-    the int64 range (the sink's type) are bad values.
-    """
-    obj = dict(record.values)
-    for name in ("event_id", "event_type"):
-        value = obj.get(name)
-        if isinstance(value, bytes):
-            try:
-                obj[name] = value.decode("utf-8")
-            except UnicodeDecodeError:
-                return f"invalid UTF-8: {name} is not valid UTF-8 text"
-    when = obj.get("event_time")
-    if isinstance(when, datetime):
-        obj["event_time"] = when.isoformat()
-    elif when is not None and not isinstance(when, str):
-        return f"wrong type: event_time must be a timestamp or ISO-8601 text, got {type(when)}"
-    user_id = obj.get("user_id")
-    if isinstance(user_id, int) and not -(2**63) <= user_id < 2**63:  # a uint64 column
-        return f"bad value: user_id {user_id} is outside the int64 range"
-    amount = obj.get("amount")
-    if isinstance(amount, Decimal):
-        obj["amount"] = amount = float(amount)
-    if isinstance(amount, float) and not math.isfinite(amount):
-        return f"bad value: amount {amount} is not finite"
-    return validate_event(split_id, obj)

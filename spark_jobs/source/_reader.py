@@ -6,12 +6,11 @@ import enum
 from collections import deque
 from concurrent.futures import Future
 from datetime import datetime
-from typing import Any
 
 from enumerator_service import SplitState
+from spark_jobs.source._batch import ParsedBlock
 from spark_jobs.source._emitter import ReaderOutput, RecordEmitter
 from spark_jobs.source._fetcher import HandoffQueue, SplitFetcher
-from spark_jobs.source._format_router import Record
 
 __all__ = ["InputStatus", "SourceReaderBase"]
 
@@ -23,11 +22,12 @@ class InputStatus(enum.Enum):
 
 
 class SourceReaderBase:
-    """Emits at most one record per ``poll_next`` call. Mailbox thread only; never blocks.
+    """Emits at most one block per ``poll_next`` call. Mailbox thread only; never blocks.
 
-    Batches come from the fetcher thread through the bounded hand-off queue; when it is empty,
-    ``poll_next`` returns NOTHING_AVAILABLE and ``is_available()`` is a future that completes
-    when the next batch arrives. Split states live here and are updated by the RecordEmitter.
+    Fetch results come from the fetcher thread through the bounded hand-off queue; when it is
+    empty, ``poll_next`` returns NOTHING_AVAILABLE and ``is_available()`` is a future that
+    completes when the next one arrives. Split states live here and are updated by the
+    RecordEmitter. A split's blocks are emitted before it is reported finished.
     """
 
     def __init__(self, fetcher: SplitFetcher, handoff: HandoffQueue, emitter: RecordEmitter):
@@ -35,10 +35,8 @@ class SourceReaderBase:
         self._handoff = handoff
         self._emitter = emitter
         self._states: dict[int, SplitState] = {}
-        self._records: deque[Record] = deque()
-        self._records_split = -1
+        self._blocks: deque[ParsedBlock] = deque()
         self._finished: deque[int] = deque()
-        self._pending_batches: deque[tuple[int, list[Any]]] = deque()
         self._end_of_input = False
 
     def start(self) -> None:
@@ -68,15 +66,11 @@ class SourceReaderBase:
 
     def poll_next(self, output: ReaderOutput) -> InputStatus:
         while True:
-            if self._records:
-                split_id = self._records_split
-                record = self._records.popleft()
-                self._emitter.emit(split_id, record, self._states[split_id], output)
+            if self._blocks:
+                block = self._blocks.popleft()
+                split_id = block.split_id
+                self._emitter.emit(split_id, block, self._states[split_id], output)
                 return InputStatus.MORE_AVAILABLE
-            if self._pending_batches:
-                self._records_split, records = self._pending_batches.popleft()
-                self._records.extend(records)
-                continue
             if self._finished:
                 split_id = self._finished.popleft()
                 output.split_finished(split_id, self._states.pop(split_id))
@@ -93,6 +87,6 @@ class SourceReaderBase:
                 state = assignment.initial_state()
                 self._states[assignment.split_id] = state
                 output.split_added(assignment, state)
-            self._pending_batches.extend(item.records.items())
+            self._blocks.extend(item.blocks)
             self._finished.extend(item.finished)
             self._end_of_input = item.end_of_input

@@ -1,39 +1,70 @@
-"""Batches handed from fetcher threads to the mailbox thread."""
+"""What moves between the parts of a source: reads of splits, and fetched blocks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Protocol
 
-from enumerator_service import SplitAssignment
+from enumerator_service import Split, SplitAssignment
+from spark_jobs.source._batch import ParsedBlock
 
-__all__ = ["RawLine", "RecordsWithSplitIds"]
-
-R = TypeVar("R")
+__all__ = ["BlockReader", "RecordsWithSplitIds", "SplitRead"]
 
 
 @dataclass(frozen=True, slots=True)
-class RawLine:
-    """One line of a split: its first byte, the first byte after it, and its content.
+class SplitRead:
+    """One read of a split: its records with offsets from ``resume`` (the split's resume
+    offset, or a replayed range's start) up to ``stop`` (exclusive; None: the split's end).
 
-    ``truncated`` marks a line longer than the reader's limit (content holds its beginning).
+    ``replay``: the read re-reads a range that was in flight at the restored checkpoint —
+    entry ``entry`` of the assignment's ``pending``; its blocks are marked ``replay`` (with
+    ``replay_entry = entry``) and it never finishes the split.
     """
 
-    offset: int
-    next_offset: int
-    data: bytes
-    truncated: bool = False
+    split_id: int
+    split: Split
+    resume: int
+    stop: int | None = None
+    replay: bool = False
+    entry: int = 0
+
+    @classmethod
+    def of(cls, assignment: SplitAssignment) -> SplitRead:
+        """The normal read of an assignment: from its resume offset to the split's end."""
+        return cls(assignment.split_id, assignment.split, assignment.resume_offset)
+
+    def stop_within(self, end: int | None) -> int | None:
+        """The first offset not to read, given the split's own ``end`` (None: unbounded)."""
+        if self.stop is None:
+            return end
+        return self.stop if end is None else min(self.stop, end)
+
+
+class BlockReader(Protocol):
+    """The reader of one format: one read at a time, one block per ``fetch``.
+
+    Threading: ``open`` and ``fetch`` may block and are called by one fetcher thread;
+    ``wake_up`` may be called from any thread and makes a running ``fetch`` return early.
+    """
+
+    def open(self, read: SplitRead) -> None:
+        """Start ``read`` (the previous one is finished or abandoned)."""
+
+    def fetch(self) -> tuple[ParsedBlock | None, bool]:
+        """(the next block or None, whether the read is finished)."""
+
+    def wake_up(self) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass(slots=True)
-class RecordsWithSplitIds(Generic[R]):
-    """Records of one fetch, grouped by split, plus splits added or finished by it.
+class RecordsWithSplitIds:
+    """The result of one fetch: splits added, blocks (in order), splits finished by it.
 
-    ``R`` is the record type of the format: ``RawLine`` for text files, ``RowRecord`` for
-    Parquet and table rows.
+    Blocks come before the finished splits: a split is finished after its last block.
     """
 
     added: list[SplitAssignment] = field(default_factory=list)
-    records: dict[int, list[R]] = field(default_factory=dict)
+    blocks: list[ParsedBlock] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
     end_of_input: bool = False

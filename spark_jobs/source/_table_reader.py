@@ -1,88 +1,104 @@
-"""Blocking reader of Postgres table key-range splits (runs in a fetcher thread)."""
+"""Reader of Postgres table key-range splits in blocks (runs in a fetcher thread).
+
+Offset rule (see TableRangeSplit): a record's offset is its key, so the state offset after a
+block is the smallest key not yet emitted (the block's last key + 1). A read covers the keys
+``[resume, stop)`` (``stop``: the split's ``high``, or a replayed range's end), in key order,
+``batch_rows`` per query (keyset paging): ``SELECT key, declared columns`` with every
+identifier quoted. Each row is converted by the exact per-row path
+(:meth:`RecordConverter.from_values`: psycopg's Python values — str, int, Decimal, float,
+bool, datetime, date, bytes); a bad row's dead letter holds the row as JSON. A block covers
+``[key the query started from, last key + 1)``, so consecutive blocks of a read touch.
+
+Threading: ``open`` and ``fetch`` block on Postgres and are called by one fetcher thread
+only; ``wake_up`` may be called from any thread (a query in progress finishes first).
+"""
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
-from enumerator_service import SplitAssignment, TableRangeSplit, validate_identifier
-from spark_jobs.source._parquet_reader import RowRecord, RowsWithSplitIds
+from enumerator_service import TableRangeSplit
+from spark_jobs.pipeline._errors import quote
+from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
+from spark_jobs.source._convert import RecordConverter, new_block, raw_json
+from spark_jobs.source._records import SplitRead
 
-__all__ = ["TableRangeSplitReader"]
+__all__ = ["TableRangeSplitReader", "table_query"]
+
+
+def table_query(split: TableRangeSplit, names: list[str]) -> str:
+    """The keyset-paging query of a split's table (parameters: low key, high key, limit)."""
+    schema, _, table = split.table.rpartition(".")
+    source = f"{quote(schema)}.{quote(table)}" if schema else quote(table)
+    key = quote(split.key_column)
+    selected = ", ".join([key, *(quote(name) for name in names)])
+    return (
+        f"SELECT {selected} FROM {source} WHERE {key} >= %s AND {key} < %s ORDER BY {key} LIMIT %s"
+    )
 
 
 class TableRangeSplitReader:
-    """Reads the rows of its splits in key order, ``batch_rows`` per query (keyset paging).
+    """Reads one read of a table range at a time, one query (one block) per ``fetch``."""
 
-    Offset rule (see TableRangeSplit): a record's ``offset`` is its key and ``next_offset`` is
-    key + 1, so the state offset after emitting a row is the smallest key not yet emitted.
-
-    Threading: ``fetch`` blocks on Postgres and is called by one fetcher thread only;
-    ``wake_up`` may be called from any thread (a query in progress finishes first).
-    """
-
-    def __init__(self, dsn: str, *, batch_rows: int = 2000) -> None:
+    def __init__(self, schema: RecordSchema, dsn: str, *, batch_rows: int = 2000) -> None:
         if batch_rows < 1:
             raise ValueError("batch_rows must be positive")
+        self._schema = schema
+        self._converter = RecordConverter(schema)
+        self._names = list(self._converter.names)
         self._dsn = dsn
         self._batch = batch_rows
-        self._splits: deque[SplitAssignment] = deque()
-        self._current: SplitAssignment | None = None
+        self._read: SplitRead | None = None
+        self._query = ""
         self._next_key = 0
-        self._conn: psycopg.Connection[dict[str, Any]] | None = None
-        self._woken = False
+        self._stop = 0
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
 
-    def add_split(self, assignment: SplitAssignment) -> None:
-        if not isinstance(assignment.split, TableRangeSplit):
-            raise TypeError(f"not a table range split: {assignment.split!r}")
-        self._splits.append(assignment)
+    def open(self, read: SplitRead) -> None:
+        split = read.split
+        if not isinstance(split, TableRangeSplit):
+            raise TypeError(f"not a table range split: {split!r}")
+        self._read = read
+        self._query = table_query(split, self._names)
+        self._next_key = read.resume
+        self._stop = split.high if read.stop is None else min(read.stop, split.high)
 
-    def has_splits(self) -> bool:
-        return self._current is not None or bool(self._splits)
+    def fetch(self) -> tuple[ParsedBlock | None, bool]:
+        read = self._read
+        if read is None or self._next_key >= self._stop:
+            self._read = None
+            return None, True
+        if self._conn is None:
+            self._conn = psycopg.connect(self._dsn, autocommit=True)
+        found = self._conn.execute(
+            self._query, (self._next_key, self._stop, self._batch), prepare=True
+        ).fetchall()
+        finished = len(found) < self._batch
+        if finished:
+            self._read = None
+        if not found:
+            return None, finished
+        rows: list[tuple[Any, ...]] = []
+        offsets: list[int] = []
+        dead: list[DeadLetter] = []
+        for key, *values in found:
+            parsed = self._converter.from_values(values)
+            if isinstance(parsed, str):
+                dead.append((key, raw_json(dict(zip(self._names, values, strict=True))), parsed))
+            else:
+                rows.append(parsed)
+                offsets.append(key)
+        start, self._next_key = self._next_key, found[-1][0] + 1
+        batch = self._converter.to_batch(rows, offsets)
+        return new_block(self._schema, read.split_id, start, self._next_key, batch, dead), finished
 
     def wake_up(self) -> None:
-        self._woken = True
+        """Nothing to interrupt: a ``fetch`` runs one query."""
 
     def close(self) -> None:
+        self._read = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-    def _query(self, split: TableRangeSplit) -> str:
-        schema, _, table = split.table.partition(".")
-        for name, setting in ((schema, "schema"), (table, "table"), (split.key_column, "key")):
-            validate_identifier(name, setting)
-        key = split.key_column
-        return (
-            f"SELECT * FROM {schema}.{table} WHERE {key} >= %s AND {key} < %s "
-            f"ORDER BY {key} LIMIT %s"
-        )
-
-    def fetch(self) -> RowsWithSplitIds:
-        self._woken = False
-        batch = RowsWithSplitIds()
-        if self._current is None:
-            if not self._splits:
-                return batch
-            self._current = self._splits.popleft()
-            self._next_key = self._current.resume_offset
-        assignment = self._current
-        split = assignment.split
-        assert isinstance(split, TableRangeSplit)
-        if self._conn is None:
-            self._conn = psycopg.connect(self._dsn, row_factory=dict_row, autocommit=True)
-        rows = self._conn.execute(
-            self._query(split), (self._next_key, split.high, self._batch), prepare=True
-        ).fetchall()
-        key = split.key_column
-        records = [RowRecord(row[key], row[key] + 1, row) for row in rows]
-        if records:
-            batch.records[assignment.split_id] = records
-            self._next_key = records[-1].next_offset
-        if len(rows) < self._batch:
-            batch.finished.append(assignment.split_id)
-            self._current = None
-        return batch

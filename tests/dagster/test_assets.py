@@ -1,16 +1,20 @@
-"""The assets, checks, observations and resources of the code location, on real services.
+"""The assets, checks, observations and resources a pipeline gets, on real services.
 
-One dataset (two days of landing files plus a users table) and one Spark session serve every
-Spark test of this module: a module-scoped fixture materialises ``enriched_events`` for both
-days in ONE run (the single-run backfill path: a partition range), then
-``daily_revenue_by_country`` for the same range; the tests read what those runs left.
+One dataset (two days of landing files plus a users table of its own) and one Spark session
+serve every Spark test of this module: a module-scoped fixture materialises the test's
+pipeline (the clickstream example under a name of its own, writing ``enriched_events`` in its
+own warehouse) for both days in ONE run (the single-run backfill path: a partition range),
+then the example's ``daily_revenue_by_country`` for the same range; the tests read what those
+runs left.
 
 No ``__init__.py`` in this folder on purpose (see test_definitions.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib
 import secrets
 import shutil
 from collections.abc import Iterator, Mapping
@@ -23,12 +27,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
+from conftest import TestSettings, load_test_settings
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckKey,
     AssetsDefinition,
     AssetSelection,
     DagsterInstance,
+    DailyPartitionsDefinition,
     Definitions,
     ExecuteInProcessResult,
     build_resources,
@@ -37,29 +44,34 @@ from dagster import (
 )
 from dagster._core.remote_representation.external_data import RepositorySnap
 from dagster_shared.serdes import serialize_value
+from dagster_support import with_start_date
+from demo_platform import DICTIONARY, demo_pipeline
 from sluice_resource import resource_for
 
-from dagster_project._pipeline import REVENUE_TABLE
-from dagster_project.assets import daily_revenue_by_country, enriched_events
-from dagster_project.checks import enriched_events_checks
+from dagster_project import PipelineDefinitions, pipeline_definitions
 from dagster_project.definitions import defs as load_defs
-from dagster_project.observations import list_landing, raw_events, users
+from dagster_project.observations import list_landing
 from dagster_project.resources import (
     DatabaseResource,
     PathsResource,
     SluiceResource,
     SparkResource,
 )
-from enumerator_service import Settings, asyncpg_dsn, load_settings
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
+from enumerator_service import Settings, asyncpg_dsn
+from examples._clickstream_data import DemoSpec, generate_events, load_users
+from examples.clickstream import clickstream
+from examples.clickstream_revenue import REVENUE_TABLE
+from spark_jobs import ParquetSink, Pipeline
+from spark_jobs.pipeline._paths import landing_path, output_path
 
 DAYS = ["2026-01-01", "2026-01-02"]
 RANGE_TAGS = {
     "dagster/asset_partition_range_start": DAYS[0],
     "dagster/asset_partition_range_end": DAYS[-1],
 }
-#: What every materialisation of enriched_events reports.
+#: What every materialisation of a pipeline's output reports.
 RUN_METADATA = {
+    "pipeline",
     "splits",
     "rows_in",
     "rows_out",
@@ -73,8 +85,9 @@ RUN_METADATA = {
     "checkpoint_p50_ms",
     "checkpoint_p99_ms",
     "rows_per_second",
+    "output",
 }
-CHECKS = {"no_duplicate_event_ids", "rows_reconcile", "dead_letter_ratio"}
+CHECKS = {"unique_key", "rows_reconcile", "dead_letter_ratio"}
 #: An extra landing file of day one: two good events and two malformed lines.
 EXTRA_FILE = (
     b'{"event_id": "extra-1", "user_id": 1, "event_time": "2026-01-01T12:00:00+00:00", '
@@ -86,8 +99,14 @@ EXTRA_FILE = (
     b'"event_type": "order", "amount": 4.5}\n'
 )
 
+# Dagster 1.13 itself passes ``owners=[]`` when it binds resources to a sensor's job.
+OWNERS_WARNING = pytest.mark.filterwarnings(
+    "ignore:Parameter `owners` of initializer `SensorDefinition.__init__`:"
+    "dagster_shared.utils.warnings.BetaWarning"
+)
 
-def base_settings(db_url: str, root: Path, **overrides: Any) -> Settings:
+
+def base_settings(db_url: str, root: Path, **overrides: Any) -> TestSettings:
     """Settings on the test database with data under ``root`` (see conftest.make_settings)."""
     values: dict[str, Any] = {
         "database_url": db_url,
@@ -103,16 +122,27 @@ def base_settings(db_url: str, root: Path, **overrides: Any) -> Settings:
         "demo_start_date": date(2026, 1, 1),
         **overrides,
     }
-    return load_settings(**values)
+    return load_test_settings(**values)
 
 
-def load_user_table(settings: Settings) -> None:
+def own_pipeline(settings: TestSettings, users: str, table: str | None = None) -> Pipeline:
+    """The test's demo pipeline, looking users up in ``public.<users>`` and writing Parquet
+    to ``<warehouse>/<table>`` (default ``enriched_<name>``)."""
+    pipeline = demo_pipeline(
+        settings, steps=[dataclasses.replace(clickstream.steps[0], table=f"public.{users}")]
+    )
+    if table is not None:
+        pipeline = dataclasses.replace(pipeline, sink=ParquetSink(table, dictionary=DICTIONARY))
+    return with_start_date(pipeline, settings)
+
+
+def load_user_table(settings: Settings, table: str) -> None:
     assert settings.database_url is not None
     load_users(
         asyncpg_dsn(settings.database_url.get_secret_value()),
-        schema=settings.lookup_schema,
-        table=settings.lookup_table,
-        key=settings.lookup_key,
+        schema="public",
+        table=table,
+        key="id",
         users=settings.demo_users,
         seed=settings.demo_seed,
     )
@@ -136,25 +166,6 @@ def values(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value.value for key, value in metadata.items()}
 
 
-def checks_of(result: ExecuteInProcessResult) -> dict[tuple[str, str | None], AssetCheckEvaluation]:
-    """The run's check evaluations by (check name, partition): one per check and day."""
-    evaluations = result.get_asset_check_evaluations()
-    assert all(e.asset_key == enriched_events.key for e in evaluations)
-    by_key = {(e.check_name, e.partition): e for e in evaluations}
-    assert len(by_key) == len(evaluations), "two evaluations of one check for one partition"
-    return by_key
-
-
-def stored_check_status(instance: DagsterInstance, name: str) -> dict[str | None, tuple[str, bool]]:
-    """What the instance (and so the UI) holds per partition for a check: latest status and
-    whether it checked the partition's latest materialisation."""
-    key = AssetCheckKey(enriched_events.key, name)
-    return {
-        info.partition_key: (info.latest_execution_status.value, info.is_current)
-        for info in instance.event_log_storage.get_asset_check_partition_info([key])
-    }
-
-
 def parquet_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith((".", "_")))
 
@@ -173,59 +184,62 @@ def test_nested_resources_override_their_settings(monkeypatch: pytest.MonkeyPatc
         database=DatabaseResource(url="postgresql://u@db/x"),
         spark=SparkResource(driver_host="driver"),
         paths=PathsResource(data_dir="/srv/data", warehouse_dir="/srv/out"),
-        source_name="clicks",
+        lookup_capacity=3,
     )
     assert sluice.overrides() == {
         "database_url": "postgresql://u@db/x",
         "spark_driver_host": "driver",
         "data_dir": "/srv/data",
         "warehouse_dir": "/srv/out",
-        "source_name": "clicks",
+        "lookup_capacity": 3,
     }
     settings = sluice.settings()
     assert settings.parallelism == 7  # unset in the resource: the environment at call time
     assert settings.spark_master == "local[*]"  # and the default
-    assert settings.landing_path == Path("/srv/data/landing/clicks")
-    assert settings.output_path == Path("/srv/out/enriched_clicks")
+    assert settings.lookup_capacity == 3
+    # Where a pipeline reads and writes follows: its folders are under those roots.
+    assert landing_path(clickstream, settings) == Path("/srv/data/landing/events")
+    assert output_path(clickstream, settings) == Path("/srv/out/enriched_events")
 
 
-@pytest.mark.filterwarnings(
-    "ignore:Parameter `owners` of initializer `SensorDefinition.__init__`:"
-    "dagster_shared.utils.warnings.BetaWarning"
-)
+@OWNERS_WARNING
 def test_local_definitions_leave_everything_to_the_environment(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("DAGSTER_DEPLOYMENT", raising=False)
+    monkeypatch.setenv("SLUICE_PIPELINES", "examples.clickstream")
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path))
     defs = load_defs()
     sluice = defs.resources["sluice"]
     assert isinstance(sluice, SluiceResource)
     assert sluice.overrides() == {}
     graph = defs.resolve_asset_graph()
     assert {key.to_user_string() for key in graph.get_all_asset_keys()} == {
-        "raw_events",
-        "users",
-        "enriched_events",
-        "daily_revenue_by_country",
+        "clickstream_landing",
+        "public/users",
+        "clickstream",
+        "daily_revenue_by_country",  # added by the pipeline's module (dagster_assets)
     }
-    # Lineage: raw_events + users -> enriched_events -> daily_revenue_by_country.
-    assert graph.get(enriched_events.key).parent_keys == {raw_events.key, users.key}
-    assert graph.get(daily_revenue_by_country.key).parent_keys == {enriched_events.key}
-    for key in (enriched_events.key, daily_revenue_by_country.key):
-        asset = defs.resolve_assets_def(key)
+    # Lineage: landing folder + users table -> clickstream -> daily_revenue_by_country.
+    output = defs.resolve_assets_def("clickstream")
+    revenue = defs.resolve_assets_def("daily_revenue_by_country")
+    assert {k.to_user_string() for k in graph.get(output.key).parent_keys} == {
+        "clickstream_landing",
+        "public/users",
+    }
+    assert graph.get(revenue.key).parent_keys == {output.key}
+    for asset in (output, revenue):
         assert asset.backfill_policy is not None
         assert asset.backfill_policy.max_partitions_per_run is None  # single run
-    assert {key.name for key in defs.resolve_asset_graph().asset_check_keys} == CHECKS
+    assert {key.name for key in graph.asset_check_keys} == CHECKS
+    assert {key.asset_key for key in graph.asset_check_keys} == {output.key}
 
     monkeypatch.setenv("DAGSTER_DEPLOYMENT", "staging")
     with pytest.raises(ValueError, match="DAGSTER_DEPLOYMENT: 'staging'"):
         load_defs()
 
 
-@pytest.mark.filterwarnings(
-    "ignore:Parameter `owners` of initializer `SensorDefinition.__init__`:"
-    "dagster_shared.utils.warnings.BetaWarning"
-)
+@OWNERS_WARNING
 # Dagster's own snapshot of a schedule reads this deprecated property.
 @pytest.mark.filterwarnings(
     "ignore:Property `ScheduleDefinition.environment_vars` is deprecated:DeprecationWarning"
@@ -236,6 +250,7 @@ def test_production_definitions_take_settings_from_env_vars(
     secret = f"pw-{secrets.token_hex(8)}"
     url = f"postgresql://sluice:{secret}@db.invalid:5432/sluice"
     monkeypatch.setenv("DAGSTER_DEPLOYMENT", "production")
+    monkeypatch.setenv("SLUICE_PIPELINES", "examples.clickstream,examples.orders")
     monkeypatch.setenv("SLUICE_DATABASE_URL", url)
     monkeypatch.setenv("SLUICE_SPARK_MASTER", "spark://spark-master:7077")
     monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path / "data"))
@@ -266,9 +281,11 @@ def test_production_definitions_take_settings_from_env_vars(
 # --------------------------------------------------------------------------- observations
 
 
-def test_raw_events_observation_lists_files_without_reading_them(
-    db_url: str, tmp_path: Path
-) -> None:
+def definitions_of(settings: TestSettings, users: str = "users") -> PipelineDefinitions:
+    return pipeline_definitions(own_pipeline(settings, users), settings)
+
+
+def test_landing_observation_lists_files_without_reading_them(db_url: str, tmp_path: Path) -> None:
     settings = base_settings(db_url, tmp_path, demo_events=60)
     generate_events(settings.landing_path, DemoSpec.from_settings(settings))
     # Not data: a hidden in-flight file, a marker, a file of an unknown kind, a stray folder.
@@ -281,8 +298,10 @@ def test_raw_events_observation_lists_files_without_reading_them(
     files = list(settings.landing_path.glob("dt=*/part-*.jsonl"))
     assert len(files) == settings.demo_days * settings.demo_files_per_day
 
+    landing, _users = definitions_of(settings).source_assets
+    assert landing.key.to_user_string() == f"{settings.source_name}_landing"
     sluice = resource_for(settings)
-    result = observe(raw_events, sluice)
+    result = observe(landing, sluice)
     assert result.success
     metadata, version = observation_metadata(result)
     assert metadata["files"] == len(files)
@@ -293,33 +312,37 @@ def test_raw_events_observation_lists_files_without_reading_them(
     assert version == list_landing(settings.landing_path).data_version.value
 
     # Same files, same version; a new file, a new version.
-    assert observation_metadata(observe(raw_events, sluice))[1] == version
+    assert observation_metadata(observe(landing, sluice))[1] == version
     (settings.landing_path / "dt=2026-01-03").mkdir()
     (settings.landing_path / "dt=2026-01-03" / "part-00000.csv").write_text("event_id\n")
-    again, new_version = observation_metadata(observe(raw_events, sluice))
+    again, new_version = observation_metadata(observe(landing, sluice))
     assert again["files"] == len(files) + 1
     assert new_version != version
 
 
-def test_raw_events_observation_of_a_missing_landing_folder(db_url: str, tmp_path: Path) -> None:
+def test_landing_observation_of_a_missing_landing_folder(db_url: str, tmp_path: Path) -> None:
     settings = base_settings(db_url, tmp_path)
-    metadata, version = observation_metadata(observe(raw_events, resource_for(settings)))
+    landing, _ = definitions_of(settings).source_assets
+    metadata, version = observation_metadata(observe(landing, resource_for(settings)))
     assert (metadata["files"], metadata["total_bytes"]) == (0, 0)
     assert version is not None
 
 
-def test_users_observation_reports_the_row_count(db_url: str, tmp_path: Path) -> None:
-    settings = base_settings(db_url, tmp_path, lookup_table=f"users_{secrets.token_hex(3)}")
+def test_lookup_table_observation_reports_the_row_count(db_url: str, tmp_path: Path) -> None:
+    settings = base_settings(db_url, tmp_path)
+    users = f"users_{secrets.token_hex(3)}"
+    _, table = definitions_of(settings, users).source_assets
+    assert table.key.path == ["public", users]
     sluice = resource_for(settings)
-    missing, missing_version = observation_metadata(observe(users, sluice))
+    missing, missing_version = observation_metadata(observe(table, sluice))
     assert missing["exists"] is False
     assert missing_version == "missing"
 
-    load_user_table(settings)
-    metadata, version = observation_metadata(observe(users, sluice))
+    load_user_table(settings, users)
+    metadata, version = observation_metadata(observe(table, sluice))
     assert metadata["exists"] is True
     assert metadata["row_count"] == settings.demo_users
-    assert metadata["table"] == f"public.{settings.lookup_table}"
+    assert metadata["table"] == f"public.{users}"
     assert version is not None and version.startswith(f"rows={settings.demo_users};")
 
 
@@ -328,7 +351,9 @@ def test_users_observation_reports_the_row_count(db_url: str, tmp_path: Path) ->
 
 @dataclass(frozen=True)
 class Materialized:
-    settings: Settings
+    settings: TestSettings
+    built: PipelineDefinitions
+    revenue_asset: AssetsDefinition
     instance: DagsterInstance
     enriched: ExecuteInProcessResult
     revenue: ExecuteInProcessResult
@@ -337,17 +362,45 @@ class Materialized:
     def sluice(self) -> SluiceResource:
         return resource_for(self.settings)
 
+    @property
+    def name(self) -> str:
+        return self.built.pipeline.name
 
-def run_enriched(
+    @property
+    def output(self) -> Path:
+        return output_path(self.built.pipeline, self.settings)
+
+    def checks_of(
+        self, result: ExecuteInProcessResult
+    ) -> dict[tuple[str, str | None], AssetCheckEvaluation]:
+        """The run's check evaluations by (check name, partition): one per check and day."""
+        evaluations = result.get_asset_check_evaluations()
+        assert all(e.asset_key == self.built.output.key for e in evaluations)
+        by_key = {(e.check_name, e.partition): e for e in evaluations}
+        assert len(by_key) == len(evaluations), "two evaluations of one check for one partition"
+        return by_key
+
+    def stored_check_status(self, name: str) -> dict[str | None, tuple[str, bool]]:
+        """What the instance (and so the UI) holds per partition for a check: latest status
+        and whether it checked the partition's latest materialisation."""
+        key = AssetCheckKey(self.built.output.key, name)
+        return {
+            info.partition_key: (info.latest_execution_status.value, info.is_current)
+            for info in self.instance.event_log_storage.get_asset_check_partition_info([key])
+        }
+
+
+def run_output(
+    built: PipelineDefinitions,
     sluice: SluiceResource,
     instance: DagsterInstance,
     *,
     partition_key: str | None = None,
     tags: Mapping[str, str] | None = None,
 ) -> ExecuteInProcessResult:
-    """enriched_events and its checks, as a UI launch or backfill of the asset runs them."""
+    """The pipeline's output asset and its checks, as a UI launch or backfill runs them."""
     return materialize(
-        [enriched_events, *enriched_events_checks],
+        [built.output, *built.checks],
         partition_key=partition_key,
         tags=tags,
         resources={"sluice": sluice},
@@ -356,6 +409,7 @@ def run_enriched(
 
 
 def run_revenue(
+    revenue: AssetsDefinition,
     sluice: SluiceResource,
     instance: DagsterInstance,
     *,
@@ -363,8 +417,7 @@ def run_revenue(
     tags: Mapping[str, str] | None = None,
 ) -> ExecuteInProcessResult:
     return materialize(
-        [enriched_events, daily_revenue_by_country],
-        selection=[daily_revenue_by_country],
+        [revenue],
         partition_key=partition_key,
         tags=tags,
         resources={"sluice": sluice},
@@ -373,31 +426,53 @@ def run_revenue(
 
 
 @pytest.fixture(scope="module")
-def materialized(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Materialized]:
-    """Both days of enriched events in one run, then their revenue in one run."""
-    token = secrets.token_hex(3)
-    settings = base_settings(
-        db_url, tmp_path_factory.mktemp("assets"), lookup_table=f"users_{token}"
-    )
+def revenue_asset() -> Iterator[AssetsDefinition]:
+    """The example's ``daily_revenue_by_country``, partitioned from ``DAYS[0]``.
+
+    Its partitions are the clickstream pipeline's, decided when its module is imported (from
+    the landing folder the code location sees); re-imported here with partitions that hold
+    the test's days.
+    """
+    import examples.clickstream_revenue as module
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(
+            importlib.import_module("dagster_project.assets")._PARTITIONS,
+            clickstream.name,
+            DailyPartitionsDefinition(start_date=DAYS[0]),
+        )
+        yield importlib.reload(module).daily_revenue_by_country
+
+
+@pytest.fixture(scope="module")
+def materialized(
+    db_url: str, tmp_path_factory: pytest.TempPathFactory, revenue_asset: AssetsDefinition
+) -> Iterator[Materialized]:
+    """Both days of the pipeline's output in one run, then their revenue in one run."""
+    settings = base_settings(db_url, tmp_path_factory.mktemp("assets"))
+    users = f"users_{secrets.token_hex(3)}"
+    # The revenue asset reads <warehouse>/enriched_events: the test's own warehouse.
+    built = pipeline_definitions(own_pipeline(settings, users, "enriched_events"), settings)
     generate_events(settings.landing_path, DemoSpec.from_settings(settings))
     (settings.landing_path / "dt=2026-01-01" / "part-extra.jsonl").write_bytes(EXTRA_FILE)
-    load_user_table(settings)
+    load_user_table(settings, users)
     sluice = resource_for(settings)
     with DagsterInstance.ephemeral() as instance:
-        enriched = run_enriched(sluice, instance, tags=RANGE_TAGS)
-        revenue = run_revenue(sluice, instance, tags=RANGE_TAGS)
-        yield Materialized(settings, instance, enriched, revenue)
+        enriched = run_output(built, sluice, instance, tags=RANGE_TAGS)
+        revenue = run_revenue(revenue_asset, sluice, instance, tags=RANGE_TAGS)
+        yield Materialized(settings, built, revenue_asset, instance, enriched, revenue)
 
 
 @pytest.mark.spark
 def test_a_range_of_partitions_materializes_in_one_run(materialized: Materialized) -> None:
     settings, result = materialized.settings, materialized.enriched
     assert result.success
-    events = result.asset_materializations_for_node("enriched_events")
+    events = result.asset_materializations_for_node(materialized.name)
     assert sorted(e.partition or "" for e in events) == DAYS  # one run, both days
     metadata = values(events[0].metadata)
     assert metadata == values(events[1].metadata)  # the run's figures, on each day
     assert set(metadata) >= RUN_METADATA
+    assert metadata["pipeline"] == materialized.name
     # Exactly the files of those two days: the demo files plus the extra one.
     assert metadata["splits"] == settings.demo_days * settings.demo_files_per_day + 1
     assert metadata["partitions"] == 2
@@ -407,8 +482,8 @@ def test_a_range_of_partitions_materializes_in_one_run(materialized: Materialize
     assert metadata["lookups"] > 0
     assert metadata["checkpoints_completed"] >= 1
     assert metadata["rows_per_second"] > 0
-    assert metadata["output_path"] == str(settings.output_path)
-    total = sum(parquet_rows(settings.output_path / f"dt={day}") for day in DAYS)
+    assert metadata["output"] == str(materialized.output)
+    total = sum(parquet_rows(materialized.output / f"dt={day}") for day in DAYS)
     assert total == metadata["rows_out"]
 
 
@@ -433,42 +508,37 @@ def test_no_password_or_url_in_any_metadata(materialized: Materialized) -> None:
 def test_checks_pass_on_the_materialized_partitions(materialized: Materialized) -> None:
     """One run over two days: every check reports one result per day, attributed to that
     day's partition and to that day's materialisation."""
-    settings, result = materialized.settings, materialized.enriched
-    checks = checks_of(result)
+    result = materialized.enriched
+    checks = materialized.checks_of(result)
     assert set(checks) == {(name, day) for name in CHECKS for day in DAYS}
     assert all(check.passed for check in checks.values()), checks
-    events = {e.partition: e for e in result.asset_materializations_for_node("enriched_events")}
+    events = {e.partition: e for e in result.asset_materializations_for_node(materialized.name)}
     run = values(events[DAYS[0]].metadata)  # the run's figures (on each day's event)
     reconcile = {day: values(checks["rows_reconcile", day].metadata) for day in DAYS}
     for day in DAYS:
-        assert reconcile[day]["rows_out"] == parquet_rows(settings.output_path / f"dt={day}")
-        assert (
-            reconcile[day]["rows_in"]
-            == reconcile[day]["rows_out"] + (reconcile[day]["dead_letters"])
-        )
+        assert reconcile[day]["rows_out"] == parquet_rows(materialized.output / f"dt={day}")
+        assert reconcile[day]["rows_out"] == reconcile[day]["rows_committed"]
         assert reconcile[day]["splits_completed"] == reconcile[day]["splits"] > 0
-    for figure in ("rows_out", "rows_in", "dead_letters", "splits"):
+    for figure in ("rows_out", "dead_letters", "splits"):
         assert sum(reconcile[day][figure] for day in DAYS) == run[figure], figure
+    assert (
+        sum(reconcile[day]["rows_committed"] + reconcile[day]["dead_letters"] for day in DAYS)
+        == run["rows_in"]
+    )
     # The extra file's malformed lines are day one's: the days' figures differ.
     assert reconcile[DAYS[0]]["dead_letters"] >= 2 and reconcile[DAYS[1]]["dead_letters"] == 0
     for day in DAYS:
         ratio = values(checks["dead_letter_ratio", day].metadata)
-        assert ratio["dead_letter_ratio"] == pytest.approx(
-            reconcile[day]["dead_letters"] / reconcile[day]["rows_in"]
-        )
-        assert values(checks["no_duplicate_event_ids", day].metadata)["duplicate_rows"] == 0
-        assert (
-            values(checks["no_duplicate_event_ids", day].metadata)["rows"]
-            == (reconcile[day]["rows_out"])
-        )
+        rows_in = reconcile[day]["rows_committed"] + reconcile[day]["dead_letters"]
+        assert ratio["rows_in"] == rows_in
+        assert ratio["dead_letter_ratio"] == pytest.approx(reconcile[day]["dead_letters"] / rows_in)
+        assert values(checks["unique_key", day].metadata)["duplicate_rows"] == 0
         for name in CHECKS:
             target = checks[name, day].target_materialization_data
             assert target is not None and target.run_id == result.run_id
     # What the instance holds: a current, passed result per partition.
     for name in CHECKS:
-        assert stored_check_status(materialized.instance, name) == dict.fromkeys(
-            DAYS, ("SUCCEEDED", True)
-        )
+        assert materialized.stored_check_status(name) == dict.fromkeys(DAYS, ("SUCCEEDED", True))
 
 
 def expected_revenue(folder: Path) -> dict[str | None, tuple[float, int, int]]:
@@ -505,18 +575,18 @@ def test_daily_revenue_matches_the_enriched_events(materialized: Materialized) -
     table = settings.warehouse_path / REVENUE_TABLE
     rows = 0
     for day in DAYS:
-        expected = expected_revenue(settings.output_path / f"dt={day}")
+        expected = expected_revenue(materialized.output / f"dt={day}")
         actual = revenue_of(table / f"dt={day}")
         assert actual.keys() == expected.keys()
         for country, (revenue, orders, count) in expected.items():
             assert actual[country][0] == pytest.approx(revenue), country
             assert actual[country][1:] == (orders, count), country
         rows += len(actual)
-    assert None in expected_revenue(settings.output_path / f"dt={DAYS[0]}")  # unknown users
+    assert None in expected_revenue(materialized.output / f"dt={DAYS[0]}")  # unknown users
     metadata = values(events[0].metadata)
     assert metadata["row_count"] == rows
     assert metadata["events"] == sum(
-        parquet_rows(settings.output_path / f"dt={day}") for day in DAYS
+        parquet_rows(materialized.output / f"dt={day}") for day in DAYS
     )
     assert metadata["preview"].startswith("| dt | user_country | revenue | orders | events |")
     assert not list(table.glob("_*")), "staging folders left behind"
@@ -528,7 +598,12 @@ def test_daily_revenue_rerun_replaces_the_partition(materialized: Materialized) 
     folder = settings.warehouse_path / REVENUE_TABLE / f"dt={DAYS[0]}"
     before = revenue_of(folder)
     (old,) = parquet_files(folder)
-    again = run_revenue(materialized.sluice, materialized.instance, partition_key=DAYS[0])
+    again = run_revenue(
+        materialized.revenue_asset,
+        materialized.sluice,
+        materialized.instance,
+        partition_key=DAYS[0],
+    )
     assert again.success
     (event,) = again.asset_materializations_for_node("daily_revenue_by_country")
     assert event.partition == DAYS[0]
@@ -540,7 +615,12 @@ def test_daily_revenue_rerun_replaces_the_partition(materialized: Materialized) 
 @pytest.mark.spark
 def test_daily_revenue_of_a_day_without_events_is_empty(materialized: Materialized) -> None:
     day = "2026-01-05"
-    result = run_revenue(materialized.sluice, materialized.instance, partition_key=day)
+    result = run_revenue(
+        materialized.revenue_asset,
+        materialized.sluice,
+        materialized.instance,
+        partition_key=day,
+    )
     assert result.success
     (event,) = result.asset_materializations_for_node("daily_revenue_by_country")
     assert values(event.metadata)["row_count"] == 0
@@ -551,9 +631,9 @@ def test_daily_revenue_of_a_day_without_events_is_empty(materialized: Materializ
 @pytest.mark.spark
 def test_dead_letter_threshold_is_configurable(materialized: Materialized) -> None:
     strict = resource_for(materialized.settings, max_dead_letter_ratio=0.001)
-    result = run_enriched(strict, materialized.instance, partition_key=DAYS[0])
+    result = run_output(materialized.built, strict, materialized.instance, partition_key=DAYS[0])
     assert result.success
-    checks = checks_of(result)
+    checks = materialized.checks_of(result)
     assert set(checks) == {(name, DAYS[0]) for name in CHECKS}
     ratio = checks["dead_letter_ratio", DAYS[0]]
     assert ratio.passed is False
@@ -561,83 +641,85 @@ def test_dead_letter_threshold_is_configurable(materialized: Materialized) -> No
     assert (ratio.description or "").startswith(f"{DAYS[0]}: ")
     assert values(ratio.metadata)["max_dead_letter_ratio"] == 0.001
     assert checks["rows_reconcile", DAYS[0]].passed
-    assert checks["no_duplicate_event_ids", DAYS[0]].passed
+    assert checks["unique_key", DAYS[0]].passed
 
 
 @pytest.mark.spark
 def test_a_corrupt_partition_fails_its_checks_while_the_other_passes(
     materialized: Materialized,
 ) -> None:
-    settings, instance, sluice = materialized.settings, materialized.instance, materialized.sluice
+    built, instance, sluice = materialized.built, materialized.instance, materialized.sluice
     good, bad = DAYS
-    assert run_enriched(sluice, instance, partition_key=bad).success  # the latest day now
-    folder = settings.output_path / f"dt={bad}"
+    assert run_output(built, sluice, instance, partition_key=bad).success  # the latest day now
+    folder = materialized.output / f"dt={bad}"
     rows = parquet_rows(folder)
     copy = folder / "part-copy-of-a-file.parquet"
     shutil.copyfile(parquet_files(folder)[0], copy)
     copied = pq.read_metadata(copy).num_rows
+    checks_only = AssetSelection.checks_for_assets(built.output)
     try:
         # The checks of both days, launched on their own for the range (as from the UI).
         result = materialize(
-            [enriched_events, *enriched_events_checks],
-            selection=AssetSelection.checks_for_assets(enriched_events),
+            [built.output, *built.checks],
+            selection=checks_only,
             tags=RANGE_TAGS,
             resources={"sluice": sluice},
             instance=instance,
         )
         assert result.success  # non-blocking checks: the run itself succeeds
-        checks = checks_of(result)
+        checks = materialized.checks_of(result)
         assert set(checks) == {(name, day) for name in CHECKS for day in DAYS}
         assert all(checks[name, good].passed for name in CHECKS)
-        assert not checks["no_duplicate_event_ids", bad].passed
-        duplicates = values(checks["no_duplicate_event_ids", bad].metadata)
+        assert not checks["unique_key", bad].passed
+        duplicates = values(checks["unique_key", bad].metadata)
         assert duplicates["duplicate_rows"] == copied
-        assert duplicates["sample_event_ids"]
+        assert duplicates["sample_keys"]
+        assert (checks["unique_key", bad].description or "").startswith(f"{bad}: ")
         assert not checks["rows_reconcile", bad].passed
         reconcile = values(checks["rows_reconcile", bad].metadata)
         assert reconcile["rows_out"] == rows + copied
-        assert reconcile["rows_in"] - reconcile["dead_letters"] == rows
+        assert reconcile["rows_committed"] == rows
         assert (checks["rows_reconcile", bad].description or "").startswith(f"{bad}: ")
         assert checks["dead_letter_ratio", bad].passed
-        for name in ("no_duplicate_event_ids", "rows_reconcile"):
-            assert stored_check_status(instance, name) == {
+        for name in ("unique_key", "rows_reconcile"):
+            assert materialized.stored_check_status(name) == {
                 good: ("SUCCEEDED", True),
                 bad: ("FAILED", True),
             }
 
         # Checks launched on their own without a partition check the latest materialised day.
         alone = materialize(
-            [enriched_events, *enriched_events_checks],
-            selection=AssetSelection.checks_for_assets(enriched_events),
+            [built.output, *built.checks],
+            selection=checks_only,
             resources={"sluice": sluice},
             instance=instance,
         )
         assert alone.success
-        assert not alone.asset_materializations_for_node("enriched_events")
-        checks = checks_of(alone)
+        assert not alone.asset_materializations_for_node(materialized.name)
+        checks = materialized.checks_of(alone)
         assert set(checks) == {(name, bad) for name in CHECKS}
-        assert not checks["no_duplicate_event_ids", bad].passed
+        assert not checks["unique_key", bad].passed
         # ... and with a partition (as the UI launches them), that one.
         one = materialize(
-            [enriched_events, *enriched_events_checks],
-            selection=AssetSelection.checks_for_assets(enriched_events),
+            [built.output, *built.checks],
+            selection=checks_only,
             tags={"dagster/partition": good},
             resources={"sluice": sluice},
             instance=instance,
         )
         assert one.success
-        assert {key: e.passed for key, e in checks_of(one).items()} == {
+        assert {key: e.passed for key, e in materialized.checks_of(one).items()} == {
             (name, good): True for name in CHECKS
         }
     except BaseException:
         copy.unlink()
         raise
     # Re-materialising the day replaces its folder: the stray copy goes with the old one.
-    again = checks_of(run_enriched(sluice, instance, partition_key=bad))
+    again = materialized.checks_of(run_output(built, sluice, instance, partition_key=bad))
     assert not copy.exists() and parquet_rows(folder) == rows
     assert set(again) == {(name, bad) for name in CHECKS}
     assert all(check.passed for check in again.values())
-    assert stored_check_status(instance, "rows_reconcile")[bad] == ("SUCCEEDED", True)
+    assert materialized.stored_check_status("rows_reconcile")[bad] == ("SUCCEEDED", True)
 
 
 def partition_content(folder: Path) -> tuple[int, str]:
@@ -651,17 +733,93 @@ def partition_content(folder: Path) -> tuple[int, str]:
 def test_re_materialising_a_partition_replaces_it_with_identical_output(
     materialized: Materialized,
 ) -> None:
-    settings, instance = materialized.settings, materialized.instance
     day = DAYS[0]
-    folder = settings.output_path / f"dt={day}"
+    folder = materialized.output / f"dt={day}"
     before, files = partition_content(folder), set(parquet_files(folder))
-    result = run_enriched(materialized.sluice, instance, partition_key=day)
+    result = run_output(
+        materialized.built, materialized.sluice, materialized.instance, partition_key=day
+    )
     assert result.success
-    (event,) = result.asset_materializations_for_node("enriched_events")
+    (event,) = result.asset_materializations_for_node(materialized.name)
     metadata = values(event.metadata)
     # Read again from scratch (not a no-op) and swapped in whole.
     assert metadata["rebuilt_partitions"] == day and metadata["nothing_new"] is False
     assert metadata["rows_out"] == before[0]
     assert not files & set(parquet_files(folder))
     assert partition_content(folder) == before
-    assert all(check.passed for check in checks_of(result).values())
+    assert all(check.passed for check in materialized.checks_of(result).values())
+
+
+# --------------------------------------------------------------------------- a table sink
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("upsert", [False, True], ids=["append", "upsert"])
+def test_checks_of_a_table_sink_per_day(db_url: str, tmp_path: Path, upsert: bool) -> None:
+    """The same checks on a Postgres sink: rows out counted in the table by ``dt``, duplicate
+    keys found there; an appending sink reconciles row for row, an upsert sink only checks its
+    splits (rows merge by key)."""
+    settings = base_settings(db_url, tmp_path)
+    users = f"users_{secrets.token_hex(3)}"
+    table = f"analytics.{settings.source_name}"
+    pipeline = demo_pipeline(
+        settings,
+        table=table,
+        steps=[dataclasses.replace(clickstream.steps[0], table=f"public.{users}")],
+    )
+    if upsert:
+        pipeline = dataclasses.replace(
+            pipeline, sink=dataclasses.replace(pipeline.sink, upsert_key=["event_id"])
+        )
+    built = pipeline_definitions(with_start_date(pipeline, settings), settings)
+    generate_events(settings.landing_path, DemoSpec.from_settings(settings))
+    load_user_table(settings, users)
+    sluice = resource_for(settings)
+    assert settings.database_url is not None
+    engine = sa.create_engine(
+        sa.make_url(settings.database_url.get_secret_value()).set(drivername="postgresql+psycopg")
+    )
+    with DagsterInstance.ephemeral() as instance:
+        result = run_output(built, sluice, instance, tags=RANGE_TAGS)
+        assert result.success
+        checks = {(e.check_name, e.partition): e for e in result.get_asset_check_evaluations()}
+        assert {k: e.passed for k, e in checks.items()} == {
+            (name, day): True for name in CHECKS for day in DAYS
+        }
+        with engine.connect() as conn:
+            per_day = dict(
+                conn.execute(sa.text(f"SELECT dt::text, count(*) FROM {table} GROUP BY 1")).all()
+            )
+        for day in DAYS:
+            reconcile = values(checks["rows_reconcile", day].metadata)
+            assert reconcile["rows_out"] == per_day[day] > 0
+            assert reconcile["rows_committed"] == per_day[day]
+            assert ("note" in reconcile) is upsert
+
+        # A stray copy of a row of day two in the table (not possible with a unique key).
+        if not upsert:
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO {table} SELECT * FROM {table} "
+                        "WHERE dt = :day ORDER BY event_id LIMIT 1"
+                    ),
+                    {"day": date.fromisoformat(DAYS[1])},
+                )
+            again = materialize(
+                [built.output, *built.checks],
+                selection=AssetSelection.checks_for_assets(built.output),
+                tags=RANGE_TAGS,
+                resources={"sluice": sluice},
+                instance=instance,
+            )
+            passed = {
+                (e.check_name, e.partition): e.passed for e in again.get_asset_check_evaluations()
+            }
+            assert passed == {
+                **{(name, DAYS[0]): True for name in CHECKS},
+                ("unique_key", DAYS[1]): False,
+                ("rows_reconcile", DAYS[1]): False,
+                ("dead_letter_ratio", DAYS[1]): True,
+            }
+    engine.dispose()

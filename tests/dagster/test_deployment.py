@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from enumerator_service import Settings
+from enumerator_service import ConfigError, Settings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -338,6 +338,48 @@ def unknown_settings(names: set[str]) -> list[str]:
         for name in names
         if name.startswith("SLUICE_") and name.removeprefix("SLUICE_").lower() not in fields
     )
+
+
+def script_problems(names: set[str], declared: Mapping[str, str]) -> list[str]:
+    """Console scripts the services run: installed with the target ``pyproject.toml`` declares,
+    and that target (``module:function``) importable."""
+    installed = {ep.name: ep for ep in entry_points(group="console_scripts")}
+    problems = []
+    for name in sorted(names):
+        entry = installed.get(name)
+        if entry is None:
+            problems.append(f"console script {name} is not installed")
+            continue
+        if name in declared and entry.value != declared[name]:
+            problems.append(f"{name} runs {entry.value}, pyproject.toml declares {declared[name]}")
+        module, _, attribute = entry.value.partition(":")
+        try:
+            found = callable(getattr(importlib.import_module(module), attribute))
+        except (ImportError, AttributeError):
+            found = False
+        if not found:
+            problems.append(f"{name}: {entry.value} is not importable")
+    return problems
+
+
+def pipeline_problems(modules: str, copied: set[str]) -> list[str]:
+    """``SLUICE_PIPELINES``: each module importable here, shipped in the image (its top-level
+    package copied by the Dockerfile), and registering at least one pipeline."""
+    from spark_jobs.pipeline._registry import load_pipelines
+
+    settings = Settings(pipelines=modules)
+    if not settings.pipeline_modules:
+        return ["SLUICE_PIPELINES names no module"]
+    problems = [
+        f"{name}: package {name.split('.')[0]} is not copied into the image"
+        for name in settings.pipeline_modules
+        if name.split(".")[0] not in copied
+    ]
+    try:
+        load_pipelines(settings)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    return problems
 
 
 def undefined_variables(
@@ -672,6 +714,30 @@ def test_commands_exist_and_accept_their_arguments(
     results = [(name, proc.communicate(timeout=120)[1], proc.returncode) for name, proc in procs]
     assert [(name, err) for name, err, code in results if code != 0] == []
     assert {c[0] for _, c in checks} >= {"dagster-webserver", "dagster-daemon", "sluice"}
+    # Each script runs the entry point the project declares (sluice: spark_jobs.cli:main).
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert declared["sluice"] == "spark_jobs.cli:main"
+    assert script_problems({c[0] for _, c in checks}, declared) == []
+
+
+def test_sluice_services_register_pipelines_the_image_ships(
+    compose: dict[str, Any], environments: dict[str, dict[str, str]]
+) -> None:
+    copied = {
+        PurePosixPath(source).parts[0]
+        for sources, _ in copy_instructions(DOCKERFILE.read_text())
+        for source in sources
+    }
+    configured = {
+        name: environments[name].get("SLUICE_PIPELINES", "")
+        for name in sluice_services(compose)
+        if "SLUICE_DATABASE_URL" in environments[name]
+    }
+    assert set(configured) >= {"sluice-cli", "dagster-webserver", "dagster-daemon"}
+    # The default: the two example pipelines (docker/.env may name the user's own modules).
+    assert set(configured.values()) == {"examples.clickstream,examples.orders"}
+    for name, modules in configured.items():
+        assert pipeline_problems(modules, copied) == [], name
 
 
 def test_spark_classes_ship_with_pyspark(compose: dict[str, Any]) -> None:
@@ -702,7 +768,16 @@ def test_spark_workers_point_at_the_master(
     assert spark_problems(compose, master_url) == []
 
 
-def test_workspace_loads_an_importable_code_location(compose: dict[str, Any]) -> None:
+# Dagster 1.13 itself passes ``owners=[]`` when it binds resources to a sensor's job.
+@pytest.mark.filterwarnings(
+    "ignore:Parameter `owners` of initializer `SensorDefinition.__init__`:"
+    "dagster_shared.utils.warnings.BetaWarning"
+)
+def test_workspace_loads_an_importable_code_location(
+    compose: dict[str, Any],
+    environments: dict[str, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from dagster import Definitions
     from dagster._core.workspace.config_schema import ensure_workspace_config
 
@@ -711,12 +786,27 @@ def test_workspace_loads_an_importable_code_location(compose: dict[str, Any]) ->
     targets = [entry["python_module"] for entry in workspace["load_from"]]
     assert [t["module_name"] for t in targets] == ["dagster_project.definitions"]
     assert missing_modules([t["module_name"] for t in targets]) == []
+    # Loaded as the daemon loads it: with its environment (the registered pipelines and the
+    # production resources).
+    for name in [n for n in os.environ if n.startswith(("SLUICE_", "DAGSTER_"))]:
+        monkeypatch.delenv(name)
+    for name, value in environments["dagster-daemon"].items():
+        monkeypatch.setenv(name, value)
     for target in targets:
         module = importlib.import_module(target["module_name"])
         loadable = getattr(module, target.get("attribute", "defs"))
         # A Definitions object, or a @dagster.definitions function that builds one on load.
-        assert isinstance(loadable() if callable(loadable) else loadable, Definitions)
+        defs = loadable() if callable(loadable) else loadable
+        assert isinstance(defs, Definitions)
         assert target["working_directory"] == dockerfile_workdir(DOCKERFILE.read_text())
+        # Every pipeline the deployment registers is there: output asset, jobs, schedule.
+        for pipeline in ("clickstream", "orders"):
+            assert defs.resolve_assets_def(pipeline).key.to_user_string() == pipeline
+            for job in (f"{pipeline}_incremental", f"{pipeline}_continuous"):
+                assert defs.resolve_job_def(job).name == job
+            assert defs.resolve_schedule_def(f"{pipeline}_schedule").job_name == (
+                f"{pipeline}_incremental"
+            )
     # The workspace file the Dagster services are given is the one the image copies.
     copied_to = {
         dest
@@ -779,10 +869,11 @@ def test_dagster_yaml_run_queue_loads(dagster_config: dict[str, Any], tmp_path: 
         assert queue is not None
         assert queue.max_concurrent_runs > 0
         limits = {
-            (limit["key"], limit.get("value")): limit["limit"]
+            (limit["key"], str(limit.get("value"))): limit["limit"]
             for limit in queue.tag_concurrency_limits
         }
-        assert limits[("sluice/mode", "continuous")] == 1
+        # One continuous run per pipeline (the tag's value is the pipeline's name).
+        assert limits[("sluice/continuous", "{'applyLimitPerUniqueValue': True}")] == 1
 
 
 def test_dagster_services_get_what_dagster_yaml_reads(
@@ -836,6 +927,19 @@ def test_helpers_detect_broken_references(compose: dict[str, Any]) -> None:
         "module no_such_package.definitions is not importable",
     ]
     assert command_modules(["dagster", "dev", "-m", "nope.defs"]) == ["nope.defs"]
+    assert script_problems({"no-such-script"}, {}) == [
+        "console script no-such-script is not installed"
+    ]
+    assert script_problems({"sluice"}, {"sluice": "enumerator_service.cli:main"}) == [
+        "sluice runs spark_jobs.cli:main, pyproject.toml declares enumerator_service.cli:main"
+    ]
+    assert pipeline_problems("examples.nope", {"examples"}) == [
+        "SLUICE_PIPELINES: no module named 'examples.nope'"
+    ]
+    assert pipeline_problems("examples.clickstream", set()) == [
+        "examples.clickstream: package examples is not copied into the image"
+    ]
+    assert pipeline_problems("", {"examples"}) == ["SLUICE_PIPELINES names no module"]
     assert unknown_settings({"SLUICE_NO_SUCH_SETTING", "SLUICE_PARALLELISM", "OTHER"}) == [
         "SLUICE_NO_SUCH_SETTING is not a Sluice setting"
     ]

@@ -13,30 +13,26 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
+from conftest import TestSettings
 from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
     RunRequest,
     SkipReason,
-    build_sensor_context,
 )
+from dagster_support import demo_definitions, sensor_named, sensor_tick
 from sluice_resource import resource_for
 
-from dagster_project.continuous import (
-    GENERATION_TAG,
-    MODE_TAG,
-    SLUICE_RUN_TAG,
-    SOURCE_TAG,
-    continuous_reader_job,
-    continuous_reader_sensor,
-)
+from dagster_project import PipelineDefinitions
+from dagster_project._runs import PIPELINE_TAG
+from dagster_project.continuous import GENERATION_TAG, MODE_TAG, SLUICE_RUN_TAG
 from dagster_project.resources import SluiceResource
-from dagster_project.sensors import BACKLOG_TAG, FilesSensorCursor, new_files_sensor
+from dagster_project.sensors import BACKLOG_TAG, FilesSensorCursor
 from enumerator_service import Settings, StaticFileEnumerator, connect_engine
 from enumerator_service._schema import splits
 
-MakeSettings = Callable[..., Settings]
+MakeSettings = Callable[..., TestSettings]
 CAP = 3
 FILES = 5  # a backlog larger than the cap, drained by two ticks
 T0 = 1_767_225_600.0
@@ -46,7 +42,7 @@ def capped_resource(settings: Settings, cap: int = CAP) -> SluiceResource:
     return resource_for(settings, discovery_max_files_per_tick=cap)
 
 
-def land_backlog(settings: Settings, files: int = FILES) -> list[str]:
+def land_backlog(settings: TestSettings, files: int = FILES) -> list[str]:
     """``files`` landing files; the first three share one mtime (a chunk boundary inside it)."""
     folder = settings.landing_path / "dt=2026-01-01"
     folder.mkdir(parents=True)
@@ -63,7 +59,7 @@ def land_backlog(settings: Settings, files: int = FILES) -> list[str]:
     return paths
 
 
-def split_rows(settings: Settings) -> list[tuple[str, str, str | None]]:
+def split_rows(settings: TestSettings) -> list[tuple[str, str, str | None]]:
     """(uri, status, run id) of the source's splits, in registration order."""
     assert settings.database_url is not None
     engine = connect_engine(settings.database_url.get_secret_value())
@@ -79,33 +75,35 @@ def split_rows(settings: Settings) -> list[tuple[str, str, str | None]]:
         engine.dispose()
 
 
-def files_tick(sluice: SluiceResource, cursor: str | None) -> tuple[Any, str | None]:
-    with build_sensor_context(resources={"sluice": sluice}, cursor=cursor) as context:
-        return new_files_sensor(context), context.cursor
+def files_tick(
+    built: PipelineDefinitions, sluice: SluiceResource, cursor: str | None
+) -> tuple[Any, str | None]:
+    return sensor_tick(sensor_named(built, "new_files"), sluice, cursor)
 
 
 def continuous_tick(
-    instance: DagsterInstance, sluice: SluiceResource, cursor: str | None
+    built: PipelineDefinitions,
+    instance: DagsterInstance,
+    sluice: SluiceResource,
+    cursor: str | None,
 ) -> tuple[Any, str | None]:
-    with build_sensor_context(
-        instance=instance, cursor=cursor, resources={"sluice": sluice}
-    ) as context:
-        return continuous_reader_sensor(context), context.cursor
+    return sensor_tick(sensor_named(built, "continuous"), sluice, cursor, instance)
 
 
 def test_new_files_sensor_drains_a_backlog_in_two_ticks(make_settings: MakeSettings) -> None:
     settings = make_settings()
     paths = land_backlog(settings)
     sluice = capped_resource(settings)
+    built = demo_definitions(settings)
 
-    first, cursor = files_tick(sluice, None)
+    first, cursor = files_tick(built, sluice, None)
     assert isinstance(first, RunRequest)
     assert first.tags["sluice/splits_registered"] == str(CAP)
     assert first.tags[BACKLOG_TAG] == str(FILES - CAP)
     assert FilesSensorCursor.parse(cursor) == FilesSensorCursor(1, FILES - CAP)
     assert [uri for uri, _, _ in split_rows(settings)] == paths[:CAP]
 
-    second, cursor = files_tick(sluice, cursor)
+    second, cursor = files_tick(built, sluice, cursor)
     assert isinstance(second, RunRequest)  # the rest of the backlog: its own run
     assert second.run_key != first.run_key
     assert second.tags["sluice/splits_registered"] == str(FILES - CAP)
@@ -113,9 +111,9 @@ def test_new_files_sensor_drains_a_backlog_in_two_ticks(make_settings: MakeSetti
     assert FilesSensorCursor.parse(cursor) == FilesSensorCursor(2, 0)
     assert [uri for uri, _, _ in split_rows(settings)] == paths  # each once, in order
 
-    third, cursor = files_tick(sluice, cursor)
+    third, cursor = files_tick(built, sluice, cursor)
     assert isinstance(third, SkipReason)
-    assert (third.skip_message or "").startswith("no new files")
+    assert (third.skip_message or "").startswith("no new input")
     assert "backlog" not in (third.skip_message or "")
     assert FilesSensorCursor.parse(cursor) == FilesSensorCursor(2, 0)
 
@@ -129,6 +127,7 @@ def test_new_files_sensor_reports_a_backlog_on_a_skipped_tick(
     settings = make_settings()
     paths = land_backlog(settings)
     sluice = capped_resource(settings)
+    built = demo_definitions(settings)
     assert settings.database_url is not None
     engine = connect_engine(settings.database_url.get_secret_value())
     try:
@@ -136,13 +135,13 @@ def test_new_files_sensor_reports_a_backlog_on_a_skipped_tick(
     finally:
         engine.dispose()
 
-    first, cursor = files_tick(sluice, None)
+    first, cursor = files_tick(built, sluice, None)
     assert isinstance(first, SkipReason)
     assert "2 files left for the next ticks (backlog)" in (first.skip_message or "")
     assert json.loads(cursor or "") == {"sequence": 0, "backlog_files": FILES - CAP}
-    second, cursor = files_tick(sluice, cursor)
+    second, cursor = files_tick(built, sluice, cursor)
     assert isinstance(second, SkipReason)
-    assert (second.skip_message or "").startswith("no new files")
+    assert (second.skip_message or "").startswith("no new input")
     assert FilesSensorCursor.parse(cursor) == FilesSensorCursor(0, 0)
     assert sorted(uri for uri, _, _ in split_rows(settings)) == paths
 
@@ -153,8 +152,9 @@ def test_continuous_sensor_drains_a_backlog_into_its_one_live_run(
     settings = make_settings()
     paths = land_backlog(settings)
     sluice = capped_resource(settings)
+    built = demo_definitions(settings)
     with DagsterInstance.ephemeral() as instance:
-        first, cursor = continuous_tick(instance, sluice, None)
+        first, cursor = continuous_tick(built, instance, sluice, None)
         assert isinstance(first, RunRequest)
         assert first.tags[GENERATION_TAG] == "1"
         assert first.tags["sluice/splits_assigned"] == str(CAP)
@@ -165,13 +165,13 @@ def test_continuous_sensor_drains_a_backlog_into_its_one_live_run(
 
         # The requested run is live: the second tick registers the rest and feeds it to that
         # run; no second run is requested.
-        tags = {k: first.tags[k] for k in (MODE_TAG, SOURCE_TAG, GENERATION_TAG, SLUICE_RUN_TAG)}
+        tags = {k: first.tags[k] for k in (MODE_TAG, PIPELINE_TAG, GENERATION_TAG, SLUICE_RUN_TAG)}
         instance.add_run(
             DagsterRun(
-                job_name=continuous_reader_job.name, status=DagsterRunStatus.STARTED, tags=tags
+                job_name=built.continuous_job.name, status=DagsterRunStatus.STARTED, tags=tags
             )
         )
-        second, cursor = continuous_tick(instance, sluice, cursor)
+        second, cursor = continuous_tick(built, instance, sluice, cursor)
         assert isinstance(second, SkipReason)
         assert f"{FILES - CAP} assigned to the live continuous run" in (second.skip_message or "")
         assert "backlog" not in (second.skip_message or "")
@@ -188,18 +188,19 @@ def test_continuous_sensor_waiting_for_its_run_keeps_draining(
     settings = make_settings()
     paths = land_backlog(settings, files=7)
     sluice = capped_resource(settings)
+    built = demo_definitions(settings)
     with DagsterInstance.ephemeral() as instance:
-        first, cursor = continuous_tick(instance, sluice, None)
+        first, cursor = continuous_tick(built, instance, sluice, None)
         assert isinstance(first, RunRequest)
         assert json.loads(cursor or "")["backlog_files"] == 4
-        second, cursor = continuous_tick(instance, sluice, cursor)
+        second, cursor = continuous_tick(built, instance, sluice, cursor)
         assert isinstance(second, SkipReason)
         message = second.skip_message or ""
         assert message.startswith("waiting for continuous run generation 1")
         assert message.endswith("; 1 files left for the next ticks (backlog)")
         assert json.loads(cursor or "")["generation"] == 1
         assert json.loads(cursor or "")["backlog_files"] == 1
-        third, cursor = continuous_tick(instance, sluice, cursor)
+        third, cursor = continuous_tick(built, instance, sluice, cursor)
         assert isinstance(third, SkipReason)
         assert json.loads(cursor or "")["backlog_files"] == 0
         rows = split_rows(settings)

@@ -1,13 +1,16 @@
 """The Dagster UI for real: ``dagster dev``, a backfill through GraphQL, headless Chromium.
 
 Starts ``dagster dev`` (webserver, daemon and code server) on 127.0.0.1 with a temporary
-``DAGSTER_HOME``, launches a backfill of two ``enriched_events`` partitions with the GraphQL
-mutation the UI sends, waits for it to succeed, then loads the asset page in Debian's headless
-``chromium`` and saves a screenshot. The backfill test needs no browser; the page test skips
-with a clear reason where ``chromium`` is absent.
+``DAGSTER_HOME`` and a pipeline module of the test's own registered with ``SLUICE_PIPELINES``
+(the clickstream example under the test's name, folders and users table), launches a
+backfill of two partitions of the pipeline's asset with the GraphQL mutation the UI sends,
+waits for it to succeed, then loads the asset page in Debian's headless ``chromium`` and
+saves a screenshot. The backfill test needs no browser; the page test skips with a clear
+reason where ``chromium`` is absent.
 
 Everything the runs need reaches ``dagster dev`` (and, through it, the code server and the run
-workers) as ``SLUICE_*`` environment variables. The whole process group is stopped afterwards.
+workers) as environment variables: ``SLUICE_*`` and ``PYTHONPATH`` (where the pipeline module
+is). The whole process group is stopped afterwards.
 
 No ``__init__.py`` in this folder on purpose (see test_definitions.py).
 """
@@ -38,16 +41,33 @@ import pyarrow.parquet as pq
 import pytest
 
 from enumerator_service import Settings, asyncpg_dsn, load_settings
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
+from examples._clickstream_data import DemoSpec, generate_events, load_users
 
 REPO = Path(__file__).resolve().parents[2]
-ASSET = "enriched_events"
 PARTITIONS = ["2026-01-01", "2026-01-02"]
 STARTUP_TIMEOUT = 120.0
 BACKFILL_TIMEOUT = 360.0
 BROWSER_TIMEOUT = 120.0
 
 pytestmark = [pytest.mark.spark, pytest.mark.ui, pytest.mark.timeout(900)]
+
+#: The pipeline module the test registers: the clickstream example under the test's name,
+#: reading its landing folder, looking users up in its own table, writing its own folder.
+PIPELINE_MODULE = '''"""The pipeline of test_ui (written by the test; SLUICE_PIPELINES names it)."""
+
+import dataclasses
+
+from examples.clickstream import clickstream
+from spark_jobs import ParquetSink
+
+{name} = dataclasses.replace(
+    clickstream,
+    name="{name}",
+    source=dataclasses.replace(clickstream.source, landing="{landing}", start_date="{start}"),
+    steps=[dataclasses.replace(clickstream.steps[0], table="{users}")],
+    sink=ParquetSink("enriched_{name}"),
+)
+'''
 
 # --------------------------------------------------------------------------- GraphQL
 
@@ -188,6 +208,9 @@ class DagsterDev:
     log: Path
     settings: Settings
     workdir: Path
+    #: The test's pipeline: its name (the asset) and its output folder.
+    asset: str
+    output: Path
 
     @property
     def url(self) -> str:
@@ -281,12 +304,11 @@ def dagster_dev(tmp_path_factory: pytest.TempPathFactory, db_url: str) -> Iterat
     """``dagster dev`` on a free port, its runs on the test database and a small dataset."""
     workdir = tmp_path_factory.mktemp("dagster_ui")
     token = secrets.token_hex(3)
+    name, users = f"ui_{token}", f"users_{token}"
     settings = load_settings(
         database_url=db_url,
         home=workdir / "home",
         data_dir=workdir / "data",
-        source_name=f"ui_{token}",
-        lookup_table=f"users_{token}",
         spark_master="local[2]",
         parallelism=2,
         checkpoint_interval_seconds=1.0,
@@ -296,14 +318,23 @@ def dagster_dev(tmp_path_factory: pytest.TempPathFactory, db_url: str) -> Iterat
         demo_files_per_day=2,
         demo_start_date=date.fromisoformat(PARTITIONS[0]),
     )
-    generate_events(settings.landing_path, DemoSpec.from_settings(settings))
+    landing = settings.data_path / "landing" / name
+    generate_events(landing, DemoSpec.from_settings(settings))
     load_users(
         asyncpg_dsn(db_url),
-        schema=settings.lookup_schema,
-        table=settings.lookup_table,
-        key=settings.lookup_key,
+        schema="public",
+        table=users,
+        key="id",
         users=settings.demo_users,
         seed=settings.demo_seed,
+    )
+    # The user's pipeline module, importable by the code server and the run workers.
+    modules = workdir / "modules"
+    modules.mkdir()
+    (modules / f"{name}_pipeline.py").write_text(
+        PIPELINE_MODULE.format(
+            name=name, landing=str(landing), start=PARTITIONS[0], users=f"public.{users}"
+        )
     )
 
     dagster_home = workdir / "dagster_home"
@@ -320,8 +351,8 @@ def dagster_dev(tmp_path_factory: pytest.TempPathFactory, db_url: str) -> Iterat
         SLUICE_DATABASE_URL=db_url,
         SLUICE_HOME=str(settings.home_path),
         SLUICE_DATA_DIR=str(settings.data_dir.absolute()),
-        SLUICE_SOURCE_NAME=settings.source_name,
-        SLUICE_LOOKUP_TABLE=settings.lookup_table,
+        SLUICE_PIPELINES=f"{name}_pipeline",
+        PYTHONPATH=os.pathsep.join([str(modules), *filter(None, [os.environ.get("PYTHONPATH")])]),
         SLUICE_SPARK_MASTER=settings.spark_master,
         SLUICE_PARALLELISM=str(settings.parallelism),
         SLUICE_CHECKPOINT_INTERVAL_SECONDS=str(settings.checkpoint_interval_seconds),
@@ -355,7 +386,15 @@ def dagster_dev(tmp_path_factory: pytest.TempPathFactory, db_url: str) -> Iterat
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group and session, stopped as a whole
         )
-    dev = DagsterDev(process=process, port=port, log=log, settings=settings, workdir=workdir)
+    dev = DagsterDev(
+        process=process,
+        port=port,
+        log=log,
+        settings=settings,
+        workdir=workdir,
+        asset=name,
+        output=settings.warehouse_path / f"enriched_{name}",
+    )
     try:
         wait_until_loaded(dev)
         yield dev
@@ -384,7 +423,7 @@ def backfill(dagster_dev: DagsterDev) -> Backfill:
     dev = dagster_dev
     params = {
         "partitionNames": PARTITIONS,
-        "assetSelection": [{"path": [ASSET]}],
+        "assetSelection": [{"path": [dev.asset]}],
         "fromFailure": False,
         "tags": [{"key": "sluice/test", "value": "test_ui"}],
         "title": "test_ui backfill",
@@ -453,7 +492,7 @@ def test_backfill_of_two_partitions_succeeds(dagster_dev: DagsterDev, backfill: 
             f"{json.dumps(backfill.answer, indent=2)}\n{run_report(dev, backfill.backfill_id)}"
         )
     assert sorted(backfill.answer["partitionNames"]) == PARTITIONS
-    assert backfill.answer["assetSelection"] == [{"path": [ASSET]}]
+    assert backfill.answer["assetSelection"] == [{"path": [dev.asset]}]
 
     # Every run of the backfill succeeded: one per partition, or a single run over the range
     # (BackfillPolicy.single_run), whichever the asset's policy asks for.
@@ -464,7 +503,7 @@ def test_backfill_of_two_partitions_succeeds(dagster_dev: DagsterDev, backfill: 
     # Dagster recorded a materialization of each partition, by a run of this backfill, with
     # the pipeline's metadata.
     state = graphql(
-        dev.port, ASSET_STATE, {"assetKey": {"path": [ASSET]}, "partitions": PARTITIONS}
+        dev.port, ASSET_STATE, {"assetKey": {"path": [dev.asset]}, "partitions": PARTITIONS}
     )
     stats = state["assetNodeOrError"]["partitionStats"]
     assert stats["numMaterialized"] == len(PARTITIONS), stats
@@ -482,7 +521,7 @@ def test_backfill_of_two_partitions_succeeds(dagster_dev: DagsterDev, backfill: 
         assert metadata["rows_in"] == metadata["rows_out"] + metadata["dead_letters"], metadata
 
     # And the Parquet output of both days is on disk.
-    output = dev.settings.output_path
+    output = dev.output
     rows = {
         day: sum(
             pq.ParquetFile(f).metadata.num_rows for f in (output / f"dt={day}").rglob("*.parquet")
@@ -601,18 +640,18 @@ def test_asset_page_renders_in_headless_chromium(
     chromium: str, dagster_dev: DagsterDev, backfill: Backfill
 ) -> None:
     dev = dagster_dev
-    page = f"{dev.url}/assets/{ASSET}"
+    page = f"{dev.url}/assets/{dev.asset}"
 
     dom = run_chromium(chromium, dev.workdir, "--dump-dom", page)
     html = dom.stdout.decode("utf-8", "replace")
     assert dom.returncode == 0, dom.stderr.decode(errors="replace")[-3000:]
-    (dev.workdir / f"{ASSET}.html").write_text(html)
+    (dev.workdir / f"{dev.asset}.html").write_text(html)
     # The asset page itself, showing the backfill's materialization and its metadata (not the
     # loading spinner or an "asset not found" page).
-    for text in (ASSET, "Latest materialization", "rows_out", PARTITIONS[-1]):
+    for text in (dev.asset, "Latest materialization", "rows_out", PARTITIONS[-1]):
         assert text in html, f"{text!r} missing from the rendered page (saved next to the log)"
 
-    screenshot = dev.workdir / f"{ASSET}.png"
+    screenshot = dev.workdir / f"{dev.asset}.png"
     shot = run_chromium(chromium, dev.workdir, f"--screenshot={screenshot}", page)
     assert shot.returncode == 0, shot.stderr.decode(errors="replace")[-3000:]
     assert screenshot.is_file(), shot.stderr.decode(errors="replace")[-3000:]

@@ -1,9 +1,10 @@
 """Fault-injection harness: a Postgres server of the test's own, `sluice run` subprocesses, a
 seeded killer, and an independent check of the output.
 
-Nothing here imports the code under test beyond the demo data generator: runs go through the
-``sluice`` CLI in subprocesses (their own process groups), so a kill hits exactly what it would
-hit in production — the Python driver and its JVM, a Spark Python worker, or Postgres.
+Nothing here imports the code under test: runs go through the ``sluice`` CLI in subprocesses
+(their own process groups), so a kill hits exactly what it would hit in production — the Python
+driver and its JVM, a Spark Python worker, or Postgres. Every run names its pipeline
+(``sluice run PIPELINE``), registered by the ``SLUICE_PIPELINES`` of its environment.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from landing_oracle import expected_events as landing_events
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SLUICE = BIN / "sluice"
-PY_SPY = BIN / "py-spy"
+#: py-spy (not a dependency of the project): the virtualenv's, or one on PATH.
+PY_SPY = BIN / "py-spy" if (BIN / "py-spy").exists() else Path(shutil.which("py-spy") or "py-spy")
 
 #: No single wait may exceed these (the test can never hang).
 RUN_TIMEOUT = 180.0
@@ -166,17 +168,17 @@ def sluice(env: dict[str, str], root: Path, *args: str) -> str:
 
 
 class Run:
-    """One `sluice run` in its own process group (driver, JVM; Python workers are in the
-    Spark daemon's group, which the daemon itself creates)."""
+    """One `sluice run PIPELINE` in its own process group (driver, JVM; Python workers are in
+    the Spark daemon's group, which the daemon itself creates)."""
 
-    def __init__(self, number: int, env: dict[str, str], root: Path) -> None:
+    def __init__(self, number: int, env: dict[str, str], root: Path, pipeline: str) -> None:
         self.number = number
         self.log_path = root / "logs" / f"run-{number:02d}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         self._log = self.log_path.open("w")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [str(SLUICE), "run"],
+            [str(SLUICE), "run", pipeline],
             env=env,
             cwd=root,
             stdout=self._log,
@@ -197,17 +199,25 @@ class Run:
 
     def workers(self) -> list[psutil.Process]:
         """Spark Python workers of this run: children of the pyspark daemon (forked, same
-        command line), or standalone pyspark.worker processes."""
+        command line), or standalone pyspark.worker processes. Never the daemon itself, whose
+        command line (``-m pyspark.daemon pyspark.worker``) names the worker module too:
+        killing it would orphan its workers, which then outlive a dead driver."""
         procs = self.descendants()
         daemons = {p.pid for p in procs if "pyspark.daemon" in _cmdline(p)}
         return sorted(
             (
                 p
                 for p in procs
-                if (p.pid in daemons and _ppid(p) in daemons) or "pyspark.worker" in _cmdline(p)
+                if (p.pid in daemons and _ppid(p) in daemons)
+                or (p.pid not in daemons and "pyspark.worker" in _cmdline(p))
             ),
             key=lambda p: p.pid,
         )
+
+    def session(self) -> list[psutil.Process]:
+        """Every process left in the run's session (the driver leads it; the JVM, the Spark
+        daemon's own process group and its workers — even orphaned ones — stay in it)."""
+        return _in_session(self.proc.pid)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -219,11 +229,11 @@ class Run:
         return self.returncode
 
     def kill_driver(self) -> list[psutil.Process]:
-        """SIGKILL the run's process group (Python driver + JVM). Returns the processes that
-        were descendants (the Spark daemon and workers are outside the group)."""
-        before = self.descendants()
+        """SIGKILL the run's process group (Python driver + JVM). Returns the other processes
+        of the run's session (the Spark daemon and workers are outside the group)."""
+        before = self.session()
         os.killpg(self.proc.pid, signal.SIGKILL)
-        return before
+        return [p for p in before if p.pid != self.proc.pid]
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -231,7 +241,7 @@ class Run:
     def diagnose(self) -> str:
         """py-spy stacks of the driver and every Python descendant (for a run that hangs)."""
         parts = []
-        pids = [self.proc.pid] + [p.pid for p in self.descendants() if "python" in _cmdline(p)]
+        pids = [self.proc.pid] + [p.pid for p in self.session() if "python" in _cmdline(p)]
         for pid in pids:
             try:
                 dump = subprocess.run(
@@ -247,13 +257,24 @@ class Run:
         return "\n".join(parts)
 
     def terminate_all(self) -> None:
-        procs = self.descendants()
+        procs = self.session()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 p.kill()
         self.wait(30)
+
+
+def _in_session(sid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != sid and os.getsid(p.pid) == sid:
+                found.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return found
 
 
 def _cmdline(p: psutil.Process) -> str:
@@ -331,7 +352,7 @@ def run_summary(output: str) -> str:
     if "Nothing new to process" in output:
         return "nothing new"
     figures = []
-    for name in ("splits", "rows out", "dead letters", "fenced commits"):
+    for name in ("splits", "rows out", "removed by steps", "dead letters", "checkpoints (aborted)"):
         for line in output.splitlines():
             cells = [c.strip() for c in line.strip("│┃ ").split("│")]
             if len(cells) == 2 and cells[0] == name:
@@ -480,6 +501,12 @@ def verify(output: Path, db_url: str, source: str, expected: Expected) -> Verdic
             wrong += 1
             if wrong <= 5:
                 log(f"wrong row {event_id}: got {got}, want {(day, user_id, when, *user)}")
+    by_day: Counter[str] = Counter()
+    for event_id, n in counts.items():
+        if n > 1:
+            by_day[expected.events[event_id][0] if event_id in expected.events else "?"] += n - 1
+    if by_day:
+        log(f"duplicates by day: {dict(sorted(by_day.items()))}")
     return Verdict(
         rows=rows,
         distinct=len(counts),
@@ -517,15 +544,15 @@ def split_counts(db_url: str, source: str) -> dict[str, int]:
 
 @dataclass
 class Driver:
-    """Runs `sluice run` again and again while ``chaos`` spends its kill budget, then until
-    everything is committed."""
+    """Runs `sluice run PIPELINE` again and again while ``chaos`` spends its kill budget, then
+    until everything is committed. The pipeline's name is also its split source."""
 
     chaos: Chaos
     env: dict[str, str]
     root: Path
     pg: OwnPostgres
     db_url: str
-    source: str
+    pipeline: str
     lease_seconds: float
     #: A kill lands this long (uniform, seconds) after the run's Python workers appeared.
     moment: tuple[float, float] = (0.3, 3.0)
@@ -542,8 +569,8 @@ class Driver:
         self._number += 1
         if self._number == 1:
             self._t0 = time.monotonic()
-        run = self._current = Run(self._number, self.env, self.root)
-        log(f"run {run.number} started (pid {run.proc.pid})")
+        run = self._current = Run(self._number, self.env, self.root, self.pipeline)
+        log(f"run {run.number} ({self.pipeline}) started (pid {run.proc.pid})")
         return run
 
     def close(self) -> None:
@@ -562,7 +589,18 @@ class Driver:
                 f"log tail:\n{run.output()[-4000:]}"
             )
         seconds = (run.ended or time.monotonic()) - run.started
-        record = RunRecord(run.number, rc, seconds, kills, run_summary(run.output()))
+        summary = run_summary(run.output())
+        # Nothing of a run may outlive it (the Spark daemon exits with its JVM and takes its
+        # workers along): whatever is left of its session would run on as a zombie attempt.
+        stray = wait_gone(run.session(), 20)
+        if stray:
+            described = ", ".join(f"{p.pid} {_cmdline(p)[:60]}" for p in stray)
+            for p in stray:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            log(f"run {run.number}: {len(stray)} processes outlived it, killed: {described}")
+            summary = f"{summary}{', ' if summary else ''}{len(stray)} stray processes killed"
+        record = RunRecord(run.number, rc, seconds, kills, summary)
         self.chaos.runs.append(record)
         log(f"run {run.number} ended: exit {rc} after {seconds:.1f}s; {record.summary}")
         return record
@@ -605,7 +643,7 @@ class Driver:
     def spend_budget(self) -> None:
         chaos = self.chaos
         while chaos.plan:
-            if set(split_counts(self.db_url, self.source)) == {"COMPLETED"} and not (
+            if set(split_counts(self.db_url, self.pipeline)) == {"COMPLETED"} and not (
                 self.top_up is not None and self.top_up()
             ):
                 raise AssertionError(f"the work ran out with {len(chaos.plan)} kills left")
@@ -635,12 +673,12 @@ class Driver:
         """Run until a run has nothing new and every split is COMPLETED."""
         for _ in range(self.max_drain_runs):
             record = self._finish(self._start(), [])
-            counts = split_counts(self.db_url, self.source)
+            counts = split_counts(self.db_url, self.pipeline)
             if record.summary == "nothing new" and set(counts) == {"COMPLETED"}:
                 return
             if record.returncode != 0 or set(counts) != {"COMPLETED"}:
                 time.sleep(self.lease_seconds + 1)
         raise AssertionError(
             f"not every split completed after {self.max_drain_runs} fault-free runs: "
-            f"{split_counts(self.db_url, self.source)}"
+            f"{split_counts(self.db_url, self.pipeline)}"
         )

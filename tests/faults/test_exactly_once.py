@@ -1,18 +1,25 @@
-"""Exactly-once under faults: enrich 100k events while SIGKILLing Spark Python workers and the
-Spark driver and crash-restarting Postgres at seeded random moments, recovering after each.
+"""Exactly-once under faults: run the example pipelines while SIGKILLing Spark Python workers
+and the Spark driver and crash-restarting Postgres at seeded random moments, recovering after
+each (a new ``sluice run PIPELINE`` after every dead driver).
 
-The output must then hold every well-formed input event exactly once with the right
-enrichment (EXACTLY_ONCE), or at least once (AT_LEAST_ONCE: duplicates are counted). Runs
-through the `sluice` CLI in subprocesses against a Postgres server of the test's own. The
-seed is printed; ``SLUICE_FAULTS_SEED=<n>`` replays a schedule (moments are relative to the
-runs' progress, so a replay is close, not identical).
+- ``clickstream`` (JSON Lines → lookup ``public.users`` → Parquet): 100k events, then batches
+  of 50k. The output must hold every well-formed input event exactly once with the right
+  enrichment (EXACTLY_ONCE), or at least once (AT_LEAST_ONCE: duplicates are counted).
+- ``orders`` (CSV → lookups ``crm.customers`` and ``ref.fx_rates`` → Map → Filter → Postgres
+  upsert): smaller batches (its sink is slower); ``analytics.orders_enriched`` must equal the
+  landing CSVs joined in SQL with the reference tables, and its committed sink transactions
+  must count every row, dropped row and dead letter exactly once (EXACTLY_ONCE).
+
+Runs go through the ``sluice`` CLI in subprocesses against a Postgres server of the test's
+own (one database per run). The seed is printed; ``SLUICE_FAULTS_SEED=<n>`` replays a schedule
+(moments are relative to the runs' progress, so a replay is close, not identical).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -30,16 +37,21 @@ from fault_harness import (
     sluice_env,
     verify,
 )
+from orders_oracle import OrdersVerdict, landed_orders, verify_orders
 
 from enumerator_service._database import asyncpg_dsn
-from enumerator_service._demo_data import DemoSpec, generate_events, load_users
+from examples._clickstream_data import DemoSpec, generate_events, load_users
 
 pytestmark = [pytest.mark.faults, pytest.mark.spark, pytest.mark.timeout(1200)]
 
 SEED = int(os.environ.get("SLUICE_FAULTS_SEED", "20260101"))
+LEASE_SECONDS = 4.0
+KINDS = {"worker", "driver", "postgres"}
+
+# -- clickstream ------------------------------------------------------------------------------
+CLICKSTREAM = "clickstream"
 EVENTS = 100_000
 USERS = 50_000
-LEASE_SECONDS = 4.0
 #: 10 kill points: every kind at least three times (the order is shuffled by the seed).
 PLAN = ["worker"] * 4 + ["driver"] * 3 + ["postgres"] * 3
 #: Top-up batches at most, and their size. Batched reading enriches a top-up in about a
@@ -47,6 +59,20 @@ PLAN = ["worker"] * 4 + ["driver"] * 3 + ["postgres"] * 3
 #: (each one more run) to spend every kill.
 MAX_TOP_UPS = 24
 TOP_UP_EVENTS = 50_000
+
+# -- orders -----------------------------------------------------------------------------------
+ORDERS = "orders"
+#: The first batch over 2 days, then batches of one day; 3 files a day. The Postgres upsert
+#: sink writes ~1-2k rows/s here, so the batches are small and a kill usually hits work.
+ORDERS_FIRST = 6_000
+ORDERS_TOP_UP = 3_000
+ORDERS_FILES_PER_DAY = 3
+#: 1000 customers per tenant (5 tenants).
+ORDERS_CUSTOMERS = 5_000
+#: 6 kill points, every kind twice (shuffled by the seed): with the clickstream's 10, 16 in
+#: an EXACTLY_ONCE `make faults` (26 with AT_LEAST_ONCE) in about 5 minutes.
+ORDERS_PLAN = ["worker"] * 2 + ["driver"] * 2 + ["postgres"] * 2
+ORDERS_MAX_TOP_UPS = 10
 
 
 @pytest.fixture(scope="module")
@@ -63,31 +89,65 @@ def postgres(request: pytest.FixtureRequest) -> Iterator[tuple[OwnPostgres, Path
         remove(root)
 
 
-def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verdict:
-    server, root = postgres
-    work = root / mode.lower()
-    work.mkdir()
-    db_url = server.create_database(f"faults_{mode.lower()}")
-    source = "events"
-    settings = {
+def _settings(work: Path, db_url: str, mode: str, modules: str) -> dict[str, str]:
+    return {
         "SLUICE_DATABASE_URL": db_url,
+        "SLUICE_PIPELINES": modules,
         "SLUICE_HOME": str(work / "home"),
         "SLUICE_DATA_DIR": str(work / "data"),
-        "SLUICE_SOURCE_NAME": source,
         "SLUICE_SPARK_MASTER": "local[2]",
         "SLUICE_PARALLELISM": "2",
         "SLUICE_LEASE_SECONDS": str(LEASE_SECONDS),
         "SLUICE_CHECKPOINT_INTERVAL_SECONDS": "1",
         "SLUICE_CHECKPOINT_TIMEOUT_SECONDS": "20",
         "SLUICE_CHECKPOINTING_MODE": mode,
+        "SLUICE_LOOKUP_TIMEOUT_SECONDS": "20",
+    }
+
+
+def _chaos_loop(
+    server: OwnPostgres,
+    work: Path,
+    env: dict[str, str],
+    db_url: str,
+    pipeline: str,
+    chaos: Chaos,
+    top_up: Callable[[], bool],
+    label: str,
+) -> None:
+    """Spend every kill of ``chaos`` on runs of ``pipeline``, then drain; prints the
+    timeline and checks that every kind was delivered."""
+    driver = Driver(chaos, env, work, server, db_url, pipeline, LEASE_SECONDS, top_up=top_up)
+    started = time.monotonic()
+    try:
+        driver.spend_budget()
+        driver.drain()
+    finally:
+        driver.close()
+        print(chaos.timeline(), flush=True)
+    log(
+        f"{label}: {len(chaos.kills)} kills, {len(chaos.runs)} runs, "
+        f"{time.monotonic() - started:.1f}s"
+    )
+    assert {kill.kind for kill in chaos.kills} == KINDS
+
+
+def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verdict:
+    server, root = postgres
+    work = root / mode.lower()
+    work.mkdir()
+    db_url = server.create_database(f"faults_{mode.lower()}")
+    settings = {
+        **_settings(work, db_url, mode, "examples.clickstream"),
         # ~60 byte-range splits of ~256 KiB over 12 files.
         "SLUICE_TARGET_SPLIT_BYTES": str(256 << 10),
-        "SLUICE_LOOKUP_TIMEOUT_SECONDS": "20",
         # Blocks of ~400 events: more of them in flight (and in checkpoints) at each kill.
         "SLUICE_READ_BLOCK_BYTES": str(64 << 10),
     }
     env = sluice_env(settings, work)
-    landing = work / "data" / "landing" / source
+    # The clickstream example's source and sink folders.
+    landing = work / "data" / "landing" / "events"
+    output = work / "data" / "warehouse" / "enriched_events"
     sluice(env, work, "db", "upgrade")
     load_users(asyncpg_dsn(db_url), schema="public", table="users", key="id", users=USERS, seed=7)
     # The first batch: EVENTS events over 3 days. Should the kills not have been spent when
@@ -111,30 +171,18 @@ def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verd
         batches.append(spec)
         log(
             f"landed {spec.events:,} events from {spec.start_date}; "
-            + sluice(env, work, "discover").strip()
+            + sluice(env, work, "discover", CLICKSTREAM).strip()
         )
         return True
 
     land_batch()
     chaos = Chaos(seed, list(PLAN))
-    driver = Driver(chaos, env, work, server, db_url, source, LEASE_SECONDS, top_up=land_batch)
-    started = time.monotonic()
-    try:
-        driver.spend_budget()
-        driver.drain()
-    finally:
-        driver.close()
-        print(chaos.timeline(), flush=True)
-    log(
-        f"{mode}: {len(chaos.kills)} kills, {len(chaos.runs)} runs, "
-        f"{time.monotonic() - started:.1f}s"
-    )
+    _chaos_loop(server, work, env, db_url, CLICKSTREAM, chaos, land_batch, mode)
     expected = expected_events(landing)
     log(f"{len(batches)} batches, {sum(b.events for b in batches):,} events landed")
-    kinds = {kill.kind for kill in chaos.kills}
-    assert len(chaos.kills) >= 10 and kinds == {"worker", "driver", "postgres"}
+    assert len(chaos.kills) >= 10
 
-    verdict = verify(work / "data" / "warehouse" / f"enriched_{source}", db_url, source, expected)
+    verdict = verify(output, db_url, CLICKSTREAM, expected)
     print(verdict.line(mode), flush=True)
     assert verdict.splits == {"COMPLETED": verdict.splits.get("COMPLETED", -1)}
     assert verdict.missing == 0 and verdict.unexpected == 0
@@ -151,3 +199,72 @@ def test_exactly_once_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
 def test_at_least_once_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
     # Replays after a kill may duplicate (counted and printed); nothing may be lost.
     _fault_run(postgres, "AT_LEAST_ONCE", SEED + 1)
+
+
+def _orders_fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> OrdersVerdict:
+    server, root = postgres
+    work = root / f"orders_{mode.lower()}"
+    work.mkdir()
+    db_url = server.create_database(f"faults_orders_{mode.lower()}")
+    settings = {
+        **_settings(work, db_url, mode, "examples.orders"),
+        # A file of 1000 orders is ~75 KB: byte-range splits of 32 KiB, 3 per file.
+        "SLUICE_TARGET_SPLIT_BYTES": str(32 << 10),
+        # Blocks of ~100 orders: several in flight (and in checkpoints) at each kill.
+        "SLUICE_READ_BLOCK_BYTES": str(8 << 10),
+    }
+    env = sluice_env(settings, work)
+    landing = work / "data" / "landing" / ORDERS
+    sluice(env, work, "db", "upgrade")
+    batches: list[int] = []
+
+    def land_batch() -> bool:
+        """One more batch through the example's own generator (`sluice demo-data orders`,
+        which also creates and fills crm.customers and ref.fx_rates the first time)."""
+        if len(batches) > ORDERS_MAX_TOP_UPS:
+            return False
+        first = not batches
+        days = 2 if first else 1
+        start = date(2026, 1, 1) + timedelta(days=len(batches) + (not first))
+        count = ORDERS_FIRST if first else ORDERS_TOP_UP
+        demo = {
+            "SLUICE_DEMO_EVENTS": str(count),
+            "SLUICE_DEMO_DAYS": str(days),
+            "SLUICE_DEMO_FILES_PER_DAY": str(ORDERS_FILES_PER_DAY),
+            "SLUICE_DEMO_USERS": str(ORDERS_CUSTOMERS),
+            "SLUICE_DEMO_START_DATE": start.isoformat(),
+            "SLUICE_DEMO_SEED": str(11 + len(batches)),
+        }
+        said = sluice({**env, **demo}, work, "demo-data", ORDERS).strip().splitlines()[-1]
+        batches.append(count)
+        log(f"{said}; " + sluice(env, work, "discover", ORDERS).strip())
+        return True
+
+    land_batch()
+    chaos = Chaos(seed, list(ORDERS_PLAN))
+    _chaos_loop(server, work, env, db_url, ORDERS, chaos, land_batch, f"orders {mode}")
+    landed = landed_orders(landing)
+    log(
+        f"{len(batches)} batches, {sum(batches):,} orders landed in {landed.files} files "
+        f"({landed.malformed} malformed)"
+    )
+    assert len(chaos.kills) == len(ORDERS_PLAN)
+
+    verdict = verify_orders(db_url, ORDERS, landed)
+    print(verdict.line(mode), flush=True)
+    assert verdict.splits == {"COMPLETED": verdict.splits.get("COMPLETED", -1)}
+    assert verdict.missing == 0 and verdict.unexpected == 0
+    assert verdict.wrong == 0
+    assert verdict.dead_letters == verdict.expected_dead_letters
+    # No staged row is left behind: every one was moved by its commit or removed by recovery.
+    assert verdict.staged_left == 0
+    return verdict
+
+
+def test_orders_exactly_once_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
+    verdict = _orders_fault_run(postgres, "EXACTLY_ONCE", SEED + 2)
+    # Every row, dropped row and dead letter was committed exactly once.
+    assert verdict.duplicates == 0
+    assert verdict.committed_rows == verdict.expected_rows == verdict.rows
+    assert verdict.dropped == verdict.expected_dropped
+    assert verdict.committed_dead_letters == verdict.expected_dead_letters

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from enumerator_service import (
+    AbortCause,
     Acknowledgement,
-    CheckpointCoordinator,
     FileSplit,
     Settings,
     SplitAssignment,
@@ -31,6 +31,7 @@ from enumerator_service import (
 from enumerator_service._checkpoint_store import COORDINATOR_CHANNEL, encode_dead_letters
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions, splits
+from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.sink import SINKS
 
 
@@ -219,7 +220,9 @@ def test_a_timed_out_checkpoint_aborts_and_its_output_rolls_into_the_next(
         _wait_until(lambda: _status(platform, run.run_id, 2) == "COMPLETED")
     finally:
         coordinator.stop()
-    assert coordinator.stats.aborted[0][0] == 1 and "timeout" in coordinator.stats.aborted[0][1]
+    aborted = coordinator.stats.aborted[0]
+    assert (aborted.checkpoint_id, aborted.cause) == (1, AbortCause.TIMEOUT)
+    assert aborted.detail == "1 of 2 subtasks acked"
     # Checkpoint 1's staged output commits with checkpoint 2 (same attempt), not lost.
     assert [(t.checkpoint_id, t.committed) for t in run.txns()] == [
         (1, True),
@@ -245,7 +248,7 @@ def test_an_acknowledgement_from_a_fenced_attempt_aborts_the_checkpoint(
         _wait_until(lambda: _status(platform, run.run_id, 1) == "ABORTED")
     finally:
         coordinator.stop()
-    assert "fenced" in coordinator.stats.aborted[0][1]
+    assert coordinator.stats.aborted[0].cause is AbortCause.FENCED
     assert run.split_row(0).committed_offset is None  # the whole checkpoint rolled back
     assert run.split_row(1).committed_offset is None
     assert sink.events == []

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from demo_platform import demo_discover
 
 from enumerator_service import ContinuousFileEnumerator, DiscoveryResult, Split, load_settings
-from enumerator_service._operations import Platform, discover, open_platform
+from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import splits
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z: a fixed base for the files' mtimes
@@ -203,7 +204,7 @@ def test_the_platform_tick_applies_the_configured_cap(make_settings: Any) -> Non
         land(settings.landing_path, f"f{i}.jsonl", T0 + i)
     platform = open_platform(settings)
     try:
-        ticks = [discover(platform) for _ in range(4)]
+        ticks = [demo_discover(platform) for _ in range(4)]
     finally:
         platform.close()
     assert [(t.splits_registered, t.backlog_files) for t in ticks] == [

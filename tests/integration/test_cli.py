@@ -1,7 +1,9 @@
-"""The sluice CLI: configuration errors fail fast, commands work on a real database."""
+"""The sluice CLI: configuration and definition errors fail fast with one line and exit 2,
+commands work on a real database for the pipelines of a user's module."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,12 +14,37 @@ import pytest
 
 SLUICE = str(Path(sys.executable).with_name("sluice"))
 
+#: A user's module, written into the working directory of the command.
+MODULE = """
+from spark_jobs import FileSource, Lookup, Pipeline, PostgresSink
+
+events = Pipeline(
+    name="cli_events",
+    source=FileSource(landing="{landing}", schema={{"x": "int64", "name": "string"}}),
+)
+orders = Pipeline(
+    name="cli_orders",
+    source=FileSource(
+        schema={{"order_id": "string", "tenant": "int64", "customer": "string"}},
+        partition_by=None,
+    ),
+    steps=[Lookup("public.cli_customers", on={{"tenant": "tenant", "customer": "id"}},
+                  columns={{"name": "customer_name"}})],
+    sink=PostgresSink("public.cli_orders", upsert_key=["order_id"]),
+)
+"""
+
 
 def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
     return subprocess.run(
         [SLUICE, *args], env={**clean, **env}, cwd=cwd, capture_output=True, text=True, timeout=120
     )
+
+
+def _module(tmp_path: Path, landing: Path, source: str = MODULE) -> dict[str, str]:
+    (tmp_path / "cli_pipelines.py").write_text(source.format(landing=landing))
+    return {"SLUICE_PIPELINES": "cli_pipelines"}
 
 
 @pytest.mark.parametrize(
@@ -28,8 +55,8 @@ def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Complete
             "SLUICE_DATABASE_URL",
         ),
         ({"SLUICE_DATABASE_URL": "mysql://x@y/z"}, "SLUICE_DATABASE_URL"),
-        ({"SLUICE_LOOKUP_TABLE": "users; DROP TABLE x"}, "SLUICE_LOOKUP_TABLE"),
-        ({"SLUICE_SOURCE_NAME": "Events"}, "SLUICE_SOURCE_NAME"),
+        ({"SLUICE_PIPELINES": "my pipelines"}, "SLUICE_PIPELINES"),
+        ({"SLUICE_PIPELINES": "no_such_module_here"}, "SLUICE_PIPELINES"),
         ({"SLUICE_PARALLELISM": "0"}, "SLUICE_PARALLELISM"),
         ({"SLUICE_DISCOVERY_MAX_FILES_PER_TICK": "0"}, "SLUICE_DISCOVERY_MAX_FILES_PER_TICK"),
         (
@@ -49,32 +76,96 @@ def test_bad_configuration_is_one_line_and_exit_2(
     assert "hunter2" not in result.stderr + result.stdout
 
 
-def test_missing_landing_folder_names_the_setting(db_url: str, tmp_path: Path) -> None:
-    env = {"SLUICE_DATABASE_URL": db_url, "SLUICE_LANDING_DIR": str(tmp_path / "nope")}
-    result = _run(["discover"], env, tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.strip().startswith("sluice: configuration error: SLUICE_LANDING_DIR")
+def test_a_definition_mistake_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = MODULE.replace('on={{"tenant": "tenant"', 'on={{"tenant_id": "tenant"')
+    env = _module(tmp_path, tmp_path / "landing", bad)
+    result = _run(["pipelines"], env, tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        "sluice: definition error: pipeline cli_orders: step 1 (Lookup public.cli_customers): "
+        "on: key field 'tenant_id' is not in the input (fields: order_id, tenant, customer)"
+    )
 
 
-def test_status_and_discover_on_a_real_database(
-    make_settings: Any, db_url: str, tmp_path: Path
+def test_a_key_type_that_does_not_match_its_column_fails_when_the_run_opens(
+    db_url: str, tmp_path: Path
 ) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "CREATE TABLE IF NOT EXISTS public.cli_customers "
+                "(tenant bigint, id bigint, name text, PRIMARY KEY (tenant, id))"
+            )
+        )
+    engine.dispose()
+    landing = tmp_path / "data" / "landing" / "cli_orders"
+    landing.mkdir(parents=True)
+    (landing / "o.csv").write_text("order_id,tenant,customer\no1,1,c9\n")
+    env = {
+        **_module(tmp_path, tmp_path / "landing"),
+        "SLUICE_DATABASE_URL": db_url,
+        "SLUICE_DATA_DIR": str(tmp_path / "data"),
+    }
+    assert _run(["discover", "cli_orders"], env, tmp_path).returncode == 0
+    result = _run(["run", "cli_orders"], env, tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        "sluice: definition error: pipeline cli_orders: step 1 (Lookup public.cli_customers): "
+        "key field 'customer' is string but public.cli_customers.id is bigint"
+    )
+
+
+def test_pipelines_lists_source_steps_sink_and_output(db_url: str, tmp_path: Path) -> None:
+    env = {**_module(tmp_path, tmp_path / "landing"), "SLUICE_DATABASE_URL": db_url}
+    result = _run(["pipelines"], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for text in (
+        "Pipeline cli_events",
+        "Pipeline cli_orders",
+        "Lookup public.cli_customers on tenant=tenant, customer=id",
+        "postgres public.cli_orders, upsert on order_id",
+        "customer_name",
+    ):
+        assert text in out, out
+
+
+def test_missing_landing_folder_names_the_pipeline(db_url: str, tmp_path: Path) -> None:
+    env = {**_module(tmp_path, tmp_path / "nope"), "SLUICE_DATABASE_URL": db_url}
+    result = _run(["discover", "cli_events"], env, tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("sluice: configuration error: cli_events: landing")
+
+
+def test_several_pipelines_need_a_name(db_url: str, tmp_path: Path) -> None:
+    env = {**_module(tmp_path, tmp_path / "landing"), "SLUICE_DATABASE_URL": db_url}
+    result = _run(["run"], env, tmp_path)
+    assert result.returncode == 2
+    assert "name one of the pipelines: cli_events, cli_orders" in result.stderr
+
+
+def test_status_and_discover_on_a_real_database(db_url: str, tmp_path: Path) -> None:
     landing = tmp_path / "landing"
     (landing / "dt=2026-01-01").mkdir(parents=True)
     (landing / "dt=2026-01-01" / "part-0.jsonl").write_text('{"x": 1}\n')
-    env = {
-        "SLUICE_DATABASE_URL": db_url,
-        "SLUICE_LANDING_DIR": str(landing),
-        "SLUICE_SOURCE_NAME": "cli_events",
-    }
-    first = _run(["discover"], env, tmp_path)
+    env = {**_module(tmp_path, landing), "SLUICE_DATABASE_URL": db_url}
+    first = _run(["discover", "cli_events"], env, tmp_path)
     assert first.returncode == 0, first.stderr
     assert "1 new splits registered" in first.stdout
-    second = _run(["discover"], env, tmp_path)
+    second = _run(["discover", "cli_events"], env, tmp_path)
     assert "0 new splits registered" in second.stdout
-    status = _run(["status"], env, tmp_path)
+    status = _run(["status", "cli_events"], env, tmp_path)
     assert status.returncode == 0, status.stderr
-    assert "splits unassigned" in status.stdout and "1" in status.stdout
+    assert "splits unassigned" in status.stdout
+    as_json = _run(["status", "--json"], env, tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    found: dict[str, Any] = json.loads(as_json.stdout)["pipelines"]
+    assert found["cli_events"]["splits"]["UNASSIGNED"] == 1
+    assert found["cli_orders"]["rows_committed"] == 0
+    assert "postgresql" not in as_json.stdout
 
 
 def test_replace_needs_the_partitions_to_replace(tmp_path: Path) -> None:
@@ -82,6 +173,11 @@ def test_replace_needs_the_partitions_to_replace(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "--replace needs the partitions to replace (--date)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_version(tmp_path: Path) -> None:
+    result = _run(["--version"], {}, tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("sluice, version ")
 
 
 def test_discover_drains_a_backlog_larger_than_the_per_tick_cap(
@@ -92,14 +188,13 @@ def test_discover_drains_a_backlog_larger_than_the_per_tick_cap(
     for i in range(5):
         (landing / "dt=2026-01-01" / f"part-{i}.jsonl").write_text('{"x": 1}\n')
     env = {
+        **_module(tmp_path, landing),
         "SLUICE_DATABASE_URL": db_url,
-        "SLUICE_LANDING_DIR": str(landing),
-        "SLUICE_SOURCE_NAME": "cli_backlog",
         "SLUICE_DISCOVERY_MAX_FILES_PER_TICK": "2",
     }
-    first = _run(["discover"], env, tmp_path)
+    first = _run(["discover", "cli_events"], env, tmp_path)
     assert first.returncode == 0, first.stderr
     assert "5 new splits registered in 3 ticks" in first.stdout
-    second = _run(["discover"], env, tmp_path)
+    second = _run(["discover", "cli_events"], env, tmp_path)
     assert "0 new splits registered" in second.stdout
     assert "ticks" not in second.stdout

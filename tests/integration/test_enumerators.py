@@ -15,7 +15,10 @@ import pytest
 
 from enumerator_service import ContinuousFileEnumerator, Settings, StaticFileEnumerator
 from enumerator_service._operations import Platform, open_platform
-from spark_jobs.source import JsonLinesSplitReader, ParquetSplitReader
+from spark_jobs.source import FormatRouter, RecordSchema
+
+#: The field every landed test record has.
+NUMBERED = RecordSchema((pa.field("n", pa.int64()),), frozenset({"n"}))
 
 
 @pytest.fixture
@@ -34,6 +37,22 @@ def _land(landing: Path, day: str, name: str, lines: int, mtime: float | None = 
     if mtime is not None:
         os.utime(path, (mtime, mtime))
     return path
+
+
+def _read_numbers(enumerator: StaticFileEnumerator, *, block_bytes: int) -> list[int]:
+    """The ``n`` of every record of the splits reader 0 is handed, in order."""
+    router = FormatRouter(NUMBERED, max_line_bytes=1 << 20, dsn="unused", block_bytes=block_bytes)
+    numbers: list[int] = []
+    try:
+        while (assignment := enumerator.handle_split_request(0)) is not None:
+            router.add_split(assignment)
+            while router.has_splits():
+                for block in router.fetch().blocks:
+                    assert not block.dead
+                    numbers.extend(block.rows.column("n").to_pylist())
+    finally:
+        router.close()
+    return numbers
 
 
 def _continuous(platform: Platform, **kw: Any) -> ContinuousFileEnumerator:
@@ -129,14 +148,7 @@ def test_large_files_are_cut_into_byte_ranges_that_read_every_line_once(
     enumerator.start("run-4")
     enumerator.assign_pending()
     enumerator.add_reader(0)
-    reader = JsonLinesSplitReader(max_line_bytes=1 << 20, chunk_bytes=1000)
-    lines: list[bytes] = []
-    while (assignment := enumerator.handle_split_request(0)) is not None:
-        reader.add_split(assignment)
-        while reader.has_splits():
-            for batch in reader.fetch().records.values():
-                lines.extend(r.data for r in batch)
-    assert lines == path.read_bytes().splitlines()
+    assert _read_numbers(enumerator, block_bytes=1000) == list(range(2000))
 
 
 def test_large_parquet_files_are_cut_at_row_groups_and_read_every_row_once(
@@ -156,12 +168,4 @@ def test_large_parquet_files_are_cut_at_row_groups_and_read_every_row_once(
     enumerator.start("run-5")
     enumerator.assign_pending()
     enumerator.add_reader(0)
-    reader = ParquetSplitReader(batch_rows=100)
-    rows: list[int] = []
-    while (assignment := enumerator.handle_split_request(0)) is not None:
-        reader.add_split(assignment)
-        while reader.has_splits():
-            for records in reader.fetch().records.values():
-                rows.extend(r.values["n"] for r in records)
-    reader.close()
-    assert rows == list(range(5000))
+    assert _read_numbers(enumerator, block_bytes=1000) == list(range(5000))

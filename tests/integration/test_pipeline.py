@@ -16,13 +16,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
-from demo_platform import prepare_demo
+from conftest import TestSettings as Settings
+from demo_platform import demo_discover, demo_run, prepare_demo
 from landing_oracle import expected_events
 
-from enumerator_service import Settings, SplitStore, recover
-from enumerator_service._operations import Platform, discover, open_platform, platform_status
+from enumerator_service import SplitStore, recover
+from enumerator_service._operations import Platform, open_platform, platform_status
 from enumerator_service._schema import dead_letters, sink_transactions
-from spark_jobs.jobs import run_enrichment
 from spark_jobs.sink import SINKS
 
 pytestmark = pytest.mark.spark
@@ -44,10 +44,10 @@ def _read_output(settings: Settings) -> list[dict[str, Any]]:
 
 def test_output_matches_a_direct_sql_join(prepared: tuple[Settings, Platform]) -> None:
     settings, platform = prepared
-    found = discover(platform)
+    found = demo_discover(platform)
     assert found.splits_registered == settings.demo_days * settings.demo_files_per_day
 
-    summary = run_enrichment(settings)
+    summary = demo_run(settings)
     expected, malformed = expected_events(settings.landing_path)
     assert malformed > 0, "the sample data must contain malformed lines"
     assert (summary.rows_out, summary.dead_letters) == (len(expected), malformed)
@@ -107,10 +107,10 @@ def test_output_matches_a_direct_sql_join(prepared: tuple[Settings, Platform]) -
         in {"invalid JSON", "invalid UTF-8", "missing field", "wrong type", "bad value"}
         for reason, _ in letters
     )
-    again = run_enrichment(settings)
+    again = demo_run(settings)
     assert again.nothing_new
     assert len(_read_output(settings)) == len(expected)
-    status = platform_status(platform)
+    status = platform_status(platform, settings.source_name)
     assert status.splits == {"COMPLETED": found.splits_registered}
     assert status.last_checkpoint is not None and status.last_checkpoint["status"] == "COMPLETED"
 
@@ -118,11 +118,11 @@ def test_output_matches_a_direct_sql_join(prepared: tuple[Settings, Platform]) -
 def test_backfill_of_one_date_processes_only_that_date(prepared: tuple[Settings, Platform]) -> None:
     settings, platform = prepared
     day = settings.demo_start_date
-    discover(platform)
-    summary = run_enrichment(settings, dates=[day])
+    demo_discover(platform)
+    summary = demo_run(settings, dates=[day])
     assert summary.splits == settings.demo_files_per_day
     assert {r["dt"] for r in _read_output(settings)} == {day.isoformat()}
-    rest = run_enrichment(settings)
+    rest = demo_run(settings)
     assert rest.splits == (settings.demo_days - 1) * settings.demo_files_per_day
     ids = [r["event_id"] for r in _read_output(settings)]
     assert len(ids) == len(set(ids))
@@ -132,8 +132,8 @@ def test_committed_but_unpublished_output_is_published_by_recovery(
     prepared: tuple[Settings, Platform],
 ) -> None:
     settings, platform = prepared
-    discover(platform)
-    run_enrichment(settings)
+    demo_discover(platform)
+    demo_run(settings)
     before = sorted(r["event_id"] for r in _read_output(settings))
     # Simulate a crash between the completion transaction and the publish step.
     with platform.engine.begin() as conn:
@@ -162,13 +162,13 @@ def test_a_dead_run_returns_its_splits_and_the_next_run_takes_them(
     prepared: tuple[Settings, Platform],
 ) -> None:
     settings, platform = prepared
-    discover(platform)
+    demo_discover(platform)
     store = SplitStore(platform.engine)
     # A run that died holding leases: assigned, one split pulled, never committed.
     store.assign_to_run("run-dead", settings.source_name, lease_seconds=0.01)
     assert store.pull_next("run-dead", 0, 0.01) is not None
     time.sleep(0.1)  # leases are measured by the database clock
-    summary = run_enrichment(settings)  # releases expired leases first
+    summary = demo_run(settings)  # releases expired leases first
     expected, _ = expected_events(settings.landing_path)
     assert summary.rows_out == len(expected)
     ids = [r["event_id"] for r in _read_output(settings)]
@@ -181,9 +181,9 @@ def test_byte_range_splits_produce_the_same_output(make_settings: Any) -> None:
     try:
         prepare_demo(settings, platform)
         files = settings.demo_days * settings.demo_files_per_day
-        found = discover(platform)
+        found = demo_discover(platform)
         assert found.splits_registered > 4 * files  # every file was cut into byte ranges
-        summary = run_enrichment(settings)
+        summary = demo_run(settings)
         expected, malformed = expected_events(settings.landing_path)
         assert (summary.rows_out, summary.dead_letters) == (len(expected), malformed)
         ids = sorted(r["event_id"] for r in _read_output(settings))
@@ -226,8 +226,8 @@ def test_every_landing_format_is_read_and_enriched(make_settings: Any) -> None:
         table = pa.Table.from_pylist(chunks[4])
         pq.write_table(table, folder / "e.parquet", row_group_size=30)
 
-        assert discover(platform).splits_registered == 5
-        summary = run_enrichment(settings)
+        assert demo_discover(platform).splits_registered == 5
+        summary = demo_run(settings)
         # a and b: 100 events + 1 bad line each; c and d: 100 rows + 1 bad row; e: 100 rows.
         assert (summary.splits, summary.rows_out, summary.dead_letters) == (5, 500, 4)
         rows = _read_output(settings)

@@ -14,14 +14,13 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
-from demo_platform import prepare_demo
+from conftest import TestSettings as Settings
+from demo_platform import demo_discover, demo_pipeline, demo_run, prepare_demo
 from landing_oracle import expected_events
 
-from enumerator_service import ConfigError, Settings
-from enumerator_service._operations import Platform, discover, open_platform
+from enumerator_service._operations import Platform, open_platform
 from enumerator_service._rebuilds import PartitionBusyError, RebuildStore
 from enumerator_service._schema import dead_letters, partition_rebuilds, splits
-from spark_jobs.jobs import run_enrichment
 from spark_jobs.sink import SINKS, finish_rebuilds
 from spark_jobs.sink._rebuild_swap import MARKER, REBUILDS_FOLDER, _swap, rebuild_folder
 
@@ -37,8 +36,20 @@ def processed(make_settings: Any) -> Iterator[tuple[Settings, Platform]]:
     settings: Settings = make_settings()
     platform = open_platform(settings)
     prepare_demo(settings, platform)
-    discover(platform)
-    run_enrichment(settings)
+    demo_discover(platform)
+    demo_run(settings)
+    yield settings, platform
+    platform.close()
+
+
+@pytest.fixture
+def processed_table(make_settings: Any) -> Iterator[tuple[Settings, Platform]]:
+    """The same, into a Postgres table that appends."""
+    settings: Settings = make_settings()
+    platform = open_platform(settings)
+    prepare_demo(settings, platform)
+    demo_discover(platform)
+    demo_run(settings, table=f"public.enriched_{settings.source_name}")
     yield settings, platform
     platform.close()
 
@@ -107,7 +118,7 @@ def test_rebuild_replaces_a_processed_partition_exactly(
     rows_and_hash, dead = content(settings, DAY), dead_letter_count(platform, settings, DAY)
     assert rows_and_hash[0] == expected_of(settings, DAY) and dead > 0
 
-    summary = run_enrichment(settings, dates=[DAY], rebuild=True)
+    summary = demo_run(settings, dates=[DAY], rebuild=True)
 
     assert summary.rebuilt == (DAY.isoformat(),)
     assert (summary.rows_out, summary.dead_letters) == (rows_and_hash[0], dead)
@@ -121,7 +132,7 @@ def test_rebuild_replaces_a_processed_partition_exactly(
     assert_clean(settings, platform)
 
     # A day never processed is simply processed; a second rebuild replaces the first.
-    again = run_enrichment(settings, dates=[DAY, date(2026, 1, 5)], rebuild=True)
+    again = demo_run(settings, dates=[DAY, date(2026, 1, 5)], rebuild=True)
     assert again.rebuilt == (DAY.isoformat(),)
     assert content(settings, DAY) == rows_and_hash
     assert rebuild_statuses(platform, settings) == ["DONE", "DONE"]
@@ -142,7 +153,7 @@ def test_a_dead_rebuild_keeps_the_old_output_and_a_later_run_finishes_it(
         '{"event_id": "late-1", "user_id": 1, "event_time": "2026-01-01T12:00:00Z", '
         '"event_type": "click", "amount": 0}\n'
     )
-    assert discover(platform, dates=[DAY]).splits_registered == 1
+    assert demo_discover(platform, dates=[DAY]).splits_registered == 1
     with platform.engine.connect() as conn:
         held = conn.execute(
             sa.select(splits.c.status).where(splits.c.uri == str(late))
@@ -151,12 +162,12 @@ def test_a_dead_rebuild_keeps_the_old_output_and_a_later_run_finishes_it(
     assert data_files(settings, DAY) == before  # readers still see the old output
 
     # The next run (an incremental one) picks the dead rebuild's splits up and swaps it in.
-    run_enrichment(settings)
+    demo_run(settings)
     assert rebuild_statuses(platform, settings) == ["DONE"]
     assert content(settings, DAY) == rows_and_hash
     assert not data_files(settings, DAY) & before
     # The held file joins the new generation afterwards, once.
-    run_enrichment(settings)
+    demo_run(settings)
     assert content(settings, DAY)[0] == rows_and_hash[0] + 1 == expected_of(settings, DAY)
     assert_clean(settings, platform)
     assert rebuild.id > 0
@@ -168,7 +179,7 @@ def test_re_materialising_takes_over_an_abandoned_rebuild(
     settings, platform = processed
     rows_and_hash = content(settings, DAY)
     RebuildStore(platform.engine).start(settings.source_name, [DAY], "dead-run", lease_seconds=0)
-    summary = run_enrichment(settings, dates=[DAY], rebuild=True)
+    summary = demo_run(settings, dates=[DAY], rebuild=True)
     assert summary.rebuilt == (DAY.isoformat(),)
     assert rebuild_statuses(platform, settings) == ["ABANDONED", "DONE"]
     assert content(settings, DAY) == rows_and_hash
@@ -190,13 +201,22 @@ def test_a_partition_another_live_run_reads_is_not_rebuilt(
             )
         )
     with pytest.raises(PartitionBusyError, match="being read by run live-run"):
-        run_enrichment(settings, dates=[DAY], rebuild=True)
+        demo_run(settings, dates=[DAY], rebuild=True)
 
 
-def test_rebuilds_need_the_parquet_sink(make_settings: Any) -> None:
-    settings: Settings = make_settings(sink="postgres", sink_table="enriched")
-    with pytest.raises(ConfigError, match="SLUICE_SINK"):
-        run_enrichment(settings, dates=[DAY], rebuild=True)
+def test_an_append_table_sink_never_rebuilds_a_processed_day(
+    processed_table: tuple[Settings, Platform],
+) -> None:
+    """An append sink cannot replace rows: re-materialising a processed day processes only
+    its new splits (none), and its rows are never written twice."""
+    settings, platform = processed_table
+    table = f"public.enriched_{settings.source_name}"
+    with platform.engine.connect() as conn:
+        before = conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
+    summary = demo_run(settings, table=table, dates=[DAY], rebuild=True)
+    assert summary.nothing_new and summary.rebuilt == ()
+    with platform.engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one() == before
 
 
 @pytest.mark.parametrize("crash", ["before_swap", "swapping", "exchanged", "done"])
@@ -209,7 +229,7 @@ def test_a_crash_at_any_step_of_the_swap_is_finished_exactly_once(
     # The rebuild run completes every member, then "crashes" before swapping.
     monkeypatch.setattr("spark_jobs.jobs._driver.finish_rebuilds", lambda *a, **k: [])
     with pytest.raises(RuntimeError, match="not complete"):
-        run_enrichment(settings, dates=[DAY], rebuild=True)
+        demo_run(settings, dates=[DAY], rebuild=True)
     monkeypatch.undo()
     store = RebuildStore(platform.engine)
     (rebuild,) = store.ready(settings.source_name)
@@ -240,7 +260,7 @@ def test_a_rebuild_with_different_results_replaces_rows_and_dead_letters(
     """Generation 0 rejects the longer half of the lines (a small max_line_bytes); the rebuild
     accepts them: the day's rows, its dead letters and the checks' accounting all follow the
     new generation, nothing of the old one remains."""
-    from dagster_project.checks import partition_counts
+    from dagster_project._counts import partition_counts
 
     settings: Settings = make_settings()
     platform = open_platform(settings)
@@ -254,19 +274,19 @@ def test_a_rebuild_with_different_results_replaces_rows_and_dead_letters(
         strict = make_settings(
             source_name=settings.source_name, max_line_bytes=lengths[len(lengths) // 2]
         )
-        discover(platform)
-        run_enrichment(strict, dates=[DAY])
+        demo_discover(platform)
+        demo_run(strict, dates=[DAY])
         rows0, dead0 = content(settings, DAY)[0], dead_letter_count(platform, settings, DAY)
         expected = expected_of(settings, DAY)
         assert rows0 < expected and dead0 > len(lengths) // 3  # the long half was rejected
 
-        summary = run_enrichment(settings, dates=[DAY], rebuild=True)
+        summary = demo_run(settings, dates=[DAY], rebuild=True)
 
         assert summary.rebuilt == (DAY.isoformat(),)
         assert content(settings, DAY)[0] == summary.rows_out == expected
         dead1 = dead_letter_count(platform, settings, DAY)
         assert dead1 == summary.dead_letters < dead0  # the stale rejections are gone
-        (counts,) = partition_counts(settings, [DAY])
+        (counts,) = partition_counts(demo_pipeline(settings), settings, [DAY])
         assert (counts.rows_out, counts.rows_committed, counts.dead_letters) == (
             expected,
             expected,

@@ -1,5 +1,6 @@
-"""Restoring a split from a committed checkpoint: in-flight inputs are re-invoked, reading
-resumes at the committed offset, and each record is emitted exactly once."""
+"""Restoring a split from a committed checkpoint: the ranges in flight are read again and
+re-run through the chain, reading resumes at the committed offset, and each record is
+emitted exactly once."""
 
 from __future__ import annotations
 
@@ -9,15 +10,13 @@ import orjson
 import pyarrow.dataset as ds
 import pytest
 import sqlalchemy as sa
+from conftest import TestSettings as Settings
+from demo_platform import demo_discover, demo_run
 
-from enumerator_service import Settings, asyncpg_dsn
-from enumerator_service._demo_data import load_users
-from enumerator_service._operations import Platform, discover, open_platform
+from enumerator_service import asyncpg_dsn
+from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import splits
-from spark_jobs.jobs import run_enrichment
-from spark_jobs.jobs._task_state import decode_event, encode_event
-from spark_jobs.source import parse_event
-from spark_jobs.source._records import RawLine
+from examples._clickstream_data import load_users
 
 pytestmark = pytest.mark.spark
 
@@ -50,32 +49,27 @@ def land_ten_events(
     return lines
 
 
-def test_a_restored_split_reinvokes_its_in_flight_inputs_then_reads_on(make_settings: Any) -> None:
+def test_records_of_a_per_record_step_are_re_read_alone(make_settings: Any) -> None:
+    """A range with ``only`` (records a per-record step held) re-reads exactly those records:
+    the others of the range were emitted before the checkpoint."""
     settings: Settings = make_settings()
     platform = open_platform(settings)
     try:
         lines = land_ten_events(settings, platform)
-        assert discover(platform).splits_registered == 1
-        # The committed checkpoint: lines 0-3 were emitted (their output is committed
-        # elsewhere), lines 4-6 were in flight in the async operator, lines 7-9 not read.
-        offset = sum(len(line) for line in lines[:7])
+        assert demo_discover(platform).splits_registered == 1
         starts = [sum(len(line) for line in lines[:i]) for i in range(11)]
-        in_flight = []
-        for i in (4, 5, 6):
-            event = parse_event(0, RawLine(starts[i], starts[i + 1], lines[i]), 1 << 20)
-            assert event is not None and not isinstance(event, str)
-            in_flight.append(encode_event(event))
-        assert decode_event(0, in_flight[0]).event_id == "r4"
+        # Committed: lines 0-8 read; of 4-8, records 4, 6 and 8 were still in flight.
+        pending = [{"span": [starts[4], starts[9]], "only": [starts[4], starts[6], starts[8]]}]
         with platform.engine.begin() as conn:
             conn.execute(
                 sa.update(splits)
                 .where(splits.c.source == settings.source_name)
-                .values(committed_offset=offset, pending=in_flight)
+                .values(committed_offset=starts[9], pending=pending)
             )
-        summary = run_enrichment(settings)
-        assert (summary.splits, summary.rows_out) == (1, 6)
+        summary = demo_run(settings)
+        assert (summary.splits, summary.rows_out) == (1, 4)
         rows = ds.dataset(settings.output_path, format="parquet").to_table().to_pylist()
-        assert sorted(r["event_id"] for r in rows) == [f"r{i}" for i in range(4, 10)]
+        assert sorted(r["event_id"] for r in rows) == ["r4", "r6", "r8", "r9"]
         assert all(r["user_name"] is not None for r in rows)
         with platform.engine.connect() as conn:
             state = conn.execute(
@@ -96,7 +90,7 @@ def test_a_restored_block_is_re_read_from_its_byte_range(make_settings: Any) -> 
     platform = open_platform(settings)
     try:
         lines = land_ten_events(settings, platform, bad_line=5)
-        assert discover(platform).splits_registered == 1
+        assert demo_discover(platform).splits_registered == 1
         starts = [sum(len(line) for line in lines[:i]) for i in range(11)]
         # Committed: lines 0-3 emitted, the block of lines 4-6 pending, 7-9 not read.
         with platform.engine.begin() as conn:
@@ -105,7 +99,7 @@ def test_a_restored_block_is_re_read_from_its_byte_range(make_settings: Any) -> 
                 .where(splits.c.source == settings.source_name)
                 .values(committed_offset=starts[7], pending=[{"span": [starts[4], starts[7]]}])
             )
-        summary = run_enrichment(settings)
+        summary = demo_run(settings)
         assert (summary.splits, summary.rows_out, summary.dead_letters) == (1, 5, 0)
         rows = ds.dataset(settings.output_path, format="parquet").to_table().to_pylist()
         assert sorted(r["event_id"] for r in rows) == ["r4", "r6", "r7", "r8", "r9"]

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from demo_platform import demo_discover
 
 from enumerator_service import FencedError, FileSplit, Settings, SplitStore
-from enumerator_service._operations import Platform, discover, open_platform
+from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import splits
 
 
@@ -131,12 +132,12 @@ def test_discovery_registers_each_file_once_with_a_bounded_cursor(platform: Plat
             _write(landing / f"dt={day}" / f"part-{part}.jsonl", '{"a": 1}\n')
     _write(landing / "dt=2026-01-01" / ".part-9.jsonl.tmp", "partial")
     _write(landing / "not-a-partition" / "x.jsonl", "{}\n")
-    first = discover(platform)
+    first = demo_discover(platform)
     assert (first.files_seen, first.splits_registered) == (4, 4)
-    again = discover(platform)
+    again = demo_discover(platform)
     assert again.splits_registered == 0
     _write(landing / "dt=2026-01-03" / "part-0.jsonl", '{"a": 2}\n')
-    third = discover(platform)
+    third = demo_discover(platform)
     assert third.splits_registered == 1
     assert len(third.cursor["recent_paths"]) <= 5
     with platform.engine.connect() as conn:

@@ -7,6 +7,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
@@ -18,7 +19,9 @@ from enumerator_service import (
     asyncpg_dsn,
 )
 from enumerator_service._operations import Platform, open_platform
-from spark_jobs.source._table_reader import TableRangeSplitReader
+from spark_jobs.source import OFFSET, RecordSchema, SplitRead, TableRangeSplitReader
+
+VALUES = RecordSchema((pa.field("v", pa.string()),), frozenset({"v"}))
 
 
 @pytest.fixture
@@ -42,13 +45,18 @@ def table(make_settings: Any) -> Iterator[tuple[Platform, str]]:
 
 
 def _read(dsn: str, assignments: list[SplitAssignment], batch_rows: int) -> list[int]:
-    reader = TableRangeSplitReader(dsn, batch_rows=batch_rows)
+    """The keys read from the assignments, in order (each row's ``v`` checked)."""
+    reader = TableRangeSplitReader(VALUES, dsn, batch_rows=batch_rows)
     keys: list[int] = []
     for assignment in assignments:
-        reader.add_split(assignment)
-    while reader.has_splits():
-        for records in reader.fetch().records.values():
-            keys.extend(r.offset for r in records)
+        reader.open(SplitRead.of(assignment))
+        done = False
+        while not done:
+            block, done = reader.fetch()
+            if block is not None:
+                assert not block.dead
+                keys.extend(block.rows.column(OFFSET).to_pylist())
+                assert all(v.startswith("v") for v in block.rows.column("v").to_pylist())
     reader.close()
     return keys
 

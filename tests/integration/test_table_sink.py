@@ -11,9 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import sqlalchemy as sa
-from demo_platform import prepare_demo
+from conftest import TestSettings as Settings
+from demo_platform import demo_discover, demo_run, prepare_demo
 from landing_oracle import expected_events
 
 from enumerator_service import (
@@ -21,7 +23,6 @@ from enumerator_service import (
     CheckpointStore,
     FencedError,
     FileSplit,
-    Settings,
     SplitAssignment,
     SplitStore,
     StagedTransaction,
@@ -30,9 +31,8 @@ from enumerator_service import (
     recover,
 )
 from enumerator_service._checkpoint_store import apply_split_states
-from enumerator_service._operations import Platform, discover, open_platform
+from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions, splits
-from spark_jobs.jobs import run_enrichment
 from spark_jobs.sink import (
     TABLE_SINK_NAME,
     PostgresTableSink,
@@ -47,12 +47,31 @@ COLUMNS = (
     "event_id, user_id, event_time, event_type, amount,"
     " user_name, user_country, user_tier, user_signup_time"
 )
+#: The output of the demo pipeline.
+SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("user_id", pa.int64()),
+        ("event_time", pa.timestamp("us", tz="UTC")),
+        ("event_type", pa.string()),
+        ("amount", pa.float64()),
+        ("user_name", pa.string()),
+        ("user_country", pa.string()),
+        ("user_tier", pa.string()),
+        ("user_signup_time", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def _table(settings: Settings) -> str:
+    return f"enriched_{settings.source_name}"
 
 
 @pytest.fixture
 def platform(make_settings: Any) -> Iterator[Platform]:
-    p = open_platform(make_settings(sink="postgres"))
-    ensure_tables(p.engine, p.settings.sink_schema, p.settings.sink_table)
+    p = open_platform(make_settings())
+    assert isinstance(p.settings, Settings)
+    ensure_tables(p.engine, "public", _table(p.settings), SCHEMA, partitioned=True, upsert_key=None)
     yield p
     p.close()
 
@@ -64,7 +83,8 @@ def _count(platform: Platform, table: str) -> int:
 
 def _counts(platform: Platform) -> tuple[int, int]:
     """(rows visible in the target table, rows in its staging table)."""
-    table = platform.settings.sink_table
+    assert isinstance(platform.settings, Settings)
+    table = _table(platform.settings)
     return _count(platform, table), _count(platform, f"{table}__staged")
 
 
@@ -73,19 +93,19 @@ def _counts(platform: Platform) -> tuple[int, int]:
 def test_the_table_holds_exactly_the_rows_of_a_direct_sql_join(
     make_settings: Any, mode: str
 ) -> None:
-    settings: Settings = make_settings(sink="postgres", checkpointing_mode=mode)
+    settings: Settings = make_settings(checkpointing_mode=mode)
     platform = open_platform(settings)
+    table = f"public.{_table(settings)}"
     try:
         prepare_demo(settings, platform)
-        found = discover(platform)
-        summary = run_enrichment(settings)
+        found = demo_discover(platform)
+        summary = demo_run(settings, table=table)
         expected, malformed = expected_events(settings.landing_path)
         assert malformed > 0, "the sample data must contain malformed lines"
         assert (summary.rows_out, summary.dead_letters) == (len(expected), malformed)
         assert summary.splits == found.splits_registered
         assert not settings.output_path.exists(), "the table sink writes no files"
 
-        table = f"public.{settings.sink_table}"
         with platform.engine.begin() as conn:
             conn.execute(
                 sa.text(
@@ -128,7 +148,7 @@ def test_the_table_holds_exactly_the_rows_of_a_direct_sql_join(
             )
         assert letters == malformed
         assert kinds == {TABLE_SINK_NAME}
-        again = run_enrichment(settings)
+        again = demo_run(settings, table=table)
         assert again.nothing_new
         assert _counts(platform) == (len(expected), 0)
     finally:
@@ -150,10 +170,14 @@ def _hold_split(platform: Platform) -> tuple[str, SplitStore, SplitAssignment]:
     return run_id, store, held
 
 
-def _row(i: int) -> tuple[Any, ...]:
-    when = datetime(2026, 1, 1, 0, 0, i % 60, tzinfo=UTC)
-    signup = when.replace(tzinfo=None) if i % 2 else when  # naive timestamps are UTC
-    return (f"t{i:05d}", i, when, "click", i / 4, f"user{i}", "NL", "gold", signup)
+def _rows(start: int, stop: int) -> pa.RecordBatch:
+    rows = []
+    for i in range(start, stop):
+        when = datetime(2026, 1, 1, 0, 0, i % 60, tzinfo=UTC)
+        rows.append((f"t{i:05d}", i, when, "click", i / 4, f"user{i}", "NL", "gold", when))
+    return pa.RecordBatch.from_pylist(
+        [dict(zip(SCHEMA.names, r, strict=True)) for r in rows], SCHEMA
+    )
 
 
 def _stage(
@@ -161,18 +185,21 @@ def _stage(
 ) -> tuple[StagedOutput, PostgresTableSinkWriter, ThreadPoolExecutor]:
     """Rows through the task-side writer up to a pre-commit (the writer stays open)."""
     io = ThreadPoolExecutor(1)
-    settings = platform.settings
+    assert isinstance(platform.settings, Settings)
     writer = PostgresTableSinkWriter(
         io,
         dsn=asyncpg_dsn(platform.url),
-        schema=settings.sink_schema,
-        table=settings.sink_table,
+        schema_name="public",
+        table=_table(platform.settings),
+        columns=SCHEMA,
+        partitioned=True,
+        upsert_key=None,
         run_id=run_id,
         subtask=0,
         attempt=attempt,
     )
-    for i in range(rows):
-        writer.write("2026-01-01", _row(i))
+    for start in range(0, rows, 5000):
+        writer.write_batch("2026-01-01", _rows(start, min(rows, start + 5000)))
     return writer.pre_commit().result(timeout=30), writer, io
 
 
@@ -242,13 +269,11 @@ def test_staged_rows_of_a_checkpoint_that_never_completes_are_invisible_then_rem
     _ack(platform, run_id, held, out)
     # A second batch is pre-committed but never acknowledged (the task dies before that),
     # and a third is still open (one chunk COPYed, uncommitted) when the task fails.
-    for i in range(50):
-        writer.write("2026-01-01", _row(i))
+    writer.write_batch("2026-01-01", _rows(0, 50))
     orphan = writer.pre_commit().result(timeout=30)
-    for i in range(9000):
-        writer.write("2026-01-01", _row(i))
-    io.submit(lambda: None).result(timeout=30)  # the first chunk of batch 3 is COPYed
-    assert writer.rows_written == 20_050 + 8192
+    writer.write_batch("2026-01-01", _rows(0, 9000))
+    io.submit(lambda: None).result(timeout=30)  # batch 3 is being COPYed
+    assert writer.rows_written >= 20_050
     assert _counts(platform) == (0, 20_050)  # durable in staging, invisible in the target
     io.submit(writer.abort).result(timeout=30)  # the open batch rolls back
     io.shutdown()
@@ -261,7 +286,7 @@ def test_staged_rows_of_a_checkpoint_that_never_completes_are_invisible_then_rem
     _published, aborted = recover(platform.engine, build_sinks(platform.engine))
     assert aborted >= 1  # (other tests' dead runs share the database)
     assert _counts(platform) == (0, 50)
-    assert sweep_staged(platform.engine, "public", platform.settings.sink_table) == 50
+    assert sweep_staged(platform.engine, "public", _table(platform.settings)) == 50
     assert _counts(platform) == (0, 0)
     assert _txns(platform, run_id) == []
     # Idempotent: aborting the same staged output again deletes nothing and fails nothing.
@@ -292,7 +317,7 @@ def test_commit_rolls_back_with_a_failing_completion_transaction(platform: Platf
     def completion_fenced_after_the_commit() -> None:
         with platform.engine.begin() as conn:
             sink.commit(conn, [txn])
-            table = f"public.{platform.settings.sink_table}"
+            table = f"public.{_table(platform.settings)}"  # type: ignore[arg-type]
             visible_inside.append(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).one()[0])
             apply_split_states(conn, run_id, [stale], skip_fenced=False)
 
@@ -329,7 +354,7 @@ def test_completion_commits_rows_and_split_states_together(platform: Platform) -
         dt, same_time = conn.execute(
             sa.text(
                 "SELECT DISTINCT dt, user_signup_time = event_time"
-                f" FROM public.{platform.settings.sink_table}"
+                f" FROM public.{_table(platform.settings)}"  # type: ignore[arg-type]
             )
         ).one()
     assert (dt, same_time) == (date(2026, 1, 1), True)
@@ -350,3 +375,46 @@ def test_at_least_once_rows_become_visible_with_the_subtasks_split_states(
     assert _counts(platform) == (500, 0)
     assert _committed_offset(platform, held) == 700
     assert [(t.row_count,) for t in _txns(platform, run_id)] == [(500,)]
+
+
+@pytest.mark.spark
+def test_an_upsert_sink_replaces_a_re_materialised_day_by_key(make_settings: Any) -> None:
+    """Re-processing a processed day writes its rows again: with an upsert key they replace
+    the previous ones (a changed dimension row shows), the table never holds a key twice, and
+    the day's rows of other days are untouched."""
+    settings: Settings = make_settings()
+    platform = open_platform(settings)
+    table = f"public.{_table(settings)}"
+    day = settings.demo_start_date
+    try:
+        prepare_demo(settings, platform)
+        demo_discover(platform)
+        first = demo_run(settings, table=table, upsert=True)
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE public.users SET name = name || '*' WHERE id % 7 = 0"))
+            before = dict(
+                conn.execute(sa.text(f"SELECT dt, count(*) FROM {table} GROUP BY dt")).all()
+            )
+        again = demo_run(settings, table=table, upsert=True, dates=[day], rebuild=True)
+        assert again.rebuilt == (day.isoformat(),)
+        assert again.rows_out == before[day]
+        with platform.engine.connect() as conn:
+            after = dict(
+                conn.execute(sa.text(f"SELECT dt, count(*) FROM {table} GROUP BY dt")).all()
+            )
+            renamed = dict(
+                conn.execute(
+                    sa.text(
+                        f"SELECT t.dt, count(*) FILTER (WHERE t.user_name LIKE '%*') FROM {table} t"
+                        " WHERE t.user_id % 7 = 0 GROUP BY t.dt"
+                    )
+                ).all()
+            )
+            keys = conn.execute(
+                sa.text(f"SELECT count(DISTINCT event_id) FROM {table}")
+            ).scalar_one()
+        assert after == before and keys == sum(before.values()) == first.rows_out
+        assert renamed[day] > 0  # the day was written again, with the changed names
+        assert all(renamed[d] == 0 for d in renamed if d != day)  # the others were not
+    finally:
+        platform.close()

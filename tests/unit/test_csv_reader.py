@@ -1,4 +1,4 @@
-"""CsvSplitReader, GzipLinesReader, LinesSplitReader and parse_csv_record.
+"""LineSplitReader on CSV (plain and gzip) and gzip JSON Lines, and CsvLinesParser.
 
 The oracle is built from the generated rows themselves (offsets are summed while the file is
 written, fields are kept before they are encoded), not by re-reading the file the way the reader
@@ -15,29 +15,33 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from source_schemas import EVENT_FIELDS, EVENTS, ORDERS, file_assignment, read_blocks
 
-from enumerator_service import FileSplit, SplitAssignment
-from spark_jobs.source._csv_reader import (
+from spark_jobs.source import (
+    OFFSET,
     CsvHeaderError,
-    CsvSplitReader,
-    GzipLinesReader,
-    LinesSplitReader,
-    parse_csv_record,
+    CsvLinesParser,
+    FormatRouter,
+    LineSplitReader,
+    ParsedBlock,
+    RecordConverter,
+    RecordSchema,
+    SplitRead,
 )
-from spark_jobs.source._events import Event
-from spark_jobs.source._records import RawLine
 
 BIG_LIMIT = 1 << 16
-HEADER = ["id", "name, full", "note é"]
-EVENT_COLUMNS = ["event_id", "user_id", "event_time", "event_type", "amount"]
-
-Reader = CsvSplitReader | GzipLinesReader | LinesSplitReader
+HEADER = ["id", "name", "note"]
+TEXTS = RecordSchema(tuple(pa.field(name, pa.string()) for name in HEADER))
+UNBALANCED = "invalid CSV: unbalanced quotes (quoted fields spanning lines are not supported)"
 
 
 def encode_row(fields: list[str]) -> bytes:
@@ -77,10 +81,12 @@ def build(
     return data, expected
 
 
-def raw(expected: list[Expected], limit: int = BIG_LIMIT) -> list[RawLine]:
+def text_rows(expected: list[Expected]) -> list[dict[str, Any]]:
+    """What TEXTS reads from these rows: the non-blank ones, empty fields null."""
     return [
-        RawLine(e.offset, e.next_offset, e.content[:limit], len(e.content) > limit)
-        for e in expected
+        {**{n: v or None for n, v in zip(HEADER, x.fields, strict=True)}, OFFSET: x.offset}
+        for x in expected
+        if x.fields is not None
     ]
 
 
@@ -92,42 +98,6 @@ def data_file(data: bytes, name: str = "part-0.csv", *, gz: bool = False) -> Ite
         yield path
 
 
-def assignment(
-    split_id: int,
-    path: str,
-    start: int,
-    end: int | None,
-    resume: int | None = None,
-    kind: str = "csv",
-) -> SplitAssignment:
-    split = FileSplit("events", kind, path, start, end, None)
-    return SplitAssignment(
-        split_id, split, epoch=1, resume_offset=start if resume is None else resume
-    )
-
-
-def drain(reader: Reader, assignments: list[SplitAssignment]) -> dict[int, list[RawLine]]:
-    """Lines per split id; checks every split finishes exactly once, in assignment order."""
-    for a in assignments:
-        reader.add_split(a)
-    lines: dict[int, list[RawLine]] = {a.split_id: [] for a in assignments}
-    finished: list[int] = []
-    budget = 10 + sum(os.path.getsize(a.split.path) * 20 + 2 for a in assignments)
-    try:
-        while reader.has_splits():
-            budget -= 1
-            assert budget > 0, "reader makes no progress"
-            batch = reader.fetch()
-            for split_id, records in batch.records.items():
-                assert split_id not in finished, f"lines for split {split_id} after it finished"
-                lines[split_id].extend(records)
-            finished.extend(batch.finished)
-    finally:
-        reader.close()
-    assert finished == [a.split_id for a in assignments]
-    return lines
-
-
 def read_csv(
     path: str,
     start: int,
@@ -137,16 +107,15 @@ def read_csv(
     chunk: int,
     kind: str = "csv",
     limit: int = BIG_LIMIT,
-) -> list[RawLine]:
-    reader = CsvSplitReader(max_line_bytes=limit, chunk_bytes=chunk)
-    return drain(reader, [assignment(7, path, start, end, resume, kind)])[7]
+    schema: RecordSchema = TEXTS,
+) -> list[ParsedBlock]:
+    reader = LineSplitReader(schema, max_line_bytes=limit, chunk_bytes=chunk)
+    read = SplitRead.of(file_assignment(7, path, start, end, resume, kind=kind))
+    return read_blocks(reader, read)
 
 
-def fields_of(line: RawLine) -> list[str] | None:
-    """The fields of a data line as parse_csv_record sees them (None for a blank line)."""
-    if not line.data.strip():
-        return None
-    return next(csv.reader([line.data.decode()], strict=True))
+def rows(blocks: list[ParsedBlock]) -> list[dict[str, Any]]:
+    return [row for block in blocks for row in block.rows.to_pylist()]
 
 
 # -- strategies ------------------------------------------------------------------------------
@@ -173,85 +142,75 @@ PROPERTY_SETTINGS = settings(database=None, deadline=None, max_examples=150)
 
 
 @PROPERTY_SETTINGS
-@given(rows=csv_rows(), header_eol=eol_strategy, data=st.data(), chunk=st.integers(1, 16))
+@given(rows_=csv_rows(), header_eol=eol_strategy, data=st.data(), chunk=st.integers(1, 16))
 def test_splits_yield_every_data_row_exactly_once(
-    rows: list[Row], header_eol: bytes, data: st.DataObject, chunk: int
+    rows_: list[Row], header_eol: bytes, data: st.DataObject, chunk: int
 ) -> None:
-    file_bytes, expected = build(HEADER, rows, header_eol)
+    file_bytes, expected = build(HEADER, rows_, header_eol)
     size = len(file_bytes)
     cuts = sorted(data.draw(st.lists(st.integers(0, size), max_size=5), label="cuts"))
     last_end = data.draw(st.sampled_from([None, size]), label="last end")
     bounds: list[tuple[int, int | None]] = list(zip([0, *cuts], [*cuts, last_end], strict=True))
-    reader = CsvSplitReader(max_line_bytes=BIG_LIMIT, chunk_bytes=chunk)
+    union = []
     with data_file(file_bytes) as path:
-        split_lines = drain(reader, [assignment(i, path, s, e) for i, (s, e) in enumerate(bounds)])
-    for i, (start, end) in enumerate(bounds):
-        owned = [x for x in expected if start <= x.offset and (end is None or x.offset < end)]
-        assert split_lines[i] == raw(owned), f"split {i} = [{start}, {end})"
-        assert reader.header_of(i) == HEADER
-    union = [line for i in range(len(bounds)) for line in split_lines[i]]
-    assert union == raw(expected)  # every data row once, in file order; never the header
-    assert [fields_of(line) for line in union] == [x.fields for x in expected]
+        for start, end in bounds:
+            got = rows(read_csv(path, start, end, chunk=chunk))
+            owned = [x for x in expected if start <= x.offset and (end is None or x.offset < end)]
+            assert got == text_rows(owned), f"split [{start}, {end})"
+            union.extend(got)
+    assert union == text_rows(expected)  # every data row once, in file order; never the header
 
 
 @PROPERTY_SETTINGS
-@given(rows=csv_rows(), gz=st.booleans(), chunk=st.integers(1, 16))
+@given(rows_=csv_rows(), gz=st.booleans(), chunk=st.integers(1, 16))
 def test_resume_from_any_next_offset_yields_exactly_the_remaining_rows(
-    rows: list[Row], gz: bool, chunk: int
+    rows_: list[Row], gz: bool, chunk: int
 ) -> None:
-    file_bytes, expected = build(HEADER, rows)
+    file_bytes, expected = build(HEADER, rows_)
     kind = "csv.gz" if gz else "csv"
     with data_file(file_bytes, gz=gz) as path:
-        emitted = read_csv(path, 0, None, chunk=chunk, kind=kind)
-        assert emitted == raw(expected)
-        for i, line in enumerate(emitted):
-            resumed = read_csv(path, 0, None, resume=line.next_offset, chunk=chunk, kind=kind)
-            assert resumed == emitted[i + 1 :], f"resume from {line.next_offset}"
+        assert rows(read_csv(path, 0, None, chunk=chunk, kind=kind)) == text_rows(expected)
+        for i, x in enumerate(expected):
+            resumed = read_csv(path, 0, None, resume=x.next_offset, chunk=chunk, kind=kind)
+            assert rows(resumed) == text_rows(expected[i + 1 :]), f"resume from {x.next_offset}"
 
 
 @PROPERTY_SETTINGS
-@given(rows=csv_rows(), data=st.data(), chunk=st.integers(1, 16))
-def test_resume_inside_a_mid_file_split(rows: list[Row], data: st.DataObject, chunk: int) -> None:
-    file_bytes, expected = build(HEADER, rows)
+@given(rows_=csv_rows(), data=st.data(), chunk=st.integers(1, 16))
+def test_resume_inside_a_mid_file_split(rows_: list[Row], data: st.DataObject, chunk: int) -> None:
+    file_bytes, expected = build(HEADER, rows_)
     size = len(file_bytes)
     start = data.draw(st.integers(0, size), label="start")
     end = data.draw(st.integers(start, size), label="end")
+    owned = [x for x in expected if start <= x.offset < end]
     with data_file(file_bytes) as path:
-        emitted = read_csv(path, start, end, chunk=chunk)
-        assert emitted == raw([x for x in expected if start <= x.offset < end])
-        for i, line in enumerate(emitted):
-            resumed = read_csv(path, start, end, resume=line.next_offset, chunk=chunk)
-            assert resumed == emitted[i + 1 :], f"resume from {line.next_offset}"
+        assert rows(read_csv(path, start, end, chunk=chunk)) == text_rows(owned)
+        for x in owned:
+            resumed = read_csv(path, start, end, resume=x.next_offset, chunk=chunk)
+            assert rows(resumed) == text_rows([y for y in owned if y.offset > x.offset])
 
 
 @PROPERTY_SETTINGS
-@given(rows=csv_rows(), limit=st.integers(1, 12), chunk=st.integers(1, 16))
-def test_gzip_lines_match_the_plain_file_reader(rows: list[Row], limit: int, chunk: int) -> None:
-    """Same lines, offsets and truncation as JSON Lines byte ranges, whatever the chunk size."""
-    file_bytes, expected = build(["h"], rows)
-    every_line = [Expected(0, 2, b"h", None), *expected]  # a line reader has no header
+@given(rows_=csv_rows(), limit=st.integers(1, 12), chunk=st.integers(1, 16))
+def test_gzip_lines_match_the_plain_file_reader(rows_: list[Row], limit: int, chunk: int) -> None:
+    """Same blocks (rows, dead letters, offsets, truncation) as plain JSON Lines."""
+    file_bytes, _ = build(["h"], rows_)
+    loose = RecordSchema((pa.field("a", pa.string()),))
     with (
         data_file(file_bytes, "a.jsonl") as plain,
         data_file(file_bytes, "a.jsonl.gz", gz=True) as gz,
     ):
-        reader = LinesSplitReader(max_line_bytes=limit, chunk_bytes=chunk)
-        lines = drain(
-            reader,
-            [
-                assignment(1, plain, 0, None, kind="jsonl"),
-                assignment(2, gz, 0, None, kind="jsonl.gz"),
-            ],
-        )
-        alone = drain(
-            GzipLinesReader(max_line_bytes=limit, chunk_bytes=chunk),
-            [assignment(3, gz, 0, None, kind="jsonl.gz")],
-        )
-    assert lines[1] == lines[2] == alone[3] == raw(every_line, limit)
+        args = {"chunk": chunk, "limit": limit, "schema": loose}
+        lines = read_csv(plain, 0, None, kind="jsonl", **args)  # type: ignore[arg-type]
+        zipped = read_csv(gz, 0, None, kind="jsonl.gz", **args)  # type: ignore[arg-type]
+    assert [(b.start, b.end, b.rows, b.dead) for b in lines] == [
+        (b.start, b.end, b.rows, b.dead) for b in zipped
+    ]
 
 
 @st.composite
-def events(draw: st.DrawFn) -> tuple[dict[str, str], Event]:
-    text = st.text(alphabet='ab,"é漢 -', min_size=1, max_size=8).filter(str.strip)
+def events(draw: st.DrawFn) -> tuple[dict[str, str], dict[str, Any]]:
+    text = st.text(alphabet='ab,"é漢 -', min_size=1, max_size=8)
     event_id, event_type = draw(text), draw(text)
     user_id = draw(st.integers(-(2**63), 2**63 - 1))
     when = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(microseconds=draw(st.integers(0, 10**13)))
@@ -263,30 +222,74 @@ def events(draw: st.DrawFn) -> tuple[dict[str, str], Event]:
         "event_type": event_type,
         "amount": repr(amount),
     }
-    return fields, Event(5, event_id, user_id, when, event_type, amount)
+    values = dict(zip(EVENT_FIELDS, (event_id, user_id, when, event_type, amount), strict=True))
+    return fields, values
 
 
 @PROPERTY_SETTINGS
 @given(
     generated=st.lists(events(), max_size=6),
-    columns=st.permutations(EVENT_COLUMNS),
+    columns=st.permutations(EVENT_FIELDS),
     gz=st.booleans(),
     chunk=st.integers(1, 64),
 )
-def test_parse_csv_record_round_trips_events(
-    generated: list[tuple[dict[str, str], Event]], columns: list[str], gz: bool, chunk: int
+def test_events_round_trip_whatever_the_column_order(
+    generated: list[tuple[dict[str, str], dict[str, Any]]],
+    columns: list[str],
+    gz: bool,
+    chunk: int,
 ) -> None:
-    file_bytes, _ = build(
+    file_bytes, expected = build(
         columns, [Row([fields[c] for c in columns], b"\r\n") for fields, _ in generated]
     )
     kind = "csv.gz" if gz else "csv"
-    reader = CsvSplitReader(max_line_bytes=BIG_LIMIT, chunk_bytes=chunk)
     with data_file(file_bytes, gz=gz) as path:
-        lines = drain(reader, [assignment(5, path, 0, None, kind=kind)])[5]
-    header = reader.header_of(5)
-    assert header == columns
-    parsed = [parse_csv_record(5, header, line, BIG_LIMIT) for line in lines]
-    assert parsed == [event for _, event in generated]
+        blocks = read_csv(path, 0, None, chunk=chunk, kind=kind, schema=EVENTS)
+    assert [b.dead for b in blocks if b.dead] == []
+    got = rows(blocks)
+    assert got == [
+        {**values, OFFSET: x.offset} for (_, values), x in zip(generated, expected, strict=True)
+    ]
+    if got:
+        latest = max(b.max_event_time for b in blocks if b.max_event_time is not None)
+        assert latest == max(v["event_time"] for _, v in generated)
+
+
+def test_orders_with_columns_missing_from_the_header_are_null() -> None:
+    header = ["total", "order_no", "ignored", "region", "placed_at", "paid", "placed_on"]
+    data, expected = build(
+        header,
+        [
+            Row(["12.5", "7", "x", "eu", "2026-01-01T00:00:00Z", "True", "2026-01-02"], b"\n"),
+            Row(["1", "8", "", "us", "2026-01-01 01:00:00+01:00", "", ""], b"\n"),
+        ],
+    )
+    with data_file(data) as path:
+        got = rows(read_csv(path, 0, None, chunk=5, schema=ORDERS))
+    nulls = {"weight": None, "note": None, "shipped": None, "tag": None, "qty": None}
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    assert got == [
+        {
+            "region": "eu",
+            "order_no": 7,
+            "placed_at": t0,
+            "placed_on": date(2026, 1, 2),
+            "total": Decimal("12.50"),
+            "paid": True,
+            **nulls,
+            OFFSET: expected[0].offset,
+        },
+        {
+            "region": "us",
+            "order_no": 8,
+            "placed_at": t0,
+            "placed_on": None,
+            "total": Decimal("1.00"),
+            "paid": None,
+            **nulls,
+            OFFSET: expected[1].offset,
+        },
+    ]
 
 
 # -- malformed rows --------------------------------------------------------------------------
@@ -294,8 +297,9 @@ def test_parse_csv_record_round_trips_events(
 GOOD = ["e1", "42", "2026-01-01T00:00:00+00:00", "click", "1.5"]
 
 
-def parse_line(content: bytes, *, truncated: bool = False) -> Event | str | None:
-    return parse_csv_record(3, EVENT_COLUMNS, RawLine(10, 20, content, truncated), 100)
+def parse_line(content: bytes, *, truncated: bool = False) -> tuple[Any, ...] | str | None:
+    parser = CsvLinesParser(RecordConverter(EVENTS), list(EVENT_FIELDS), 100)
+    return parser.parse_line(content, truncated)
 
 
 def with_field(index: int, value: str) -> bytes:
@@ -303,12 +307,10 @@ def with_field(index: int, value: str) -> bytes:
 
 
 def test_good_row_parses() -> None:
-    when = datetime(2026, 1, 1, tzinfo=UTC)
-    assert parse_line(encode_row(GOOD)) == Event(3, "e1", 42, when, "click", 1.5)
-    assert parse_line(with_field(2, "2026-01-01T00:00:00")) == Event(
-        3, "e1", 42, when, "click", 1.5
-    )
-    assert parse_line(with_field(1, " 42 ")) == Event(3, "e1", 42, when, "click", 1.5)
+    event = ("e1", 42, datetime(2026, 1, 1, tzinfo=UTC), "click", 1.5)
+    assert parse_line(encode_row(GOOD)) == event
+    assert parse_line(with_field(2, "2026-01-01T00:00:00")) == event
+    assert parse_line(with_field(1, " 42 ")) == event
 
 
 @pytest.mark.parametrize(
@@ -328,14 +330,8 @@ def test_good_row_parses() -> None:
             encode_row(GOOD).replace(b"click", b"cl\xffck"),
             "invalid UTF-8: line is not valid UTF-8 text",
         ),
-        (
-            b'e1,42,2026-01-01T00:00:00Z,"cli',
-            "invalid CSV: unbalanced quotes (quoted fields spanning lines are not supported)",
-        ),
-        (
-            b'ck",1.5',
-            "invalid CSV: unbalanced quotes (quoted fields spanning lines are not supported)",
-        ),
+        (b'e1,42,2026-01-01T00:00:00Z,"cli', UNBALANCED),
+        (b'ck",1.5', UNBALANCED),
         (b'e1,42,2026-01-01T00:00:00Z,"click"x,1.5', "invalid CSV: ',' expected after '\"'"),
     ],
 )
@@ -351,17 +347,15 @@ def test_truncated_and_blank_lines() -> None:
 
 def test_quoted_newline_is_reported_not_silently_split() -> None:
     """A quoted field spanning lines comes out as malformed pieces, never as a wrong event."""
-    head = encode_row(EVENT_COLUMNS)
+    head = encode_row(list(EVENT_FIELDS))
     body = b'e1,42,2026-01-01T00:00:00Z,"two\nlines",1.5\n' + encode_row(GOOD) + b"\n"
     with data_file(head + b"\n" + body) as path:
-        lines = read_csv(path, 0, None, chunk=7)
-    parsed = [parse_csv_record(3, EVENT_COLUMNS, line, BIG_LIMIT) for line in lines]
-    assert (
-        parsed[0]
-        == parsed[1]
-        == ("invalid CSV: unbalanced quotes (quoted fields spanning lines are not supported)")
-    )
-    assert isinstance(parsed[2], Event)
+        blocks = read_csv(path, 0, None, chunk=7, schema=EVENTS)
+    assert [(offset, reason) for b in blocks for offset, _, reason in b.dead] == [
+        (len(head) + 1, UNBALANCED),
+        (len(head) + 1 + 32, UNBALANCED),
+    ]
+    assert [row["event_id"] for row in rows(blocks)] == ["e1"]
 
 
 # -- headers ---------------------------------------------------------------------------------
@@ -369,21 +363,22 @@ def test_quoted_newline_is_reported_not_silently_split() -> None:
 
 def test_header_with_bom_and_crlf_and_a_split_starting_inside_it() -> None:
     data = b"\xef\xbb\xbfevent_id , user_id\r\nx,1\r\ny,2\r\n"
+    schema = RecordSchema((pa.field("event_id", pa.string()), pa.field("user_id", pa.int64())))
     with data_file(data) as path:
-        reader = CsvSplitReader(max_line_bytes=BIG_LIMIT, chunk_bytes=4)
-        lines = drain(reader, [assignment(1, path, 0, 5), assignment(2, path, 5, None)])
-    assert reader.header_of(1) == reader.header_of(2) == ["event_id", "user_id"]
-    assert lines[1] == []
-    assert lines[2] == [RawLine(23, 28, b"x,1"), RawLine(28, 33, b"y,2")]
-    reader.release(1)
-    with pytest.raises(KeyError):
-        reader.header_of(1)
+        first = read_csv(path, 0, 5, chunk=4, schema=schema)
+        second = read_csv(path, 5, None, chunk=4, schema=schema)
+    assert rows(first) == []
+    assert rows(second) == [
+        {"event_id": "x", "user_id": 1, OFFSET: 23},
+        {"event_id": "y", "user_id": 2, OFFSET: 28},
+    ]
 
 
 @pytest.mark.parametrize("data", [b"", b"a,b", b"a,b\n", b"a,b\r\n"])
 def test_empty_and_header_only_files_have_no_records(data: bytes) -> None:
     with data_file(data) as path:
-        assert read_csv(path, 0, None, chunk=1) == []
+        blocks = read_csv(path, 0, None, chunk=1)
+    assert rows(blocks) == [] and all(not b.dead for b in blocks)
 
 
 @pytest.mark.parametrize(
@@ -397,80 +392,55 @@ def test_empty_and_header_only_files_have_no_records(data: bytes) -> None:
     ],
 )
 def test_unusable_header_fails_the_split(data: bytes, message: str) -> None:
-    with data_file(data) as path, pytest.raises(CsvHeaderError, match=message):
+    with data_file(data) as path, pytest.raises(CsvHeaderError, match=f"split 7 .*{message}"):
         read_csv(path, 2, None, chunk=4, limit=10)
 
 
 def test_header_of_exactly_the_limit_with_crlf_is_accepted() -> None:
+    schema = RecordSchema((pa.field("abc", pa.string()),))
     with data_file(b"abc\r\n1\n") as path:
-        reader = CsvSplitReader(max_line_bytes=3)
-        assert drain(reader, [assignment(1, path, 0, None)])[1] == [RawLine(5, 7, b"1")]
-        assert reader.header_of(1) == ["abc"]
+        assert rows(read_csv(path, 0, None, chunk=64, limit=3, schema=schema)) == [
+            {"abc": "1", OFFSET: 5}
+        ]
 
 
 # -- gzip ------------------------------------------------------------------------------------
 
 
 def test_gzip_file_read_as_one_split_yields_all_rows() -> None:
-    rows = [Row(["r", str(i), "漢" * (i % 4)], b"\n") for i in range(500)]
-    file_bytes, expected = build(HEADER, rows)
+    rows_ = [Row(["r", str(i), "漢" * (i % 4)], b"\n") for i in range(500)]
+    file_bytes, expected = build(HEADER, rows_)
     with data_file(file_bytes, "part-0.csv.gz", gz=True) as path:
-        lines = read_csv(path, 0, None, chunk=1000, kind="csv.gz")
-    assert lines == raw(expected)
-    assert [fields_of(line) for line in lines] == [x.fields for x in expected]
+        assert rows(read_csv(path, 0, None, chunk=1000, kind="csv.gz")) == text_rows(expected)
 
 
 @pytest.mark.parametrize("bounds", [(0, 100), (5, None)])
 def test_gzip_split_must_cover_the_whole_file(bounds: tuple[int, int | None]) -> None:
-    split = assignment(1, "unused.csv.gz", bounds[0], bounds[1], kind="csv.gz")
+    a = file_assignment(1, "unused.csv.gz", bounds[0], bounds[1], kind="csv.gz")
     with pytest.raises(ValueError, match="must cover the whole file"):
-        CsvSplitReader(max_line_bytes=10).add_split(split)
+        FormatRouter(TEXTS, max_line_bytes=10, dsn="unused").add_split(a)
     with pytest.raises(ValueError, match="must cover the whole file"):
-        GzipLinesReader(max_line_bytes=10).add_split(split)
+        LineSplitReader(TEXTS, max_line_bytes=10).open(SplitRead.of(a))
 
 
 def test_corrupt_gzip_fails_the_split() -> None:
-    good = gzip.compress(b"a,b\n" + b"1,2\n" * 1000)
-    with data_file(b"") as empty:
-        path = empty + ".gz"
-        Path(path).write_bytes(good[: len(good) // 2])  # truncated stream
-        with pytest.raises(EOFError):
-            drain(
-                GzipLinesReader(max_line_bytes=100), [assignment(1, path, 0, None, kind="csv.gz")]
-            )
-
-
-def test_wake_up_and_fetch_without_splits() -> None:
-    for reader in (CsvSplitReader(max_line_bytes=10), GzipLinesReader(max_line_bytes=10)):
-        reader.wake_up()
-        batch = reader.fetch()
-        assert not batch.records and not batch.finished
-        assert not reader.has_splits()
-        reader.close()
-
-
-def read_gzip_lines(data: bytes, *, chunk: int, limit: int) -> list[RawLine]:
-    with data_file(data, "part-0.jsonl.gz", gz=True) as path:
-        reader = GzipLinesReader(max_line_bytes=limit, chunk_bytes=chunk)
-        return drain(reader, [assignment(1, path, 0, None, kind="jsonl.gz")])[1]
-
-
-@pytest.mark.parametrize("chunk", [1, 2, 3, 4, 5, 6, 64])
-def test_gzip_crlf_line_of_exactly_the_limit_is_not_truncated(chunk: int) -> None:
-    out = read_gzip_lines(b"abc\r\nxy\n", chunk=chunk, limit=3)
-    assert out == [RawLine(0, 5, b"abc", False), RawLine(5, 8, b"xy", False)]
+    good = gzip.compress(b"id,name,note\n" + b"1,2,3\n" * 1000)
+    with data_file(good[: len(good) // 2], "part-0.csv.gz") as path, pytest.raises(EOFError):
+        read_csv(path, 0, None, chunk=100, kind="csv.gz")
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 8, 13, 64, 1 << 20])
-def test_gzip_over_long_lines_are_truncated_and_following_lines_intact(chunk: int) -> None:
-    data = b"a,1\n" + b"x" * 40 + b"\nb,2\r\n" + "漢".encode() * 5 + b"\r\n\nc,3\n" + b"z" * 30
-    out = read_gzip_lines(data, chunk=chunk, limit=8)
-    assert out == [
-        RawLine(0, 4, b"a,1"),
-        RawLine(4, 45, b"x" * 8, True),
-        RawLine(45, 50, b"b,2"),
-        RawLine(50, 67, "漢".encode() * 2 + "漢".encode()[:2], True),
-        RawLine(67, 68, b""),
-        RawLine(68, 72, b"c,3"),
-        RawLine(72, 102, b"z" * 8, True),
+def test_gzip_over_long_lines_are_dead_letters_and_following_lines_intact(chunk: int) -> None:
+    data = b"id\nx,1\n" + b"x" * 40 + b"\nb\r\n" + "漢".encode() * 5 + b"\r\n\nc\n" + b"z" * 30
+    schema = RecordSchema((pa.field("id", pa.string()),))
+    with data_file(data, "part-0.csv.gz", gz=True) as path:
+        blocks = read_csv(path, 0, None, chunk=chunk, limit=8, kind="csv.gz", schema=schema)
+    too_long = "line too long: over 8 bytes"
+    assert [entry for b in blocks for entry in b.dead] == [
+        (3, b"x,1", "bad value: expected 1 fields, got 2"),
+        (7, b"x" * 8, too_long),
+        (51, "漢".encode() * 2 + "漢".encode()[:2], too_long),
+        (71, b"z" * 8, too_long),
     ]
+    assert rows(blocks) == [{"id": "b", OFFSET: 48}, {"id": "c", OFFSET: 69}]
+    assert blocks[-1].end == len(data)

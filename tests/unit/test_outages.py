@@ -23,10 +23,10 @@ def test_sql_and_programming_errors_are_not() -> None:
 
 
 def test_the_wrap_up_waits_out_a_database_restart(monkeypatch: pytest.MonkeyPatch) -> None:
-    from spark_jobs.jobs import _driver
+    from spark_jobs.jobs import _outages
 
     slept: list[float] = []
-    monkeypatch.setattr(_driver.time, "sleep", slept.append)
+    monkeypatch.setattr(_outages.time, "sleep", slept.append)
     down = sa.exc.OperationalError("SELECT 1", {}, Exception("connection is bad"))
     outcomes: list[Exception | str] = [down, down, "done"]
 
@@ -36,9 +36,9 @@ def test_the_wrap_up_waits_out_a_database_restart(monkeypatch: pytest.MonkeyPatc
             raise outcome
         return outcome
 
-    assert _driver._while_down(step) == "done"
+    assert _outages.while_down(step) == "done"
     assert slept == [0.2, 0.4]  # backing off
     with pytest.raises(sa.exc.OperationalError):
-        _driver._while_down(lambda: (_ for _ in ()).throw(down), patience=0.0)
+        _outages.while_down(lambda: (_ for _ in ()).throw(down), patience=0.0)
     with pytest.raises(ValueError, match="invalid literal"):  # not an outage: at once
-        _driver._while_down(lambda: int("x"))
+        _outages.while_down(lambda: int("x"))

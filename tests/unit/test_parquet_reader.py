@@ -1,4 +1,4 @@
-"""ParquetSplitReader (row-group splits, row-index offsets) and parse_parquet_record.
+"""ParquetSplitReader: row-group splits, row-index offsets, column-wise casts and bad rows.
 
 The oracle is the list of rows the file was written from, with row indices counted while the
 row groups are written.
@@ -6,7 +6,6 @@ row groups are written.
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import orjson
 import pyarrow as pa
@@ -22,25 +22,27 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from source_schemas import EVENTS, ORDERS, dead_of, file_assignment, read_blocks, rows_of
 
-from enumerator_service import FileSplit, SplitAssignment
-from spark_jobs.source._events import Event
-from spark_jobs.source._parquet_reader import (
+from spark_jobs.source import (
+    OFFSET,
     ParquetSplitError,
     ParquetSplitReader,
-    RowRecord,
-    parse_parquet_record,
+    ParsedBlock,
+    RecordSchema,
+    SplitRead,
 )
-from spark_jobs.source._records import RawLine
+from spark_jobs.source._parquet_rows import BatchConverter
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-SCHEMA = pa.schema(
+FILE_SCHEMA = pa.schema(
     [
         ("event_id", pa.string()),
         ("user_id", pa.int64()),
         ("event_time", pa.timestamp("us", tz="UTC")),
         ("event_type", pa.string()),
         ("amount", pa.float64()),
+        ("unused", pa.string()),
     ]
 )
 
@@ -52,69 +54,55 @@ def row(i: int) -> dict[str, Any]:
         "event_time": T0 + timedelta(seconds=i),
         "event_type": "click" if i % 2 else "view",
         "amount": i / 4,
+        "unused": "u",
     }
 
 
 @contextmanager
-def parquet_file(group_sizes: list[int], schema: pa.Schema = SCHEMA) -> Iterator[str]:
+def parquet_file(group_sizes: list[int]) -> Iterator[str]:
     """A file with one row group per size (empty groups included); row i holds ``row(i)``."""
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "part-0.parquet")
         first = 0
-        with pq.ParquetWriter(path, schema) as writer:
+        with pq.ParquetWriter(path, FILE_SCHEMA) as writer:
             for size in group_sizes:
                 rows = [row(i) for i in range(first, first + size)]
-                writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+                writer.write_table(pa.Table.from_pylist(rows, schema=FILE_SCHEMA))
                 first += size
         assert pq.ParquetFile(path).metadata.num_row_groups == len(group_sizes)
         yield path
 
 
 @contextmanager
-def table_file(table: pa.Table) -> Iterator[str]:
+def table_file(table: pa.Table, row_group_size: int | None = None) -> Iterator[str]:
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "part-0.parquet")
-        pq.write_table(table, path)
+        pq.write_table(table, path, row_group_size=row_group_size)
         yield path
 
 
-def assignment(
-    split_id: int, path: str, start: int, end: int | None, resume: int | None = None
-) -> SplitAssignment:
-    split = FileSplit("events", "parquet", path, start, end, None)
-    return SplitAssignment(
-        split_id, split, epoch=1, resume_offset=start if resume is None else resume
-    )
+def read(
+    path: str,
+    start: int,
+    end: int | None,
+    resume: int | None = None,
+    *,
+    batch_rows: int,
+    schema: RecordSchema = EVENTS,
+    stop: int | None = None,
+) -> list[ParsedBlock]:
+    a = file_assignment(1, path, start, end, resume, kind="parquet")
+    split_read = SplitRead(1, a.split, a.resume_offset, stop, replay=stop is not None)
+    blocks = read_blocks(ParquetSplitReader(schema, batch_rows=batch_rows), split_read, 1000)
+    assert all(b.rows.num_rows + len(b.dead) <= batch_rows for b in blocks)
+    return blocks
 
 
-def drain(
-    assignments: list[SplitAssignment], *, batch_rows: int, columns: list[str] | None = None
-) -> dict[int, list[RowRecord]]:
-    """Rows per split id; checks every split finishes exactly once, in assignment order."""
-    reader = ParquetSplitReader(batch_rows=batch_rows, columns=columns)
-    for a in assignments:
-        reader.add_split(a)
-    rows: dict[int, list[RowRecord]] = {a.split_id: [] for a in assignments}
-    finished: list[int] = []
-    budget = 1000  # far more fetches than any test file needs
-    try:
-        while reader.has_splits():
-            budget -= 1
-            assert budget > 0, "reader makes no progress"
-            batch = reader.fetch()
-            for split_id, records in batch.records.items():
-                assert split_id not in finished, f"rows for split {split_id} after it finished"
-                assert len(records) <= batch_rows
-                rows[split_id].extend(records)
-            finished.extend(batch.finished)
-    finally:
-        reader.close()
-    assert finished == [a.split_id for a in assignments]
-    return rows
-
-
-def expected(first: int, stop: int) -> list[RowRecord]:
-    return [RowRecord(i, i + 1, row(i)) for i in range(first, stop)]
+def expected(first: int, stop: int) -> list[dict[str, Any]]:
+    return [
+        {**{k: v for k, v in row(i).items() if k != "unused"}, OFFSET: i}
+        for i in range(first, stop)
+    ]
 
 
 def first_rows(group_sizes: list[int]) -> list[int]:
@@ -125,7 +113,7 @@ def first_rows(group_sizes: list[int]) -> list[int]:
     return firsts
 
 
-# -- properties ------------------------------------------------------------------------------
+# -- row groups and offsets ------------------------------------------------------------------
 
 group_sizes_strategy = st.lists(st.integers(0, 5), max_size=6)
 PROPERTY_SETTINGS = settings(database=None, deadline=None, max_examples=100)
@@ -142,19 +130,21 @@ def test_row_group_splits_yield_every_row_exactly_once_in_order(
     cuts = sorted(data.draw(st.lists(st.sampled_from(valid), max_size=4), label="cuts"))
     last_end = data.draw(st.sampled_from([None, groups]), label="last end")
     bounds: list[tuple[int, int | None]] = list(zip([0, *cuts], [*cuts, last_end], strict=True))
+    union = []
     with parquet_file(sizes) as path:
-        rows = drain(
-            [assignment(i, path, s, e) for i, (s, e) in enumerate(bounds)], batch_rows=batch_rows
-        )
-    for i, (start, end) in enumerate(bounds):
-        stop = firsts[groups if end is None else end]
-        assert rows[i] == expected(firsts[start], stop), f"split {i} = row groups [{start}, {end})"
-    assert [r for i in range(len(bounds)) for r in rows[i]] == expected(0, firsts[-1])
+        for start, end in bounds:
+            blocks = read(path, start, end, batch_rows=batch_rows)
+            stop = firsts[groups if end is None else end]
+            assert rows_of(blocks) == expected(firsts[start], stop), f"groups [{start}, {end})"
+            for block in blocks:
+                assert block.end - block.start == block.rows.num_rows
+            union.extend(rows_of(blocks))
+    assert union == expected(0, firsts[-1])
 
 
 @PROPERTY_SETTINGS
 @given(sizes=group_sizes_strategy, data=st.data(), batch_rows=st.integers(1, 7))
-def test_resume_from_any_row_offset_yields_exactly_the_rest(
+def test_resume_and_replay_from_any_row_offset_yield_exactly_those_rows(
     sizes: list[int], data: st.DataObject, batch_rows: int
 ) -> None:
     groups = len(sizes)
@@ -164,101 +154,72 @@ def test_resume_from_any_row_offset_yields_exactly_the_rest(
     end = data.draw(st.sampled_from([None, *range(start, groups + 1)]), label="end")
     first, stop = firsts[start], firsts[groups if end is None else end]
     with parquet_file(sizes) as path:
-        fresh = drain([assignment(1, path, start, end)], batch_rows=batch_rows)[1]
-        assert fresh == expected(first, stop)
-        # Every row offset of the split (a committed next_offset) and the end of the split.
+        assert rows_of(read(path, start, end, batch_rows=batch_rows)) == expected(first, stop)
+        # Every row offset of the split (a committed offset) and the end of the split.
         for offset in range(first, stop + 1):
-            resumed = drain([assignment(1, path, start, end, offset)], batch_rows=batch_rows)[1]
-            assert resumed == expected(offset, stop), f"resume from row {offset}"
+            resumed = read(path, start, end, offset, batch_rows=batch_rows)
+            assert rows_of(resumed) == expected(offset, stop), f"resume from row {offset}"
+            for after in (offset + 1, stop):  # replayed ranges, [o, o + 1) among them
+                replayed = read(path, start, end, offset, batch_rows=batch_rows, stop=after)
+                assert rows_of(replayed) == expected(offset, min(after, stop))
 
 
 def test_fresh_assignment_resume_offset_is_the_row_group_index() -> None:
     """The store hands out resume_offset = start (a row-group index) while nothing is committed."""
     with parquet_file([4, 4, 4]) as path:
-        rows = drain([assignment(1, path, 2, 3, resume=2)], batch_rows=3)[1]
-    assert rows == expected(8, 12)
+        assert rows_of(read(path, 2, 3, resume=2, batch_rows=3)) == expected(8, 12)
 
 
 def test_empty_row_groups_before_a_valid_start() -> None:
     with parquet_file([3, 0, 0, 5, 0]) as path:
-        rows = drain([assignment(1, path, 3, None), assignment(2, path, 4, None)], batch_rows=2)
-        resumed = drain([assignment(1, path, 3, None, resume=5)], batch_rows=2)[1]
-    assert rows == {1: expected(3, 8), 2: []}
-    assert resumed == expected(5, 8)
+        assert rows_of(read(path, 3, None, batch_rows=2)) == expected(3, 8)
+        assert rows_of(read(path, 4, None, batch_rows=2)) == []
+        assert rows_of(read(path, 3, None, resume=5, batch_rows=2)) == expected(5, 8)
 
 
 def test_ambiguous_split_start_fails_the_split() -> None:
     """Row group 2 starts at row 0: a committed offset 2 could mean "fresh" or "after row 1"."""
     with parquet_file([0, 0, 5]) as path:
         with pytest.raises(ParquetSplitError, match="below its own index"):
-            drain([assignment(1, path, 2, None)], batch_rows=2)
-        assert drain([assignment(1, path, 0, None)], batch_rows=2)[1] == expected(0, 5)
+            read(path, 2, None, batch_rows=2)
+        assert rows_of(read(path, 0, None, batch_rows=2)) == expected(0, 5)
     with parquet_file([0, 0, 0]) as path:  # no rows: nothing is ambiguous
-        assert drain([assignment(1, path, 2, None)], batch_rows=2)[1] == []
+        assert read(path, 2, None, batch_rows=2) == []
 
 
-def test_column_projection_and_dead_letter_bytes() -> None:
-    with parquet_file([3, 2]) as path:
-        rows = drain([assignment(1, path, 1, None)], batch_rows=10, columns=["user_id", "amount"])[
-            1
-        ]
-    assert rows == [RowRecord(i, i + 1, {"user_id": i * 7, "amount": i / 4}) for i in (3, 4)]
-    record = RowRecord(9, 10, {"event_id": "e", "event_time": T0, "amount": Decimal("1.5")})
-    assert record.as_raw_line() == RawLine(9, 10, record.as_raw_line().data)
-    assert orjson.loads(record.as_raw_line().data) == {
-        "event_id": "e",
-        "event_time": "2026-01-01T00:00:00+00:00",
-        "amount": "1.5",
-    }
-
-
-# -- unreadable files ------------------------------------------------------------------------
-
-
-def test_corrupt_file_fails_the_split() -> None:
+def test_corrupt_and_missing_files_fail_the_split() -> None:
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "part-0.parquet")
         Path(path).write_bytes(b"PAR1 this is not a parquet file")
         with pytest.raises(ParquetSplitError, match=r"split 1: cannot read Parquet file"):
-            drain([assignment(1, path, 0, None)], batch_rows=4)
-
-
-def test_missing_file_fails_the_split() -> None:
+            read(path, 0, None, batch_rows=4)
     with pytest.raises(ParquetSplitError, match="cannot read"):
-        drain([assignment(1, "/nonexistent/part-0.parquet", 0, None)], batch_rows=4)
+        read("/nonexistent/part-0.parquet", 0, None, batch_rows=4)
 
 
 @pytest.mark.parametrize(("start", "end"), [(0, 3), (3, None), (2, 1)])
 def test_row_groups_outside_the_file_fail_the_split(start: int, end: int | None) -> None:
     with parquet_file([1, 1]) as path, pytest.raises(ParquetSplitError, match=r"outside 0\.\.2"):
-        drain([assignment(1, path, start, end)], batch_rows=4)
+        read(path, start, end, batch_rows=4)
 
 
-def test_wake_up_and_fetch_without_splits() -> None:
-    reader = ParquetSplitReader()
-    reader.wake_up()
-    batch = reader.fetch()
-    assert not batch.records and not batch.finished and not reader.has_splits()
-    reader.close()
+# -- columns and casts -----------------------------------------------------------------------
 
 
-# -- parsing ---------------------------------------------------------------------------------
+def test_declared_columns_missing_from_the_file_are_null() -> None:
+    optional = RecordSchema((pa.field("user_id", pa.int64()), pa.field("absent", pa.date32())))
+    with parquet_file([3, 2]) as path:
+        got = rows_of(read(path, 1, None, batch_rows=10, schema=optional))
+    assert got == [{"user_id": i * 7, "absent": None, OFFSET: i} for i in (3, 4)]
+    with parquet_file([2]) as path:
+        blocks = read(path, 0, None, batch_rows=10)
+        assert dead_of(read(path, 0, None, batch_rows=10, schema=ORDERS)) == [
+            (i, b"{}", "missing field: region, order_no, placed_at, total") for i in (0, 1)
+        ]
+    assert blocks[0].max_event_time == T0 + timedelta(seconds=1)
 
 
-def parse(values: dict[str, Any]) -> Event | str:
-    return parse_parquet_record(4, RowRecord(0, 1, values))
-
-
-def test_rows_read_from_a_file_parse_to_events() -> None:
-    with parquet_file([2, 1]) as path:
-        rows = drain([assignment(1, path, 0, None)], batch_rows=2)[1]
-    assert [parse_parquet_record(4, r) for r in rows] == [
-        Event(4, f"e{i}-漢", i * 7, T0 + timedelta(seconds=i), row(i)["event_type"], i / 4)
-        for i in range(3)
-    ]
-
-
-def test_timestamp_and_text_and_decimal_columns_convert() -> None:
+def test_timestamp_text_and_decimal_columns_convert() -> None:
     table = pa.table(
         {
             "event_id": pa.array([b"e1", b"e2", b"e3"], pa.binary()),
@@ -270,46 +231,158 @@ def test_timestamp_and_text_and_decimal_columns_convert() -> None:
     )
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     with table_file(table) as path:
-        rows = drain([assignment(1, path, 0, None)], batch_rows=10)[1]
-    assert [parse_parquet_record(4, r) for r in rows] == [
-        Event(4, "e1", 1, epoch, "a", 1.25),
-        Event(4, "e2", 2, epoch, "b", 2.0),  # 1 ns truncated to microseconds
-        "missing field: amount",
+        blocks = read(path, 0, None, batch_rows=10)
+    assert rows_of(blocks) == [
+        {"event_id": "e1", "user_id": 1, "event_time": epoch, "event_type": "a", "amount": 1.25,
+         OFFSET: 0},
+        {"event_id": "e2", "user_id": 2, "event_time": epoch, "event_type": "b", "amount": 2.0,
+         OFFSET: 1},  # 1 ns truncated to microseconds
+    ]  # fmt: skip
+    assert dead_of(blocks) == [
+        (
+            2,
+            b'{"event_id":"e3","user_id":3,"event_time":"1970-01-01T00:00:00.000001+00:00",'
+            b'"event_type":"c","amount":null}',
+            "missing field: amount",
+        )
     ]
-    assert rows[2].values["event_time"] == datetime(1970, 1, 1, microsecond=1)
 
 
-def test_iso_text_event_time_is_accepted() -> None:
-    good = {**row(1), "event_time": "2026-01-01T00:00:01Z"}
-    assert parse(good) == Event(4, "e1-漢", 7, T0 + timedelta(seconds=1), "click", 0.25)
+def orders_table(values: list[dict[str, Any]]) -> pa.Table:
+    """ORDERS in other Parquet types, each needing a cast (or the row path)."""
+    types = {
+        "region": pa.large_string(),
+        "order_no": pa.int64(),
+        "placed_at": pa.timestamp("ns", tz="Europe/Paris"),
+        "placed_on": pa.date64(),
+        "total": pa.decimal128(12, 3),
+        "paid": pa.bool_(),
+        "weight": pa.float64(),
+        "note": pa.dictionary(pa.int32(), pa.string()),
+        "shipped": pa.timestamp("ms"),
+        "tag": pa.string(),
+        "qty": pa.int16(),
+    }
+    return pa.table(
+        {name: pa.array([v[name] for v in values], kind) for name, kind in types.items()}
+    )
+
+
+@st.composite
+def orders(draw: st.DrawFn) -> dict[str, Any]:
+    when = T0 + timedelta(milliseconds=draw(st.integers(-(10**11), 10**11)))
+    return {
+        "region": draw(st.sampled_from(["eu", "us", "é漢"])),
+        "order_no": draw(st.integers(-(2**31), 2**31 - 1)),
+        "placed_at": when,
+        "placed_on": draw(st.one_of(st.none(), st.dates(date(1, 1, 1), date(9999, 12, 31)))),
+        "total": Decimal(draw(st.integers(-(10**10) + 1, 10**10 - 1))).scaleb(-2),
+        "paid": draw(st.one_of(st.none(), st.booleans())),
+        "weight": draw(st.one_of(st.none(), st.floats(-1e30, 1e30))),
+        "note": draw(st.one_of(st.none(), st.sampled_from(["a", "b"]))),
+        "shipped": when.replace(tzinfo=None),
+        "tag": draw(st.one_of(st.none(), st.text(max_size=3))),
+        "qty": draw(st.integers(-128, 127)),
+    }
+
+
+BAD_ROWS: list[tuple[dict[str, Any], str]] = [
+    ({"order_no": 2**40}, f"bad value: order_no {2**40} is outside the int32 range"),
+    ({"qty": 300}, "bad value: qty 300 is outside the int8 range"),
+    ({"weight": 1e39}, "bad value: weight 1e+39 is outside the float32 range"),
+    ({"weight": float("nan")}, "bad value: weight nan is not finite"),
+    ({"total": Decimal("1.234")}, "bad value: total 1.234 does not fit decimal(10,2)"),
+    (
+        {"total": Decimal("123456789.5")},
+        "bad value: total 123456789.500 does not fit decimal(10,2)",
+    ),
+    ({"region": None}, "missing field: region"),
+]
+
+
+@settings(database=None, deadline=None, max_examples=60)
+@given(
+    values=st.lists(orders(), min_size=1, max_size=12),
+    bad=st.lists(st.tuples(st.integers(0, 12), st.sampled_from(range(len(BAD_ROWS))))),
+    batch_rows=st.integers(1, 8),
+)
+def test_casts_equal_the_row_path_and_bad_rows_are_found(
+    values: list[dict[str, Any]], bad: list[tuple[int, int]], batch_rows: int
+) -> None:
+    """A batch cast column-wise and a batch read row by row (it holds a bad row) give the
+    same rows; exactly the bad rows are dead letters, with their reasons."""
+    row_by_row = AssertionError("a clean batch went row by row")
+    with (
+        table_file(orders_table(values)) as path,
+        mock.patch.object(BatchConverter, "by_row", side_effect=row_by_row),
+    ):
+        clean = rows_of(read(path, 0, None, batch_rows=batch_rows, schema=ORDERS))
+    mixed, reasons = list(values), {}
+    for at, kind in sorted(bad, reverse=True):
+        change, reason = BAD_ROWS[kind]
+        mixed.insert(min(at, len(mixed)), {**values[0], **change})
+    for i, value in enumerate(mixed):
+        for change, reason in BAD_ROWS:
+            if all(value[k] is v or value[k] == v for k, v in change.items()):
+                reasons[i] = reason
+    with table_file(orders_table(mixed)) as path:
+        blocks = read(path, 0, None, batch_rows=batch_rows, schema=ORDERS)
+    assert [(offset, reason) for offset, _, reason in dead_of(blocks)] == sorted(reasons.items())
+    good = rows_of(blocks)
+    assert [r[OFFSET] for r in good] == [i for i in range(len(mixed)) if i not in reasons]
+    strip = [{k: v for k, v in r.items() if k != OFFSET} for r in good]
+    assert repr(strip) == repr([{k: v for k, v in r.items() if k != OFFSET} for r in clean])
+    for offset, raw, _ in dead_of(blocks):
+        assert orjson.loads(raw)["order_no"] == mixed[offset]["order_no"]
+
+
+def test_invalid_utf8_and_values_beyond_python_are_dead_letters() -> None:
+    table = pa.table(
+        {
+            "region": pa.array([b"eu", b"\xff", b"us"], pa.binary()),
+            "order_no": pa.array([1, 2, 3], pa.int32()),
+            "placed_at": pa.array([0, 0, 1 << 62], pa.timestamp("us", tz="UTC")),
+            "total": pa.array([1, 2, 3], pa.int64()),  # int -> decimal: the row path
+            "placed_on": pa.array([0, 3_000_000, 0], pa.date32()),
+        }
+    )
+    with table_file(table) as path:
+        blocks = read(path, 0, None, batch_rows=10, schema=ORDERS)
+    [first] = rows_of(blocks)
+    assert first["total"] == Decimal("1.00") and first["region"] == "eu"
+    assert first["placed_on"] == date(1970, 1, 1)
+    dead = dead_of(blocks)
+    assert [offset for offset, _, _ in dead] == [1, 2]
+    assert dead[0][2].startswith("bad value: placed_on cannot be read: ")
+    assert dead[1][2].startswith("bad value: placed_at cannot be read: ")
+
+
+def test_replay_of_single_rows_across_row_groups() -> None:
+    with parquet_file([2, 3, 1]) as path:
+        for offset in range(6):
+            blocks = read(path, 0, None, offset, batch_rows=2, stop=offset + 1)
+            assert rows_of(blocks) == expected(offset, offset + 1)
+            assert all(block.start == offset and block.end == offset + 1 for block in blocks)
 
 
 @pytest.mark.parametrize(
-    ("change", "reason"),
+    ("name", "column"),
     [
-        ({"user_id": None}, "missing field: user_id"),
-        ({"user_id": "7"}, "wrong type: user_id must be an integer"),
-        ({"user_id": 7.0}, "wrong type: user_id must be an integer"),
-        ({"user_id": 2**63}, f"bad value: user_id {2**63} is outside the int64 range"),
-        ({"amount": math.nan}, "bad value: amount nan is not finite"),
-        ({"amount": Decimal("Infinity")}, "bad value: amount inf is not finite"),
-        ({"amount": "1.5"}, "wrong type: amount must be a number"),
-        ({"event_id": ""}, "wrong type: event_id must be a non-empty string"),
-        ({"event_id": b"\xff"}, "invalid UTF-8: event_id is not valid UTF-8 text"),
-        ({"event_time": "soon"}, "bad value: event_time 'soon' is not ISO-8601"),
-        (
-            {"event_time": date(2026, 1, 1)},
-            "wrong type: event_time must be a timestamp or ISO-8601 text, got <class "
-            "'datetime.date'>",
-        ),
+        ("placed_at", pa.array([0, 1 << 62], pa.timestamp("us", tz="UTC"))),
+        ("placed_at", pa.array([0, -(1 << 62)], pa.timestamp("us"))),
+        ("placed_on", pa.array([0, 3_000_000], pa.date32())),
     ],
 )
-def test_bad_rows_give_their_reason(change: dict[str, Any], reason: str) -> None:
-    assert parse({**row(1), **change}) == reason
-
-
-def test_a_missing_column_dead_letters_every_row() -> None:
-    table = pa.table({"event_id": ["e1"], "user_id": [1], "event_type": ["a"], "amount": [1.0]})
-    with table_file(table) as path:
-        rows = drain([assignment(1, path, 0, None)], batch_rows=10)[1]
-    assert [parse_parquet_record(4, r) for r in rows] == ["missing field: event_time"]
+def test_times_beyond_python_go_row_by_row(name: str, column: pa.Array) -> None:
+    """Arrow holds them, Python (the exact path) cannot: such a row is a dead letter."""
+    columns = {
+        "region": pa.array(["eu", "us"]),
+        "order_no": pa.array([1, 2], pa.int32()),
+        "placed_at": pa.array([0, 0], pa.timestamp("us", tz="UTC")),
+        "total": pa.array([Decimal(1), Decimal(2)], pa.decimal128(10, 2)),
+    }
+    with table_file(pa.table({**columns, name: column})) as path:
+        blocks = read(path, 0, None, batch_rows=10, schema=ORDERS)
+    assert [r["order_no"] for r in rows_of(blocks)] == [1]
+    [(offset, _, reason)] = dead_of(blocks)
+    assert offset == 1 and reason.startswith(f"bad value: {name} cannot be read: ")

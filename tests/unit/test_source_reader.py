@@ -1,24 +1,36 @@
-"""SourceReaderBase on the mailbox side: per-split state and watermarks, idleness, end of input.
+"""SourceReaderBase and RecordEmitter on the mailbox side: per-split state and watermarks,
+idleness, dead letters, replay blocks, end of input; and one run with a real fetcher thread.
 
-Batches are put on the hand-off queue by the test (no fetcher thread); time is a fake clock.
+Fetch results are put on the hand-off queue by the test (no fetcher thread) except in the last
+test; time is a fake clock.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from enumerator_service import FileSplit, SplitAssignment, SplitState
+import orjson
+import pyarrow as pa
+import pytest
+from source_schemas import EVENTS, ORDERS, file_assignment
+
+from enumerator_service import SplitAssignment, SplitState
 from spark_jobs.source import (
-    Event,
+    OFFSET,
     FormatRouter,
     HandoffQueue,
     InputStatus,
-    RawLine,
+    ParsedBlock,
+    RecordConverter,
     RecordEmitter,
+    RecordSchema,
     RecordsWithSplitIds,
     SourceReaderBase,
+    SplitFetcher,
 )
+from spark_jobs.source._convert import new_block
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -30,45 +42,69 @@ class NoFetcher:
 
 class Collect:
     def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.dead: list[tuple[int, str]] = []
-        self.finished: list[tuple[int, int]] = []
+        self.added: list[tuple[int, int]] = []
+        self.blocks: list[ParsedBlock] = []
+        self.dead: list[tuple[int, int, bytes, str]] = []
+        self.finished: list[tuple[int, int, int, int]] = []
 
-    def split_added(self, assignment: SplitAssignment, state: SplitState) -> None: ...
+    def split_added(self, assignment: SplitAssignment, state: SplitState) -> None:
+        self.added.append((assignment.split_id, state.offset))
 
-    def collect(self, event: Event, timestamp: int) -> None:
-        self.events.append(event)
+    def collect_block(self, block: ParsedBlock) -> None:
+        self.blocks.append(block)
 
-    def dead_letter(self, split_id: int, line: RawLine, reason: str) -> None:
-        self.dead.append((split_id, reason))
+    def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
+        self.dead.append((split_id, offset, raw, reason))
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
-        self.finished.append((split_id, state.offset))
+        self.finished.append((split_id, state.offset, state.records, state.dead_letters))
+
+    def ids(self) -> list[str]:
+        return [i for block in self.blocks for i in block.rows.column("event_id").to_pylist()]
 
 
-def line(offset: int, event_id: str, seconds: int) -> RawLine:
-    when = (T0 + timedelta(seconds=seconds)).isoformat()
-    data = (
-        f'{{"event_id": "{event_id}", "user_id": 1, "event_time": "{when}", '
-        f'"event_type": "click", "amount": 0}}'
-    ).encode()
-    return RawLine(offset, offset + len(data) + 1, data)
+def block(
+    split_id: int,
+    start: int,
+    seconds: list[int],
+    dead: list[tuple[int, bytes, str]] | None = None,
+    *,
+    replay: bool = False,
+    schema: RecordSchema = EVENTS,
+) -> ParsedBlock:
+    """Events ``e<split>-<s>`` at T0 + s seconds, at offsets start, start + 10, ..."""
+    converter = RecordConverter(schema)
+    rows = [
+        converter.from_json(
+            {
+                "event_id": f"e{split_id}-{s}",
+                "user_id": 1,
+                "event_time": (T0 + timedelta(seconds=s)).isoformat(),
+                "event_type": "click",
+                "amount": 0,
+            }
+        )
+        for s in seconds
+    ]
+    offsets = [start + 10 * i for i in range(len(seconds))]
+    batch = converter.to_batch(rows, offsets)  # type: ignore[arg-type]
+    end = start + 10 * len(seconds) + 10 * len(dead or [])
+    parsed = new_block(schema, split_id, start, end, batch, list(dead or []))
+    parsed.replay = replay
+    return parsed
 
 
-def harness(now: list[float]) -> tuple[SourceReaderBase, HandoffQueue, FormatRouter]:
+def harness(now: list[float]) -> tuple[SourceReaderBase, HandoffQueue]:
     handoff = HandoffQueue(capacity=16)
-    router = FormatRouter(max_line_bytes=1 << 16, dsn="postgresql://unused")
     emitter = RecordEmitter(
-        router, out_of_orderness=timedelta(seconds=5), idle_timeout=30.0, clock=lambda: now[0]
+        out_of_orderness=timedelta(seconds=5), idle_timeout=30.0, clock=lambda: now[0]
     )
     reader = SourceReaderBase(NoFetcher(), handoff, emitter)  # type: ignore[arg-type]
-    return reader, handoff, router
+    return reader, handoff
 
 
-def assignment(router: FormatRouter, split_id: int) -> SplitAssignment:
-    a = SplitAssignment(split_id, FileSplit("s", "jsonl", f"/f{split_id}", 0, None, None), 1, 0)
-    router.add_split(a)
-    return a
+def assignment(split_id: int, resume: int = 0, path: str = "/f") -> SplitAssignment:
+    return file_assignment(split_id, f"{path}{split_id}", 0, None, resume)
 
 
 def drain(reader: SourceReaderBase, out: Any) -> InputStatus:
@@ -79,41 +115,129 @@ def drain(reader: SourceReaderBase, out: Any) -> InputStatus:
 
 def test_task_watermark_is_the_minimum_over_active_splits_and_idle_ones_drop_out() -> None:
     now = [0.0]
-    reader, handoff, router = harness(now)
+    reader, handoff = harness(now)
     out = Collect()
-    a, b = assignment(router, 1), assignment(router, 2)
-    handoff.put(RecordsWithSplitIds(added=[a, b], records={1: [line(0, "a1", 100)]}))
-    handoff.put(RecordsWithSplitIds(records={2: [line(0, "b1", 40)]}))
+    a, b = assignment(1), assignment(2)
+    handoff.put(RecordsWithSplitIds(added=[a, b], blocks=[block(1, 0, [100])]))
+    handoff.put(RecordsWithSplitIds(blocks=[block(2, 0, [40])]))
     assert drain(reader, out) is InputStatus.NOTHING_AVAILABLE
     # Each split's watermark is its max event time minus the bounded out-of-orderness.
     assert reader.split_states[1].watermark == T0 + timedelta(seconds=95)
     assert reader.watermark() == T0 + timedelta(seconds=35)  # split 2 holds it back
 
     now[0] = 20.0
-    handoff.put(RecordsWithSplitIds(records={1: [line(200, "a2", 160)]}))
+    handoff.put(RecordsWithSplitIds(blocks=[block(1, 10, [160, 150])]))
     drain(reader, out)
     now[0] = 45.0  # split 2 silent for 45 s > 30 s: idle; split 1 active (last record at 20)
     assert reader.idle_splits() == [2]
     assert reader.watermark() == T0 + timedelta(seconds=155)
 
-    handoff.put(RecordsWithSplitIds(records={2: [line(300, "b2", 50)]}))
+    handoff.put(RecordsWithSplitIds(blocks=[block(2, 10, [50])]))
     drain(reader, out)  # a record makes split 2 active again
     assert reader.idle_splits() == []
     assert reader.watermark() == T0 + timedelta(seconds=45)
-    assert [e.event_id for e in out.events] == ["a1", "b1", "a2", "b2"]
+    assert out.ids() == ["e1-100", "e2-40", "e1-160", "e1-150", "e2-50"]
+    assert out.added == [(1, 0), (2, 0)]
 
 
-def test_split_state_offsets_follow_emission_and_end_of_input_ends() -> None:
+def test_split_state_follows_emitted_blocks_dead_letters_included() -> None:
     now = [0.0]
-    reader, handoff, router = harness(now)
+    reader, handoff = harness(now)
     out = Collect()
-    a = assignment(router, 7)
-    bad = RawLine(50, 60, b"{not json")
-    good = line(0, "x", 1)
-    handoff.put(RecordsWithSplitIds(added=[a], records={7: [good, bad]}, finished=[7]))
+    dead = [(20, b"{not json", "invalid JSON: x")]
+    handoff.put(
+        RecordsWithSplitIds(added=[assignment(7)], blocks=[block(7, 0, [1, 2], dead)], finished=[7])
+    )
     handoff.put(RecordsWithSplitIds(end_of_input=True))
+    assert reader.poll_next(out) is InputStatus.MORE_AVAILABLE  # one block per call
+    assert reader.split_states[7].offset == 30 and len(out.blocks) == 1
     assert drain(reader, out) is InputStatus.END_OF_INPUT
-    assert [e.event_id for e in out.events] == ["x"]
-    assert out.dead == [(7, out.dead[0][1])]
-    assert out.dead[0][1].startswith("invalid JSON")
-    assert out.finished == [(7, 60)]  # the offset after the last record, dead letters included
+    assert out.dead == [(7, 20, b"{not json", "invalid JSON: x")]
+    assert out.finished == [(7, 30, 2, 1)]  # the offset after the last record, dead letter too
+    assert reader.split_states == {}
+
+
+def test_a_block_without_rows_moves_the_offset_but_not_the_watermark_or_activity() -> None:
+    now = [0.0]
+    reader, handoff = harness(now)
+    out = Collect()
+    handoff.put(RecordsWithSplitIds(added=[assignment(3)], blocks=[block(3, 0, [9])]))
+    drain(reader, out)
+    now[0] = 31.0
+    handoff.put(RecordsWithSplitIds(blocks=[block(3, 10, [], [(10, b"", "x: y")])]))
+    drain(reader, out)
+    state = reader.split_states[3]
+    assert (state.offset, state.records, state.dead_letters) == (20, 1, 1)
+    assert state.watermark == T0 + timedelta(seconds=4)
+    assert reader.idle_splits() == [3]  # no record since time 0
+    assert len(out.blocks) == 2
+
+
+def test_replay_blocks_only_re_enter_the_chain() -> None:
+    now = [0.0]
+    reader, handoff = harness(now)
+    out = Collect()
+    restored = assignment(5, resume=500)
+    replayed = block(5, 100, [300], [(110, b"bad", "invalid JSON: x")], replay=True)
+    handoff.put(
+        RecordsWithSplitIds(added=[restored], blocks=[replayed, block(5, 500, [10])], finished=[5])
+    )
+    drain(reader, out)
+    assert out.added == [(5, 500)]
+    assert [b.replay for b in out.blocks] == [True, False]
+    assert out.dead == []  # recorded before the restored checkpoint
+    assert out.finished == [(5, 510, 1, 0)]  # the replay block moved nothing
+
+
+def test_fetcher_failures_are_raised_on_the_mailbox_thread() -> None:
+    reader, handoff = harness([0.0])
+    handoff.put(ValueError("bad header"))
+    with pytest.raises(ValueError, match=r"^bad header$"):
+        reader.poll_next(Collect())
+
+
+def test_a_fetcher_thread_reads_splits_of_two_formats_to_the_end(tmp_path: Path) -> None:
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_bytes(
+        b"\n".join(
+            orjson.dumps(
+                {
+                    "region": "eu",
+                    "order_no": i,
+                    "placed_at": (T0 + timedelta(seconds=i)).isoformat(),
+                    "total": i,
+                }
+            )
+            for i in range(100)
+        )
+        + b"\n{torn\n"
+    )
+    csv = tmp_path / "b.csv"
+    csv.write_bytes(b"order_no,region,total,placed_at\n7,us,1.5,2026-01-02T00:00:00Z\n")
+    splits = [
+        file_assignment(1, str(jsonl), 0, None),
+        file_assignment(2, str(csv), 0, None, kind="csv"),
+    ]
+    router = FormatRouter(ORDERS, max_line_bytes=1 << 10, dsn="unused", block_bytes=512)
+    handoff = HandoffQueue(capacity=2)
+    fetcher = SplitFetcher(router, handoff, lambda: splits.pop(0) if splits else None, [])
+    reader = SourceReaderBase(fetcher, handoff, RecordEmitter())
+    out = Collect()
+    reader.start()
+    try:
+        while (status := reader.poll_next(out)) is not InputStatus.END_OF_INPUT:
+            if status is InputStatus.NOTHING_AVAILABLE:
+                reader.is_available().result(timeout=30)
+    finally:
+        reader.close()
+    rows = pa.concat_batches([b.rows for b in out.blocks]).to_pylist()
+    assert [(r["region"], r["order_no"]) for r in rows] == [
+        *(("eu", i) for i in range(100)),
+        ("us", 7),
+    ]
+    assert rows[-1][OFFSET] == 32
+    assert [(s, o) for s, o, _, _ in out.finished] == [
+        (1, jsonl.stat().st_size),
+        (2, csv.stat().st_size),
+    ]
+    assert [(split, reason[:12]) for split, _, _, reason in out.dead] == [(1, "invalid JSON")]

@@ -24,30 +24,39 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
+from enumerator_service import FencedError
 from enumerator_service._checkpoint_store import (
     COORDINATOR_CHANNEL,
+    AbortCause,
     CheckpointStore,
     CompletedCheckpoint,
     TransactionalSink,
 )
-from enumerator_service._split_store import FencedError
-
-# From the modules, not the package: the package's listener imports enumerator_service.
 from spark_jobs.checkpoint._aligned import AlignedBarrierHandler
 from spark_jobs.checkpoint._common import AbortReason
 from spark_jobs.checkpoint._tracker import BarrierTracker
 
-__all__ = ["CheckpointCoordinator", "CoordinatorStats"]
+__all__ = ["AbortedCheckpoint", "CheckpointCoordinator", "CoordinatorStats"]
 
 _log = logging.getLogger(__name__)
 _POLL = 0.25  # seconds between acknowledgement polls when no notification arrives
 _DB_ERRORS = (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError)
 
 
+@dataclass(frozen=True, slots=True)
+class AbortedCheckpoint:
+    checkpoint_id: int
+    cause: AbortCause
+    detail: str
+
+
 @dataclass
 class CoordinatorStats:
     completed: list[CompletedCheckpoint] = field(default_factory=list)
-    aborted: list[tuple[int, str]] = field(default_factory=list)
+    aborted: list[AbortedCheckpoint] = field(default_factory=list)
+
+    def aborted_by(self, cause: AbortCause) -> int:
+        return sum(1 for aborted in self.aborted if aborted.cause is cause)
 
 
 @dataclass
@@ -75,6 +84,7 @@ class CheckpointCoordinator(threading.Thread):
         interval: float,
         timeout: float,
         exactly_once: bool = True,
+        source: str | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         give_up_after: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
@@ -82,7 +92,7 @@ class CheckpointCoordinator(threading.Thread):
         super().__init__(name=f"checkpoint-coordinator-{run_id}", daemon=True)
         self._engine = engine
         self._run_id = run_id
-        self._store = CheckpointStore(engine, run_id, sinks)
+        self._store = CheckpointStore(engine, run_id, sinks, source=source)
         self._interval = interval
         self._timeout = timeout
         self._two_phase = exactly_once
@@ -230,7 +240,7 @@ class CheckpointCoordinator(threading.Thread):
                 done = self._store.complete(n, two_phase=self._two_phase)
             except FencedError as exc:
                 # An acknowledgement came from an attempt that has been superseded.
-                self._abort(n, f"fenced: {exc}")
+                self._abort(n, AbortCause.FENCED, str(exc))
                 return
             if done is None:
                 return
@@ -242,12 +252,13 @@ class CheckpointCoordinator(threading.Thread):
                     self._handler.process_end_of_partition(subtask)
         elif self._clock() >= pending.deadline:
             self._pending = None
-            self._abort(n, f"timeout: {len(pending.fed)} of {len(self._open)} subtasks acked")
+            acked = f"{len(pending.fed)} of {len(self._open)} subtasks acked"
+            self._abort(n, AbortCause.TIMEOUT, acked)
             channel = min(self._open)
             self._handler.process_cancellation(channel, n)
 
-    def _abort(self, checkpoint_id: int, reason: str) -> None:
-        _log.info("checkpoint %d aborted: %s", checkpoint_id, reason)
-        self._store.abort(checkpoint_id, reason)
-        self.stats.aborted.append((checkpoint_id, reason))
+    def _abort(self, checkpoint_id: int, cause: AbortCause, detail: str) -> None:
+        _log.info("checkpoint %d aborted: %s: %s", checkpoint_id, cause.value, detail)
+        self._store.abort(checkpoint_id, cause, detail)
+        self.stats.aborted.append(AbortedCheckpoint(checkpoint_id, cause, detail))
         self._requested = True  # subtasks waiting for a final checkpoint need another

@@ -1,4 +1,5 @@
-"""Sample dataset: click/order events as JSON Lines and a ``users`` dimension table.
+"""Sample data of the clickstream example: click/order events as JSON Lines and a ``users``
+dimension table.
 
 Deterministic for a given seed. Files are written under a temporary name and renamed, so a
 concurrent discovery never sees half a file. A few lines per file are deliberately malformed
@@ -19,7 +20,7 @@ from pathlib import Path
 import asyncpg
 import orjson
 
-from enumerator_service._config import Settings
+from enumerator_service import Settings
 
 __all__ = ["DemoSpec", "GeneratedData", "generate_events", "load_users"]
 

@@ -1,0 +1,92 @@
+"""Everything Dagster knows of one pipeline, built from its definition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dagster import (
+    AssetChecksDefinition,
+    AssetKey,
+    AssetsDefinition,
+    DailyPartitionsDefinition,
+    JobDefinition,
+    ScheduleDefinition,
+    SensorDefinition,
+)
+
+from dagster_project.assets import output_asset, partitions_of
+from dagster_project.checks import pipeline_checks
+from dagster_project.continuous import continuous_job, continuous_sensor
+from dagster_project.jobs import incremental_job
+from dagster_project.observations import landing_asset, table_asset
+from dagster_project.schedules import incremental_schedule
+from dagster_project.sensors import new_files_sensor
+from enumerator_service import Settings
+from spark_jobs.pipeline import Pipeline
+
+__all__ = ["PipelineDefinitions", "pipeline_definitions"]
+
+
+@dataclass
+class PipelineDefinitions:
+    """A pipeline's assets, checks, jobs, sensors and schedule (``source_assets``: its landing
+    folder or source table and its lookup tables — shared tables appear once per pipeline
+    here; the code location keeps one of each key)."""
+
+    pipeline: Pipeline
+    partitions: DailyPartitionsDefinition | None
+    output: AssetsDefinition
+    source_assets: list[AssetsDefinition]
+    checks: list[AssetChecksDefinition]
+    incremental_job: JobDefinition
+    continuous_job: JobDefinition
+    sensors: list[SensorDefinition] = field(default_factory=list)
+    schedules: list[ScheduleDefinition] = field(default_factory=list)
+
+    @property
+    def jobs(self) -> list[JobDefinition]:
+        return [self.incremental_job, self.continuous_job]
+
+
+def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefinitions:
+    """Build them; ``settings`` only for what the code location decides when it loads (the
+    first partition of a pipeline without a ``start_date``)."""
+    plan = pipeline.plan
+    partitions = partitions_of(pipeline, settings)
+    sources: list[AssetsDefinition] = []
+    if plan.source.kind == "table":
+        assert plan.source.table is not None
+        sources.append(table_asset(*plan.source.table, group=pipeline.name, used_by=pipeline.name))
+    else:
+        sources.append(landing_asset(pipeline))
+    for lookup in plan.lookups():
+        sources.append(
+            table_asset(
+                lookup.schema_name,
+                lookup.table,
+                group=pipeline.name,
+                used_by=f"{pipeline.name} ({lookup.where})",
+            )
+        )
+    deps: list[AssetKey] = []
+    for source in sources:
+        for key in source.keys:
+            if key not in deps:
+                deps.append(key)
+    output = output_asset(pipeline, partitions, deps)
+    incremental = incremental_job(pipeline)
+    continuous = continuous_job(pipeline)
+    return PipelineDefinitions(
+        pipeline=pipeline,
+        partitions=partitions,
+        output=output,
+        source_assets=sources,
+        checks=pipeline_checks(pipeline, output.key, partitions),
+        incremental_job=incremental,
+        continuous_job=continuous,
+        sensors=[
+            new_files_sensor(pipeline, incremental),
+            continuous_sensor(pipeline, continuous),
+        ],
+        schedules=[incremental_schedule(pipeline, incremental)],
+    )

@@ -1,0 +1,192 @@
+"""Discovery and runs of a pipeline, shared by its assets, jobs and sensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dagster import DagsterRun, MetadataValue
+
+from enumerator_service import DiscoveryResult, Settings
+from enumerator_service._operations import discover, open_platform
+from spark_jobs.pipeline import Pipeline
+from spark_jobs.pipeline._paths import discovery_of, landing_path
+
+if TYPE_CHECKING:
+    from spark_jobs.jobs import RunSummary
+
+__all__ = [
+    "PIPELINE_TAG",
+    "SLUICE_RUN_TAG",
+    "describe_run",
+    "discover_and_run",
+    "discover_new",
+    "discover_once",
+    "drain_discovery",
+    "missing_landing",
+    "parquet_files",
+    "sluice_run_id",
+    "summary_metadata",
+]
+
+#: The Sluice run (``splits.run_id``) a Dagster run works on, when it is not derived.
+SLUICE_RUN_TAG = "sluice/run_id"
+#: The pipeline a Dagster run works for.
+PIPELINE_TAG = "sluice/pipeline"
+
+
+def sluice_run_id(run: DagsterRun) -> str:
+    """The Sluice run id of a Dagster run: its tag, else ``dagster-<Dagster run id>`` (so the
+    failed-run sensor can give a dead run's splits back)."""
+    return run.tags.get(SLUICE_RUN_TAG) or f"dagster-{run.run_id}"
+
+
+def discover_once(
+    settings: Settings, pipeline: Pipeline, dates: Sequence[date] | None = None
+) -> DiscoveryResult:
+    """One discovery tick (bounded to ``dates`` when given) on a short-lived connection."""
+    platform = open_platform(settings)
+    try:
+        return discover(platform, discovery_of(pipeline, settings), dates=dates)
+    finally:
+        platform.close()
+
+
+def missing_landing(settings: Settings, pipeline: Pipeline) -> Path | None:
+    """The landing folder of a file source while it does not exist yet (a pipeline registered
+    before its first file landed), else None."""
+    if pipeline.plan.source.kind != "files":
+        return None
+    landing = landing_path(pipeline, settings)
+    return None if landing.is_dir() else landing
+
+
+def discover_new(settings: Settings, pipeline: Pipeline) -> DiscoveryResult:
+    """One capped tick of the continuous discovery (sensors, incremental runs); nothing is
+    found while the landing folder does not exist yet — not an error: files are to come."""
+    if missing_landing(settings, pipeline) is not None:
+        return DiscoveryResult(files_seen=0, splits_registered=0, cursor={})
+    return discover_once(settings, pipeline)
+
+
+def drain_discovery(settings: Settings, pipeline: Pipeline) -> int:
+    """Capped discovery ticks until no backlog is left; the splits they registered.
+
+    The per-tick cap keeps a *sensor tick* short; a run has no such limit and processes
+    "everything discovered", so it first registers the whole backlog, one committed chunk
+    after another.
+    """
+    registered = 0
+    while True:
+        tick = discover_new(settings, pipeline)
+        registered += tick.splits_registered
+        if tick.complete:
+            return registered
+
+
+def discover_and_run(
+    settings: Settings,
+    pipeline: Pipeline,
+    dates: Sequence[date] | None = None,
+    *,
+    run_id: str | None = None,
+    rebuild: bool = False,
+) -> tuple[DiscoveryResult, RunSummary]:
+    """Register the splits of ``dates`` (or all new ones), then process every unassigned one.
+
+    ``run_id`` names the Sluice run (``dagster-<Dagster run id>`` from Dagster, so the
+    failed-run sensor can give a dead run's splits back). ``rebuild``: days of ``dates`` that
+    were processed before are processed again and their output replaced.
+    """
+    # Days asked for must have their folders; "all new input" may have none yet.
+    discovery = (
+        discover_new(settings, pipeline)
+        if dates is None
+        else discover_once(settings, pipeline, dates)
+    )
+    # Imported here so loading the code location (and every sensor tick) never imports PySpark.
+    from spark_jobs.jobs import run_pipeline
+
+    summary = run_pipeline(
+        settings,
+        pipeline,
+        dates=list(dates) if dates is not None else None,
+        run_id=run_id,
+        rebuild=rebuild,
+    )
+    return discovery, summary
+
+
+def describe_run(summary: RunSummary) -> str:
+    """One log line for a finished run (no connection details)."""
+    if summary.nothing_new:
+        return f"run {summary.run_id}: nothing new to process"
+    rebuilt = f", replaced partitions {', '.join(summary.rebuilt)}" if summary.rebuilt else ""
+    return (
+        f"run {summary.run_id} ({summary.pipeline}): {summary.splits} splits, "
+        f"{summary.rows_in} rows in, {summary.rows_out} rows out, {summary.dropped} removed by "
+        f"steps, {summary.dead_letters} dead letters, {summary.fenced} fenced, "
+        f"{summary.seconds:.1f}s ({summary.rows_per_second:,.0f} rows/s){rebuilt}"
+    )
+
+
+def summary_metadata(
+    discovery: DiscoveryResult | None, summary: RunSummary, output: str
+) -> dict[str, MetadataValue[Any]]:
+    """Dagster metadata for a run: counts, lookup and checkpoint figures, the output; discovery
+    counts when the run discovered (a continuous reader does not).
+
+    Never the database URL (nor anything else from the connection settings).
+    """
+    found: dict[str, MetadataValue[Any]] = (
+        {}
+        if discovery is None
+        else {
+            "files_seen": MetadataValue.int(discovery.files_seen),
+            "splits_registered": MetadataValue.int(discovery.splits_registered),
+        }
+    )
+    steps = "\n".join(
+        f"| {where} | {records_in:,} | {records_out:,} |"
+        for where, records_in, records_out in summary.steps
+    )
+    return {
+        "run_id": MetadataValue.text(summary.run_id),
+        "pipeline": MetadataValue.text(summary.pipeline),
+        **found,
+        "splits": MetadataValue.int(summary.splits),
+        "rows_in": MetadataValue.int(summary.rows_in),
+        "rows_out": MetadataValue.int(summary.rows_out),
+        "rows_removed_by_steps": MetadataValue.int(summary.dropped),
+        "dead_letters": MetadataValue.int(summary.dead_letters),
+        "fenced": MetadataValue.int(summary.fenced),
+        "seconds": MetadataValue.float(float(summary.seconds)),
+        "rows_per_second": MetadataValue.float(float(summary.rows_per_second)),
+        "lookups": MetadataValue.int(summary.lookups),
+        "lookup_queries": MetadataValue.int(summary.lookup_queries),
+        "cache_hit_rate": MetadataValue.float(float(summary.cache_hit_rate)),
+        "lookup_p50_ms": MetadataValue.float(float(summary.lookup_p50_ms)),
+        "lookup_p99_ms": MetadataValue.float(float(summary.lookup_p99_ms)),
+        "checkpoints_completed": MetadataValue.int(summary.checkpoints),
+        "checkpoints_aborted": MetadataValue.int(summary.checkpoints_aborted),
+        "checkpoint_p50_ms": MetadataValue.float(float(summary.checkpoint_p50_ms)),
+        "checkpoint_p99_ms": MetadataValue.float(float(summary.checkpoint_p99_ms)),
+        "alignment_p50_ms": MetadataValue.float(float(summary.alignment_p50_ms)),
+        "nothing_new": MetadataValue.bool(summary.nothing_new),
+        "rebuilt_partitions": MetadataValue.text(", ".join(summary.rebuilt) or "none"),
+        "steps": MetadataValue.md("| step | records in | records out |\n|---|---:|---:|\n" + steps),
+        "output": MetadataValue.text(output),
+    }
+
+
+def parquet_files(folder: Path) -> list[Path]:
+    """The data files of one table partition folder (hidden and ``_`` files are not data)."""
+    if not folder.is_dir():
+        return []
+    return sorted(
+        path
+        for path in folder.iterdir()
+        if path.name.endswith(".parquet") and not path.name.startswith((".", "_"))
+    )

@@ -1,0 +1,36 @@
+"""The ``sluice`` command line: the layer above discovery (``enumerator_service``) and
+reading (``spark_jobs``), driving both for the registered pipelines."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+
+import click
+
+from enumerator_service import ConfigError
+from spark_jobs.cli._commands import cli
+from spark_jobs.pipeline import PipelineDefinitionError
+
+__all__ = ["cli", "main"]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point: configuration and definition errors are one line on stderr and
+    exit code 2."""
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    try:
+        cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except ConfigError as exc:
+        click.echo(f"sluice: configuration error: {exc}", err=True)
+        sys.exit(2)
+    except PipelineDefinitionError as exc:
+        click.echo(f"sluice: definition error: {exc}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)

@@ -1,0 +1,272 @@
+"""The ``sluice`` commands. Each opens the platform, finds the registered pipelines
+(``SLUICE_PIPELINES``) and works on one of them (or all, for ``status``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from datetime import date
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from enumerator_service import ConfigError, Settings, asyncpg_dsn, load_settings, redact_url
+from enumerator_service._operations import Platform, discover, open_platform, platform_status
+from spark_jobs.cli._render import describe_table, run_table, status_json, status_table
+from spark_jobs.pipeline import Pipeline, SampleTarget
+from spark_jobs.pipeline._paths import discovery_of, landing_path
+from spark_jobs.pipeline._registry import load_pipelines, pick_pipeline
+
+__all__ = ["cli"]
+
+console = Console(highlight=False)
+
+
+def _settings(ctx: click.Context) -> Settings:
+    settings = ctx.obj
+    assert isinstance(settings, Settings)
+    return settings
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def _open(settings: Settings) -> Platform:
+    with console.status("Connecting to Postgres and applying migrations…"):
+        return open_platform(settings)
+
+
+def _pipeline(settings: Settings, name: str | None) -> Pipeline:
+    return pick_pipeline(load_pipelines(settings), name)
+
+
+@click.group()
+@click.version_option(package_name="sluice", prog_name="sluice")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Sluice: exactly-once pipelines over FLIP-27 sources, async lookups and Postgres."""
+    settings = load_settings()
+    logging.basicConfig(level=settings.log_level, format="%(levelname)s %(name)s: %(message)s")
+    ctx.obj = settings
+
+
+@cli.group()
+def db() -> None:
+    """Platform database commands."""
+
+
+@db.command("upgrade")
+@click.pass_context
+def db_upgrade(ctx: click.Context) -> None:
+    """Apply the schema migrations (sql/versions) to the platform database."""
+    platform = _open(_settings(ctx))
+    console.print(f"Schema [bold]sluice[/] is up to date at {redact_url(platform.url)}")
+    platform.close()
+
+
+@cli.command("pipelines")
+@click.pass_context
+def pipelines_cmd(ctx: click.Context) -> None:
+    """The registered pipelines: source, steps, sink and output schema (types of looked-up
+    columns from the catalog)."""
+    from spark_jobs.pipeline._catalog import resolve
+
+    settings = _settings(ctx)
+    found = load_pipelines(settings)
+    if not found:
+        pick_pipeline(found, None)  # raises: nothing registered
+    platform = _open(settings)
+    try:
+        for pipeline in found.values():
+            try:
+                plan = resolve(pipeline, platform.engine).plan
+                note = None
+            except (ConfigError, ValueError) as exc:  # a table not created yet, …
+                plan, note = None, str(exc)
+            landing = None
+            if pipeline.plan.source.kind == "files":
+                landing = str(landing_path(pipeline, settings))
+            console.print(describe_table(pipeline, plan, landing, note))
+    finally:
+        platform.close()
+
+
+def _demo_data(settings: Settings, platform: Platform, pipeline: Pipeline) -> None:
+    if pipeline.sample_data is None:
+        raise ConfigError(f"{pipeline.name}: sample_data", "the pipeline has no sample data")
+    with _progress() as progress:
+        tasks: dict[str, Any] = {}
+
+        def report(what: str, done: int, total: int) -> None:
+            if what not in tasks:
+                tasks[what] = progress.add_task(what, total=total)
+            progress.update(tasks[what], completed=done, total=total)
+
+        target = SampleTarget(
+            settings, landing_path(pipeline, settings), asyncpg_dsn(platform.url), report
+        )
+        said = pipeline.sample_data(target)
+    console.print(f"{pipeline.name}: {said}")
+
+
+@cli.command("demo-data")
+@click.argument("pipeline", required=False)
+@click.pass_context
+def demo_data(ctx: click.Context, pipeline: str | None) -> None:
+    """Write the pipeline's sample data (its landing files and tables)."""
+    settings = _settings(ctx)
+    chosen = _pipeline(settings, pipeline)
+    platform = _open(settings)
+    try:
+        _demo_data(settings, platform, chosen)
+    finally:
+        platform.close()
+
+
+def _dates(values: Sequence[str]) -> list[date] | None:
+    if not values:
+        return None
+    try:
+        return [date.fromisoformat(v) for v in values]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--date") from None
+
+
+_date_option = click.option(
+    "--date",
+    "dates",
+    multiple=True,
+    metavar="YYYY-MM-DD",
+    help="Restrict to these dates (backfill).",
+)
+
+
+def _discover(platform: Platform, pipeline: Pipeline, dates: list[date] | None) -> None:
+    """Discover until no backlog is left: one capped tick after another.
+
+    The per-tick cap keeps a Dagster sensor tick short; a command has no such limit, and each
+    tick commits its chunk and cursor, so an interrupted command loses nothing.
+    """
+    spec = discovery_of(pipeline, platform.settings)
+    registered = ticks = 0
+    with console.status(f"Discovering {pipeline.name}…") as status:
+        while True:
+            result = discover(platform, spec, dates=dates)
+            registered += result.splits_registered
+            ticks += 1
+            if result.complete:
+                break
+            status.update(f"Discovering {pipeline.name}… {result.backlog_files:,} files to go")
+    chunks = f" in {ticks} ticks" if ticks > 1 else ""
+    console.print(
+        f"Discovery ({pipeline.name}): {result.files_seen} seen, "
+        f"{registered} new splits registered{chunks}"
+    )
+
+
+@cli.command("discover")
+@click.argument("pipeline", required=False)
+@_date_option
+@click.pass_context
+def discover_cmd(ctx: click.Context, pipeline: str | None, dates: tuple[str, ...]) -> None:
+    """Run the pipeline's split enumerator once: register new files (or key ranges)."""
+    settings = _settings(ctx)
+    chosen = _pipeline(settings, pipeline)
+    platform = _open(settings)
+    try:
+        _discover(platform, chosen, _dates(dates))
+    finally:
+        platform.close()
+
+
+def _run(
+    settings: Settings, pipeline: Pipeline, dates: list[date] | None, *, rebuild: bool = False
+) -> None:
+    from spark_jobs.jobs import run_pipeline  # imports pyspark: only when running
+
+    with _progress() as progress:
+        task = progress.add_task("splits", total=None)
+
+        def report(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        summary = run_pipeline(settings, pipeline, dates=dates, progress=report, rebuild=rebuild)
+        if summary.nothing_new:
+            progress.update(task, visible=False)
+    if summary.nothing_new:
+        console.print(
+            f"[bold]Nothing new to process[/] ({pipeline.name}): every discovered split is "
+            "already committed."
+        )
+        return
+    console.print(run_table(summary, pipeline, settings))
+
+
+@cli.command("run")
+@click.argument("pipeline", required=False)
+@_date_option
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Re-read the --date partitions processed before and replace their output whole.",
+)
+@click.pass_context
+def run_cmd(
+    ctx: click.Context, pipeline: str | None, dates: tuple[str, ...], replace: bool
+) -> None:
+    """Run the pipeline's PySpark reader job over every unassigned split (of --date)."""
+    if replace and not dates:
+        raise click.UsageError("--replace needs the partitions to replace (--date)")
+    settings = _settings(ctx)
+    chosen = _pipeline(settings, pipeline)
+    _open(settings).close()
+    _run(settings, chosen, _dates(dates), rebuild=replace)
+
+
+@cli.command("status")
+@click.argument("pipeline", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
+    """Splits by state, committed rows, dead letters and the last checkpoint (of one
+    pipeline, or of every registered one)."""
+    settings = _settings(ctx)
+    found = load_pipelines(settings)  # (an import error fails before any database is opened)
+    platform = _open(settings)
+    try:
+        chosen = [pick_pipeline(found, pipeline)] if pipeline or not found else [*found.values()]
+        statuses = [platform_status(platform, p.name) for p in chosen]
+    finally:
+        platform.close()
+    if as_json:
+        click.echo(json.dumps(status_json(statuses), indent=2, sort_keys=True))
+        return
+    for status in statuses:
+        console.print(status_table(status))
+
+
+@cli.command("demo")
+@click.argument("pipeline", required=False)
+@click.pass_context
+def demo(ctx: click.Context, pipeline: str | None) -> None:
+    """Everything on embedded defaults: migrate, sample data, discover, run."""
+    settings = _settings(ctx)
+    chosen = _pipeline(settings, pipeline)
+    platform = _open(settings)
+    try:
+        _demo_data(settings, platform, chosen)
+        _discover(platform, chosen, None)
+    finally:
+        platform.close()
+    _run(settings, chosen, None)

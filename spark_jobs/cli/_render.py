@@ -1,0 +1,123 @@
+"""How the CLI shows pipelines, runs and statuses (rich tables, or JSON for ``--json``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from enumerator_service import Settings
+from enumerator_service._operations import PlatformStatus
+from enumerator_service._schema import SplitStatus
+from spark_jobs.jobs._summary import RunSummary
+from spark_jobs.pipeline import Pipeline
+from spark_jobs.pipeline._describe import describe
+from spark_jobs.pipeline._paths import output_path
+from spark_jobs.pipeline._plan import Plan
+
+__all__ = ["describe_table", "run_table", "status_json", "status_table"]
+
+
+def describe_table(
+    pipeline: Pipeline, plan: Plan | None, landing: str | None, note: str | None
+) -> RenderableType:
+    """A pipeline's source, steps, sink and output fields."""
+    described = describe(pipeline, plan, landing)
+    table = Table(title=f"Pipeline {described.name}", show_header=False, title_justify="left")
+    table.add_row("source", described.source)
+    table.add_row("steps", "\n".join(described.steps) or "none")
+    table.add_row("sink", described.sink)
+    fields = Table(show_header=True, box=None, pad_edge=False)
+    for column in ("field", "type", "from"):
+        fields.add_column(column)
+    for name, kind, origin in described.output:
+        fields.add_row(name, kind, origin)
+    table.add_row("output", fields)
+    if note is not None:
+        return Group(table, Text(f"  types of looked-up columns unknown: {note}", style="dim"))
+    return table
+
+
+def run_table(summary: RunSummary, pipeline: Pipeline, settings: Settings) -> Table:
+    table = Table(title=f"Run {summary.run_id} ({summary.pipeline})", show_header=False)
+    rows = [
+        ("splits", f"{summary.splits:,}"),
+        ("rows in", f"{summary.rows_in:,}"),
+        ("rows out", f"{summary.rows_out:,}"),
+        ("removed by steps", f"{summary.dropped:,}"),
+        ("dead letters", f"{summary.dead_letters:,}"),
+        (
+            "checkpoints (aborted)",
+            f"{summary.checkpoints:,} ({summary.checkpoints_aborted:,}, "
+            f"{summary.fenced:,} of them fenced)",
+        ),
+        (
+            "checkpoint p50 / p99",
+            f"{summary.checkpoint_p50_ms:.0f} / {summary.checkpoint_p99_ms:.0f} ms "
+            f"(alignment p50 {summary.alignment_p50_ms:.0f} ms)",
+        ),
+        ("lookups (queries)", f"{summary.lookups:,} ({summary.lookup_queries:,})"),
+        ("lookup cache hits", f"{summary.cache_hit_rate:.1%}"),
+        ("lookup p50 / p99", f"{summary.lookup_p50_ms:.1f} / {summary.lookup_p99_ms:.1f} ms"),
+        ("seconds", f"{summary.seconds:,.1f}"),
+        ("rows/s", f"{summary.rows_per_second:,.0f}"),
+    ]
+    for where, records_in, records_out in summary.steps:
+        rows.append((f"  {where}", f"{records_in:,} → {records_out:,}"))
+    sink = pipeline.plan.sink
+    if sink.kind == "parquet":
+        rows.append(("output", str(output_path(pipeline, settings))))
+    else:
+        assert sink.table is not None
+        rows.append(("output", f"postgres {sink.table[0]}.{sink.table[1]}"))
+    rows.append(("replaced partitions", ", ".join(summary.rebuilt) or "none"))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def status_table(status: PlatformStatus) -> Table:
+    table = Table(title=f"Pipeline {status.source}", show_header=False)
+    for state in SplitStatus:
+        table.add_row(f"splits {state.value.lower()}", f"{status.splits.get(state, 0):,}")
+    table.add_row("rows committed", f"{status.rows_committed:,}")
+    table.add_row("removed by steps", f"{status.rows_dropped:,}")
+    table.add_row("dead letters", f"{status.dead_letters:,}")
+    for reason, count in status.dead_letter_reasons:
+        table.add_row(f"  {reason}", f"{count:,}")
+    last = status.last_checkpoint
+    table.add_row(
+        "last checkpoint",
+        f"{last['checkpoint_id']} of {last['run_id']} {last['status']} at "
+        f"{last['completed_at'] or last['triggered_at']:%Y-%m-%d %H:%M:%S}"
+        if last
+        else "none",
+    )
+    return table
+
+
+def status_json(statuses: list[PlatformStatus]) -> dict[str, Any]:
+    """``{"pipelines": {name: {...}}}`` with plain values (no connection details)."""
+    out: dict[str, Any] = {}
+    for status in statuses:
+        last = status.last_checkpoint
+        out[status.source] = {
+            "splits": {state.value: status.splits.get(state, 0) for state in SplitStatus},
+            "rows_committed": status.rows_committed,
+            "rows_removed_by_steps": status.rows_dropped,
+            "dead_letters": status.dead_letters,
+            "dead_letter_reasons": dict(status.dead_letter_reasons),
+            "last_commit_at": status.last_commit_at.isoformat() if status.last_commit_at else None,
+            "last_checkpoint": None
+            if last is None
+            else {
+                "run_id": last["run_id"],
+                "checkpoint_id": last["checkpoint_id"],
+                "status": last["status"],
+                "triggered_at": last["triggered_at"].isoformat(),
+                "completed_at": last["completed_at"].isoformat() if last["completed_at"] else None,
+            },
+        }
+    return {"pipelines": out}

@@ -1,0 +1,58 @@
+"""What a reader subtask reports back to the driver (a typed value, pickled by Spark)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from spark_jobs.lookup import LookupMetrics
+
+__all__ = ["StepMetrics", "SubtaskResult", "lookup_totals"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetrics:
+    """One step of one subtask: records in and out, retries and timeouts of its operator,
+    and the lookup counters for a ``Lookup``."""
+
+    index: int
+    where: str
+    records_in: int = 0
+    records_out: int = 0
+    retries: int = 0
+    timeouts: int = 0
+    lookup: LookupMetrics | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubtaskResult:
+    subtask: int
+    attempt: str
+    rows_written: int
+    checkpoints_acked: int
+    checkpoints_completed: int
+    steps: tuple[StepMetrics, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class LookupTotals:
+    lookups: int
+    queries: int
+    cache_hit_rate: float
+    p50_ms: float
+    p99_ms: float
+
+
+def lookup_totals(results: Sequence[SubtaskResult]) -> LookupTotals:
+    """Lookup counters over every Lookup step of every subtask (latency quantiles: the
+    worst subtask's)."""
+    metrics = [s.lookup for r in results for s in r.steps if s.lookup is not None]
+    lookups = sum(m.lookups for m in metrics)
+    hits = sum(m.cache_hits for m in metrics)
+    return LookupTotals(
+        lookups=lookups,
+        queries=sum(m.batches for m in metrics),
+        cache_hit_rate=hits / lookups if lookups else 0.0,
+        p50_ms=max((m.p50_ms for m in metrics), default=0.0),
+        p99_ms=max((m.p99_ms for m in metrics), default=0.0),
+    )

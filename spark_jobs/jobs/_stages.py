@@ -1,0 +1,271 @@
+"""The operators of a task's chain, one per pipeline step.
+
+``Map`` and ``Filter`` run inline; ``Lookup`` and a per-batch ``AsyncMap`` are an
+:class:`~spark_jobs.async_io.AsyncWaitOperator` over batches (its own queue, capacity,
+mode, timeout, retries); a per-record ``AsyncMap`` is in ``_record_stage``.
+
+A stage hands each output batch to ``downstream`` (the chain's boundary, which records the
+batch's dead letters and dropped count, then feeds the next stage or the sink). A stage's
+:meth:`Stage.pending` lists the source ranges of everything it holds that was not emitted
+yet: that is what a checkpoint stores, and what restore reads again.
+
+Threading: mailbox thread only; nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from spark_jobs.async_io import (
+    NO_RETRY,
+    AsyncFunction,
+    AsyncRetryStrategy,
+    AsyncWaitOperator,
+    Marker,
+    Output,
+    OutputMode,
+    StreamRecord,
+)
+from spark_jobs.jobs._results import StepMetrics
+from spark_jobs.jobs._user_functions import Completed
+from spark_jobs.lookup import LookupMetrics
+from spark_jobs.pipeline._plan import FilterPlan, MapPlan, StagePlan
+from spark_jobs.runtime import MailboxProcessor
+from spark_jobs.source._batch import OFFSET, Batch, user_rows, with_offsets
+
+__all__ = [
+    "AsyncBatchStage",
+    "FilterStage",
+    "MapStage",
+    "OperatorStage",
+    "PendingRange",
+    "Stage",
+    "as_batch",
+    "conform",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRange:
+    """Records of split ``split_id`` in ``[start, end)`` not emitted yet: all of them, or
+    only those at the offsets ``only`` (records re-batched after a per-record step)."""
+
+    split_id: int
+    start: int
+    end: int
+    only: tuple[int, ...] | None = None
+
+
+def batch_range(batch: Batch) -> PendingRange:
+    return PendingRange(batch.split_id, batch.span[0], batch.span[1], batch.only)
+
+
+def _unconnected(_batch: Batch) -> None:
+    raise RuntimeError("stage used before the chain connected it")
+
+
+class Stage(abc.ABC):
+    """One step. ``process`` takes a batch; output goes to ``downstream``."""
+
+    def __init__(self, plan: StagePlan) -> None:
+        self.plan = plan
+        self.downstream: Callable[[Batch], None] = _unconnected
+        self.records_in = 0
+        self.records_out = 0
+
+    async def open(self) -> None:  # noqa: B027 - an optional hook
+        """Acquire clients (on the task's event loop)."""
+
+    async def close(self) -> None:  # noqa: B027 - an optional hook
+        """Release them; late results are dropped from now on."""
+
+    @abc.abstractmethod
+    def process(self, batch: Batch) -> None:
+        """Take ``batch`` (never blocks: a full stage keeps it in its backlog)."""
+
+    def has_capacity(self) -> bool:
+        return True
+
+    def notify_when_available(self, callback: Callable[[], None]) -> None:
+        callback()
+
+    def in_flight(self) -> int:
+        return 0
+
+    def notify_when_drained(self, callback: Callable[[], None]) -> None:
+        callback()
+
+    def pending(self) -> Iterator[PendingRange]:
+        return iter(())
+
+    def metrics(self) -> StepMetrics:
+        return StepMetrics(self.plan.index, self.plan.where, self.records_in, self.records_out)
+
+
+def conform(rows: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBatch:
+    """``rows`` with exactly ``schema``'s columns, in order, cast where the type differs."""
+    columns = []
+    for field in schema:
+        if field.name not in rows.schema.names:
+            raise RuntimeError(f"{where}: the result has no field {field.name!r}")
+        column = rows.column(field.name)
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise RuntimeError(
+                    f"{where}: field {field.name!r} is {column.type}, not {field.type}: {exc}"
+                ) from None
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def as_batch(result: Any, where: str) -> pa.RecordBatch:
+    if isinstance(result, pa.Table):
+        table = result.combine_chunks()
+        batches = table.to_batches()
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+    if not isinstance(result, pa.RecordBatch):
+        raise TypeError(f"{where}: must return a pyarrow.RecordBatch, got {type(result).__name__}")
+    return result
+
+
+class MapStage(Stage):
+    """The user's batch function, one row out per row in."""
+
+    def __init__(self, plan: MapPlan) -> None:
+        super().__init__(plan)
+        self._function = plan.function
+        self._schema = plan.output_schema()
+        self._declared = (
+            None if plan.declared is None else pa.schema([(c.name, c.type) for c in plan.declared])
+        )
+
+    def process(self, batch: Batch) -> None:
+        rows = batch.rows
+        given = user_rows(rows)
+        where = self.plan.where
+        result = as_batch(self._function(given), where)
+        if result.num_rows != given.num_rows:
+            raise RuntimeError(
+                f"{where}: returned {result.num_rows} rows for {given.num_rows}; a Map keeps "
+                "one row per input row (drop rows with a Filter)"
+            )
+        if self._declared is not None:
+            # Declared fields come from the result, every other field from the input.
+            merged = {name: given.column(name) for name in given.schema.names}
+            merged.update({f.name: result.column(f.name) for f in self._declared})
+            result = pa.RecordBatch.from_pydict(merged)
+        batch.rows = with_offsets(conform(result, self._schema, where), rows.column(OFFSET))
+        self.records_in += given.num_rows
+        self.records_out += given.num_rows
+        self.downstream(batch)
+
+
+class FilterStage(Stage):
+    """Keeps the rows for which the predicate is true."""
+
+    def __init__(self, plan: FilterPlan) -> None:
+        super().__init__(plan)
+        self._predicate = plan.predicate
+
+    def process(self, batch: Batch) -> None:
+        rows = batch.rows
+        kept = rows.filter(self._predicate) if rows.num_rows else rows
+        batch.dropped += rows.num_rows - kept.num_rows
+        batch.rows = kept
+        self.records_in += rows.num_rows
+        self.records_out += kept.num_rows
+        self.downstream(batch)
+
+
+class OperatorStage(Stage):
+    """A step run by an async wait operator (``self._operator``): flow control, lifecycle and
+    retry/timeout counters are the operator's."""
+
+    _operator: AsyncWaitOperator[Any, Any]
+    _lookup_metrics: Callable[[], LookupMetrics] | None = None
+
+    async def open(self) -> None:
+        await self._operator.open()
+
+    async def close(self) -> None:
+        await self._operator.close()
+
+    def has_capacity(self) -> bool:
+        return self._operator.has_capacity()
+
+    def notify_when_available(self, callback: Callable[[], None]) -> None:
+        self._operator.notify_when_available(callback)
+
+    def in_flight(self) -> int:
+        return self._operator.in_flight()
+
+    def notify_when_drained(self, callback: Callable[[], None]) -> None:
+        self._operator.notify_when_drained(callback)
+
+    def _marker(self, marker: Marker) -> None:
+        raise AssertionError(f"unexpected marker {marker!r}")
+
+    def metrics(self) -> StepMetrics:
+        operator = self._operator
+        return StepMetrics(
+            self.plan.index,
+            self.plan.where,
+            self.records_in,
+            self.records_out,
+            operator.retries,
+            operator.timeouts,
+            self._lookup_metrics() if self._lookup_metrics is not None else None,
+        )
+
+
+class AsyncBatchStage(OperatorStage):
+    """An async wait operator whose element is a batch: a ``Lookup`` (the function returns
+    the enriched batch) or a per-batch ``AsyncMap`` (``merge`` turns the user's results into
+    the output batch)."""
+
+    def __init__(
+        self,
+        plan: StagePlan,
+        function: AsyncFunction[Batch, Any],
+        processor: MailboxProcessor,
+        *,
+        capacity: int,
+        ordered: bool,
+        timeout: float | None,
+        retry: AsyncRetryStrategy = NO_RETRY,
+        merge: Callable[[Completed], Batch] | None = None,
+        lookup: Callable[[], LookupMetrics] | None = None,
+    ) -> None:
+        super().__init__(plan)
+        self._merge = merge
+        self._lookup_metrics = lookup
+        self._operator = AsyncWaitOperator(
+            function,
+            Output(self._collect, self._marker),
+            processor,
+            capacity=capacity,
+            mode=OutputMode.ORDERED if ordered else OutputMode.UNORDERED,
+            timeout=timeout,
+            retry=retry,
+        )
+
+    def process(self, batch: Batch) -> None:
+        self.records_in += batch.rows.num_rows
+        self._operator.process_element(batch)
+
+    def _collect(self, result: Any, _timestamp: int | None) -> None:
+        batch: Batch = result if self._merge is None else self._merge(result)
+        self.records_out += batch.rows.num_rows
+        self.downstream(batch)
+
+    def pending(self) -> Iterator[PendingRange]:
+        for element in self._operator.snapshot():
+            if isinstance(element, StreamRecord):
+                yield batch_range(element.value)

@@ -1,0 +1,61 @@
+"""The public pipeline definition API: sources, steps, sinks, and their validation.
+
+```python
+from spark_jobs import FileSource, Filter, Lookup, Map, ParquetSink, Pipeline
+```
+"""
+
+from spark_jobs.async_io import (
+    EMPTY_RESULT,
+    HAS_EXCEPTION,
+    AsyncFunction,
+    CoroutineAsyncFunction,
+    ResultFuture,
+    exponential_backoff,
+    fixed_delay,
+)
+from spark_jobs.pipeline._definition import Pipeline
+from spark_jobs.pipeline._errors import PipelineDefinitionError
+from spark_jobs.pipeline._plan import Column, Plan
+from spark_jobs.pipeline._sample import SampleTarget
+from spark_jobs.pipeline._sinks import ParquetSink, PostgresSink, Sink
+from spark_jobs.pipeline._sources import FileSource, Source, TableSource
+from spark_jobs.pipeline._steps import (
+    AsyncMap,
+    Filter,
+    FullCache,
+    Lookup,
+    Map,
+    PartialCache,
+    RetryOnMiss,
+    Step,
+)
+
+__all__ = [
+    "EMPTY_RESULT",
+    "HAS_EXCEPTION",
+    "AsyncFunction",
+    "AsyncMap",
+    "Column",
+    "CoroutineAsyncFunction",
+    "FileSource",
+    "Filter",
+    "FullCache",
+    "Lookup",
+    "Map",
+    "ParquetSink",
+    "PartialCache",
+    "Pipeline",
+    "PipelineDefinitionError",
+    "Plan",
+    "PostgresSink",
+    "ResultFuture",
+    "RetryOnMiss",
+    "SampleTarget",
+    "Sink",
+    "Source",
+    "Step",
+    "TableSource",
+    "exponential_backoff",
+    "fixed_delay",
+]

@@ -1,0 +1,135 @@
+"""Resolve a pipeline against the Postgres catalog when a run opens.
+
+What a definition cannot know on its own: the types of the looked-up columns (and so of
+everything a later step derives from them), and whether the tables and key columns exist
+with types that match the record fields. ``resolve`` reads the catalog once, derives the
+complete plan and checks every key; each problem is one :class:`PipelineDefinitionError`
+naming the pipeline, the step and the field.
+
+Threading: blocks on the database; the driver (or the CLI) calls it before any task runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from spark_jobs.pipeline._definition import Pipeline
+from spark_jobs.pipeline._derive import derive
+from spark_jobs.pipeline._errors import PipelineDefinitionError
+from spark_jobs.pipeline._plan import Column, LookupPlan, Plan
+from spark_jobs.pipeline._types import catalog_arrow_type, type_family, type_name
+
+__all__ = ["Resolved", "resolve"]
+
+_COLUMNS = sa.text(
+    "SELECT attname, format_type(atttypid, atttypmod) FROM pg_catalog.pg_attribute"
+    " WHERE attrelid = to_regclass(:table) AND attnum > 0 AND NOT attisdropped"
+)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A pipeline's complete plan, and each lookup step's column types (step index →
+    table column → Arrow type)."""
+
+    plan: Plan
+    lookup_types: dict[int, dict[str, pa.DataType]]
+
+
+def _catalog(conn: Connection, schema: str, table: str) -> dict[str, str] | None:
+    """Column → SQL type of ``schema.table``; None if the table does not exist."""
+    qualified = f'"{schema}"."{table}"'
+    exists = conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": qualified}).scalar()
+    if exists is None:
+        return None
+    return {str(n): str(t) for n, t in conn.execute(_COLUMNS, {"table": qualified}).all()}
+
+
+def resolve(pipeline: Pipeline, engine: Engine) -> Resolved:
+    """Read the catalog for ``pipeline``'s tables and derive its complete plan."""
+    plan = pipeline.plan
+    name = pipeline.name
+    lookup_types: dict[int, dict[str, pa.DataType]] = {}
+    catalogs: dict[int, dict[str, str]] = {}
+    with engine.connect() as conn:
+        if plan.source.kind == "table":
+            _check_table_source(conn, plan)
+        for step in plan.lookups():
+            catalog = _catalog(conn, step.schema_name, step.table)
+            if catalog is None:
+                raise PipelineDefinitionError(
+                    name, step.where, f"table {step.qualified} does not exist"
+                )
+            wanted = [column for _, column in step.keys] + [column for column, _ in step.columns]
+            for column in wanted:
+                if column not in catalog:
+                    raise PipelineDefinitionError(
+                        name, step.where, f"table {step.qualified} has no column {column!r}"
+                    )
+            catalogs[step.index] = catalog
+            lookup_types[step.index] = {
+                column: catalog_arrow_type(catalog[column])[0] for column, _ in step.columns
+            }
+    resolved = derive(pipeline, lookup_types)
+    for step in resolved.lookups():
+        _check_keys(name, step, catalogs[step.index])
+    if not resolved.complete:  # pragma: no cover - derive probes every map once types are known
+        raise PipelineDefinitionError(name, "", "the output schema could not be derived")
+    return Resolved(resolved, lookup_types)
+
+
+def _check_keys(pipeline: str, step: LookupPlan, catalog: dict[str, str]) -> None:
+    fields = {c.name: c.type for c in step.inputs}
+    for field_name, column in step.keys:
+        kind = fields[field_name]
+        assert kind is not None  # resolved
+        column_kind, as_text = catalog_arrow_type(catalog[column])
+        # Text-like columns (varchar, uuid, …) take string keys.
+        family = "string" if as_text else type_family(column_kind)
+        if type_family(kind) != family:
+            raise PipelineDefinitionError(
+                pipeline,
+                step.where,
+                f"key field {field_name!r} is {type_name(kind)} but {step.qualified}.{column} "
+                f"is {catalog[column]}",
+            )
+
+
+def _check_table_source(conn: Connection, plan: Plan) -> None:
+    source = plan.source
+    assert source.table is not None and source.key is not None
+    schema, table = source.table
+    catalog = _catalog(conn, schema, table)
+    where = "source"
+    if catalog is None:
+        raise PipelineDefinitionError(plan.name, where, f"table {schema}.{table} does not exist")
+    key_kind = catalog.get(source.key)
+    if key_kind is None or type_family(catalog_arrow_type(key_kind)[0]) != "integer":
+        raise PipelineDefinitionError(
+            plan.name, where, f"key {source.key!r} must be an integer column of {schema}.{table}"
+        )
+    _check_fields(plan.name, where, f"{schema}.{table}", source.columns, catalog)
+
+
+def _check_fields(
+    pipeline: str, where: str, table: str, columns: Sequence[Column], catalog: dict[str, str]
+) -> None:
+    for column in columns:
+        name, kind = column.name, column.type
+        assert kind is not None  # declared by the source
+        if name not in catalog:
+            raise PipelineDefinitionError(pipeline, where, f"table {table} has no column {name!r}")
+        found, as_text = catalog_arrow_type(catalog[name])
+        family = "string" if as_text else type_family(found)
+        if family != type_family(kind):
+            raise PipelineDefinitionError(
+                pipeline,
+                where,
+                f"field {name!r} is declared {type_name(kind)} but {table}.{name} is "
+                f"{catalog[name]}",
+            )

@@ -1,0 +1,75 @@
+"""How the derivation of a plan reports problems, and the checks its parts share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from spark_jobs.pipeline._errors import PipelineDefinitionError, check_field_name
+from spark_jobs.pipeline._plan import Column
+from spark_jobs.pipeline._types import seconds
+
+__all__ = [
+    "Context",
+    "names",
+    "optional_int",
+    "optional_seconds",
+    "ordered",
+    "require",
+]
+
+
+class Context:
+    """Raises errors that name the pipeline and the part being checked."""
+
+    def __init__(self, pipeline: str) -> None:
+        self.pipeline = pipeline
+        self.where = ""
+
+    def fail(self, problem: str) -> PipelineDefinitionError:
+        return PipelineDefinitionError(self.pipeline, self.where, problem)
+
+    def check(self, check: Callable[..., Any], *args: Any) -> Any:
+        """``check(*args)``; its ValueError becomes a definition error naming this part."""
+        try:
+            return check(*args)
+        except ValueError as exc:
+            raise self.fail(str(exc)) from None
+
+
+def names(ctx: Context, names: object, what: str) -> list[str]:
+    if isinstance(names, str) or not isinstance(names, Sequence | frozenset | set):
+        raise ctx.fail(f"{what}s must be a list of field names, got {names!r}")
+    return [ctx.check(check_field_name, n, what) for n in names]
+
+
+def require(ctx: Context, names: Sequence[str], columns: Sequence[Column], what: str) -> None:
+    known = [c.name for c in columns]
+    for name in names:
+        if name not in known:
+            raise ctx.fail(f"{what} {name!r} is not in the input (fields: {', '.join(known)})")
+
+
+def optional_seconds(
+    ctx: Context, value: Any, what: str, *, positive: bool = False
+) -> float | None:
+    if value is None:
+        return None
+    result: float = ctx.check(seconds, value, what)
+    if positive and result <= 0:
+        raise ctx.fail(f"{what} must be > 0")
+    return result
+
+
+def optional_int(ctx: Context, value: Any, what: str, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ctx.fail(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def ordered(ctx: Context, mode: object) -> bool:
+    if mode not in ("ordered", "unordered"):
+        raise ctx.fail(f"mode must be 'ordered' or 'unordered', got {mode!r}")
+    return mode == "ordered"

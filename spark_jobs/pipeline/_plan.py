@@ -1,0 +1,168 @@
+"""The validated, normalised form of a pipeline definition: what the runtime builds from.
+
+A :class:`Plan` is derived from a definition (``derive`` in ``_derive``): field types as Arrow
+types, durations in seconds, keys and column maps as pairs, each step's input and output
+columns. A looked-up column's type is known only from the Postgres catalog; until a run opens
+(``resolve`` in ``_catalog``) it is ``None``, and a ``Map`` that cannot be probed on an
+empty batch leaves its output *open* (checked when the run opens).
+
+Threading: immutable values, any thread; they travel to Spark tasks inside the pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+
+__all__ = [
+    "AsyncMapPlan",
+    "Column",
+    "FilterPlan",
+    "LookupPlan",
+    "MapPlan",
+    "Plan",
+    "SinkPlan",
+    "SourcePlan",
+    "StagePlan",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A field of the records between two steps. ``type`` None: read from the catalog when a
+    run opens (a looked-up column)."""
+
+    name: str
+    type: pa.DataType | None
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePlan:
+    kind: Literal["files", "table"]
+    columns: tuple[Column, ...]
+    required: frozenset[str]
+    event_time: str | None
+    partitioned: bool
+    out_of_orderness: float
+    idle_timeout: float
+    #: files: the landing folder as given (relative: under the data folder), or None.
+    landing: Path | None = None
+    start_date: date | None = None
+    #: table: schema, table, integer key column, rows per split.
+    table: tuple[str, str] | None = None
+    key: str | None = None
+    rows_per_split: int = 100_000
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The records as the source emits them (declared types, all nullable)."""
+        return pa.schema([pa.field(c.name, c.type) for c in self.columns])
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """One step: its place (1-based), how errors name it, its input and output columns.
+
+    ``open``: the output columns are unknown until the run opens (an unprobed ``Map``)."""
+
+    index: int
+    where: str
+    inputs: tuple[Column, ...]
+    outputs: tuple[Column, ...]
+    open: bool
+
+    def output_schema(self) -> pa.Schema:
+        return pa.schema([pa.field(c.name, c.type) for c in self.outputs])
+
+
+@dataclass(frozen=True, slots=True)
+class LookupPlan(StagePlan):
+    schema_name: str = ""
+    table: str = ""
+    #: (record field, table column) pairs of the key, in order.
+    keys: tuple[tuple[str, str], ...] = ()
+    #: (table column, output field) pairs.
+    columns: tuple[tuple[str, str], ...] = ()
+    #: What rows without a match become (after the retries of ``retry_attempts``).
+    on_miss: Literal["keep", "drop", "dead_letter"] = "keep"
+    retry_attempts: int = 0
+    retry_delay: float = 0.0
+    cache: Literal["none", "partial", "full"] = "none"
+    cache_rows: int = 0
+    expire_after_write: float | None = None
+    expire_after_access: float | None = None
+    cache_missing: bool = True
+    reload_every: float | None = None
+    timeout: float | None = None
+    retries: int | None = None
+    capacity: int | None = None
+    batch_size: int | None = None
+    ordered: bool = True
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema_name}.{self.table}"
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncMapPlan(StagePlan):
+    function: Any = None
+    per_record: bool = True
+    added: tuple[Column, ...] = ()
+    capacity: int = 100
+    timeout: float | None = None
+    retry: Any = None
+    ordered: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class MapPlan(StagePlan):
+    function: Any = None
+    #: Declared output (fields added or replaced), or None: probed.
+    declared: tuple[Column, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FilterPlan(StagePlan):
+    predicate: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class SinkPlan:
+    kind: Literal["parquet", "postgres"]
+    #: parquet: the table folder under the warehouse; postgres: (schema, table).
+    folder: str | None = None
+    table: tuple[str, str] | None = None
+    upsert_key: tuple[str, ...] | None = None
+    dictionary: tuple[str, ...] = ()
+    compression: str = "zstd"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    name: str
+    source: SourcePlan
+    stages: tuple[StagePlan, ...]
+    sink: SinkPlan
+    key: tuple[str, ...] | None
+    outputs: tuple[Column, ...] = field(default=())
+
+    @property
+    def complete(self) -> bool:
+        """Every output type is known (after ``resolve``, or without lookups and open maps)."""
+        return not any(s.open for s in self.stages) and all(
+            c.type is not None for c in self.outputs
+        )
+
+    def output_schema(self) -> pa.Schema:
+        if not self.complete:
+            raise RuntimeError(f"pipeline {self.name}: output schema not resolved yet")
+        return pa.schema([pa.field(c.name, c.type) for c in self.outputs])
+
+    def lookups(self) -> list[LookupPlan]:
+        return [s for s in self.stages if isinstance(s, LookupPlan)]

@@ -1,0 +1,162 @@
+"""Commit side of the Postgres table sink: staged batches move into their target table inside
+the transaction that completes their checkpoint.
+
+``commit`` runs one statement per table layout on the connection of the completion
+transaction: a ``DELETE … RETURNING`` of the staged batches feeding an ``INSERT`` into the
+target, so the rows become visible atomically with the split states and roll back with them.
+An upsert sink inserts ``DISTINCT ON`` its key — the last staged row of a key wins (highest
+batch, then sequence), so rows of one commit never conflict with each other — ``ON CONFLICT
+… DO UPDATE`` every other column. ``publish`` has nothing left to do; ``abort`` deletes
+staged batches.
+
+Every staged entry names its table, columns, partitioning and upsert key; they are validated
+again (``TableLayout.from_entry``) before any of them reaches SQL.
+
+AT_LEAST_ONCE: the reader task passes this sink to ``acknowledge``, which runs ``commit`` in
+the subtask's acknowledgement transaction — the rows become visible together with that
+subtask's split states (no alignment across subtasks; rows of a split whose state was fenced
+may be duplicated by a replay, or rewritten, for an upsert sink).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from psycopg import sql
+from sqlalchemy.engine import Connection, Engine
+
+from enumerator_service._checkpoint_store import StagedTransaction
+from spark_jobs.sink._table_layout import (
+    ENTRY_KEY,
+    KEY_COLUMNS,
+    SEQ_COLUMN,
+    TABLE_SINK_NAME,
+    TableLayout,
+    column_list,
+    execute,
+    table_names,
+)
+
+__all__ = ["PostgresTableSink"]
+
+_log = logging.getLogger(__name__)
+
+_KEYS = sql.SQL(
+    "SELECT * FROM jsonb_to_recordset(CAST(%(keys)s AS jsonb))"
+    " AS k(run_id text, subtask integer, attempt text, batch bigint)"
+)
+_MATCH = sql.SQL(" AND ").join(
+    sql.SQL("s.{} = k.{}").format(sql.Identifier(column), sql.Identifier(field))
+    for (column, _), field in zip(KEY_COLUMNS, ENTRY_KEY, strict=True)
+)
+_BATCH = KEY_COLUMNS[3][0]
+
+
+def _keys(entries: Sequence[Mapping[str, Any]]) -> str:
+    return json.dumps([{n: e[n] for n in ENTRY_KEY} for e in entries])
+
+
+def _entries(txns: Sequence[StagedTransaction]) -> list[Mapping[str, Any]]:
+    return [entry for txn in txns for entry in txn.staged]
+
+
+def _move(layout: TableLayout) -> sql.Composed:
+    """The statement moving the batches ``%(keys)s`` into the target; returns the number of
+    staged rows it deleted."""
+    names = layout.names
+    if layout.upsert_key is None:
+        insert = sql.SQL("INSERT INTO {target} ({columns}) SELECT {columns} FROM moved").format(
+            target=layout.target, columns=column_list(names)
+        )
+    else:
+        key = column_list(layout.upsert_key)
+        others = [n for n in names if n not in layout.upsert_key]
+        update = (
+            sql.SQL("DO UPDATE SET {}").format(
+                sql.SQL(", ").join(
+                    sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in others
+                )
+            )
+            if others
+            else sql.SQL("DO NOTHING")
+        )
+        insert = sql.SQL(
+            "INSERT INTO {target} ({columns}) SELECT DISTINCT ON ({key}) {columns} FROM moved"
+            " ORDER BY {key}, {batch} DESC, {seq} DESC ON CONFLICT ({key}) {update}"
+        ).format(
+            target=layout.target,
+            columns=column_list(names),
+            key=key,
+            batch=sql.Identifier(_BATCH),
+            seq=sql.Identifier(SEQ_COLUMN),
+            update=update,
+        )
+    return sql.SQL(
+        "WITH moved AS (DELETE FROM {staging} AS s USING ({keys}) AS k WHERE {match}"
+        " RETURNING {returned}), written AS ({insert})"
+        " SELECT count(*) FROM moved"
+    ).format(
+        staging=layout.staging,
+        keys=_KEYS,
+        match=_MATCH,
+        returned=column_list([_BATCH, SEQ_COLUMN, *names], "s"),
+        insert=insert,
+    )
+
+
+class PostgresTableSink:
+    """Commit side of the table sink (coordinator, recovery, AT_LEAST_ONCE acknowledgements).
+
+    Threading: no state but the optional engine; safe on any thread. ``commit`` works on the
+    caller's connection. ``abort`` needs ``engine``: without one (the module-level registry
+    that has no database) it leaves the rows, which are invisible and later removed by
+    ``sweep_staged``.
+    """
+
+    name = TABLE_SINK_NAME
+
+    def __init__(self, engine: Engine | None = None) -> None:
+        self._engine = engine
+
+    def commit(self, conn: Connection, txns: Sequence[StagedTransaction]) -> None:
+        """Inside the completion transaction: move the staged rows into the target table.
+
+        Runs once per transaction (the caller marks it committed in the same transaction);
+        raises if fewer rows are staged than the pre-commit recorded, which rolls back the
+        completion instead of committing a checkpoint without its output.
+        """
+        grouped: dict[TableLayout, list[Mapping[str, Any]]] = defaultdict(list)
+        for entry in _entries(txns):
+            grouped[TableLayout.from_entry(entry)].append(entry)
+        for layout, entries in sorted(grouped.items(), key=lambda item: repr(item[0])):
+            query = _move(layout)
+            moved = conn.exec_driver_sql(query.as_string(), {"keys": _keys(entries)}).scalar_one()
+            expected = sum(int(e["rows"]) for e in entries)
+            if moved != expected:
+                raise RuntimeError(
+                    f"staged output is lost: {expected} rows were staged for"
+                    f" {layout.qualified}, {moved} are left"
+                )
+
+    def publish(self, txns: Sequence[StagedTransaction]) -> None:
+        return None  # the rows became visible when the completion transaction committed
+
+    def abort(self, txns: Sequence[StagedTransaction]) -> None:
+        """Delete staged rows that will never commit. Idempotent."""
+        if self._engine is None:
+            _log.debug("no engine: %d staged transaction(s) left to the sweep", len(txns))
+            return
+        grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+        for entry in _entries(txns):
+            grouped[entry["schema"], entry["table"]].append(entry)
+        with self._engine.begin() as conn:
+            for (schema, table), entries in sorted(grouped.items()):
+                _, staging = table_names(schema, table)
+                query = sql.SQL("DELETE FROM {} AS s USING ({}) AS k WHERE {}").format(
+                    staging, _KEYS, _MATCH
+                )
+                execute(conn, query, keys=_keys(entries))

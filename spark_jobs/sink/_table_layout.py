@@ -1,0 +1,170 @@
+"""The shape of a Postgres sink table and of its staging table, shared by the writer, the
+commit side and the table setup; the names in it are validated every time one is built, so
+a staged entry read back from ``sink_transactions`` is checked again before any SQL.
+
+Staging table ``<schema>.<table>__staged``: the staging key (run, subtask, attempt, batch)
+and a sequence number, all named with the reserved ``__sluice`` prefix so that no output
+field can collide with them, then the output columns (and ``dt`` when partitioned).
+
+Threading: immutable values and pure functions, any thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+from sqlalchemy.engine import Connection
+
+from enumerator_service._config import validate_identifier
+from spark_jobs.pipeline._errors import RESERVED_PREFIX, check_field_name
+
+__all__ = [
+    "ENTRY_KEY",
+    "KEY_COLUMNS",
+    "PARTITION_COLUMN",
+    "SEQ_COLUMN",
+    "STAGING_SUFFIX",
+    "TABLE_SINK_NAME",
+    "TableLayout",
+    "column_list",
+    "execute",
+    "staging_table",
+    "table_names",
+]
+
+TABLE_SINK_NAME = "postgres"
+STAGING_SUFFIX = "__staged"
+#: The date column of a day-partitioned output.
+PARTITION_COLUMN = "dt"
+#: (column, SQL type) of the staging key: one batch is what a task attempt staged between
+#: two pre-commits.
+KEY_COLUMNS: tuple[tuple[str, str], ...] = (
+    (f"{RESERVED_PREFIX}_run_id", "text"),
+    (f"{RESERVED_PREFIX}_subtask", "integer"),
+    (f"{RESERVED_PREFIX}_attempt", "text"),
+    (f"{RESERVED_PREFIX}_batch", "bigint"),
+)
+#: A row's place within its batch (1, 2, …): the last staged row of a key wins an upsert.
+SEQ_COLUMN = f"{RESERVED_PREFIX}_seq"
+#: The staging key's fields in a staged entry, in KEY_COLUMNS order.
+ENTRY_KEY = ("run_id", "subtask", "attempt", "batch")
+
+
+def staging_table(table: str) -> str:
+    return f"{table}{STAGING_SUFFIX}"
+
+
+def table_names(schema: str, table: str) -> tuple[sql.Identifier, sql.Identifier]:
+    """(target, staging) as quoted identifiers, after validating both names."""
+    validate_identifier(schema, "sink schema")
+    validate_identifier(staging_table(validate_identifier(table, "sink table")), "sink table")
+    return sql.Identifier(schema, table), sql.Identifier(schema, staging_table(table))
+
+
+def column_list(names: Iterable[str], prefix: str | None = None) -> sql.Composed:
+    """``"a", "b"`` (or ``p."a", p."b"``): quoted, so mixed case and reserved words work."""
+    return sql.SQL(", ").join(
+        sql.Identifier(prefix, n) if prefix else sql.Identifier(n) for n in names
+    )
+
+
+def execute(conn: Connection, query: sql.Composable, **params: Any) -> int:
+    """Run a psycopg-composed statement on a SQLAlchemy connection (its transaction)."""
+    return int(conn.exec_driver_sql(query.as_string(), params).rowcount)
+
+
+def _field_names(names: object, what: str) -> tuple[str, ...]:
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise ValueError(f"{what} must be a list of names, got {names!r}")
+    checked = tuple(check_field_name(name, what) for name in names)
+    if len(set(checked)) != len(checked):
+        raise ValueError(f"{what} {list(checked)!r} names a field twice")
+    return checked
+
+
+@dataclass(frozen=True, slots=True)
+class TableLayout:
+    """A sink table: where it is, its output columns, whether it has the ``dt`` column, and
+    the upsert key (None: rows are appended). Validated when built."""
+
+    schema: str
+    table: str
+    columns: tuple[str, ...]
+    partitioned: bool
+    upsert_key: tuple[str, ...] | None
+
+    def __post_init__(self) -> None:
+        table_names(self.schema, self.table)
+        _field_names(self.columns, "column")
+        if not self.columns:
+            raise ValueError(f"sink {self.qualified} has no columns")
+        if not isinstance(self.partitioned, bool):
+            raise ValueError(f"partitioned must be true or false, got {self.partitioned!r}")
+        if self.partitioned and PARTITION_COLUMN in self.columns:
+            raise ValueError(
+                f"column {PARTITION_COLUMN!r} collides with the partition column of a "
+                "day-partitioned output"
+            )
+        if self.upsert_key is not None:
+            key = _field_names(self.upsert_key, "upsert_key field")
+            missing = [name for name in key if name not in self.columns]
+            if not key or missing:
+                raise ValueError(
+                    f"upsert_key {list(key)!r} must name output columns"
+                    f" (columns: {', '.join(self.columns)})"
+                )
+
+    @classmethod
+    def build(
+        cls,
+        schema: str,
+        table: str,
+        columns: Sequence[str],
+        *,
+        partitioned: bool,
+        upsert_key: Sequence[str] | None,
+    ) -> TableLayout:
+        key = None if upsert_key is None else tuple(upsert_key)
+        return cls(schema, table, tuple(columns), partitioned, key)
+
+    @classmethod
+    def from_entry(cls, entry: Mapping[str, Any]) -> TableLayout:
+        """The layout a staged entry describes (ValueError if any name in it is invalid)."""
+        key = entry.get("upsert_key")
+        return cls(
+            entry["schema"],
+            entry["table"],
+            _field_names(entry["columns"], "column"),
+            entry["partitioned"],
+            None if key is None else _field_names(key, "upsert_key field"),
+        )
+
+    def entry(self) -> dict[str, Any]:
+        """The layout's part of a staged entry (JSON)."""
+        return {
+            "schema": self.schema,
+            "table": self.table,
+            "columns": list(self.columns),
+            "partitioned": self.partitioned,
+            "upsert_key": None if self.upsert_key is None else list(self.upsert_key),
+        }
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def target(self) -> sql.Identifier:
+        return table_names(self.schema, self.table)[0]
+
+    @property
+    def staging(self) -> sql.Identifier:
+        return table_names(self.schema, self.table)[1]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The target's columns this sink writes: the output's, then ``dt`` if partitioned."""
+        return (*self.columns, PARTITION_COLUMN) if self.partitioned else self.columns

@@ -1,0 +1,107 @@
+"""CSV lines: the header, and data lines parsed by the exact per-line path.
+
+A record is one line (as in JSON Lines, see :mod:`._lines`). Quoted fields spanning lines
+are *not supported*: such a record is cut at its newlines and each piece is reported as
+malformed (the first and last have an odd number of ``"``). Columns are mapped to the
+declared fields by header name; declared fields missing from the header are null, columns
+not declared are ignored, and an empty field is null (see :mod:`._convert`).
+
+Header: the line at offset 0 is the file's header, never a record. A reader reads it when a
+split starts (:func:`read_csv_header`); an unusable header raises :class:`CsvHeaderError`
+(the whole split fails, not one record). An empty file has the header ``[]`` and no records.
+
+Threading: a parser is immutable; any thread (the fetcher thread).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from typing import Any
+
+import pyarrow as pa
+
+from spark_jobs.source._batch import DeadLetter
+from spark_jobs.source._convert import RecordConverter
+from spark_jobs.source._lines import lines_of
+
+__all__ = ["CsvHeaderError", "CsvLinesParser", "read_csv_header"]
+
+_UNBALANCED = "invalid CSV: unbalanced quotes (quoted fields spanning lines are not supported)"
+
+
+class CsvHeaderError(ValueError):
+    """A CSV file's header line is unusable: the whole split fails (not one record)."""
+
+
+def read_csv_header(path: str, *, gz: bool, where: str, max_line_bytes: int) -> list[str]:
+    """The column names on the first line of the file (``[]`` for an empty file); ``where``
+    names the split in errors."""
+    with gzip.open(path, "rb") if gz else open(path, "rb") as file:
+        first = file.readline(max_line_bytes + 2)  # room for the line ending
+    if not first:
+        return []
+    content = first.removesuffix(b"\n").removesuffix(b"\r")
+    if len(content) > max_line_bytes:
+        raise CsvHeaderError(f"{where}: header line longer than {max_line_bytes} bytes")
+    try:
+        text = content.decode("utf-8-sig")
+        row = next(csv.reader([text], strict=True), [])
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise CsvHeaderError(f"{where}: unreadable header line: {exc}") from exc
+    names = [name.strip() for name in row]
+    if not any(names):
+        raise CsvHeaderError(f"{where}: empty header line")
+    if len(set(names)) != len(names):
+        raise CsvHeaderError(f"{where}: duplicate column names in header {names}")
+    return names
+
+
+class CsvLinesParser:
+    """Parses whole CSV lines of one file (``header`` its column names) line by line."""
+
+    def __init__(self, converter: RecordConverter, header: list[str], max_line_bytes: int):
+        self._converter = converter
+        self._width = len(header)
+        position = {name: i for i, name in enumerate(header)}
+        self._columns = [position.get(name) for name in converter.names]
+        self._limit = max_line_bytes
+
+    def parse(self, data: bytes, offset: int) -> tuple[pa.RecordBatch, list[DeadLetter]]:
+        """Whole lines ``data`` starting at file offset ``offset``: (rows in line order, dead
+        letters in offset order). The line at offset 0 (the header) is skipped."""
+        rows: list[tuple[Any, ...]] = []
+        offsets: list[int] = []
+        dead: list[DeadLetter] = []
+        for at, content, truncated in lines_of(data, offset, self._limit):
+            if at == 0:
+                continue
+            parsed = self.parse_line(content, truncated)
+            if isinstance(parsed, str):
+                dead.append((at, content, parsed))
+            elif parsed is not None:
+                rows.append(parsed)
+                offsets.append(at)
+        return self._converter.to_batch(rows, offsets), dead
+
+    def parse_line(self, content: bytes, truncated: bool = False) -> tuple[Any, ...] | str | None:
+        """One data line (without its line ending): the row, a dead-letter reason, or None
+        for a blank line (not a record)."""
+        if truncated:
+            return f"line too long: over {self._limit} bytes"
+        if not content.strip():
+            return None
+        try:
+            text = content.decode("utf-8")
+        except UnicodeDecodeError:
+            return "invalid UTF-8: line is not valid UTF-8 text"
+        if text.count('"') % 2:  # both halves of a quoted field cut at its newline are odd
+            return _UNBALANCED
+        try:
+            fields = next(csv.reader([text], strict=True))
+        except csv.Error as exc:
+            return f"invalid CSV: {exc}"
+        if len(fields) != self._width:
+            return f"bad value: expected {self._width} fields, got {len(fields)}"
+        values = [None if i is None or not fields[i] else fields[i] for i in self._columns]
+        return self._converter.from_text(values)

@@ -1,0 +1,103 @@
+"""AsyncMap steps through the pipeline API on real Spark: a callback-style ``AsyncFunction``
+per record with a retry on empty results and its own ``timeout()`` fallback, then a plain
+``async def`` per batch — Flink's operator semantics per step, the output exact."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pytest
+from conftest import TestSettings
+
+from enumerator_service._operations import discover, open_platform
+from spark_jobs import (
+    EMPTY_RESULT,
+    AsyncFunction,
+    AsyncMap,
+    FileSource,
+    ParquetSink,
+    Pipeline,
+    ResultFuture,
+    fixed_delay,
+)
+from spark_jobs.jobs import run_pipeline
+from spark_jobs.pipeline._paths import discovery_of, output_path
+
+pytestmark = pytest.mark.spark
+
+RECORDS = 120
+
+
+class Tag(AsyncFunction[dict[str, Any], dict[str, Any]]):
+    """Callback style. Records with an odd ``n`` complete empty on their first call (retried,
+    FLIP-234 style); records with ``n % 25 == 0`` never complete (their timeout answers);
+    the others complete at once, from a callback on the loop."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def async_invoke(
+        self, value: dict[str, Any], result_future: ResultFuture[dict[str, Any]]
+    ) -> None:
+        call = self.calls[value["id"]] = self.calls.get(value["id"], 0) + 1
+        n = value["n"]
+        if n % 25 == 0:
+            return  # never completed: the timeout decides
+        results = [] if n % 2 and call == 1 else [{"tag": f"t{n}", "attempt": call}]
+        asyncio.get_running_loop().call_soon(result_future.complete, results)
+
+    def timeout(self, value: dict[str, Any], result_future: ResultFuture[dict[str, Any]]) -> None:
+        result_future.complete([{"tag": "timed out", "attempt": self.calls[value["id"]]}])
+
+
+async def double(batch: pa.RecordBatch) -> pa.RecordBatch:
+    await asyncio.sleep(0.001)
+    return pa.RecordBatch.from_arrays([pc.multiply(batch.column("n"), 2)], names=["twice"])
+
+
+def test_callback_and_coroutine_async_maps_per_record_and_per_batch(make_settings: Any) -> None:
+    settings: TestSettings = make_settings(read_block_bytes=1024)
+    platform = open_platform(settings)
+    name = f"amap_{secrets.token_hex(3)}"
+    try:
+        folder = settings.data_path / "landing" / name / "dt=2026-03-01"
+        folder.mkdir(parents=True)
+        lines = [orjson.dumps({"id": f"r{n:04d}", "n": n}) + b"\n" for n in range(1, RECORDS + 1)]
+        (folder / "a.jsonl").write_bytes(b"".join(lines))
+        pipeline = Pipeline(
+            name=name,
+            source=FileSource(schema={"id": "string", "n": "int64"}, required=["id", "n"]),
+            steps=[
+                AsyncMap(
+                    Tag(),
+                    output={"tag": "string", "attempt": "int32"},
+                    per="record",
+                    capacity=10,
+                    timeout="2s",
+                    retry=fixed_delay(2, 0.05, on_result=EMPTY_RESULT),
+                    mode="unordered",
+                ),
+                AsyncMap(double, output={"twice": "int64"}, per="batch", mode="ordered"),
+            ],
+            sink=ParquetSink(name),
+        )
+        discover(platform, discovery_of(pipeline, settings))
+        summary = run_pipeline(settings, pipeline)
+        rows = ds.dataset(output_path(pipeline, settings), format="parquet", partitioning="hive")
+        found = {r["id"]: r for r in rows.to_table().to_pylist()}
+        assert summary.rows_out == len(found) == RECORDS
+        for n in range(1, RECORDS + 1):
+            row = found[f"r{n:04d}"]
+            if n % 25 == 0:  # never completed: answered by timeout() after the first call
+                assert (row["tag"], row["attempt"], row["twice"]) == ("timed out", 1, 2 * n)
+            else:
+                expected = (f"t{n}", 2 if n % 2 else 1)
+                assert (row["tag"], row["attempt"], row["twice"]) == (*expected, 2 * n)
+    finally:
+        platform.close()
