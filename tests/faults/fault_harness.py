@@ -331,6 +331,15 @@ class Chaos:
         self.rng = random.Random(self.seed)
         self.rng.shuffle(self.plan)
 
+    def next_batch_size(self, size: int, cap: int) -> int:
+        """The size of the next top-up batch: doubled (up to ``cap``) when the last run ended
+        before its kill moment came. The work was too small for this machine's speed; a
+        fixed size made the kills depend on how fast the machine is (a faster run sails
+        past every moment and the stream runs out with kills left)."""
+        if self.runs and not self.runs[-1].kills:
+            return min(size * 2, cap)
+        return size
+
     def timeline(self) -> str:
         lines = [f"kill timeline (seed {self.seed}):"]
         for n, kill in enumerate(self.kills, 1):

@@ -3,8 +3,9 @@ and the Spark driver and crash-restarting Postgres at seeded random moments, rec
 each (a new ``sluice run PIPELINE`` after every dead driver).
 
 - ``clickstream`` (JSON Lines → lookup ``public.users`` → Parquet): 100k events, then batches
-  of 50k. The output must hold every well-formed input event exactly once with the right
-  enrichment (EXACTLY_ONCE), or at least once (AT_LEAST_ONCE: duplicates are counted).
+  of 50k, doubled whenever a run ended before its kill moment (a fast machine). The output
+  must hold every well-formed input event exactly once with the right enrichment
+  (EXACTLY_ONCE), or at least once (AT_LEAST_ONCE: duplicates are counted).
 - ``orders`` (CSV → lookups ``crm.customers`` and ``ref.fx_rates`` → Map → Filter → Postgres
   upsert): smaller batches (its sink is slower); ``analytics.orders_enriched`` must equal the
   landing CSVs joined in SQL with the reference tables, and its committed sink transactions
@@ -59,13 +60,18 @@ PLAN = ["worker"] * 4 + ["driver"] * 3 + ["postgres"] * 3
 #: (each one more run) to spend every kill.
 MAX_TOP_UPS = 24
 TOP_UP_EVENTS = 50_000
+#: A top-up doubles after a run that ended before its kill moment, up to this.
+TOP_UP_EVENTS_MAX = 400_000
 
 # -- orders -----------------------------------------------------------------------------------
 ORDERS = "orders"
-#: The first batch over 2 days, then batches of one day; 3 files a day. The Postgres upsert
-#: sink writes ~1-2k rows/s here, so the batches are small and a kill usually hits work.
+#: The first batch over 2 days, then batches of one day, doubled like the clickstream's up
+#: to ORDERS_TOP_UP_MAX; 3 files a day. A run's fixed costs (Spark, worker start-up, the
+#: final checkpoint) dwarf a small batch's work: 3k and 24k orders both took ~7.5 s, with
+#: ~1-2 s from the first worker to the end — room for only the earliest kill moments.
 ORDERS_FIRST = 6_000
 ORDERS_TOP_UP = 3_000
+ORDERS_TOP_UP_MAX = 192_000
 ORDERS_FILES_PER_DAY = 3
 #: 1000 customers per tenant (5 tenants).
 ORDERS_CUSTOMERS = 5_000
@@ -154,13 +160,15 @@ def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verd
     # everything is committed, further batches land on the following days (the stream keeps
     # arriving) — on a fast machine 100k events take only a few seconds.
     batches: list[DemoSpec] = []
+    chaos = Chaos(seed, list(PLAN))
 
     def land_batch() -> bool:
         if len(batches) > MAX_TOP_UPS:
             return False
         first = not batches
+        top_up = batches[-1].events if len(batches) > 1 else TOP_UP_EVENTS
         spec = DemoSpec(
-            events=EVENTS if first else TOP_UP_EVENTS,
+            events=EVENTS if first else chaos.next_batch_size(top_up, TOP_UP_EVENTS_MAX),
             days=3 if first else 1,
             files_per_day=4,
             users=USERS,
@@ -176,7 +184,6 @@ def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verd
         return True
 
     land_batch()
-    chaos = Chaos(seed, list(PLAN))
     _chaos_loop(server, work, env, db_url, CLICKSTREAM, chaos, land_batch, mode)
     expected = expected_events(landing)
     log(f"{len(batches)} batches, {sum(b.events for b in batches):,} events landed")
@@ -217,6 +224,7 @@ def _orders_fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) 
     landing = work / "data" / "landing" / ORDERS
     sluice(env, work, "db", "upgrade")
     batches: list[int] = []
+    chaos = Chaos(seed, list(ORDERS_PLAN))
 
     def land_batch() -> bool:
         """One more batch through the example's own generator (`sluice demo-data orders`,
@@ -226,7 +234,8 @@ def _orders_fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) 
         first = not batches
         days = 2 if first else 1
         start = date(2026, 1, 1) + timedelta(days=len(batches) + (not first))
-        count = ORDERS_FIRST if first else ORDERS_TOP_UP
+        top_up = batches[-1] if len(batches) > 1 else ORDERS_TOP_UP
+        count = ORDERS_FIRST if first else chaos.next_batch_size(top_up, ORDERS_TOP_UP_MAX)
         demo = {
             "SLUICE_DEMO_EVENTS": str(count),
             "SLUICE_DEMO_DAYS": str(days),
@@ -241,7 +250,6 @@ def _orders_fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) 
         return True
 
     land_batch()
-    chaos = Chaos(seed, list(ORDERS_PLAN))
     _chaos_loop(server, work, env, db_url, ORDERS, chaos, land_batch, f"orders {mode}")
     landed = landed_orders(landing)
     log(
