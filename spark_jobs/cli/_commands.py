@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from enumerator_service import ConfigError, Settings, asyncpg_dsn, load_settings, redact_url
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
+from enumerator_service._safe_paths import partition_date
 from spark_jobs.cli._render import describe_table, run_table, status_json, status_table
 from spark_jobs.pipeline import Pipeline, SampleTarget
 from spark_jobs.pipeline._paths import discovery_of, landing_path
@@ -135,12 +136,11 @@ def demo_data(ctx: click.Context, pipeline: str | None) -> None:
 
 
 def _dates(values: Sequence[str]) -> list[date] | None:
+    """The ``--date`` values as days (each becomes a ``dt=`` folder): one ConfigError line
+    naming ``--date`` for anything that is not ``YYYY-MM-DD``."""
     if not values:
         return None
-    try:
-        return [date.fromisoformat(v) for v in values]
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--date") from None
+    return [partition_date(v, "--date") for v in values]
 
 
 _date_option = click.option(
@@ -183,9 +183,10 @@ def discover_cmd(ctx: click.Context, pipeline: str | None, dates: tuple[str, ...
     """Run the pipeline's split enumerator once: register new files (or key ranges)."""
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
+    days = _dates(dates)
     platform = _open(settings)
     try:
-        _discover(platform, chosen, _dates(dates))
+        _discover(platform, chosen, days)
     finally:
         platform.close()
 
@@ -230,8 +231,9 @@ def run_cmd(
         raise click.UsageError("--replace needs the partitions to replace (--date)")
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
+    days = _dates(dates)  # (checked before anything is opened)
     _open(settings).close()
-    _run(settings, chosen, _dates(dates), rebuild=replace)
+    _run(settings, chosen, days, rebuild=replace)
 
 
 @cli.command("status")
