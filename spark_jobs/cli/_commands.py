@@ -18,6 +18,7 @@ from enumerator_service._operations import Platform, discover, open_platform, pl
 from enumerator_service._safe_paths import partition_date
 from spark_jobs.cli._render import describe_table, run_table, status_json, status_table
 from spark_jobs.pipeline import Pipeline, SampleTarget
+from spark_jobs.pipeline._demo_marks import check_landing, record_landing
 from spark_jobs.pipeline._paths import discovery_of, landing_path
 from spark_jobs.pipeline._registry import load_pipelines, pick_pipeline
 
@@ -114,10 +115,15 @@ def _demo_data(settings: Settings, platform: Platform, pipeline: Pipeline) -> No
                 tasks[what] = progress.add_task(what, total=total)
             progress.update(tasks[what], completed=done, total=total)
 
-        target = SampleTarget(
-            settings, landing_path(pipeline, settings), asyncpg_dsn(platform.url), report
-        )
-        said = pipeline.sample_data(target)
+        landing = landing_path(pipeline, settings)
+        # Only into a folder that is empty or holds only sample data (one line otherwise);
+        # the generator claims its tables itself (claim_demo_table) before writing any.
+        check_landing(landing)
+        target = SampleTarget(settings, landing, asyncpg_dsn(platform.url), report)
+        try:
+            said = pipeline.sample_data(target)
+        finally:  # also after a failure half-way: what it wrote is sample data
+            record_landing(landing)
     console.print(f"{pipeline.name}: {said}")
 
 
@@ -125,7 +131,8 @@ def _demo_data(settings: Settings, platform: Platform, pipeline: Pipeline) -> No
 @click.argument("pipeline", required=False)
 @click.pass_context
 def demo_data(ctx: click.Context, pipeline: str | None) -> None:
-    """Write the pipeline's sample data (its landing files and tables)."""
+    """Write the pipeline's sample data (its landing files and tables): only into tables it
+    created and a landing folder that is empty or holds only its own files."""
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
     platform = _open(settings)
