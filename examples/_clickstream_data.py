@@ -147,8 +147,9 @@ async def _load_users(
 ) -> bool:
     conn = await asyncpg.connect(dsn)
     try:
+        # One transaction: only a table sample data created (and marked) is filled,
+        # truncated or refilled; a refusal leaves the database as it was.
         async with conn.transaction():
-            # Only a table sample data created (and marked) is filled, truncated, refilled.
             await claim_demo_table(
                 conn,
                 schema,
@@ -156,12 +157,9 @@ async def _load_users(
                 f"{key} bigint PRIMARY KEY, name text NOT NULL, country text NOT NULL, "
                 "tier text NOT NULL, signup_time timestamptz NOT NULL",
             )
-            existing = await conn.fetchval(f"SELECT count(*) FROM {schema}.{table}")
-        if existing == n:
-            return False
-        rng = random.Random(seed)
-        async with conn.transaction():
-            await claim_demo_table(conn, schema, table, "")  # (still ours: the mark)
+            if await conn.fetchval(f"SELECT count(*) FROM {schema}.{table}") == n:
+                return False
+            rng = random.Random(seed)
             await conn.execute(f"TRUNCATE {schema}.{table}")
             chunk = 100_000
             for low in range(1, n + 1, chunk):

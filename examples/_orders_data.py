@@ -121,17 +121,15 @@ async def _tables(dsn: str, customers_per_tenant: int, seed: int) -> None:
                 "INSERT INTO ref.fx_rates VALUES ($1, $2) ON CONFLICT (code) DO NOTHING",
                 list(RATES.items()),
             )
-        wanted = TENANTS * customers_per_tenant
-        if await conn.fetchval("SELECT count(*) FROM crm.customers") == wanted:
-            return
-        rng = random.Random(seed)
-        rows = [
-            (tenant, customer, f"customer {tenant}-{customer}", rng.choice(SEGMENTS))
-            for tenant in range(1, TENANTS + 1)
-            for customer in range(1, customers_per_tenant + 1)
-        ]
-        async with conn.transaction():
-            await claim_demo_table(conn, "crm", "customers", "")  # (still ours: the mark)
+            wanted = TENANTS * customers_per_tenant
+            if await conn.fetchval("SELECT count(*) FROM crm.customers") == wanted:
+                return
+            rng = random.Random(seed)
+            rows = [
+                (tenant, customer, f"customer {tenant}-{customer}", rng.choice(SEGMENTS))
+                for tenant in range(1, TENANTS + 1)
+                for customer in range(1, customers_per_tenant + 1)
+            ]
             await conn.execute("DELETE FROM crm.customers")
             await conn.copy_records_to_table(
                 "customers", schema_name="crm", records=rows,

@@ -83,11 +83,11 @@ class Demo:
             monkeypatch.setenv(key, value)
         self._monkeypatch = monkeypatch
 
-    def __call__(self, pipeline: str, **env: str) -> tuple[int, str]:
+    def __call__(self, pipeline: str, command: str = "demo-data", **env: str) -> tuple[int, str]:
         for key, value in env.items():
             self._monkeypatch.setenv(key, value)
         try:
-            main(["demo-data", pipeline])
+            main([command, pipeline])
             code = 0
         except SystemExit as exc:
             code = int(exc.code or 0)
@@ -155,11 +155,13 @@ def test_a_real_users_table_is_refused_and_left_as_it_was(demo: Demo, engine: sa
         conn.execute(sa.text("INSERT INTO public.users VALUES (1, 'ada'), (2, 'alan'), (7, 'g')"))
     before = database(engine)
 
-    code, err = demo("clickstream")
+    for command in ("demo-data", "demo"):  # (`demo` = demo-data, discover and run)
+        code, err = demo("clickstream", command)
 
-    assert_refused(code, err, "public.users", "3 rows", "not created by sluice demo-data")
-    assert database(engine) == before
-    assert not (demo.data / "landing").exists()  # no file written either
+        assert_refused(code, err, "public.users", "3 rows", "not created by sluice demo-data")
+        assert database(engine) == before
+        assert not (demo.data / "landing").exists()  # no file written either
+        assert not (demo.data / "warehouse").exists()
 
 
 def test_a_table_of_the_same_name_it_did_not_create_is_refused(
