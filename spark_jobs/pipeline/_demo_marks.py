@@ -10,7 +10,7 @@ it must not touch anything there. So:
   its tables first and in one transaction with its writes (the examples do).
 - **landing folders**: :func:`check_landing` (run by the CLI before the generator) accepts a
   missing folder, one without files, or one holding only files listed in its marker file
-  :data:`LANDING_MARKER` (hidden from discovery: it starts with ``_``);
+  :data:`LANDING_MARKER` (hidden from discovery: it starts with ``_``), and no symlink;
   :func:`record_landing` (after the generator, also when it failed half-way) lists every file
   then there in the marker.
 
@@ -89,10 +89,12 @@ async def claim_demo_table(conn: Any, schema: str, table: str, columns_sql: str)
 
 
 def _files(landing: Path) -> list[str]:
-    """Every file under ``landing`` (relative, ``/``-separated), the marker excluded."""
+    """Every file under ``landing`` (relative, ``/``-separated), the marker excluded; a
+    symlinked folder counts as an entry of its own (it is not walked into)."""
     found = []
-    for folder, _dirs, files in os.walk(landing):
-        for name in files:
+    for folder, dirs, files in os.walk(landing):
+        linked = [name for name in dirs if Path(folder, name).is_symlink()]
+        for name in [*files, *linked]:
             rel = Path(folder, name).relative_to(landing).as_posix()
             if rel not in (LANDING_MARKER, _MARKER_TMP):
                 found.append(rel)
@@ -119,7 +121,12 @@ def check_landing(landing: Path) -> None:
         return
     if not landing.is_dir():
         raise DemoDataRefused(str(landing), "the landing path exists and is not a folder")
-    foreign = [rel for rel in _files(landing) if rel not in _recorded(landing)]
+    # A symlink inside is never sample data's own (it writes none): the generator would
+    # write through it into a folder anywhere on the machine.
+    recorded = _recorded(landing)
+    foreign = [
+        rel for rel in _files(landing) if rel not in recorded or (landing / rel).is_symlink()
+    ]
     if foreign:
         shown = ", ".join(foreign[:_SHOWN]) + (" …" if len(foreign) > _SHOWN else "")
         raise DemoDataRefused(

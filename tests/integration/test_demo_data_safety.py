@@ -240,3 +240,24 @@ def test_the_orders_example_reruns_on_its_own_objects(demo: Demo, engine: sa.Eng
     code, out = demo("orders", SLUICE_DEMO_USERS="50", SLUICE_DEMO_SEED="8")
     assert code == 0, out
     assert len(database(engine)["crm.customers"][1]) == 50
+
+
+def test_a_symlink_in_the_landing_folder_is_refused_and_not_written_through(
+    demo: Demo, engine: sa.Engine, tmp_path: Path
+) -> None:
+    """A ``dt=`` folder linked to a real folder elsewhere: the generator would write its
+    files through the link."""
+    real = tmp_path / "real_day"
+    real.mkdir()
+    (real / "orders.jsonl").write_bytes(b'{"real": true}\n')
+    landing = demo.data / "landing" / "events"
+    landing.mkdir(parents=True)
+    (landing / "dt=2026-01-01").symlink_to(real, target_is_directory=True)
+    before_real, before_db = files(real), database(engine)
+
+    code, err = demo("clickstream")
+
+    assert_refused(code, err, "dt=2026-01-01")
+    assert files(real) == before_real
+    assert sorted(p.name for p in landing.iterdir()) == ["dt=2026-01-01"]
+    assert database(engine) == before_db
