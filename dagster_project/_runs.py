@@ -11,6 +11,7 @@ from dagster import DagsterRun, MetadataValue
 
 from enumerator_service import DiscoveryResult, Settings
 from enumerator_service._operations import discover, open_platform
+from enumerator_service._safe_paths import safe_name
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._paths import discovery_of, landing_path
 
@@ -39,8 +40,15 @@ PIPELINE_TAG = "sluice/pipeline"
 
 def sluice_run_id(run: DagsterRun) -> str:
     """The Sluice run id of a Dagster run: its tag, else ``dagster-<Dagster run id>`` (so the
-    failed-run sensor can give a dead run's splits back)."""
-    return run.tags.get(SLUICE_RUN_TAG) or f"dagster-{run.run_id}"
+    failed-run sensor can give a dead run's splits back).
+
+    The tag can be set by anyone who can launch a run and becomes a staging folder name: a
+    value that is not a safe path part (``/``, ``..``, NUL, empty, over 128 characters) is a
+    ConfigError naming the tag, before anything runs."""
+    tagged = run.tags.get(SLUICE_RUN_TAG)
+    if tagged is None:
+        return f"dagster-{run.run_id}"
+    return safe_name(tagged, f"run tag {SLUICE_RUN_TAG}")
 
 
 def discover_once(

@@ -30,6 +30,7 @@ from dagster_project._runs import describe_run, discover_and_run, sluice_run_id,
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings
 from enumerator_service._enumerator import _PARTITION_DIR
+from enumerator_service._safe_paths import partition_date
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._paths import landing_path, output_path
 
@@ -66,7 +67,7 @@ def partitions_of(pipeline: Pipeline, settings: Settings) -> DailyPartitionsDefi
 
 def partition_days(context: AssetExecutionContext) -> list[date]:
     """The days of the run: one partition, or every day of a single-run backfill's range."""
-    return [date.fromisoformat(key) for key in context.partition_keys]
+    return [partition_date(key, "Dagster partition key") for key in context.partition_keys]
 
 
 def output_location(pipeline: Pipeline, settings: Settings, days: Sequence[date] | None) -> str:

@@ -46,6 +46,7 @@ from dagster_project._counts import PartitionCounts, partition_counts, partition
 from dagster_project._runs import parquet_files
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings, connect_engine, database_url
+from enumerator_service._safe_paths import partition_date
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._errors import quote
 
@@ -64,12 +65,12 @@ def _checked_days(
     if not partitioned:
         return [None]
     if context.has_partition_key or context.has_partition_key_range:
-        return [date.fromisoformat(k) for k in context.partition_keys]
+        return [partition_date(k, "Dagster partition key") for k in context.partition_keys]
     event = context.instance.get_latest_materialization_event(key)
     materialization = event.asset_materialization if event is not None else None
     if materialization is None or materialization.partition is None:
         return []
-    return [date.fromisoformat(materialization.partition)]
+    return [partition_date(materialization.partition, "Dagster partition key")]
 
 
 def _target(

@@ -52,7 +52,7 @@ from dagster_project._runs import (
 from dagster_project.assets import output_location
 from dagster_project.resources import SluiceResource
 from dagster_project.sensors import BACKLOG_TAG, backlog_note
-from enumerator_service import Settings, SplitStore, connect_engine, database_url
+from enumerator_service import ConfigError, Settings, SplitStore, connect_engine, database_url
 from enumerator_service._schema import SplitStatus
 from spark_jobs.pipeline import Pipeline
 
@@ -230,7 +230,11 @@ def continuous_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinitio
 def release_failed_run_splits(context: RunFailureSensorContext, sluice: SluiceResource) -> None:
     """A failed run's splits not covered by a completed checkpoint go back to the pool."""
     settings: Settings = sluice.settings()
-    run_id = sluice_run_id(context.dagster_run)
+    try:
+        run_id = sluice_run_id(context.dagster_run)
+    except ConfigError as exc:  # a run refused for its tag never held a split
+        context.log.info(f"run {context.dagster_run.run_id}: {exc}; no splits to return")
+        return
     engine = connect_engine(database_url(settings), pool_size=1)
     try:
         released = SplitStore(engine).release_run(run_id)

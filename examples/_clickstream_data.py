@@ -21,6 +21,7 @@ import asyncpg
 import orjson
 
 from enumerator_service import Settings
+from spark_jobs.pipeline._demo_marks import claim_demo_table
 
 __all__ = ["DemoSpec", "GeneratedData", "generate_events", "load_users"]
 
@@ -146,16 +147,19 @@ async def _load_users(
 ) -> bool:
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {schema}.{table} ("
-            f"{key} bigint PRIMARY KEY, name text NOT NULL, country text NOT NULL, "
-            "tier text NOT NULL, signup_time timestamptz NOT NULL)"
-        )
-        existing = await conn.fetchval(f"SELECT count(*) FROM {schema}.{table}")
-        if existing == n:
-            return False
-        rng = random.Random(seed)
+        # One transaction: only a table sample data created (and marked) is filled,
+        # truncated or refilled; a refusal leaves the database as it was.
         async with conn.transaction():
+            await claim_demo_table(
+                conn,
+                schema,
+                table,
+                f"{key} bigint PRIMARY KEY, name text NOT NULL, country text NOT NULL, "
+                "tier text NOT NULL, signup_time timestamptz NOT NULL",
+            )
+            if await conn.fetchval(f"SELECT count(*) FROM {schema}.{table}") == n:
+                return False
+            rng = random.Random(seed)
             await conn.execute(f"TRUNCATE {schema}.{table}")
             chunk = 100_000
             for low in range(1, n + 1, chunk):
@@ -186,6 +190,8 @@ def load_users(
 ) -> bool:
     """Create and fill the dimension table; returns False when it already held ``users`` rows.
 
-    ``schema``, ``table`` and ``key`` must be validated identifiers (Settings does that).
+    Only a table sample data created is written (``claim_demo_table``): an existing table
+    without the demo mark raises ``DemoDataRefused`` and is left as it was. ``schema``,
+    ``table`` and ``key`` must be validated identifiers.
     """
     return asyncio.run(_load_users(dsn, schema, table, key, users, seed, progress))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import asyncpg
 
-from spark_jobs import SampleTarget
+from spark_jobs import SampleTarget, claim_demo_table
 
 __all__ = ["RATES", "TENANTS", "write_orders"]
 
@@ -106,27 +106,30 @@ def _orders(target: SampleTarget, customers_per_tenant: int) -> tuple[int, int, 
 async def _tables(dsn: str, customers_per_tenant: int, seed: int) -> None:
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(
-            "CREATE SCHEMA IF NOT EXISTS crm; CREATE SCHEMA IF NOT EXISTS ref;"
-            "CREATE TABLE IF NOT EXISTS crm.customers (tenant_id bigint, id bigint, "
-            "name text NOT NULL, segment text NOT NULL, PRIMARY KEY (tenant_id, id));"
-            "CREATE TABLE IF NOT EXISTS ref.fx_rates (code text PRIMARY KEY, "
-            "rate_to_eur numeric(12,6) NOT NULL)"
-        )
-        await conn.executemany(
-            "INSERT INTO ref.fx_rates VALUES ($1, $2) ON CONFLICT (code) DO NOTHING",
-            list(RATES.items()),
-        )
-        wanted = TENANTS * customers_per_tenant
-        if await conn.fetchval("SELECT count(*) FROM crm.customers") == wanted:
-            return
-        rng = random.Random(seed)
-        rows = [
-            (tenant, customer, f"customer {tenant}-{customer}", rng.choice(SEGMENTS))
-            for tenant in range(1, TENANTS + 1)
-            for customer in range(1, customers_per_tenant + 1)
-        ]
         async with conn.transaction():
+            # Both tables claimed before either is written: a refused one (not created by
+            # sample data) rolls back the creation of the other, and nothing is written.
+            await claim_demo_table(
+                conn, "crm", "customers",
+                "tenant_id bigint, id bigint, name text NOT NULL, segment text NOT NULL, "
+                "PRIMARY KEY (tenant_id, id)",
+            )  # fmt: skip
+            await claim_demo_table(
+                conn, "ref", "fx_rates", "code text PRIMARY KEY, rate_to_eur numeric(12,6) NOT NULL"
+            )
+            await conn.executemany(
+                "INSERT INTO ref.fx_rates VALUES ($1, $2) ON CONFLICT (code) DO NOTHING",
+                list(RATES.items()),
+            )
+            wanted = TENANTS * customers_per_tenant
+            if await conn.fetchval("SELECT count(*) FROM crm.customers") == wanted:
+                return
+            rng = random.Random(seed)
+            rows = [
+                (tenant, customer, f"customer {tenant}-{customer}", rng.choice(SEGMENTS))
+                for tenant in range(1, TENANTS + 1)
+                for customer in range(1, customers_per_tenant + 1)
+            ]
             await conn.execute("DELETE FROM crm.customers")
             await conn.copy_records_to_table(
                 "customers", schema_name="crm", records=rows,

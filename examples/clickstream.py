@@ -18,14 +18,12 @@ __all__ = ["clickstream", "dagster_assets", "write_sample_data"]
 
 def write_sample_data(target: SampleTarget) -> str:
     """Sample events (``SLUICE_DEMO_EVENTS`` over ``SLUICE_DEMO_DAYS``) and ``public.users``
-    (``SLUICE_DEMO_USERS`` rows); both skipped when already there."""
+    (``SLUICE_DEMO_USERS`` rows); both skipped when already there. ``public.users`` is only
+    written when sample data created it (``claim_demo_table``)."""
     spec = DemoSpec.from_settings(target.settings)
     progress = target.progress
-    events = generate_events(
-        target.landing,
-        spec,
-        None if progress is None else _counter(progress, "events", spec.events),
-    )
+    # The table first: a public.users that sample data did not create refuses the whole
+    # command before any file is written.
     load_users(
         target.dsn,
         schema="public",
@@ -34,6 +32,11 @@ def write_sample_data(target: SampleTarget) -> str:
         users=spec.users,
         seed=spec.seed,
         progress=None if progress is None else _counter(progress, "users", spec.users),
+    )
+    events = generate_events(
+        target.landing,
+        spec,
+        None if progress is None else _counter(progress, "events", spec.events),
     )
     return (
         f"{events.files} files, {events.events:,} events ({events.malformed} malformed) in "

@@ -13,6 +13,7 @@ from spark_jobs.pipeline import (
     AsyncFunction,
     AsyncMap,
     CoroutineAsyncFunction,
+    DemoDataRefused,
     FileSource,
     Filter,
     FullCache,
@@ -27,6 +28,7 @@ from spark_jobs.pipeline import (
     RetryOnMiss,
     SampleTarget,
     TableSource,
+    claim_demo_table,
     exponential_backoff,
     fixed_delay,
 )
@@ -37,6 +39,7 @@ __all__ = [
     "AsyncFunction",
     "AsyncMap",
     "CoroutineAsyncFunction",
+    "DemoDataRefused",
     "FileSource",
     "Filter",
     "FullCache",
@@ -51,6 +54,7 @@ __all__ = [
     "RetryOnMiss",
     "SampleTarget",
     "TableSource",
+    "claim_demo_table",
     "exponential_backoff",
     "fixed_delay",
 ]

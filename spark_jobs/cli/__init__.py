@@ -11,7 +11,7 @@ import click
 
 from enumerator_service import ConfigError
 from spark_jobs.cli._commands import cli
-from spark_jobs.pipeline import PipelineDefinitionError
+from spark_jobs.pipeline import DemoDataRefused, PipelineDefinitionError
 
 __all__ = ["cli", "main"]
 
@@ -22,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     try:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except DemoDataRefused as exc:
+        click.echo(f"sluice: refused: {exc}", err=True)
+        sys.exit(2)
     except ConfigError as exc:
         click.echo(f"sluice: configuration error: {exc}", err=True)
         sys.exit(2)

@@ -15,8 +15,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from enumerator_service import ConfigError, Settings, asyncpg_dsn, load_settings, redact_url
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
+from enumerator_service._safe_paths import partition_date
 from spark_jobs.cli._render import describe_table, run_table, status_json, status_table
 from spark_jobs.pipeline import Pipeline, SampleTarget
+from spark_jobs.pipeline._demo_marks import check_landing, record_landing
 from spark_jobs.pipeline._paths import discovery_of, landing_path
 from spark_jobs.pipeline._registry import load_pipelines, pick_pipeline
 
@@ -113,10 +115,15 @@ def _demo_data(settings: Settings, platform: Platform, pipeline: Pipeline) -> No
                 tasks[what] = progress.add_task(what, total=total)
             progress.update(tasks[what], completed=done, total=total)
 
-        target = SampleTarget(
-            settings, landing_path(pipeline, settings), asyncpg_dsn(platform.url), report
-        )
-        said = pipeline.sample_data(target)
+        landing = landing_path(pipeline, settings)
+        # Only into a folder that is empty or holds only sample data (one line otherwise);
+        # the generator claims its tables itself (claim_demo_table) before writing any.
+        check_landing(landing)
+        target = SampleTarget(settings, landing, asyncpg_dsn(platform.url), report)
+        try:
+            said = pipeline.sample_data(target)
+        finally:  # also after a failure half-way: what it wrote is sample data
+            record_landing(landing)
     console.print(f"{pipeline.name}: {said}")
 
 
@@ -124,7 +131,8 @@ def _demo_data(settings: Settings, platform: Platform, pipeline: Pipeline) -> No
 @click.argument("pipeline", required=False)
 @click.pass_context
 def demo_data(ctx: click.Context, pipeline: str | None) -> None:
-    """Write the pipeline's sample data (its landing files and tables)."""
+    """Write the pipeline's sample data (its landing files and tables): only into tables it
+    created and a landing folder that is empty or holds only its own files."""
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
     platform = _open(settings)
@@ -135,12 +143,11 @@ def demo_data(ctx: click.Context, pipeline: str | None) -> None:
 
 
 def _dates(values: Sequence[str]) -> list[date] | None:
+    """The ``--date`` values as days (each becomes a ``dt=`` folder): one ConfigError line
+    naming ``--date`` for anything that is not ``YYYY-MM-DD``."""
     if not values:
         return None
-    try:
-        return [date.fromisoformat(v) for v in values]
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--date") from None
+    return [partition_date(v, "--date") for v in values]
 
 
 _date_option = click.option(
@@ -183,9 +190,10 @@ def discover_cmd(ctx: click.Context, pipeline: str | None, dates: tuple[str, ...
     """Run the pipeline's split enumerator once: register new files (or key ranges)."""
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
+    days = _dates(dates)
     platform = _open(settings)
     try:
-        _discover(platform, chosen, _dates(dates))
+        _discover(platform, chosen, days)
     finally:
         platform.close()
 
@@ -230,8 +238,9 @@ def run_cmd(
         raise click.UsageError("--replace needs the partitions to replace (--date)")
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
+    days = _dates(dates)  # (checked before anything is opened)
     _open(settings).close()
-    _run(settings, chosen, _dates(dates), rebuild=replace)
+    _run(settings, chosen, days, rebuild=replace)
 
 
 @cli.command("status")

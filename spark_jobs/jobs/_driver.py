@@ -32,6 +32,7 @@ from enumerator_service import (
     recover,
 )
 from enumerator_service._rebuilds import Rebuild, RebuildStore
+from enumerator_service._safe_paths import child_path, safe_name
 from spark_jobs._spark import get_spark
 from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress, run_totals
@@ -116,7 +117,12 @@ class ReaderRun:
         self.pipeline = pipeline
         self.dates = list(dates) if dates is not None else None
         self.progress = progress
-        self.run_id = run_id or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        # A given run id (a Dagster run tag, an API argument) becomes a staging folder name.
+        self.run_id = (
+            safe_name(run_id, "run_id")
+            if run_id is not None
+            else f"run-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        )
         self.continuous = continuous
         # A Parquet day is replaced by a folder swap, an upsert sink's rows by key; an append
         # sink cannot replace rows: re-materialising a day then only processes its new splits.
@@ -288,7 +294,7 @@ class ReaderRun:
         if self.progress is not None:
             self.progress(*while_down(lambda: run_progress(engine, self.run_id)))
         while_down(lambda: recover(engine, self._sinks))  # publishes committed, unpublished
-        shutil.rmtree(self.staging_root / self.run_id, ignore_errors=True)
+        shutil.rmtree(child_path(self.staging_root, self.run_id, what="run_id"), ignore_errors=True)
         while_down(self._finish)
         pending = {r.id for r in while_down(lambda: self._rebuilds.pending(self.source))}
         unfinished = [r for r in replacing if r.id in pending]

@@ -15,6 +15,7 @@ from spark_jobs.async_io import (
     fixed_delay,
 )
 from spark_jobs.pipeline._definition import Pipeline
+from spark_jobs.pipeline._demo_marks import DemoDataRefused, claim_demo_table
 from spark_jobs.pipeline._errors import PipelineDefinitionError
 from spark_jobs.pipeline._plan import Column, Plan
 from spark_jobs.pipeline._sample import SampleTarget
@@ -38,6 +39,7 @@ __all__ = [
     "AsyncMap",
     "Column",
     "CoroutineAsyncFunction",
+    "DemoDataRefused",
     "FileSource",
     "Filter",
     "FullCache",
@@ -56,6 +58,7 @@ __all__ = [
     "Source",
     "Step",
     "TableSource",
+    "claim_demo_table",
     "exponential_backoff",
     "fixed_delay",
 ]

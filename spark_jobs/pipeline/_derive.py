@@ -108,7 +108,7 @@ def _source(ctx: Context, source: object) -> SourcePlan:
         )  # fmt: skip
     if source.partition_by not in ("day", None):
         raise ctx.fail(f"partition_by must be 'day' or None, got {source.partition_by!r}")
-    landing = None if source.landing is None else Path(source.landing)
+    landing = None if source.landing is None else ctx.check(_landing, source.landing)
     start = source.start_date
     if isinstance(start, str):
         start = ctx.check(_date, str(source.start_date))
@@ -118,6 +118,16 @@ def _source(ctx: Context, source: object) -> SourcePlan:
         "files", tuple(columns), required, event_time, source.partition_by == "day", delay,
         idle, landing=landing, start_date=start,
     )  # fmt: skip
+
+
+def _landing(given: object) -> Path:
+    """An absolute folder, or a relative one that stays under the data folder (no ``..``)."""
+    if not isinstance(given, str | Path) or not str(given) or "\x00" in str(given):
+        raise ValueError(f"landing {given!r} is not a folder path")
+    path = Path(given)
+    if not path.is_absolute() and ".." in path.parts:
+        raise ValueError(f"landing {str(given)!r} leads out of the data folder ('..')")
+    return path
 
 
 def _date(text: str) -> date:

@@ -2,7 +2,9 @@
 
 Every folder is under the configured data or warehouse root unless the definition itself
 gives an absolute landing folder; the names that become path parts (pipeline and table
-names) are validated identifiers, so nothing from outside escapes its root.
+names) are validated identifiers, a relative landing folder has no ``..``, and each path is
+built with :func:`child_path` / :func:`relative_under`, which prove it resolves under its
+root, so nothing from outside escapes it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from enumerator_service import Settings
 from enumerator_service._operations import Discovery, FileDiscovery, TableDiscovery
+from enumerator_service._safe_paths import child_path, relative_under
 from spark_jobs.pipeline._definition import Pipeline
 
 __all__ = ["discovery_of", "landing_path", "output_path", "staging_path"]
@@ -19,20 +22,24 @@ __all__ = ["discovery_of", "landing_path", "output_path", "staging_path"]
 def landing_path(pipeline: Pipeline, settings: Settings) -> Path:
     """The landing folder of a file source (``<data>/landing/<name>`` by default)."""
     given = pipeline.plan.source.landing
+    what = f"pipeline {pipeline.name}: source landing"
     if given is None:
-        return settings.data_path / "landing" / pipeline.name
-    return given if given.is_absolute() else settings.data_path / given
+        return child_path(settings.data_path, "landing", pipeline.name, what=what, resolve=False)
+    return given if given.is_absolute() else relative_under(settings.data_path, given, what)
 
 
 def output_path(pipeline: Pipeline, settings: Settings) -> Path:
     """The Parquet table folder (``<warehouse>/<table>``); for a Postgres sink, where its
     staging files would be (unused)."""
-    return settings.warehouse_path / (pipeline.plan.sink.folder or pipeline.name)
+    folder = pipeline.plan.sink.folder or pipeline.name
+    return child_path(settings.warehouse_path, folder, what=f"pipeline {pipeline.name}: sink")
 
 
 def staging_path(pipeline: Pipeline, settings: Settings) -> Path:
     """Staged (uncommitted) files, outside the table folder so no reader ever sees them."""
-    return settings.warehouse_path / "_staging" / (pipeline.plan.sink.folder or pipeline.name)
+    folder = pipeline.plan.sink.folder or pipeline.name
+    staging = settings.warehouse_path / "_staging"
+    return child_path(staging, folder, what=f"pipeline {pipeline.name}: sink")
 
 
 def discovery_of(pipeline: Pipeline, settings: Settings) -> Discovery:

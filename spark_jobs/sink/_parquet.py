@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from sqlalchemy.engine import Connection
 
 from enumerator_service._checkpoint_store import StagedTransaction, encode_dead_letters
+from enumerator_service._safe_paths import child_path
 from spark_jobs.sink._folders import fsync_path
 from spark_jobs.sink._rebuild_swap import REBUILDS_FOLDER, live_folder, rebuild_folder
 from spark_jobs.sink._staged import StagedOutput, conform_batch
@@ -71,7 +72,7 @@ class ParquetSinkWriter:
         self._schema = schema
         self._dictionary = list(dictionary)
         self._compression = compression
-        self._staging = staging_root / run_id
+        self._staging = child_path(staging_root, run_id, what="run_id")
         self._output = output_root
         self._prefix = f"part-{run_id}-t{subtask:03d}-{attempt}"
         self._batches: dict[str, list[pa.RecordBatch]] = {}
