@@ -30,6 +30,7 @@ from enumerator_service._enumerator import (
     SplitEnumerator,
     StaticFileEnumerator,
 )
+from enumerator_service._identifiers import qualified_name, quote_identifier
 from enumerator_service._split_store import FencedError, SplitStore
 from enumerator_service._splits import (
     FileSplit,
@@ -68,6 +69,8 @@ __all__ = [
     "connect_engine",
     "database_url",
     "load_settings",
+    "qualified_name",
+    "quote_identifier",
     "recover",
     "redact_url",
     "upgrade_schema",

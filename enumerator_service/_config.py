@@ -38,12 +38,15 @@ class ConfigError(Exception):
 def validate_identifier(value: str, setting: str = "identifier") -> str:
     """Return ``value`` if it is a plain lower-case SQL identifier, else raise ConfigError.
 
-    Identifiers from configuration are interpolated into SQL (values never are), so only
-    ``[a-z_][a-z0-9_]*`` of at most 63 characters is accepted.
+    Only ``[a-z_][a-z0-9_]*`` of at most 63 characters (Postgres' limit) is accepted: no
+    quote, NUL, space, dot or upper case. Reserved words (``order``, ``user``) are fine: the
+    name is always quoted where it reaches SQL (:func:`~enumerator_service.quote_identifier`),
+    and lower case only means the quoted name and the one a user types unquoted in psql agree.
     """
-    if not _IDENTIFIER.fullmatch(value):
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
         raise ConfigError(
-            setting, f"{value!r} is not a valid identifier (use lower-case letters, digits, _)"
+            setting,
+            f"{value!r} is not a valid identifier (use lower-case letters, digits, _; max 63)",
         )
     return value
 

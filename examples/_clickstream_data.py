@@ -20,7 +20,7 @@ from pathlib import Path
 import asyncpg
 import orjson
 
-from enumerator_service import Settings
+from enumerator_service import Settings, qualified_name, quote_identifier
 
 __all__ = ["DemoSpec", "GeneratedData", "generate_events", "load_users"]
 
@@ -144,19 +144,20 @@ def generate_events(
 async def _load_users(
     dsn: str, schema: str, table: str, key: str, n: int, seed: int, progress: Progress | None
 ) -> bool:
+    qualified = qualified_name(schema, table)  # quoted: reserved words work as names
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {schema}.{table} ("
-            f"{key} bigint PRIMARY KEY, name text NOT NULL, country text NOT NULL, "
-            "tier text NOT NULL, signup_time timestamptz NOT NULL)"
+            f"CREATE TABLE IF NOT EXISTS {qualified} ("
+            f"{quote_identifier(key)} bigint PRIMARY KEY, name text NOT NULL, "
+            "country text NOT NULL, tier text NOT NULL, signup_time timestamptz NOT NULL)"
         )
-        existing = await conn.fetchval(f"SELECT count(*) FROM {schema}.{table}")
+        existing = await conn.fetchval(f"SELECT count(*) FROM {qualified}")
         if existing == n:
             return False
         rng = random.Random(seed)
         async with conn.transaction():
-            await conn.execute(f"TRUNCATE {schema}.{table}")
+            await conn.execute(f"TRUNCATE {qualified}")
             chunk = 100_000
             for low in range(1, n + 1, chunk):
                 rows = [_user_row(u, rng) for u in range(low, min(n, low + chunk - 1) + 1)]
@@ -168,7 +169,7 @@ async def _load_users(
                 )
                 if progress is not None:
                     progress(len(rows))
-        await conn.execute(f"ANALYZE {schema}.{table}")
+        await conn.execute(f"ANALYZE {qualified}")
         return True
     finally:
         await conn.close()
