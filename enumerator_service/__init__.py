@@ -31,6 +31,7 @@ from enumerator_service._enumerator import (
     StaticFileEnumerator,
 )
 from enumerator_service._identifiers import qualified_name, quote_identifier
+from enumerator_service._landing import LandingRoot, OutsideLandingError
 from enumerator_service._split_store import FencedError, SplitStore
 from enumerator_service._splits import (
     FileSplit,
@@ -52,6 +53,8 @@ __all__ = [
     "DiscoveryResult",
     "FencedError",
     "FileSplit",
+    "LandingRoot",
+    "OutsideLandingError",
     "Settings",
     "Split",
     "SplitAssignment",

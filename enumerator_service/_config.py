@@ -164,6 +164,15 @@ class Settings(BaseSettings):
     demo_seed: int = Field(default=7, description="Seed of the sample data generators.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="WARNING")
 
+    # -- Issue 13, identifiers and symlinks: links in landing folders -------------------------
+    follow_symlinks: bool = Field(
+        default=False,
+        description="Follow symbolic links in a landing folder that lead out of it. Off: such "
+        "links (files or dt= folders) are skipped by discovery, logged once and counted, and "
+        "refused at read time if one was swapped in after discovery; links whose target is "
+        "inside the landing folder are always followed.",
+    )
+
     @field_validator("pipelines")
     @classmethod
     def _modules(cls, value: str) -> str:
