@@ -170,12 +170,8 @@ def _discover(platform: Platform, pipeline: Pipeline, dates: list[date] | None) 
                 break
             status.update(f"Discovering {pipeline.name}… {result.backlog_files:,} files to go")
     chunks = f" in {ticks} ticks" if ticks > 1 else ""
-    links = (
-        f"; {skipped} symbolic link(s) skipped (out of the landing folder, broken or loops;"
-        " SLUICE_FOLLOW_SYMLINKS)"
-        if skipped
-        else ""
-    )
+    # Links out of the landing folder, broken links, loops (each logged once as a warning).
+    links = f"; {skipped} symbolic link(s) skipped" if skipped else ""
     console.print(
         f"Discovery ({pipeline.name}): {result.files_seen} seen, "
         f"{registered} new splits registered{chunks}{links}"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import pyarrow as pa
@@ -36,6 +37,9 @@ from spark_jobs.source._parquet_rows import BatchConverter
 from spark_jobs.source._records import SplitRead
 
 __all__ = ["ParquetSplitError", "ParquetSplitReader"]
+
+#: Linux: the open files of this process by descriptor.
+_PROC_FD = Path("/proc/self/fd")
 
 
 class ParquetSplitError(RuntimeError):
@@ -78,9 +82,17 @@ class ParquetSplitReader:
         if self._landing is None:
             self._file = pq.ParquetFile(split.path)
         else:
-            # pyarrow does not close a file object it was given: close() does.
-            self._raw = self._landing.open(split.path)
-            self._file = pq.ParquetFile(self._raw)
+            self._raw = self._landing.open(split.path)  # the checked file
+            if _PROC_FD.is_dir():
+                # Reopening the open file by its /proc name reaches that same file (no link
+                # is resolved again) and lets Arrow read it natively: a Python file object
+                # costs up to half again as much decode time (measured on a 2M-row file).
+                self._file = pq.ParquetFile(str(_PROC_FD / str(self._raw.fileno())))
+                raw, self._raw = self._raw, None
+                raw.close()
+            else:
+                # pyarrow does not close a file object it was given: close() does.
+                self._file = pq.ParquetFile(self._raw)
         meta = self._file.metadata
         groups = int(meta.num_row_groups)
         end = groups if split.end is None else split.end

@@ -225,3 +225,14 @@ def test_a_fifo_swapped_in_does_not_hang_the_open(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe.jsonl")
     with pytest.raises(OSError, match="not a regular file"):
         LandingRoot.of(tmp_path).open(str(tmp_path / "pipe.jsonl"))
+
+
+def test_parquet_is_read_from_the_checked_file_without_proc_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where there is no /proc/self/fd (macOS), Arrow reads the checked file object."""
+    from spark_jobs.source import _parquet_reader
+
+    monkeypatch.setattr(_parquet_reader, "_PROC_FD", tmp_path / "no-proc")
+    _write(tmp_path / "a.parquet", "parquet")
+    assert _read("parquet", tmp_path / "a.parquet", LandingRoot.of(tmp_path)) == [1, 2]
