@@ -25,7 +25,7 @@ from dagster import (
 
 from dagster_project.resources import SluiceResource
 from enumerator_service import connect_engine, database_url, qualified_name
-from enumerator_service._enumerator import _PARTITION_DIR, _kind_of
+from enumerator_service._landing import _PARTITION_DIR, _kind_of
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._paths import landing_path
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import abc
 import heapq
-import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -26,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
-from enumerator_service._landing import LandingRoot
+from enumerator_service._landing import LandingRoot, data_files
 from enumerator_service._schema import enumerator_state
 from enumerator_service._split_store import SplitStore
 from enumerator_service._splits import FileSplit, SplitAssignment
@@ -38,51 +36,9 @@ __all__ = [
     "StaticFileEnumerator",
 ]
 
-_PARTITION_DIR = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
-#: File suffix -> split kind; longest suffix first. Only kinds with a split reader.
-_KINDS = (
-    (".jsonl.gz", "jsonl.gz"),
-    (".csv.gz", "csv.gz"),
-    (".jsonl", "jsonl"),
-    (".json", "jsonl"),
-    (".csv", "csv"),
-    (".parquet", "parquet"),
-)
 #: Kinds that can be cut into byte ranges (a record is one line). A gzip stream cannot be
 #: entered mid-way and is one whole-file split; Parquet is cut at row-group boundaries.
 _SPLITTABLE = frozenset({"jsonl", "csv"})
-
-
-def _kind_of(name: str) -> str | None:
-    for suffix, kind in _KINDS:
-        if name.endswith(suffix):
-            return kind
-    return None
-
-
-def _data_files(
-    folder: str | Path, day: date | None, root: LandingRoot, skipped: list[str]
-) -> Iterator[tuple[str, str, date | None, int, float]]:
-    """(path, kind, ``day``, size, mtime) of the data files directly in ``folder``; a link
-    that may not be followed (see ``LandingRoot``) is appended to ``skipped`` instead."""
-    with os.scandir(folder) as files:
-        for file in files:
-            kind = _kind_of(file.name)
-            # Hidden and "_" files are in-flight writes or markers, never data.
-            if kind is None or file.name.startswith((".", "_")):
-                continue
-            if file.is_symlink():
-                target = root.link_target(file.path)
-                if target is None:
-                    skipped.append(file.path)
-                    continue
-                if not os.path.isfile(target):
-                    continue
-            elif not file.is_file():
-                continue
-            stat = file.stat()  # the target's, for a link
-            # A link is registered under its own name: the reader checks it again at open.
-            yield os.path.abspath(file.path), kind, day, stat.st_size, stat.st_mtime
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,27 +200,9 @@ class _FileEnumerator(SplitEnumerator):
         """(path, kind, partition date, size, mtime) of every data file; the links not
         followed are collected in ``self._skipped`` (reset by each listing)."""
         self._skipped = []
-        if not self._partitioned:
-            yield from _data_files(self._landing, None, self._root, self._skipped)
-            return
-        with os.scandir(self._landing) as partitions:
-            for entry in partitions:
-                match = _PARTITION_DIR.match(entry.name)
-                if not match:
-                    continue
-                if entry.is_symlink():
-                    target = self._root.link_target(entry.path)
-                    if target is None:
-                        self._skipped.append(entry.path)
-                        continue
-                    if not os.path.isdir(target):
-                        continue
-                elif not entry.is_dir():
-                    continue
-                day = date.fromisoformat(match.group(1))
-                if dates is not None and day not in dates:
-                    continue
-                yield from _data_files(entry.path, day, self._root, self._skipped)
+        yield from data_files(
+            self._landing, self._root, self._skipped, partitioned=self._partitioned, dates=dates
+        )
 
     def _splits_of(self, path: str, kind: str, day: date | None, size: int) -> list[FileSplit]:
         if kind == "parquet" and size > self._target:

@@ -1,4 +1,5 @@
-"""Symbolic links in a landing folder: where they may lead, at discovery and at read time.
+"""What a landing folder holds: its data files (:func:`data_files`: ``dt=`` folders, kinds
+by file name) and where its symbolic links may lead, at discovery and at read time.
 
 The *root* is the landing folder with every link in its own path resolved (so a landing
 folder that is itself a link to a big disk works). A link inside it — a data file or a
@@ -20,15 +21,37 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["LandingRoot", "OutsideLandingError"]
+__all__ = ["LandingRoot", "OutsideLandingError", "data_files"]
 
 _log = logging.getLogger(__name__)
+
+_PARTITION_DIR = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
+#: File suffix -> split kind; longest suffix first. Only kinds with a split reader.
+_KINDS = (
+    (".jsonl.gz", "jsonl.gz"),
+    (".csv.gz", "csv.gz"),
+    (".jsonl", "jsonl"),
+    (".json", "jsonl"),
+    (".csv", "csv"),
+    (".parquet", "parquet"),
+)
+
+
+def _kind_of(name: str) -> str | None:
+    for suffix, kind in _KINDS:
+        if name.endswith(suffix):
+            return kind
+    return None
+
 
 #: Links warned about in this process: each is logged once, not on every tick.
 _WARNED: set[str] = set()
@@ -43,6 +66,65 @@ class OutsideLandingError(PermissionError):
 
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def data_files(
+    landing: str | Path,
+    root: LandingRoot,
+    skipped: list[str],
+    *,
+    partitioned: bool,
+    dates: frozenset[date] | None,
+) -> Iterator[tuple[str, str, date | None, int, float]]:
+    """(path, kind, partition date, size, mtime) of the data files of ``landing``: in its
+    ``dt=YYYY-MM-DD`` folders (only ``dates`` if given) when ``partitioned``, else directly
+    in it. A link that ``root`` does not follow is appended to ``skipped`` instead."""
+    if not partitioned:
+        yield from _folder_files(landing, None, root, skipped)
+        return
+    with os.scandir(landing) as partitions:
+        for entry in partitions:
+            match = _PARTITION_DIR.match(entry.name)
+            if not match:
+                continue
+            if entry.is_symlink():
+                target = root.link_target(entry.path)
+                if target is None:
+                    skipped.append(entry.path)
+                    continue
+                if not os.path.isdir(target):
+                    continue
+            elif not entry.is_dir():
+                continue
+            day = date.fromisoformat(match.group(1))
+            if dates is not None and day not in dates:
+                continue
+            yield from _folder_files(entry.path, day, root, skipped)
+
+
+def _folder_files(
+    folder: str | Path, day: date | None, root: LandingRoot, skipped: list[str]
+) -> Iterator[tuple[str, str, date | None, int, float]]:
+    """(path, kind, ``day``, size, mtime) of the data files directly in ``folder``; a link
+    that may not be followed (see ``LandingRoot``) is appended to ``skipped`` instead."""
+    with os.scandir(folder) as files:
+        for file in files:
+            kind = _kind_of(file.name)
+            # Hidden and "_" files are in-flight writes or markers, never data.
+            if kind is None or file.name.startswith((".", "_")):
+                continue
+            if file.is_symlink():
+                target = root.link_target(file.path)
+                if target is None:
+                    skipped.append(file.path)
+                    continue
+                if not os.path.isfile(target):
+                    continue
+            elif not file.is_file():
+                continue
+            stat = file.stat()  # the target's, for a link
+            # A link is registered under its own name: the reader checks it again at open.
+            yield os.path.abspath(file.path), kind, day, stat.st_size, stat.st_mtime
 
 
 @dataclass(frozen=True, slots=True)
