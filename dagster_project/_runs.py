@@ -154,6 +154,7 @@ def summary_metadata(
         else {
             "files_seen": MetadataValue.int(discovery.files_seen),
             "splits_registered": MetadataValue.int(discovery.splits_registered),
+            "skipped_links": MetadataValue.int(discovery.skipped_links),
         }
     )
     steps = "\n".join(

@@ -29,7 +29,7 @@ from dagster import (
 from dagster_project._runs import describe_run, discover_and_run, sluice_run_id, summary_metadata
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings
-from enumerator_service._enumerator import _PARTITION_DIR
+from enumerator_service._landing import _PARTITION_DIR
 from enumerator_service._safe_paths import partition_date
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._paths import landing_path, output_path

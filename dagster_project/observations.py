@@ -24,8 +24,8 @@ from dagster import (
 )
 
 from dagster_project.resources import SluiceResource
-from enumerator_service import connect_engine, database_url
-from enumerator_service._enumerator import _PARTITION_DIR, _kind_of
+from enumerator_service import connect_engine, database_url, qualified_name
+from enumerator_service._landing import _PARTITION_DIR, _kind_of
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._paths import landing_path
 
@@ -107,7 +107,7 @@ def landing_asset(pipeline: Pipeline) -> AssetsDefinition:
 
 def table_asset(schema: str, table: str, *, group: str, used_by: str) -> AssetsDefinition:
     """``[schema, table]``: a table a pipeline reads, sized from the catalog."""
-    qualified = f'"{schema}"."{table}"'  # validated identifiers
+    qualified = qualified_name(schema, table)
     spec = AssetSpec(
         table_key(schema, table),
         description=f"The Postgres table {schema}.{table}, read by {used_by}.",

@@ -30,6 +30,8 @@ from enumerator_service._enumerator import (
     SplitEnumerator,
     StaticFileEnumerator,
 )
+from enumerator_service._identifiers import qualified_name, quote_identifier
+from enumerator_service._landing import LandingRoot, OutsideLandingError
 from enumerator_service._split_store import FencedError, SplitStore
 from enumerator_service._splits import (
     FileSplit,
@@ -51,6 +53,8 @@ __all__ = [
     "DiscoveryResult",
     "FencedError",
     "FileSplit",
+    "LandingRoot",
+    "OutsideLandingError",
     "Settings",
     "Split",
     "SplitAssignment",
@@ -68,6 +72,8 @@ __all__ = [
     "connect_engine",
     "database_url",
     "load_settings",
+    "qualified_name",
+    "quote_identifier",
     "recover",
     "redact_url",
     "upgrade_schema",

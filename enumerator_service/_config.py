@@ -38,12 +38,15 @@ class ConfigError(Exception):
 def validate_identifier(value: str, setting: str = "identifier") -> str:
     """Return ``value`` if it is a plain lower-case SQL identifier, else raise ConfigError.
 
-    Identifiers from configuration are interpolated into SQL (values never are), so only
-    ``[a-z_][a-z0-9_]*`` of at most 63 characters is accepted.
+    Only ``[a-z_][a-z0-9_]*`` of at most 63 characters (Postgres' limit) is accepted: no
+    quote, NUL, space, dot or upper case. Reserved words (``order``, ``user``) are fine: the
+    name is always quoted where it reaches SQL (:func:`~enumerator_service.quote_identifier`),
+    and lower case only means the quoted name and the one a user types unquoted in psql agree.
     """
-    if not _IDENTIFIER.fullmatch(value):
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
         raise ConfigError(
-            setting, f"{value!r} is not a valid identifier (use lower-case letters, digits, _)"
+            setting,
+            f"{value!r} is not a valid identifier (use lower-case letters, digits, _; max 63)",
         )
     return value
 
@@ -160,6 +163,15 @@ class Settings(BaseSettings):
     demo_start_date: date = Field(default=date(2026, 1, 1), description="First sample day.")
     demo_seed: int = Field(default=7, description="Seed of the sample data generators.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="WARNING")
+
+    # -- Issue 13, identifiers and symlinks: links in landing folders -------------------------
+    follow_symlinks: bool = Field(
+        default=False,
+        description="Follow symbolic links in a landing folder that lead out of it. Off: such "
+        "links (files or dt= folders) are skipped by discovery, logged once and counted, and "
+        "refused at read time if one was swapped in after discovery; links whose target is "
+        "inside the landing folder are always followed.",
+    )
 
     @field_validator("pipelines")
     @classmethod

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import abc
 import heapq
-import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -26,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
+from enumerator_service._landing import LandingRoot, data_files
 from enumerator_service._schema import enumerator_state
 from enumerator_service._split_store import SplitStore
 from enumerator_service._splits import FileSplit, SplitAssignment
@@ -37,40 +36,9 @@ __all__ = [
     "StaticFileEnumerator",
 ]
 
-_PARTITION_DIR = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
-#: File suffix -> split kind; longest suffix first. Only kinds with a split reader.
-_KINDS = (
-    (".jsonl.gz", "jsonl.gz"),
-    (".csv.gz", "csv.gz"),
-    (".jsonl", "jsonl"),
-    (".json", "jsonl"),
-    (".csv", "csv"),
-    (".parquet", "parquet"),
-)
 #: Kinds that can be cut into byte ranges (a record is one line). A gzip stream cannot be
 #: entered mid-way and is one whole-file split; Parquet is cut at row-group boundaries.
 _SPLITTABLE = frozenset({"jsonl", "csv"})
-
-
-def _kind_of(name: str) -> str | None:
-    for suffix, kind in _KINDS:
-        if name.endswith(suffix):
-            return kind
-    return None
-
-
-def _data_files(
-    folder: str | Path, day: date | None
-) -> Iterator[tuple[str, str, date | None, int, float]]:
-    """(path, kind, ``day``, size, mtime) of the data files directly in ``folder``."""
-    with os.scandir(folder) as files:
-        for file in files:
-            kind = _kind_of(file.name)
-            # Hidden and "_" files are in-flight writes or markers, never data.
-            if kind is None or file.name.startswith((".", "_")) or not file.is_file():
-                continue
-            stat = file.stat()
-            yield os.path.abspath(file.path), kind, day, stat.st_size, stat.st_mtime
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +46,15 @@ class DiscoveryResult:
     """What one discovery tick found.
 
     ``backlog_files``: new files this tick left for the next one (its per-tick cap was hit).
+    ``skipped_links``: links in the landing folder that were not followed (``LandingRoot``).
     """
 
     files_seen: int
     splits_registered: int
     cursor: dict[str, Any]
     backlog_files: int = 0
+    #: Symbolic links skipped: leading out of the landing folder, broken, or loops.
+    skipped_links: int = 0
 
     @property
     def complete(self) -> bool:
@@ -200,7 +171,8 @@ class SplitEnumerator(abc.ABC):
 
 class _FileEnumerator(SplitEnumerator):
     """Lists ``<landing>/dt=YYYY-MM-DD/*`` (``partitioned``) or ``<landing>/*`` and cuts
-    large files into byte ranges."""
+    large files into byte ranges. Symbolic links (files and ``dt=`` folders) are followed
+    only inside the landing folder unless ``follow_symlinks`` (see ``LandingRoot``)."""
 
     def __init__(
         self,
@@ -211,6 +183,7 @@ class _FileEnumerator(SplitEnumerator):
         lease_seconds: float = 60.0,
         target_split_bytes: int = 128 << 20,
         partitioned: bool = True,
+        follow_symlinks: bool = False,
     ) -> None:
         super().__init__(engine, source, lease_seconds=lease_seconds)
         if target_split_bytes < 1:
@@ -218,23 +191,18 @@ class _FileEnumerator(SplitEnumerator):
         self._landing = landing
         self._target = target_split_bytes
         self._partitioned = partitioned
+        self._root = LandingRoot.of(landing, follow_symlinks=follow_symlinks)
+        self._skipped: list[str] = []  # links the current listing did not follow
 
     def _files(
         self, dates: frozenset[date] | None
     ) -> Iterator[tuple[str, str, date | None, int, float]]:
-        """(path, kind, partition date, size, mtime) of every data file."""
-        if not self._partitioned:
-            yield from _data_files(self._landing, None)
-            return
-        with os.scandir(self._landing) as partitions:
-            for entry in partitions:
-                match = _PARTITION_DIR.match(entry.name)
-                if not match or not entry.is_dir():
-                    continue
-                day = date.fromisoformat(match.group(1))
-                if dates is not None and day not in dates:
-                    continue
-                yield from _data_files(entry.path, day)
+        """(path, kind, partition date, size, mtime) of every data file; the links not
+        followed are collected in ``self._skipped`` (reset by each listing)."""
+        self._skipped = []
+        yield from data_files(
+            self._landing, self._root, self._skipped, partitioned=self._partitioned, dates=dates
+        )
 
     def _splits_of(self, path: str, kind: str, day: date | None, size: int) -> list[FileSplit]:
         if kind == "parquet" and size > self._target:
@@ -259,7 +227,8 @@ class _FileEnumerator(SplitEnumerator):
         """
         import pyarrow.parquet as pq  # only discovery of large Parquet files needs it
 
-        metadata = pq.ParquetFile(path).metadata
+        with self._root.open(path) as file:  # the footer of the file that was checked
+            metadata = pq.ParquetFile(file).metadata
         starts: list[int] = [0]
         first_row = bytes_in_range = 0
         for group in range(metadata.num_row_groups):
@@ -289,6 +258,7 @@ class StaticFileEnumerator(_FileEnumerator):
         lease_seconds: float = 60.0,
         target_split_bytes: int = 128 << 20,
         partitioned: bool = True,
+        follow_symlinks: bool = False,
     ) -> None:
         super().__init__(
             engine,
@@ -297,6 +267,7 @@ class StaticFileEnumerator(_FileEnumerator):
             lease_seconds=lease_seconds,
             target_split_bytes=target_split_bytes,
             partitioned=partitioned,
+            follow_symlinks=follow_symlinks,
         )
         self._dates = frozenset(dates) if dates is not None else None
 
@@ -306,7 +277,8 @@ class StaticFileEnumerator(_FileEnumerator):
         for path, kind, day, size, _mtime in self._files(self._dates):
             seen += 1
             found.extend(self._splits_of(path, kind, day, size))
-        return DiscoveryResult(seen, self._store.register(found), {})
+        registered = self._store.register(found)
+        return DiscoveryResult(seen, registered, {}, skipped_links=len(self._skipped))
 
 
 class ContinuousFileEnumerator(_FileEnumerator):
@@ -335,6 +307,7 @@ class ContinuousFileEnumerator(_FileEnumerator):
         target_split_bytes: int = 128 << 20,
         max_files_per_tick: int | None = None,
         partitioned: bool = True,
+        follow_symlinks: bool = False,
     ) -> None:
         super().__init__(
             engine,
@@ -343,6 +316,7 @@ class ContinuousFileEnumerator(_FileEnumerator):
             lease_seconds=lease_seconds,
             target_split_bytes=target_split_bytes,
             partitioned=partitioned,
+            follow_symlinks=follow_symlinks,
         )
         if max_files_per_tick is not None and max_files_per_tick < 1:
             raise ValueError("max_files_per_tick must be positive (or None: no cap)")
@@ -409,4 +383,6 @@ class ContinuousFileEnumerator(_FileEnumerator):
             new_cursor["backlog_files"] = backlog
             new_cursor["resume_after"] = [last_mtime, last_path]
         self._save_cursor(new_cursor)
-        return DiscoveryResult(seen, added, new_cursor, backlog_files=backlog)
+        return DiscoveryResult(
+            seen, added, new_cursor, backlog_files=backlog, skipped_links=len(self._skipped)
+        )

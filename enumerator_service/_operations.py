@@ -117,6 +117,7 @@ def discover(
             lease_seconds=settings.lease_seconds,
             target_split_bytes=settings.target_split_bytes,
             partitioned=spec.partitioned,
+            follow_symlinks=settings.follow_symlinks,
         )
     else:
         # A tick of the sensor must stay short whatever the backlog: capped (a backfill's
@@ -129,6 +130,7 @@ def discover(
             target_split_bytes=settings.target_split_bytes,
             max_files_per_tick=settings.discovery_max_files_per_tick,
             partitioned=spec.partitioned,
+            follow_symlinks=settings.follow_symlinks,
         )
     return enumerator.discover()
 

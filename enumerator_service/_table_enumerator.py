@@ -10,6 +10,7 @@ from sqlalchemy.engine import Engine
 
 from enumerator_service._config import validate_identifier
 from enumerator_service._enumerator import DiscoveryResult, SplitEnumerator
+from enumerator_service._identifiers import qualified_name, quote_identifier
 from enumerator_service._splits import TableRangeSplit
 
 __all__ = ["TableRangeEnumerator"]
@@ -35,10 +36,14 @@ class TableRangeEnumerator(SplitEnumerator):
         lease_seconds: float = 60.0,
     ) -> None:
         super().__init__(engine, source, lease_seconds=lease_seconds)
+        # The split names the table as ``schema.table`` (the reader quotes each part); the
+        # statements here use the quoted names, so reserved words work as names.
         self._table = (
             f"{validate_identifier(schema, 'schema')}.{validate_identifier(table, 'table')}"
         )
         self._key = validate_identifier(key_column, "key_column")
+        self._quoted_table = qualified_name(schema, table)
+        self._quoted_key = quote_identifier(key_column)
         if rows_per_split < 1:
             raise ValueError("rows_per_split must be positive")
         self._rows = rows_per_split
@@ -48,8 +53,9 @@ class TableRangeEnumerator(SplitEnumerator):
 
     def discover(self) -> DiscoveryResult:
         next_key = self.cursor()["next_key"]
-        where = "" if next_key is None else f"WHERE {self._key} >= :next_key"
-        stats = f"SELECT min({self._key}), max({self._key}), count(*) FROM {self._table}"
+        key = self._quoted_key
+        where = "" if next_key is None else f"WHERE {key} >= :next_key"
+        stats = f"SELECT min({key}), max({key}), count(*) FROM {self._quoted_table}"
         with self._engine.connect() as conn:
             low, high, rows = conn.execute(
                 sa.text(f"{stats} {where}"),

@@ -20,7 +20,7 @@ from pathlib import Path
 import asyncpg
 import orjson
 
-from enumerator_service import Settings
+from enumerator_service import Settings, qualified_name, quote_identifier
 from spark_jobs.pipeline._demo_marks import claim_demo_table
 
 __all__ = ["DemoSpec", "GeneratedData", "generate_events", "load_users"]
@@ -145,6 +145,7 @@ def generate_events(
 async def _load_users(
     dsn: str, schema: str, table: str, key: str, n: int, seed: int, progress: Progress | None
 ) -> bool:
+    qualified = qualified_name(schema, table)  # quoted: reserved words work as names
     conn = await asyncpg.connect(dsn)
     try:
         # One transaction: only a table sample data created (and marked) is filled,
@@ -154,13 +155,13 @@ async def _load_users(
                 conn,
                 schema,
                 table,
-                f"{key} bigint PRIMARY KEY, name text NOT NULL, country text NOT NULL, "
-                "tier text NOT NULL, signup_time timestamptz NOT NULL",
+                f"{quote_identifier(key)} bigint PRIMARY KEY, name text NOT NULL, "
+                "country text NOT NULL, tier text NOT NULL, signup_time timestamptz NOT NULL",
             )
-            if await conn.fetchval(f"SELECT count(*) FROM {schema}.{table}") == n:
+            if await conn.fetchval(f"SELECT count(*) FROM {qualified}") == n:
                 return False
             rng = random.Random(seed)
-            await conn.execute(f"TRUNCATE {schema}.{table}")
+            await conn.execute(f"TRUNCATE {qualified}")
             chunk = 100_000
             for low in range(1, n + 1, chunk):
                 rows = [_user_row(u, rng) for u in range(low, min(n, low + chunk - 1) + 1)]
@@ -172,7 +173,7 @@ async def _load_users(
                 )
                 if progress is not None:
                     progress(len(rows))
-        await conn.execute(f"ANALYZE {schema}.{table}")
+        await conn.execute(f"ANALYZE {qualified}")
         return True
     finally:
         await conn.close()

@@ -166,19 +166,22 @@ def _discover(platform: Platform, pipeline: Pipeline, dates: list[date] | None) 
     tick commits its chunk and cursor, so an interrupted command loses nothing.
     """
     spec = discovery_of(pipeline, platform.settings)
-    registered = ticks = 0
+    registered = ticks = skipped = 0
     with console.status(f"Discovering {pipeline.name}…") as status:
         while True:
             result = discover(platform, spec, dates=dates)
             registered += result.splits_registered
+            skipped = max(skipped, result.skipped_links)  # each tick lists the whole folder
             ticks += 1
             if result.complete:
                 break
             status.update(f"Discovering {pipeline.name}… {result.backlog_files:,} files to go")
     chunks = f" in {ticks} ticks" if ticks > 1 else ""
+    # Links out of the landing folder, broken links, loops (each logged once as a warning).
+    links = f"; {skipped} symbolic link(s) skipped" if skipped else ""
     console.print(
         f"Discovery ({pipeline.name}): {result.files_seen} seen, "
-        f"{registered} new splits registered{chunks}"
+        f"{registered} new splits registered{chunks}{links}"
     )
 
 

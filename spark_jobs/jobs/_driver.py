@@ -24,6 +24,7 @@ from enumerator_service import (
     AbortCause,
     CheckpointStore,
     ConfigError,
+    LandingRoot,
     Settings,
     SplitStore,
     asyncpg_dsn,
@@ -44,7 +45,7 @@ from spark_jobs.jobs._summary import RunSummary, quantile
 from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._catalog import Resolved, resolve
-from spark_jobs.pipeline._paths import output_path, staging_path
+from spark_jobs.pipeline._paths import landing_path, output_path, staging_path
 from spark_jobs.sink import build_sinks, ensure_tables, finish_rebuilds, sweep_staged
 
 __all__ = ["ReaderRun", "RunSummary", "run_pipeline"]
@@ -129,6 +130,12 @@ class ReaderRun:
         self.rebuild = rebuild and (plan.sink.kind == "parquet" or bool(plan.sink.upsert_key))
         self.output_root = output_path(pipeline, settings)
         self.staging_root = staging_path(pipeline, settings)
+        # Tasks open landing files only inside it (links out of it: SLUICE_FOLLOW_SYMLINKS).
+        self.landing_root = (
+            LandingRoot.of(landing_path(pipeline, settings)).path
+            if plan.source.kind != "table"
+            else None
+        )
 
     @property
     def source(self) -> str:
@@ -235,6 +242,8 @@ class ReaderRun:
             continuous=self.continuous,
             continuous_poll_seconds=settings.continuous_poll_seconds,
             continuous_idle_seconds=settings.continuous_idle_seconds or None,
+            landing_root=self.landing_root,
+            follow_symlinks=settings.follow_symlinks,
         )
 
     def _execute(

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from enumerator_service import (
     Acknowledgement,
     CheckpointStore,
+    LandingRoot,
     SplitAssignment,
     SplitState,
     SplitStore,
@@ -138,6 +139,9 @@ class ReaderTask:
             max_line_bytes=config.max_line_bytes,
             dsn=config.asyncpg_dsn,
             block_bytes=config.block_bytes,
+            landing=None
+            if config.landing_root is None
+            else LandingRoot(config.landing_root, config.follow_symlinks),
         )
         fetcher = SplitFetcher(
             router,

@@ -52,6 +52,10 @@ class TaskConfig:
     continuous_poll_seconds: float = 1.0
     continuous_idle_seconds: float | None = None
     debug: bool = False
+    #: A file source's landing folder (resolved) and whether symbolic links may lead out of
+    #: it (``SLUICE_FOLLOW_SYMLINKS``); None: files are opened without that check.
+    landing_root: str | None = None
+    follow_symlinks: bool = False
 
     @property
     def source(self) -> str:

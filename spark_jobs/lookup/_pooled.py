@@ -8,7 +8,7 @@ from typing import Generic, TypeVar
 
 import asyncpg
 
-from enumerator_service import ConfigError
+from enumerator_service import ConfigError, qualified_name
 from spark_jobs.async_io import AsyncFunction
 from spark_jobs.lookup._connections import ConnectionPool, acquire_pool, release_pool
 from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
@@ -28,11 +28,16 @@ WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
 
 
 async def column_types(
-    conn: asyncpg.Connection, qualified: str, key_columns: Sequence[str], columns: Sequence[str]
+    conn: asyncpg.Connection,
+    schema: str,
+    table: str,
+    key_columns: Sequence[str],
+    columns: Sequence[str],
 ) -> dict[str, str]:
-    """The SQL types of table ``qualified``'s columns, from the catalog; a ConfigError naming
-    the setting when the table or one of the key or looked-up columns does not exist."""
-    oid = await conn.fetchval("SELECT to_regclass($1)::oid", qualified)
+    """The SQL types of table ``schema.table``'s columns, from the catalog; a ConfigError
+    naming the setting when the table or one of the key or looked-up columns does not exist."""
+    qualified = f"{schema}.{table}"
+    oid = await conn.fetchval("SELECT to_regclass($1)::oid", qualified_name(schema, table))
     if oid is None:
         raise ConfigError("table", f"lookup table {qualified} does not exist")
     types: dict[str, str] = dict(await conn.fetch(_COLUMN_TYPES, oid))

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from enumerator_service import ConfigError, validate_identifier
+from enumerator_service import ConfigError, qualified_name, quote_identifier, validate_identifier
 from spark_jobs.async_io import ResultFuture
 from spark_jobs.lookup._cache import LookupCache
 from spark_jobs.lookup._pooled import PooledLookup, column_types
@@ -133,23 +133,26 @@ class PostgresLookup(PooledLookup[IN, OUT]):
         await self._leave_pool()
 
     async def _build_sql(self, conn: asyncpg.Connection) -> str:
-        qualified = f"{self._schema}.{self._table}"
-        types = await column_types(conn, qualified, self._key_columns, self._columns)
-        equal = " AND ".join(f"{name} = ${i}" for i, name in enumerate(self._key_columns, 1))
-        self._sql_one = (
-            f"SELECT {', '.join((*self._key_columns, *self._columns))} FROM {qualified} "
-            f"WHERE {equal}"
+        types = await column_types(
+            conn, self._schema, self._table, self._key_columns, self._columns
         )
+        # Every name quoted (validated in __init__): reserved words work as names.
+        qualified = qualified_name(self._schema, self._table)
+        keys = [quote_identifier(name) for name in self._key_columns]
+        values = [quote_identifier(name) for name in self._columns]
+        equal = " AND ".join(f"{name} = ${i}" for i, name in enumerate(keys, 1))
+        self._sql_one = f"SELECT {', '.join((*keys, *values))} FROM {qualified} WHERE {equal}"
         if not self._tuple_keys:
-            (key,) = self._key_columns
-            select = ", ".join((key, *self._columns))
-            return f"SELECT {select} FROM {qualified} WHERE {key} = ANY($1::{types[key]}[])"
-        select = ", ".join(f"_t.{name}" for name in (*self._key_columns, *self._columns))
+            (key,) = keys
+            select = ", ".join((key, *values))
+            param = types[self._key_columns[0]]
+            return f"SELECT {select} FROM {qualified} WHERE {key} = ANY($1::{param}[])"
+        select = ", ".join(f"_t.{name}" for name in (*keys, *values))
         arrays = ", ".join(
             f"${i}::{types[name]}[]" for i, name in enumerate(self._key_columns, start=1)
         )
-        aliases = ", ".join(self._key_columns)
-        on = " AND ".join(f"_t.{name} = _q.{name}" for name in self._key_columns)
+        aliases = ", ".join(keys)
+        on = " AND ".join(f"_t.{name} = _q.{name}" for name in keys)
         return (
             f"SELECT {select} FROM unnest({arrays}) AS _q({aliases}) JOIN {qualified} AS _t ON {on}"
         )

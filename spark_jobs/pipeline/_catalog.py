@@ -18,6 +18,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from enumerator_service import qualified_name
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._derive import derive
 from spark_jobs.pipeline._errors import PipelineDefinitionError
@@ -43,7 +44,7 @@ class Resolved:
 
 def _catalog(conn: Connection, schema: str, table: str) -> dict[str, str] | None:
     """Column → SQL type of ``schema.table``; None if the table does not exist."""
-    qualified = f'"{schema}"."{table}"'
+    qualified = qualified_name(schema, table)
     exists = conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": qualified}).scalar()
     if exists is None:
         return None

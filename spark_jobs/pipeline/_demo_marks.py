@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from enumerator_service import ConfigError
+from enumerator_service import ConfigError, qualified_name, quote_identifier
 
 __all__ = [
     "DEMO_COMMENT",
@@ -51,10 +51,7 @@ class DemoDataRefused(ConfigError):
 
 
 def _quoted(schema: str, table: str) -> str:
-    for name in (schema, table):
-        if '"' in name or "\x00" in name:
-            raise ValueError(f"{name!r} cannot be quoted")
-    return f'"{schema}"."{table}"'
+    return qualified_name(schema, table)
 
 
 async def claim_demo_table(conn: Any, schema: str, table: str, columns_sql: str) -> bool:
@@ -67,7 +64,7 @@ async def claim_demo_table(conn: Any, schema: str, table: str, columns_sql: str)
     constant text (never outside input); ``schema`` and ``table`` are quoted.
     """
     name = _quoted(schema, table)
-    await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_identifier(schema)}")
     oid = await conn.fetchval("SELECT to_regclass($1)::oid", name)
     if oid is None:
         await conn.execute(f"CREATE TABLE {name} ({columns_sql})")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from enumerator_service._identifiers import quote_identifier
+
 __all__ = [
     "RESERVED_PREFIX",
     "PipelineDefinitionError",
@@ -26,11 +28,19 @@ class PipelineDefinitionError(ValueError):
     def __init__(self, pipeline: str, where: str, problem: str) -> None:
         # One line, whatever the problem's text (Arrow's messages print whole schemas).
         problem = "; ".join(line.strip() for line in problem.splitlines() if line.strip())
+        # The step's label is the user's text (a table name): control characters in it are
+        # shown escaped, never written raw into a log line.
+        problem, where, pipeline = _printable(problem), _printable(where), _printable(pipeline)
         place = f"{where}: " if where else ""
         super().__init__(f"pipeline {pipeline}: {place}{problem}")
         self.pipeline = pipeline
         self.where = where
         self.problem = problem
+
+
+def _printable(text: object) -> str:
+    """``text`` with every non-printable character (newline, NUL, …) escaped as in a repr."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 def check_field_name(name: object, what: str) -> str:
@@ -56,12 +66,13 @@ def check_table(name: object, what: str) -> tuple[str, str]:
     """``schema.table`` (or ``table``: schema ``public``) as its two validated parts."""
     if not isinstance(name, str):
         raise ValueError(f"{what} must be 'schema.table', got {name!r}")
-    schema, _, table = name.rpartition(".")
-    return check_identifier(schema or "public", f"{what} schema"), check_identifier(table, what)
+    schema, dot, table = name.rpartition(".")
+    # Only a name without a dot means ``public``: ``".t"`` is an empty schema, not a default.
+    schema = schema if dot else "public"
+    return check_identifier(schema, f"{what} schema"), check_identifier(table, what)
 
 
 def quote(name: str) -> str:
-    """A validated name as a quoted SQL identifier (reserved words such as ``order`` work)."""
-    if '"' in name or "\x00" in name:
-        raise ValueError(f"{name!r} cannot be quoted")
-    return f'"{name}"'
+    """A validated name as a quoted SQL identifier (reserved words such as ``order`` work);
+    see :func:`enumerator_service.quote_identifier`."""
+    return quote_identifier(name)

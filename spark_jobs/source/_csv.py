@@ -16,14 +16,14 @@ Threading: a parser is immutable; any thread (the fetcher thread).
 from __future__ import annotations
 
 import csv
-import gzip
 from typing import Any
 
 import pyarrow as pa
 
+from enumerator_service import LandingRoot
 from spark_jobs.source._batch import DeadLetter
 from spark_jobs.source._convert import RecordConverter
-from spark_jobs.source._lines import lines_of
+from spark_jobs.source._lines import lines_of, open_data_file
 
 __all__ = ["CsvHeaderError", "CsvLinesParser", "read_csv_header"]
 
@@ -34,10 +34,12 @@ class CsvHeaderError(ValueError):
     """A CSV file's header line is unusable: the whole split fails (not one record)."""
 
 
-def read_csv_header(path: str, *, gz: bool, where: str, max_line_bytes: int) -> list[str]:
+def read_csv_header(
+    path: str, *, gz: bool, where: str, max_line_bytes: int, landing: LandingRoot | None = None
+) -> list[str]:
     """The column names on the first line of the file (``[]`` for an empty file); ``where``
-    names the split in errors."""
-    with gzip.open(path, "rb") if gz else open(path, "rb") as file:
+    names the split in errors; ``landing`` checks where the file is (see ``open_data_file``)."""
+    with open_data_file(path, gz=gz, landing=landing) as file:
         first = file.readline(max_line_bytes + 2)  # room for the line ending
     if not first:
         return []

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
 
-from enumerator_service import FileSplit, SplitAssignment
+from enumerator_service import FileSplit, LandingRoot, SplitAssignment
 from spark_jobs.source._batch import RecordSchema
 from spark_jobs.source._line_reader import LINE_KINDS, LineSplitReader, check_whole_file
 from spark_jobs.source._parquet_reader import ParquetSplitReader
@@ -83,13 +83,16 @@ class FormatRouter:
         max_line_bytes: int,
         dsn: str,
         block_bytes: int = 256 << 10,
+        landing: LandingRoot | None = None,
     ) -> None:
         self.schema = schema
         self._max_line = max_line_bytes
+        # Landing files are opened through ``landing`` (the run's folder): a link swapped in
+        # after discovery that leads out of it is refused (None: no check).
         self._lines = LineSplitReader(
-            schema, max_line_bytes=max_line_bytes, chunk_bytes=block_bytes
+            schema, max_line_bytes=max_line_bytes, chunk_bytes=block_bytes, landing=landing
         )
-        self._parquet = ParquetSplitReader(schema)
+        self._parquet = ParquetSplitReader(schema, landing=landing)
         self._table = TableRangeSplitReader(schema, dsn)
         self._reads: deque[SplitRead] = deque()
         self._current: tuple[SplitRead, BlockReader] | None = None

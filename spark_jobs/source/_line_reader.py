@@ -22,7 +22,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from enumerator_service import FileSplit
+from enumerator_service import FileSplit, LandingRoot
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._blocks import JsonLinesParser
 from spark_jobs.source._convert import RecordConverter, new_block
@@ -51,9 +51,15 @@ class LineSplitReader:
     """Reads one read of a line file at a time, one block per ``fetch``."""
 
     def __init__(
-        self, schema: RecordSchema, *, max_line_bytes: int, chunk_bytes: int = 256 << 10
+        self,
+        schema: RecordSchema,
+        *,
+        max_line_bytes: int,
+        chunk_bytes: int = 256 << 10,
+        landing: LandingRoot | None = None,
     ) -> None:
         self._schema = schema
+        self._landing = landing  # None: files are opened without the landing folder check
         self._converter = RecordConverter(schema)
         self._json = JsonLinesParser(schema, max_line_bytes)
         self._max_line = max_line_bytes
@@ -71,7 +77,13 @@ class LineSplitReader:
         gz = split.kind.endswith(".gz")
         if split.kind.startswith("csv"):
             where = f"split {read.split_id} ({split.path})"
-            header = read_csv_header(split.path, gz=gz, where=where, max_line_bytes=self._max_line)
+            header = read_csv_header(
+                split.path,
+                gz=gz,
+                where=where,
+                max_line_bytes=self._max_line,
+                landing=self._landing,
+            )
             self._parser = CsvLinesParser(self._converter, header, self._max_line)
         else:
             self._parser = self._json
@@ -84,6 +96,7 @@ class LineSplitReader:
             stop=read.stop_within(split.end),
             max_line_bytes=self._max_line,
             chunk_bytes=self._chunk,
+            landing=self._landing,
         )
 
     def fetch(self) -> tuple[ParsedBlock | None, bool]:

@@ -15,6 +15,10 @@ everything before the resume offset. A corrupt or truncated stream raises from `
 Over-long lines (content beyond ``max_line_bytes``, a CRLF's ``"\\r"`` not counted) are
 never held whole: only their beginning is kept, as a :class:`LongLine`.
 
+Files are opened by :func:`open_data_file`: through the run's :class:`LandingRoot` when
+there is one, which refuses a file that resolves outside the landing folder (a symbolic link
+swapped in after discovery) unless following such links is on.
+
 Threading: a cursor is owned by one fetcher thread; ``wake_up`` may be called from any
 thread and makes a running ``read`` return early.
 """
@@ -25,8 +29,40 @@ import gzip
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import IO
 
-__all__ = ["LineCursor", "LineRun", "LongLine", "lines_of"]
+from enumerator_service import LandingRoot
+
+__all__ = ["LineCursor", "LineRun", "LongLine", "lines_of", "open_data_file"]
+
+
+class _OwningGzipFile(gzip.GzipFile):
+    """A GzipFile over an open file that it closes too (``gzip.open(file)`` does not)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
+
+
+def open_data_file(path: str, *, gz: bool, landing: LandingRoot | None) -> io.BufferedIOBase:
+    """``path`` opened for reading (decompressed when ``gz``), through ``landing``'s checks
+    when given (:class:`~enumerator_service.OutsideLandingError` for a file outside it)."""
+    if landing is None:
+        return gzip.open(path, "rb") if gz else open(path, "rb")
+    raw = landing.open(path)
+    if not gz:
+        return raw  # type: ignore[return-value]  # an io.BufferedReader
+    try:
+        return _OwningGzipFile(raw)
+    except BaseException:
+        raw.close()
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +127,10 @@ class LineCursor:
         stop: int | None,
         max_line_bytes: int,
         chunk_bytes: int,
+        landing: LandingRoot | None = None,
     ) -> None:
         self._max_line, self._chunk, self._end = max_line_bytes, chunk_bytes, stop
-        self._file: io.BufferedIOBase = gzip.open(path, "rb") if gz else open(path, "rb")  # noqa: SIM115
+        self._file = open_data_file(path, gz=gz, landing=landing)
         self._carry = b""  # read, not yet handed out; self._pos is the offset of its first byte
         self._long_start: int | None = None  # inside an over-long line starting here
         self._long_prefix = b""

@@ -24,17 +24,22 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from enumerator_service import LandingRoot
 from spark_jobs.source._batch import ParsedBlock, RecordSchema
 from spark_jobs.source._convert import new_block
 from spark_jobs.source._parquet_rows import BatchConverter
 from spark_jobs.source._records import SplitRead
 
 __all__ = ["ParquetSplitError", "ParquetSplitReader"]
+
+#: Linux: the open files of this process by descriptor.
+_PROC_FD = Path("/proc/self/fd")
 
 
 class ParquetSplitError(RuntimeError):
@@ -48,13 +53,17 @@ class ParquetSplitError(RuntimeError):
 class ParquetSplitReader:
     """Reads one read of a Parquet split at a time, up to ``batch_rows`` rows per block."""
 
-    def __init__(self, schema: RecordSchema, *, batch_rows: int = 1024) -> None:
+    def __init__(
+        self, schema: RecordSchema, *, batch_rows: int = 1024, landing: LandingRoot | None = None
+    ) -> None:
         self._schema = schema
+        self._landing = landing  # None: files are opened without the landing folder check
         self._rows = BatchConverter(schema)
         self._names = [field.name for field in schema.fields]
         self._batch_rows = batch_rows
         self._read: SplitRead | None = None
         self._file: Any = None  # pq.ParquetFile
+        self._raw: BinaryIO | None = None  # the file opened through the landing check
         self._batches: Iterator[Any] = iter(())  # pa.RecordBatch
         self._row = 0  # row index of the next row the batches yield
         self._first = 0  # first row to emit (rows before it are skipped)
@@ -66,11 +75,24 @@ class ParquetSplitReader:
         try:
             self._open(read)
         except (OSError, ValueError, pa.ArrowException) as exc:
-            raise self._error(exc) from exc
+            raise self._error(exc) from exc  # closes the file it may have opened
 
     def _open(self, read: SplitRead) -> None:
         split = read.split
-        self._file = pq.ParquetFile(split.path)
+        if self._landing is None:
+            self._file = pq.ParquetFile(split.path)
+        else:
+            self._raw = self._landing.open(split.path)  # the checked file
+            if _PROC_FD.is_dir():
+                # Reopening the open file by its /proc name reaches that same file (no link
+                # is resolved again) and lets Arrow read it natively: a Python file object
+                # costs up to half again as much decode time (measured on a 2M-row file).
+                self._file = pq.ParquetFile(str(_PROC_FD / str(self._raw.fileno())))
+                raw, self._raw = self._raw, None
+                raw.close()
+            else:
+                # pyarrow does not close a file object it was given: close() does.
+                self._file = pq.ParquetFile(self._raw)
         meta = self._file.metadata
         groups = int(meta.num_row_groups)
         end = groups if split.end is None else split.end
@@ -140,6 +162,9 @@ class ParquetSplitReader:
         if self._file is not None:
             self._file.close()
             self._file = None
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            raw.close()
 
     def _error(self, exc: BaseException) -> ParquetSplitError:
         read = self._read

@@ -198,3 +198,24 @@ def test_discover_drains_a_backlog_larger_than_the_per_tick_cap(
     second = _run(["discover", "cli_events"], env, tmp_path)
     assert "0 new splits registered" in second.stdout
     assert "ticks" not in second.stdout
+
+
+def test_discover_skips_and_counts_links_out_of_the_landing_folder(
+    db_url: str, tmp_path: Path
+) -> None:
+    landing = tmp_path / "landing"
+    (landing / "dt=2026-01-01").mkdir(parents=True)
+    (landing / "dt=2026-01-01" / "part-0.jsonl").write_text('{"x": 1}\n')
+    (tmp_path / "secret.jsonl").write_text('{"x": 2}\n')
+    (landing / "dt=2026-01-01" / "part-1.jsonl").symlink_to(tmp_path / "secret.jsonl")
+    env = {**_module(tmp_path, landing), "SLUICE_DATABASE_URL": db_url}
+    first = _run(["discover", "cli_events"], env, tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "1 new splits registered; 1 symbolic link(s) skipped" in " ".join(first.stdout.split())
+    assert " ".join(first.stderr.split()).count("outside the landing folder") == 1
+    bad = _run(["discover", "cli_events"], {**env, "SLUICE_FOLLOW_SYMLINKS": "maybe"}, tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().startswith("sluice: configuration error: SLUICE_FOLLOW_SYMLINKS:")
+    follow = _run(["discover", "cli_events"], {**env, "SLUICE_FOLLOW_SYMLINKS": "true"}, tmp_path)
+    assert follow.returncode == 0, follow.stderr
+    assert "1 new splits registered" in follow.stdout and "skipped" not in follow.stdout

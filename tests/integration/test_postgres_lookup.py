@@ -527,3 +527,53 @@ def test_injected_latency_is_paid_per_round_trip(tables: Tables) -> None:
         await lookup.close()
 
     run(scenario)
+
+
+def test_reserved_words_work_as_schema_table_and_column_names(tables: Tables) -> None:
+    """``"group"."order"`` keyed by ``user`` (and by ``user, select``): every statement of the
+    lookup (batch, lone key, composite key) quotes its names."""
+    schema = f"group_{secrets.token_hex(3)}"  # a schema of its own, dropped afterwards
+
+    async def scenario() -> None:
+        conn = await asyncpg.connect(tables.dsn)
+        try:
+            await conn.execute(f'CREATE SCHEMA "{schema}"')
+            await conn.execute(
+                f'CREATE TABLE "{schema}"."order" ("user" bigint, "select" text, "group" text,'
+                ' PRIMARY KEY ("user", "select"))'
+            )
+            await conn.execute(
+                f"INSERT INTO \"{schema}\".\"order\" VALUES (1, 'a', 'g1'), (2, 'b', 'g2')"
+            )
+            single: PostgresLookup[int, Any] = PostgresLookup(
+                tables.dsn,
+                schema=schema,
+                table="order",
+                key_column="user",
+                columns=("group",),
+                key_of=lambda v: v,
+                joiner=lambda v, r: None if r is None else r["group"],
+            )
+            composite: PostgresLookup[tuple[int, str], Any] = PostgresLookup(
+                tables.dsn,
+                schema=schema,
+                table="order",
+                key_column=("user", "select"),
+                columns=("group",),
+                key_of=lambda v: v,
+                joiner=lambda v, r: None if r is None else r["group"],
+            )
+            await single.open()
+            await composite.open()
+            assert await results(invoke(single, [1, 2, 3])) == ["g1", "g2", None]
+            assert await results(invoke(single, [2])) == ["g2"]  # the lone-key statement
+            found = await results(invoke(composite, [(1, "a"), (2, "a"), (2, "b")]))
+            assert found == ["g1", None, "g2"]
+            assert await results(invoke(composite, [(1, "a")])) == ["g1"]
+            await single.close()
+            await composite.close()
+        finally:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            await conn.close()
+
+    run(scenario)
