@@ -161,6 +161,15 @@ class Settings(BaseSettings):
     demo_seed: int = Field(default=7, description="Seed of the sample data generators.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="WARNING")
 
+    # -- issue 13, poison splits (quarantine) ----------------------------------------------
+    split_max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="Failed attempts on a split's own content (corrupt gzip or Parquet, bad "
+        "CSV header, file gone) before the split is quarantined as FAILED.",
+    )
+
     @field_validator("pipelines")
     @classmethod
     def _modules(cls, value: str) -> str:

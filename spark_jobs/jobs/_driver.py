@@ -229,6 +229,7 @@ class ReaderRun:
             continuous=self.continuous,
             continuous_poll_seconds=settings.continuous_poll_seconds,
             continuous_idle_seconds=settings.continuous_idle_seconds or None,
+            split_max_attempts=settings.split_max_attempts,
         )
 
     def _execute(
