@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -34,12 +34,25 @@ class QuarantinedSplit:
     reason: str
     last_error: str
     failed_at: datetime | None
+    partition_key: date | None = None
+
+    def line(self, limit: int = 300) -> str:
+        """One line: file, reason, attempts and last error, at most ``limit`` characters (the
+        error was stored redacted and bounded by the reader)."""
+        text = f"{self.uri} — {self.reason} after {self.failures} attempts: {self.last_error}"
+        flat = " ".join(text.split())
+        return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def quarantined(
-    engine: Engine, source: str | None = None, *, limit: int = 1000
+    engine: Engine,
+    source: str | None = None,
+    *,
+    days: Sequence[date] | None = None,
+    limit: int = 1000,
 ) -> list[QuarantinedSplit]:
-    """FAILED splits (of ``source``), oldest failure first, at most ``limit``."""
+    """FAILED splits (of ``source``, of partitions ``days``), oldest failure first, at most
+    ``limit``."""
     stmt = (
         sa.select(
             splits.c.id,
@@ -49,6 +62,7 @@ def quarantined(
             splits.c.failure_reason,
             splits.c.last_error,
             splits.c.failed_at,
+            splits.c.partition_key,
         )
         .where(splits.c.status == SplitStatus.FAILED)
         .order_by(splits.c.failed_at, splits.c.id)
@@ -56,6 +70,8 @@ def quarantined(
     )
     if source is not None:
         stmt = stmt.where(splits.c.source == source)
+    if days is not None:
+        stmt = stmt.where(splits.c.partition_key.in_(list(days)))
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
     return [
@@ -67,6 +83,7 @@ def quarantined(
             reason=r.failure_reason or "",
             last_error=r.last_error or "",
             failed_at=r.failed_at,
+            partition_key=r.partition_key,
         )
         for r in rows
     ]

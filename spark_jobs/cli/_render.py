@@ -17,7 +17,6 @@ from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._describe import describe
 from spark_jobs.pipeline._paths import output_path
 from spark_jobs.pipeline._plan import Plan
-from spark_jobs.source._poison import one_line
 
 __all__ = ["describe_table", "failed_line", "run_table", "status_json", "status_table"]
 
@@ -86,10 +85,7 @@ _SHOWN_FAILED = 20
 
 def failed_line(split: QuarantinedSplit) -> str:
     """One line about a quarantined split: file, reason, attempts, last error (bounded)."""
-    return one_line(
-        f"{split.uri} — {split.reason} after {split.failures} attempts: {split.last_error}",
-        limit=300,
-    )
+    return split.line()
 
 
 def status_table(status: PlatformStatus) -> Table:
