@@ -270,7 +270,8 @@ class UnknownSplitError(click.ClickException):
 
 
 @cli.command("retry")
-@click.argument("split", required=False, type=int)
+# A split id is a positive bigint: anything else is a usage error before any query.
+@click.argument("split", required=False, type=click.IntRange(1, 2**63 - 1))
 @click.option("--all-failed", is_flag=True, help="Every quarantined (FAILED) split.")
 @click.option("--pipeline", help="With --all-failed: only this pipeline's splits.")
 @click.pass_context

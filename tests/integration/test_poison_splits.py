@@ -158,6 +158,11 @@ def test_status_shows_and_retry_puts_back_failed_splits(
     assert unknown.stderr.strip().splitlines() == [
         "Error: split 999999999 is not quarantined (no FAILED split has that id)"
     ]
+    for bad in (["retry", "--", "-5"], ["retry", "0"], ["retry", str(2**64)], ["retry", "abc"]):
+        refused = _cli(bad, db_url, tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert "Invalid value for '[SPLIT]'" in refused.stderr
+        assert "Traceback" not in refused.stderr
     neither = _cli(["retry"], db_url, tmp_path)
     assert neither.returncode == 2 and "give either a SPLIT id or --all-failed" in neither.stderr
     both = _cli(["retry", "1", "--all-failed"], db_url, tmp_path)
