@@ -223,3 +223,32 @@ def test_a_failed_split_is_snapshotted_as_failed_once_the_chain_holds_none_of_it
     assert second[0]["offset"] == 120
     assert splits[1].finished_in == 8
     assert "failed" not in second[1]
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "content", "reason"),
+    [
+        ("not_gzip.jsonl.gz", "jsonl.gz", b"plain text, not gzip\n", "corrupt gzip stream"),
+        ("empty.jsonl.gz", "jsonl.gz", gzip.compress(b"")[:5], "truncated compressed stream"),
+        ("empty.parquet", "parquet", b"", "unreadable Parquet file"),
+        ("text.parquet", "parquet", b"PAR1 not really\n", "unreadable Parquet file"),
+        ("latin1.csv", "csv", b"event_id,\xe9v\xe9nement\n1,2\n", "bad CSV header"),
+        ("dupes.csv", "csv", b"event_id,event_id\n1,2\n", "bad CSV header"),
+        ("long.csv", "csv", b"x" * 5000 + b"\n1\n", "bad CSV header"),
+        ("header.csv.gz", "csv.gz", gzip.compress(b"a,b\n1,2\n"), "bad CSV header"),
+    ],
+)
+def test_more_poison_shapes_are_each_their_splits_failure(
+    tmp_path: Path, name: str, kind: str, content: bytes, reason: str
+) -> None:
+    (tmp_path / name).write_bytes(content)
+    (tmp_path / "a.jsonl").write_bytes(jsonl(events("a", 2)))
+    end = 1 if kind == "parquet" else None
+    out = read_all(
+        [
+            file_assignment(1, str(tmp_path / name), 0, end, kind=kind),
+            file_assignment(2, str(tmp_path / "a.jsonl"), 0, None),
+        ]
+    )
+    assert out.ids() == ["a-0", "a-1"]
+    assert [(f.split_id, f.reason) for f, _ in out.failed] == [(1, reason)]
