@@ -5,7 +5,10 @@
 - ``rows_reconcile``: rows out == rows committed, and every split of the partition completed
   (see ``_counts``; an upsert sink only checks the splits);
 - ``dead_letter_ratio``: dead letters are at most ``max_dead_letter_ratio`` of the records
-  (a warning).
+  (a warning);
+- ``no_quarantined_splits``: no split of the partition is quarantined (FAILED: a poison file
+  whose content failed ``SLUICE_SPLIT_MAX_ATTEMPTS`` attempts); the metadata lists the files,
+  reasons and last errors (``sluice retry`` puts them back).
 
 A check runs with every materialisation of the asset (non-blocking) or alone from the UI; it
 checks the days the run materialised, or the latest materialised day. The checks are
@@ -46,6 +49,7 @@ from dagster_project._counts import PartitionCounts, partition_counts, partition
 from dagster_project._runs import parquet_files
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings, connect_engine, database_url
+from enumerator_service._quarantine import quarantined
 from enumerator_service._safe_paths import partition_date
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._errors import quote
@@ -258,9 +262,45 @@ def pipeline_checks(
 
         yield from _evaluate(context, key, partitioned, "unique_key", outcomes)
 
+    def no_quarantined_splits(
+        context: AssetCheckExecutionContext, sluice: SluiceResource
+    ) -> CheckEvents:
+        settings = sluice.settings()
+
+        def outcomes(days: list[date | None]) -> dict[date | None, AssetCheckResult]:
+            engine = connect_engine(database_url(settings), pool_size=1)
+            try:
+                wanted = None if days == [None] else [d for d in days if d is not None]
+                failed = quarantined(engine, pipeline.name, days=wanted)
+            finally:
+                engine.dispose()
+            found: dict[date | None, AssetCheckResult] = {}
+            for day in days:
+                mine = [s for s in failed if day is None or s.partition_key == day]
+                metadata: dict[str, Any] = {"quarantined_splits": MetadataValue.int(len(mine))}
+                if mine:
+                    metadata["files"] = MetadataValue.md(
+                        "\n".join(f"- split {s.id}: {s.line()}" for s in mine[:50])
+                    )
+                found[day] = AssetCheckResult(
+                    passed=not mine,
+                    metadata=metadata,
+                    description=(
+                        f"{_label(day)}: {len(mine)} quarantined splits "
+                        f"({', '.join(sorted({s.reason for s in mine}))}); "
+                        "fix the files, then sluice retry --all-failed"
+                        if mine
+                        else None
+                    ),
+                )
+            return found
+
+        yield from _evaluate(context, key, partitioned, "no_quarantined_splits", outcomes)
+
     checks = [
         check(rows_reconcile, "Rows out == rows committed, and every split completed."),
         check(dead_letter_ratio, "Dead letters are at most max_dead_letter_ratio of the records."),
+        check(no_quarantined_splits, "No split is quarantined (a poison file failing its reads)."),
     ]
     if pipeline.plan.key:
         keys = ", ".join(pipeline.plan.key)

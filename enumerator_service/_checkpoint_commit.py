@@ -112,12 +112,18 @@ def apply_split_states(
 ) -> int:
     """Commit split states (offset, watermark, pending inputs) under their fencing epochs.
 
-    A finished split with nothing pending becomes COMPLETED. A state whose epoch is stale
-    raises FencedError, or is skipped with ``skip_fenced`` (AT_LEAST_ONCE). Returns how many
-    splits completed.
+    A finished split with nothing pending becomes COMPLETED; a ``failed`` one counts a failed
+    attempt (see :func:`_commit_failure`). A state whose epoch is stale raises FencedError, or
+    is skipped with ``skip_fenced`` (AT_LEAST_ONCE). Returns how many splits completed.
     """
     completed = 0
     for state in states:
+        if state.get("failed") and state["finished"]:
+            if not _commit_failure(conn, run_id, state) and not skip_fenced:
+                raise FencedError(
+                    f"split {state['id']} epoch {state['epoch']} is no longer held by run {run_id}"
+                )
+            continue
         finished = bool(state["finished"]) and not state["pending"]
         watermark = state.get("watermark")
         values: dict[str, Any] = {
@@ -149,6 +155,57 @@ def apply_split_states(
             )
         completed += finished
     return completed
+
+
+def _commit_failure(conn: Connection, run_id: str, state: Mapping[str, Any]) -> bool:
+    """A split attempt that failed on the split's content (see ``spark_jobs.source._poison``).
+
+    Its progress commits (the next attempt resumes at the offset reached: what it emitted is
+    in this checkpoint's output) and one failure is counted. Below ``max_attempts`` failures
+    the split goes back to the run's pool (ASSIGNED) for another attempt; at
+    ``max_attempts`` it is quarantined: FAILED, out of every run until ``sluice retry``.
+
+    Idempotent: a later snapshot taken before the subtask heard of this commit carries the
+    same failure again; ``failed_epoch`` recognises it. False when the epoch is stale.
+    """
+    failed = state["failed"]
+    watermark = state.get("watermark")
+    failures = splits.c.failures + 1
+    quarantine = failures >= int(failed["max_attempts"])
+    result = conn.execute(
+        sa.update(splits)
+        .where(
+            splits.c.id == state["id"],
+            splits.c.epoch == state["epoch"],
+            splits.c.run_id == run_id,
+            splits.c.status == SplitStatus.READING,
+        )
+        .values(
+            committed_offset=state["offset"],
+            committed_watermark=datetime.fromisoformat(watermark) if watermark else None,
+            pending=state["pending"] or None,
+            failures=failures,
+            failure_reason=str(failed["reason"]),
+            last_error=str(failed["error"]),
+            failed_epoch=state["epoch"],
+            failed_at=sa.func.now(),
+            status=sa.case(
+                (quarantine, sa.literal(SplitStatus.FAILED.value)),
+                else_=sa.literal(SplitStatus.ASSIGNED.value),
+            ),
+            subtask=None,
+            assigned_checkpoint=None,
+            lease_expires_at=sa.case((quarantine, sa.null()), else_=splits.c.lease_expires_at),
+        )
+    )
+    if result.rowcount == 1:
+        return True
+    again = conn.execute(
+        sa.select(splits.c.id).where(
+            splits.c.id == state["id"], splits.c.failed_epoch == state["epoch"]
+        )
+    ).first()
+    return again is not None
 
 
 @dataclass(frozen=True, slots=True)

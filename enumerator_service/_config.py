@@ -173,6 +173,15 @@ class Settings(BaseSettings):
         "inside the landing folder are always followed.",
     )
 
+    # -- issue 13, poison splits (quarantine) ----------------------------------------------
+    split_max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="Failed attempts on a split's own content (corrupt gzip or Parquet, bad "
+        "CSV header, file gone) before the split is quarantined as FAILED.",
+    )
+
     @field_validator("pipelines")
     @classmethod
     def _modules(cls, value: str) -> str:

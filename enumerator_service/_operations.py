@@ -8,7 +8,7 @@ pipeline.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from enumerator_service._enumerator import (
     SplitEnumerator,
     StaticFileEnumerator,
 )
+from enumerator_service._quarantine import QuarantinedSplit, quarantined
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions
 from enumerator_service._split_store import SplitStore
 from enumerator_service._table_enumerator import TableRangeEnumerator
@@ -145,6 +146,8 @@ class PlatformStatus:
     dead_letter_reasons: list[tuple[str, int]]
     last_checkpoint: dict[str, Any] | None
     last_commit_at: datetime | None
+    #: Poison splits quarantined as FAILED (oldest first, at most 1000).
+    quarantined: list[QuarantinedSplit] = field(default_factory=list)
 
 
 def platform_status(platform: Platform, source: str) -> PlatformStatus:
@@ -180,4 +183,5 @@ def platform_status(platform: Platform, source: str) -> PlatformStatus:
         dead_letter_reasons=[(r, n) for r, n in reasons],
         last_checkpoint=dict(last._mapping) if last is not None else None,
         last_commit_at=last_commit,
+        quarantined=quarantined(platform.engine, source),
     )

@@ -64,6 +64,9 @@ class SplitStatus(StrEnum):
     COMPLETED = "COMPLETED"
     #: Registered while its partition is rebuilt; released to the pool by the rebuild's swap.
     HELD = "HELD"
+    #: Quarantined: its content failed ``SLUICE_SPLIT_MAX_ATTEMPTS`` attempts (a poison file);
+    #: kept out of every run until ``sluice retry`` puts it back.
+    FAILED = "FAILED"
 
 
 class CheckpointStatus(StrEnum):
@@ -135,6 +138,14 @@ splits = Table(
     # The partition rebuild this split is being re-read for (NULL: none). Its output goes to
     # the rebuild's folder, which replaces the partition's folder once every member completed.
     Column("rebuild_id", BigInteger),
+    # Poison splits (quarantine): attempts that failed on the split's own content (counted
+    # when the checkpoint carrying the failure commits), what went wrong the last time, and
+    # the fencing epoch of the attempt last counted (a repeated commit of it counts once).
+    Column("failures", Integer, nullable=False, server_default="0"),
+    Column("failure_reason", Text),
+    Column("last_error", Text),
+    Column("failed_epoch", BigInteger),
+    Column("failed_at", DateTime(timezone=True)),
     UniqueConstraint("source", "uri", "start_offset"),
     # HELD: registered while its partition is being rebuilt; released when the rebuild swaps.
     CheckConstraint(f"status IN {SPLIT_STATUSES!r}", name="status"),

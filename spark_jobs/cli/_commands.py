@@ -15,8 +15,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from enumerator_service import ConfigError, Settings, asyncpg_dsn, load_settings, redact_url
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
+from enumerator_service._quarantine import retry_splits
 from enumerator_service._safe_paths import partition_date
-from spark_jobs.cli._render import describe_table, run_table, status_json, status_table
+from spark_jobs.cli._render import (
+    describe_table,
+    failed_line,
+    run_table,
+    status_json,
+    status_table,
+)
 from spark_jobs.pipeline import Pipeline, SampleTarget
 from spark_jobs.pipeline._demo_marks import check_landing, record_landing
 from spark_jobs.pipeline._paths import discovery_of, landing_path
@@ -266,6 +273,44 @@ def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
         return
     for status in statuses:
         console.print(status_table(status))
+
+
+class UnknownSplitError(click.ClickException):
+    """``sluice retry`` of a split that is not quarantined: one line, exit code 2."""
+
+    exit_code = 2
+
+
+@cli.command("retry")
+# A split id is a positive bigint: anything else is a usage error before any query.
+@click.argument("split", required=False, type=click.IntRange(1, 2**63 - 1))
+@click.option("--all-failed", is_flag=True, help="Every quarantined (FAILED) split.")
+@click.option("--pipeline", help="With --all-failed: only this pipeline's splits.")
+@click.pass_context
+def retry_cmd(
+    ctx: click.Context, split: int | None, all_failed: bool, pipeline: str | None
+) -> None:
+    """Put quarantined (FAILED) splits back in the pool, failed attempts reset: SPLIT (its
+    id, from ``sluice status``) or --all-failed. They are read by the next run (or the live
+    continuous one), from where their committed output ends."""
+    if (split is None) == (not all_failed):
+        raise click.UsageError("give either a SPLIT id or --all-failed")
+    if pipeline is not None and not all_failed:
+        raise click.UsageError("--pipeline goes with --all-failed")
+    settings = _settings(ctx)
+    source = _pipeline(settings, pipeline).name if pipeline is not None else None
+    platform = _open(settings)
+    try:
+        ids = None if split is None else [split]
+        retried = retry_splits(platform.engine, ids, source=source)
+    finally:
+        platform.close()
+    if split is not None and not retried:
+        raise UnknownSplitError(f"split {split} is not quarantined (no FAILED split has that id)")
+    for done in retried:
+        click.echo(f"split {done.id} ({done.source}) back in the pool: {failed_line(done)}")
+    if not retried:
+        click.echo("no quarantined splits")
 
 
 @cli.command("demo")

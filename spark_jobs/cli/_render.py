@@ -10,6 +10,7 @@ from rich.text import Text
 
 from enumerator_service import Settings
 from enumerator_service._operations import PlatformStatus
+from enumerator_service._quarantine import QuarantinedSplit
 from enumerator_service._schema import SplitStatus
 from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.pipeline import Pipeline
@@ -17,7 +18,7 @@ from spark_jobs.pipeline._describe import describe
 from spark_jobs.pipeline._paths import output_path
 from spark_jobs.pipeline._plan import Plan
 
-__all__ = ["describe_table", "run_table", "status_json", "status_table"]
+__all__ = ["describe_table", "failed_line", "run_table", "status_json", "status_table"]
 
 
 def describe_table(
@@ -78,6 +79,15 @@ def run_table(summary: RunSummary, pipeline: Pipeline, settings: Settings) -> Ta
     return table
 
 
+#: Quarantined splits listed by ``sluice status`` (``--json`` lists them all).
+_SHOWN_FAILED = 20
+
+
+def failed_line(split: QuarantinedSplit) -> str:
+    """One line about a quarantined split: file, reason, attempts, last error (bounded)."""
+    return split.line()
+
+
 def status_table(status: PlatformStatus) -> Table:
     table = Table(title=f"Pipeline {status.source}", show_header=False)
     for state in SplitStatus:
@@ -87,6 +97,11 @@ def status_table(status: PlatformStatus) -> Table:
     table.add_row("dead letters", f"{status.dead_letters:,}")
     for reason, count in status.dead_letter_reasons:
         table.add_row(f"  {reason}", f"{count:,}")
+    failed = status.quarantined
+    for split in failed[:_SHOWN_FAILED]:
+        table.add_row(f"  failed split {split.id}", failed_line(split))
+    if len(failed) > _SHOWN_FAILED:
+        table.add_row("  …", f"{len(failed) - _SHOWN_FAILED} more (status --json lists them)")
     last = status.last_checkpoint
     table.add_row(
         "last checkpoint",
@@ -109,6 +124,17 @@ def status_json(statuses: list[PlatformStatus]) -> dict[str, Any]:
             "rows_removed_by_steps": status.rows_dropped,
             "dead_letters": status.dead_letters,
             "dead_letter_reasons": dict(status.dead_letter_reasons),
+            "failed_splits": [
+                {
+                    "id": split.id,
+                    "uri": split.uri,
+                    "failures": split.failures,
+                    "reason": split.reason,
+                    "last_error": split.last_error,
+                    "failed_at": split.failed_at.isoformat() if split.failed_at else None,
+                }
+                for split in status.quarantined
+            ],
             "last_commit_at": status.last_commit_at.isoformat() if status.last_commit_at else None,
             "last_checkpoint": None
             if last is None

@@ -244,6 +244,7 @@ class ReaderRun:
             continuous_idle_seconds=settings.continuous_idle_seconds or None,
             landing_root=self.landing_root,
             follow_symlinks=settings.follow_symlinks,
+            split_max_attempts=settings.split_max_attempts,
         )
 
     def _execute(

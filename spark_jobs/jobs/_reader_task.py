@@ -57,6 +57,7 @@ from spark_jobs.source import (
     SplitFetcher,
 )
 from spark_jobs.source._batch import OFFSET, Batch, DeadLetter, RecordSchema, user_rows
+from spark_jobs.source._poison import SplitFailure
 
 __all__ = ["ReaderTask", "record_schema"]
 
@@ -237,6 +238,13 @@ class ReaderTask:
         held.reading_done = True
         held.replay.clear()
 
+    def split_failed(self, failure: SplitFailure, state: SplitState) -> None:
+        # A poison split's failed attempt: dropped here; the next checkpoint that finds none
+        # of its records in the chain carries the failure (its output so far commits with it).
+        held = self._splits[failure.split_id]
+        held.reading_done = True
+        held.failure = failure
+
     # -- ChainSink (mailbox thread) ------------------------------------------------------
 
     def write(self, batch: Batch) -> None:
@@ -267,7 +275,12 @@ class ReaderTask:
         self._last_trigger = checkpoint_id
         final = self._input_ended and self._chain.in_flight() == 0
         # Steps 1-2: split states and the source ranges the chain has not emitted.
-        states = snapshot_splits(self._splits, self._chain.pending(), checkpoint_id)
+        states = snapshot_splits(
+            self._splits,
+            self._chain.pending(),
+            checkpoint_id,
+            max_attempts=self._config.split_max_attempts,
+        )
         # Step 3: the sink's pre-commit; the writer thread closes the staged output, then
         # writes the acknowledgement (asynchronous part, off the mailbox thread).
         staged = self._sink.pre_commit()

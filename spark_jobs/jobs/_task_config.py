@@ -51,6 +51,8 @@ class TaskConfig:
     continuous: bool = False
     continuous_poll_seconds: float = 1.0
     continuous_idle_seconds: float | None = None
+    #: Failed attempts on a split's content before it is quarantined (SLUICE_SPLIT_MAX_ATTEMPTS).
+    split_max_attempts: int = 3
     debug: bool = False
     #: A file source's landing folder (resolved) and whether symbolic links may lead out of
     #: it (``SLUICE_FOLLOW_SYMLINKS``); None: files are opened without that check.

@@ -28,6 +28,7 @@ from typing import Any
 
 from enumerator_service import SplitAssignment, SplitState
 from spark_jobs.jobs._stages import PendingRange
+from spark_jobs.source._poison import SplitFailure
 
 __all__ = ["TaskSplit", "decode_pending", "encode_pending", "snapshot_splits"]
 
@@ -35,14 +36,16 @@ __all__ = ["TaskSplit", "decode_pending", "encode_pending", "snapshot_splits"]
 @dataclass(slots=True)
 class TaskSplit:
     """A split this attempt holds: its assignment, its live state (shared with the reader),
-    the checkpoint whose snapshot last recorded it as finished, and the restored ranges not
-    yet re-read (by their index in the assignment's ``pending``)."""
+    the checkpoint whose snapshot last recorded it as finished, the restored ranges not
+    yet re-read (by their index in the assignment's ``pending``), and the content failure
+    that ended its reading early (a poison split's failed attempt)."""
 
     assignment: SplitAssignment
     state: SplitState
     reading_done: bool = False
     finished_in: int | None = None
     replay: dict[int, PendingRange] = field(default_factory=dict)
+    failure: SplitFailure | None = None
 
     def replayed(self, entry: int, end: int) -> PendingRange | None:
         """A re-read block of pending entry ``entry`` ended at ``end``: the entry's range
@@ -90,13 +93,23 @@ def encode_pending(ranges: Iterable[PendingRange]) -> list[dict[str, Any]]:
 
 
 def snapshot_splits(
-    splits: Mapping[int, TaskSplit], pending: Iterable[PendingRange], checkpoint_id: int
+    splits: Mapping[int, TaskSplit],
+    pending: Iterable[PendingRange],
+    checkpoint_id: int,
+    *,
+    max_attempts: int = 3,
 ) -> list[dict[str, Any]]:
     """The split states of checkpoint ``checkpoint_id``: offsets, watermarks and the pending
     ranges of each split (from the chain, and restored ranges not re-read yet).
 
     A split that is read to its end with nothing pending is marked finished in this
     checkpoint: once it completes, the split is no longer this subtask's state.
+
+    A split whose reading failed on its content is marked finished *and* ``failed``
+    (``{"reason", "error", "max_attempts"}``) once the chain holds none of its records: every
+    record it emitted is then in this checkpoint's output, so the failure commits with the
+    offset reached (the next attempt resumes there; the restored ranges it never re-read
+    stay pending). Committing it counts one failed attempt (see ``apply_split_states``).
     """
     by_split: dict[int, list[PendingRange]] = defaultdict(list)
     for entry in pending:
@@ -104,17 +117,29 @@ def snapshot_splits(
     states = []
     for split_id, held in splits.items():
         state = held.state
-        waiting = encode_pending([*by_split.get(split_id, ()), *held.replay.values()])
-        states.append(
-            {
-                "id": split_id,
-                "epoch": held.assignment.epoch,
-                "offset": state.offset,
-                "watermark": state.watermark.isoformat() if state.watermark else None,
-                "finished": held.reading_done,
-                "pending": waiting,
-            }
-        )
+        in_chain = by_split.get(split_id, ())
+        waiting = encode_pending([*in_chain, *held.replay.values()])
+        entry_state: dict[str, Any] = {
+            "id": split_id,
+            "epoch": held.assignment.epoch,
+            "offset": state.offset,
+            "watermark": state.watermark.isoformat() if state.watermark else None,
+            "finished": held.reading_done,
+            "pending": waiting,
+        }
+        failure = held.failure
+        if failure is not None:
+            if in_chain:
+                entry_state["finished"] = False  # its records are still in the chain
+            else:
+                entry_state["failed"] = {
+                    "reason": failure.reason,
+                    "error": failure.error,
+                    "max_attempts": max_attempts,
+                }
+                if held.finished_in is None:
+                    held.finished_in = checkpoint_id
+        states.append(entry_state)
         if held.reading_done and not waiting and held.finished_in is None:
             # The first checkpoint that carries the final state: once it completes (or any
             # later one), the split is forgotten.

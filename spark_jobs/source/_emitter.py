@@ -15,6 +15,7 @@ from typing import Protocol
 
 from enumerator_service import SplitAssignment, SplitState
 from spark_jobs.source._batch import ParsedBlock
+from spark_jobs.source._poison import SplitFailure
 
 __all__ = ["ReaderOutput", "RecordEmitter"]
 
@@ -33,6 +34,10 @@ class ReaderOutput(Protocol):
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
         """The split's last block was emitted."""
+
+    def split_failed(self, failure: SplitFailure, state: SplitState) -> None:
+        """Reading the split failed on its content after the blocks emitted so far (``state``:
+        its progress up to there); the split is dropped from this reader."""
 
 
 class RecordEmitter:

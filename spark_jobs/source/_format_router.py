@@ -26,6 +26,7 @@ from enumerator_service import FileSplit, LandingRoot, SplitAssignment
 from spark_jobs.source._batch import RecordSchema
 from spark_jobs.source._line_reader import LINE_KINDS, LineSplitReader, check_whole_file
 from spark_jobs.source._parquet_reader import ParquetSplitReader
+from spark_jobs.source._poison import content_failure
 from spark_jobs.source._records import BlockReader, RecordsWithSplitIds, SplitRead
 from spark_jobs.source._table_reader import TableRangeSplitReader
 
@@ -125,17 +126,24 @@ class FormatRouter:
 
     def fetch(self) -> RecordsWithSplitIds:
         """At most one block of the current read; the split is finished with its last block
-        (or in a fetch of its own) when its normal read ends."""
+        (or in a fetch of its own) when its normal read ends. A read that raises on the
+        split's content ends the split as failed (see ``_poison``)."""
         batch = RecordsWithSplitIds()
         if self._current is None:
             if not self._reads:
                 return batch
             read = self._reads.popleft()
             reader = self._reader_for(read.split.kind)
-            reader.open(read)
             self._current = (read, reader)
+            try:
+                reader.open(read)
+            except Exception as exc:
+                return self._failed(batch, exc)
         read, reader = self._current
-        block, done = reader.fetch()
+        try:
+            block, done = reader.fetch()
+        except Exception as exc:
+            return self._failed(batch, exc)
         if block is not None:
             if read.replay:
                 block.replay, block.replay_entry = True, read.entry
@@ -144,6 +152,20 @@ class FormatRouter:
             self._current = None
             if not read.replay:
                 batch.finished.append(read.split_id)
+        return batch
+
+    def _failed(self, batch: RecordsWithSplitIds, exc: Exception) -> RecordsWithSplitIds:
+        """The current read raised: a content error drops its split (every read of it still
+        queued too) and reports it in ``batch.failed``; anything else fails the fetcher."""
+        assert self._current is not None
+        read, reader = self._current
+        self._current = None
+        failure = content_failure(read.split_id, read.split.kind, exc)
+        if failure is None:
+            raise exc
+        reader.close()
+        self._reads = deque(r for r in self._reads if r.split_id != read.split_id)
+        batch.failed.append(failure)
         return batch
 
     def wake_up(self) -> None:

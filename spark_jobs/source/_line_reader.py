@@ -26,7 +26,7 @@ from enumerator_service import FileSplit, LandingRoot
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._blocks import JsonLinesParser
 from spark_jobs.source._convert import RecordConverter, new_block
-from spark_jobs.source._csv import CsvLinesParser, read_csv_header
+from spark_jobs.source._csv import CsvHeaderError, CsvLinesParser, read_csv_header
 from spark_jobs.source._lines import LineCursor
 from spark_jobs.source._records import SplitRead
 
@@ -84,6 +84,11 @@ class LineSplitReader:
                 max_line_bytes=self._max_line,
                 landing=self._landing,
             )
+            # A header without a required column would make every line a dead letter: the
+            # file is wrong as a whole (renamed columns, another file's layout), so it fails.
+            missing = sorted(self._schema.required - set(header)) if header else []
+            if missing:
+                raise CsvHeaderError(f"{where}: header lacks required columns {missing}")
             self._parser = CsvLinesParser(self._converter, header, self._max_line)
         else:
             self._parser = self._json

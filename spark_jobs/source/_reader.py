@@ -11,6 +11,7 @@ from enumerator_service import SplitState
 from spark_jobs.source._batch import ParsedBlock
 from spark_jobs.source._emitter import ReaderOutput, RecordEmitter
 from spark_jobs.source._fetcher import HandoffQueue, SplitFetcher
+from spark_jobs.source._poison import SplitFailure
 
 __all__ = ["InputStatus", "SourceReaderBase"]
 
@@ -27,7 +28,7 @@ class SourceReaderBase:
     Fetch results come from the fetcher thread through the bounded hand-off queue; when it is
     empty, ``poll_next`` returns NOTHING_AVAILABLE and ``is_available()`` is a future that
     completes when the next one arrives. Split states live here and are updated by the
-    RecordEmitter. A split's blocks are emitted before it is reported finished.
+    RecordEmitter. A split's blocks are emitted before it is reported finished (or failed).
     """
 
     def __init__(self, fetcher: SplitFetcher, handoff: HandoffQueue, emitter: RecordEmitter):
@@ -37,6 +38,7 @@ class SourceReaderBase:
         self._states: dict[int, SplitState] = {}
         self._blocks: deque[ParsedBlock] = deque()
         self._finished: deque[int] = deque()
+        self._failed: deque[SplitFailure] = deque()
         self._end_of_input = False
 
     def start(self) -> None:
@@ -76,6 +78,11 @@ class SourceReaderBase:
                 output.split_finished(split_id, self._states.pop(split_id))
                 self._emitter.split_finished(split_id)
                 return InputStatus.MORE_AVAILABLE
+            if self._failed:
+                failure = self._failed.popleft()
+                output.split_failed(failure, self._states.pop(failure.split_id))
+                self._emitter.split_finished(failure.split_id)
+                return InputStatus.MORE_AVAILABLE
             if self._end_of_input:
                 return InputStatus.END_OF_INPUT
             item = self._handoff.poll()
@@ -89,4 +96,5 @@ class SourceReaderBase:
                 output.split_added(assignment, state)
             self._blocks.extend(item.blocks)
             self._finished.extend(item.finished)
+            self._failed.extend(item.failed)
             self._end_of_input = item.end_of_input

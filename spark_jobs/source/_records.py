@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from enumerator_service import Split, SplitAssignment
 from spark_jobs.source._batch import ParsedBlock
+
+if TYPE_CHECKING:
+    from spark_jobs.source._poison import SplitFailure
 
 __all__ = ["BlockReader", "RecordsWithSplitIds", "SplitRead"]
 
@@ -59,12 +62,14 @@ class BlockReader(Protocol):
 
 @dataclass(slots=True)
 class RecordsWithSplitIds:
-    """The result of one fetch: splits added, blocks (in order), splits finished by it.
+    """The result of one fetch: splits added, blocks (in order), splits finished by it, and
+    splits dropped by it because their content failed (``SplitFailure``; see ``_poison``).
 
-    Blocks come before the finished splits: a split is finished after its last block.
+    Blocks come before the finished and failed splits: a split ends after its last block.
     """
 
     added: list[SplitAssignment] = field(default_factory=list)
     blocks: list[ParsedBlock] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
+    failed: list[SplitFailure] = field(default_factory=list)
     end_of_input: bool = False

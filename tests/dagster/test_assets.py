@@ -87,7 +87,7 @@ RUN_METADATA = {
     "rows_per_second",
     "output",
 }
-CHECKS = {"unique_key", "rows_reconcile", "dead_letter_ratio"}
+CHECKS = {"unique_key", "rows_reconcile", "dead_letter_ratio", "no_quarantined_splits"}
 #: An extra landing file of day one: two good events and two malformed lines.
 EXTRA_FILE = (
     b'{"event_id": "extra-1", "user_id": 1, "event_time": "2026-01-01T12:00:00+00:00", '

@@ -193,9 +193,10 @@ def test_an_unpartitioned_pipeline_has_an_unpartitioned_asset_and_no_key_check()
     assert [key.to_user_string() for s in built.source_assets for key in s.keys] == [
         "flat_things_landing"
     ]
-    # No key declared: no unique-key check; the other two always.
+    # No key declared: no unique-key check; the other three always.
     assert sorted(key.name for c in built.checks for key in c.check_keys) == [
         "dead_letter_ratio",
+        "no_quarantined_splits",
         "rows_reconcile",
     ]
     assert [j.name for j in built.jobs] == ["flat_things_incremental", "flat_things_continuous"]

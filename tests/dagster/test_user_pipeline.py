@@ -438,7 +438,7 @@ class Platform:
         return {(e.check_name, e.partition): e.passed for e in result.get_asset_check_evaluations()}
 
 
-CHECKS = {"unique_key", "rows_reconcile", "dead_letter_ratio"}
+CHECKS = {"unique_key", "rows_reconcile", "dead_letter_ratio", "no_quarantined_splits"}
 
 
 @pytest.fixture(scope="module")

@@ -26,13 +26,16 @@ from pathlib import Path
 
 import pytest
 from fault_harness import (
+    POISON_REASONS,
     Chaos,
     Driver,
     OwnPostgres,
     Verdict,
     expected_events,
+    land_poison,
     log,
     make_root,
+    quarantined_files,
     remove,
     sluice,
     sluice_env,
@@ -55,6 +58,8 @@ EVENTS = 100_000
 USERS = 50_000
 #: 10 kill points: every kind at least three times (the order is shuffled by the seed).
 PLAN = ["worker"] * 4 + ["driver"] * 3 + ["postgres"] * 3
+#: The poison-file case: fewer kills (every kind; its first batch is the same 100k events).
+POISON_PLAN = ["worker"] * 2 + ["driver"] + ["postgres"]
 #: Top-up batches at most, and their size. Batched reading enriches a top-up in about a
 #: second, so a kill moment often comes after a run's work: the stream needs enough batches
 #: (each one more run) to spend every kill.
@@ -138,11 +143,21 @@ def _chaos_loop(
     assert {kill.kind for kill in chaos.kills} == KINDS
 
 
-def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verdict:
+def _fault_run(
+    postgres: tuple[OwnPostgres, Path],
+    mode: str,
+    seed: int,
+    *,
+    plan: list[str] = PLAN,
+    poison: bool = False,
+) -> Verdict:
+    """``poison``: every batch lands a truncated gzip, a corrupt Parquet footer and a CSV
+    with a bad header among its good files; each must end quarantined with its reason."""
     server, root = postgres
-    work = root / mode.lower()
+    name = mode.lower() + ("_poison" if poison else "")
+    work = root / name
     work.mkdir()
-    db_url = server.create_database(f"faults_{mode.lower()}")
+    db_url = server.create_database(f"faults_{name}")
     settings = {
         **_settings(work, db_url, mode, "examples.clickstream"),
         # ~60 byte-range splits of ~256 KiB over 12 files.
@@ -160,7 +175,8 @@ def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verd
     # everything is committed, further batches land on the following days (the stream keeps
     # arriving) — on a fast machine 100k events take only a few seconds.
     batches: list[DemoSpec] = []
-    chaos = Chaos(seed, list(PLAN))
+    chaos = Chaos(seed, list(plan))
+    optional: dict[str, tuple[object, ...]] = {}
 
     def land_batch() -> bool:
         if len(batches) > MAX_TOP_UPS:
@@ -176,6 +192,9 @@ def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verd
             seed=7 + len(batches),
         )
         generate_events(landing, spec)
+        if poison:
+            folder = landing / f"dt={spec.start_date}"
+            optional.update(land_poison(folder, str(len(batches)), USERS))
         batches.append(spec)
         log(
             f"landed {spec.events:,} events from {spec.start_date}; "
@@ -187,11 +206,23 @@ def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verd
     _chaos_loop(server, work, env, db_url, CLICKSTREAM, chaos, land_batch, mode)
     expected = expected_events(landing)
     log(f"{len(batches)} batches, {sum(b.events for b in batches):,} events landed")
-    assert len(chaos.kills) >= 10
+    assert len(chaos.kills) >= len(plan)
 
-    verdict = verify(output, db_url, CLICKSTREAM, expected)
+    verdict = verify(output, db_url, CLICKSTREAM, expected, optional)
     print(verdict.line(mode), flush=True)
-    assert verdict.splits == {"COMPLETED": verdict.splits.get("COMPLETED", -1)}
+    poisoned = {
+        f"poison-{n}{suffix}": reason
+        for n in range(len(batches) if poison else 0)
+        for suffix, reason in POISON_REASONS.items()
+    }
+    quarantined = quarantined_files(db_url, CLICKSTREAM)
+    log(f"quarantined: {quarantined}")
+    assert quarantined == poisoned
+    completed = verdict.splits.get("COMPLETED", -1)
+    assert verdict.splits == {
+        "COMPLETED": completed,
+        **({"FAILED": len(poisoned)} if poison else {}),
+    }
     assert verdict.missing == 0 and verdict.unexpected == 0
     assert verdict.wrong == 0
     assert verdict.dead_letters == verdict.malformed
@@ -200,6 +231,13 @@ def _fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) -> Verd
 
 def test_exactly_once_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
     verdict = _fault_run(postgres, "EXACTLY_ONCE", SEED)
+    assert verdict.duplicates == 0
+
+
+def test_poison_files_are_quarantined_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
+    """Poison files among good ones while workers, the driver and Postgres are killed: each is
+    quarantined with its reason, the rest is exactly once."""
+    verdict = _fault_run(postgres, "EXACTLY_ONCE", SEED + 3, plan=POISON_PLAN, poison=True)
     assert verdict.duplicates == 0
 
 

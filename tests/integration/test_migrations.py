@@ -70,4 +70,4 @@ def test_upgrade_is_idempotent(empty_engine: sa.Engine) -> None:
             sa.text(f"SELECT version_num FROM {SCHEMA}.alembic_version")
         ).scalar()
     head = ScriptDirectory.from_config(alembic_config(empty_engine)).get_current_head()
-    assert version == head == "0006"
+    assert version == head == "0007"
