@@ -21,6 +21,7 @@ import zlib
 from dataclasses import dataclass
 
 from enumerator_service import redact_url
+from enumerator_service._landing import OutsideLandingError
 from spark_jobs.source._csv import CsvHeaderError
 from spark_jobs.source._parquet_reader import ParquetSplitError
 
@@ -37,6 +38,7 @@ _CONTENT_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
     (gzip.BadGzipFile, "corrupt gzip stream"),
     (EOFError, "truncated compressed stream"),
     (zlib.error, "corrupt compressed stream"),
+    (OutsideLandingError, "link leads out of the landing folder"),
     (FileNotFoundError, "file not found"),
     (IsADirectoryError, "not a file"),
     (PermissionError, "file not readable"),
