@@ -22,6 +22,7 @@ from enumerator_service._database import (
     asyncpg_dsn,
     connect_engine,
     database_url,
+    read_password_file,
     upgrade_schema,
 )
 from enumerator_service._enumerator import (
@@ -30,6 +31,7 @@ from enumerator_service._enumerator import (
     SplitEnumerator,
     StaticFileEnumerator,
 )
+from enumerator_service._secrets import redact_text, split_password, with_password
 from enumerator_service._split_store import FencedError, SplitStore
 from enumerator_service._splits import (
     FileSplit,
@@ -68,8 +70,12 @@ __all__ = [
     "connect_engine",
     "database_url",
     "load_settings",
+    "read_password_file",
     "recover",
+    "redact_text",
     "redact_url",
+    "split_password",
     "upgrade_schema",
     "validate_identifier",
+    "with_password",
 ]
