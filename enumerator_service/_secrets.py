@@ -36,7 +36,8 @@ _KEY_VALUE = re.compile(r"\s*(?:\w+\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^\s']+)\s*)*")
 _KEY_VALUE_SECRET = re.compile(
     r"\b(password|sslpassword)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE
 )
-_URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+#: A URL in free text; punctuation right after it (``url: reason``) is not part of it.
+_URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\]]")
 
 
 def _parse(url: str) -> URL | None:

@@ -232,7 +232,7 @@ def test_dagster_metadata_failures_and_tags_hide_the_password(
     failed = _observe(url, tmp_path)
     assert not failed.success
     for result in (ok, failed):
-        shown = repr(list(result.all_events)) + repr(result.dagster_run.tags)
+        shown = repr(list(result.all_events)) + repr(result.dagster_run)
         assert_hidden(shown, form)
     failure = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "password authentication failed" in repr(failure)

@@ -68,6 +68,9 @@ def test_redact_text_finds_the_password_in_any_encoding_and_any_url() -> None:
     for leaked in ("a/b@c", "a%2Fb%40c", "a%2fb%40c", "other"):
         assert leaked not in shown
     assert "postgresql://bob:***@x/y" in shown
+    assert redact_text("cannot connect to postgresql://u:pw@h/db: refused") == (
+        "cannot connect to postgresql://u:***@h/db: refused"
+    )
 
 
 @pytest.mark.parametrize(
