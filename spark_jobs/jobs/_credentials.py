@@ -101,11 +101,14 @@ def share_database(settings: Settings, url: str) -> tuple[WorkerDatabase, Callab
     if not settings.spark_master.startswith("local"):
         return WorkerDatabase(bare, True), lambda: None
     folder = settings.home_path / SECRETS_FOLDER
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    folder.chmod(0o700)
     path = folder / f"db-{secrets.token_hex(8)}.password"
-    # O_EXCL + 0600 from the start: the password is never readable by others, not even briefly.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(password + "\n")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)
+        # O_EXCL + 0600 from the start: never readable by others, not even briefly.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(password + "\n")
+    except OSError as exc:
+        raise ConfigError("SLUICE_HOME", f"cannot write {path}: {exc.strerror}") from None
     return WorkerDatabase(bare, True, str(path)), lambda: path.unlink(missing_ok=True)

@@ -207,3 +207,14 @@ def test_executors_read_the_password_from_their_environment(
     monkeypatch.setenv("SLUICE_DATABASE_PASSWORD", "fr/om-env")
     assert database.resolve() == "postgresql://alice:fr%2Fom-env@db/app"
     assert os.environ["SLUICE_DATABASE_PASSWORD"] == "fr/om-env"
+
+
+def test_an_unwritable_home_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "home").write_text("a file, not a folder")
+    settings = load_settings(
+        database_url=SECRET_URL, home=tmp_path / "home", spark_master="local[2]"
+    )
+    with pytest.raises(ConfigError) as caught:
+        share_database(settings, database_url(settings))
+    assert str(caught.value).startswith("SLUICE_HOME: cannot write ")
+    _clean(str(caught.value))
