@@ -13,7 +13,7 @@ from typing import Any
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from enumerator_service import Settings, load_settings
+from enumerator_service import Settings, load_settings, redact_url
 
 __all__ = ["DatabaseResource", "PathsResource", "SluiceResource", "SparkResource"]
 
@@ -33,6 +33,11 @@ class DatabaseResource(ConfigurableResource["DatabaseResource"]):
 
     def overrides(self) -> dict[str, Any]:
         return _set({"database_url": self.url})
+
+    def __repr_args__(self) -> Any:
+        # repr() and str() (and so the nested SluiceResource's) show the URL redacted.
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "url" and isinstance(value, str) else value
 
 
 class SparkResource(ConfigurableResource["SparkResource"]):

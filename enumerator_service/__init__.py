@@ -22,6 +22,7 @@ from enumerator_service._database import (
     asyncpg_dsn,
     connect_engine,
     database_url,
+    read_password_file,
     upgrade_schema,
 )
 from enumerator_service._enumerator import (
@@ -32,6 +33,7 @@ from enumerator_service._enumerator import (
 )
 from enumerator_service._identifiers import qualified_name, quote_identifier
 from enumerator_service._landing import LandingRoot, OutsideLandingError
+from enumerator_service._secrets import redact_text, split_password, with_password
 from enumerator_service._split_store import FencedError, SplitStore
 from enumerator_service._splits import (
     FileSplit,
@@ -74,8 +76,12 @@ __all__ = [
     "load_settings",
     "qualified_name",
     "quote_identifier",
+    "read_password_file",
     "recover",
+    "redact_text",
     "redact_url",
+    "split_password",
     "upgrade_schema",
     "validate_identifier",
+    "with_password",
 ]

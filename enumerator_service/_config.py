@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from enumerator_service._secrets import redact_url, split_password
+
 __all__ = [
     "ConfigError",
     "Settings",
@@ -51,16 +53,16 @@ def validate_identifier(value: str, setting: str = "identifier") -> str:
     return value
 
 
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (safe for logs and metadata)."""
-    return re.sub(r"(?<=://)([^:/@?]*):([^@/?]*)@", r"\1:***@", url)
-
-
 class Settings(BaseSettings):
     """Every knob of Sluice. Environment variables are ``SLUICE_<FIELD>`` in upper case."""
 
     model_config = SettingsConfigDict(
-        env_prefix="SLUICE_", extra="ignore", validate_default=True, frozen=True
+        env_prefix="SLUICE_",
+        extra="ignore",
+        validate_default=True,
+        frozen=True,
+        # A rejected value may be a URL with its password: errors never repeat the input.
+        hide_input_in_errors=True,
     )
 
     database_url: SecretStr | None = Field(
@@ -182,6 +184,19 @@ class Settings(BaseSettings):
         "CSV header, file gone) before the split is quarantined as FAILED.",
     )
 
+    # -- Secrets (issue 13, part "secrets"): the database password kept out of the URL, so a
+    # cluster's executors can get it from their own environment (see database_url()).
+    database_password: SecretStr | None = Field(
+        default=None,
+        description="Password of SLUICE_DATABASE_URL when the URL holds none (executors on a "
+        "cluster read it from their environment).",
+    )
+    database_password_file: Path | None = Field(
+        default=None,
+        description="File holding the password of SLUICE_DATABASE_URL (one line); must exist "
+        "at the same path on every executor.",
+    )
+
     @field_validator("pipelines")
     @classmethod
     def _modules(cls, value: str) -> str:
@@ -199,10 +214,17 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not re.match(
-            r"^postgres(ql)?(\+\w+)?://", value.get_secret_value()
-        ):
-            raise ValueError("must be a postgresql:// URL")
+        if value is None:
+            return value
+        url = value.get_secret_value()
+        if not re.match(r"^postgres(ql)?(\+\w+)?://", url):
+            raise ValueError(f"must be a postgresql:// URL, not {redact_url(url)}")
+        try:
+            split_password(url)
+        except ValueError as exc:
+            raise ValueError(
+                f"{exc} (percent-encode @ / : ? # % in user names and passwords, e.g. %40)"
+            ) from None
         return value
 
     @property

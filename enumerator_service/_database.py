@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
-from enumerator_service._config import ConfigError, Settings, redact_url
+from enumerator_service._config import ConfigError, Settings
+from enumerator_service._secrets import redact_text, redact_url, split_password, with_password
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -25,6 +26,7 @@ __all__ = [
     "asyncpg_dsn",
     "connect_engine",
     "database_url",
+    "read_password_file",
     "upgrade_schema",
 ]
 
@@ -54,10 +56,47 @@ def _embedded_url(settings: Settings) -> str:
 
 
 def database_url(settings: Settings) -> str:
-    """The SQLAlchemy/libpq URL of the platform database (starting the embedded one if needed)."""
-    if settings.database_url is not None:
-        return settings.database_url.get_secret_value()
-    return _embedded_url(settings)
+    """The SQLAlchemy/libpq URL of the platform database (starting the embedded one if needed).
+
+    Its password, if any, is the URL's own (a ``?password=`` parameter is moved into the
+    URL, where every renderer hides it) or ``SLUICE_DATABASE_PASSWORD`` /
+    ``SLUICE_DATABASE_PASSWORD_FILE``; more than one of them is a ConfigError.
+    """
+    if settings.database_url is None:
+        return _embedded_url(settings)
+    bare, password = split_password(settings.database_url.get_secret_value())
+    given = [
+        name
+        for name, value in (
+            ("SLUICE_DATABASE_PASSWORD", settings.database_password),
+            ("SLUICE_DATABASE_PASSWORD_FILE", settings.database_password_file),
+        )
+        if value is not None
+    ]
+    if len(given) + (password is not None) > 1:
+        where = " and ".join(given + (["SLUICE_DATABASE_URL"] if password is not None else []))
+        raise ConfigError(given[-1], f"the password is given twice ({where}): set it in one place")
+    if settings.database_password is not None:
+        password = settings.database_password.get_secret_value()
+    elif settings.database_password_file is not None:
+        password = read_password_file(settings.database_password_file)
+    try:
+        return with_password(bare, password)
+    except ValueError as exc:
+        raise ConfigError("SLUICE_DATABASE_URL", str(exc)) from None
+
+
+def read_password_file(path: Path, setting: str = "SLUICE_DATABASE_PASSWORD_FILE") -> str:
+    """The password in ``path`` (its first line); ConfigError naming ``setting`` if unreadable
+    or empty."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(setting, f"cannot read {path}: {reason}") from None
+    if not lines or not lines[0]:
+        raise ConfigError(setting, f"{path} holds no password")
+    return lines[0]
 
 
 def _sqlalchemy_url(url: str) -> URL:
@@ -86,7 +125,7 @@ def connect_engine(url: str, *, pool_size: int = 5) -> Engine:
     except sa.exc.OperationalError as exc:
         engine.dispose()
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
-        shown = redact_url(url)
+        reason, shown = redact_text(reason, url), redact_url(url)
         raise ConfigError("SLUICE_DATABASE_URL", f"cannot connect to {shown}: {reason}") from None
     return engine
 

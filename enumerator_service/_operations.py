@@ -26,6 +26,7 @@ from enumerator_service._enumerator import (
 )
 from enumerator_service._quarantine import QuarantinedSplit, quarantined
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions
+from enumerator_service._secrets import redact_url
 from enumerator_service._split_store import SplitStore
 from enumerator_service._table_enumerator import TableRangeEnumerator
 
@@ -43,11 +44,15 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Platform:
-    """A connected platform database: its URL (secret) and a control-path Engine."""
+    """A connected platform database: its URL (secret: ``repr`` shows it redacted) and a
+    control-path Engine."""
 
     settings: Settings
     url: str
     engine: Engine
+
+    def __repr__(self) -> str:
+        return f"Platform(url={redact_url(self.url)!r}, settings={self.settings!r})"
 
     def close(self) -> None:
         self.engine.dispose()

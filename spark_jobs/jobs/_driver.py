@@ -27,7 +27,6 @@ from enumerator_service import (
     LandingRoot,
     Settings,
     SplitStore,
-    asyncpg_dsn,
     connect_engine,
     database_url,
     recover,
@@ -36,6 +35,7 @@ from enumerator_service._rebuilds import Rebuild, RebuildStore
 from enumerator_service._safe_paths import child_path, safe_name
 from spark_jobs._spark import get_spark
 from spark_jobs.checkpoint import CheckpointCoordinator
+from spark_jobs.jobs._credentials import share_database
 from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress, run_totals
 from spark_jobs.jobs._outages import while_down
 from spark_jobs.jobs._results import SubtaskResult, lookup_totals
@@ -145,6 +145,7 @@ class ReaderRun:
         started = time.monotonic()
         self._url = database_url(self.settings)
         self._engine = connect_engine(self._url)
+        self._unshare: Callable[[], None] = lambda: None
         try:
             # Step 1: the complete plan from the catalog (looked-up types, key types): a
             # definition that does not fit the database fails here, before anything moves.
@@ -164,6 +165,7 @@ class ReaderRun:
             # Step 6: the summary, from Postgres (a retried task's commits count too).
             return self._summarize(results, coordinator, replacing, started)
         finally:
+            self._unshare()  # the run's password file, if it needed one
             self._engine.dispose()
 
     # -- steps ---------------------------------------------------------------------------
@@ -217,13 +219,14 @@ class ReaderRun:
 
     def _task_config(self, resolved: Resolved) -> TaskConfig:
         settings = self.settings
+        # The closure gets the URL without its password, and where executors read it.
+        database, self._unshare = share_database(settings, self._url)
         return TaskConfig(
             # The sample-data generator stays here: workers never need it (nor its imports).
             pipeline=dataclasses.replace(self.pipeline, sample_data=None),
             plan=resolved.plan,
             lookup_types=resolved.lookup_types,
-            database_url=self._url,
-            asyncpg_dsn=asyncpg_dsn(self._url),
+            database=database,
             run_id=self.run_id,
             lease_seconds=settings.lease_seconds,
             output_root=str(self.output_root),

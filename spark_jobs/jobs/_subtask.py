@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import traceback
 
+from enumerator_service import redact_text
 from spark_jobs.jobs._reader_task import ReaderTask
 from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.runtime import run_task
 
-__all__ = ["run_reader_subtask"]
+__all__ = ["SubtaskFailed", "run_reader_subtask"]
+
+
+class SubtaskFailed(RuntimeError):
+    """A subtask failed; the message is the failure's traceback with the database password
+    (in any encoding) and every URL redacted: Spark ships it to the driver, which logs it and
+    raises it in the run's error."""
 
 
 #: Young-generation threshold while a subtask runs (CPython's default is 700). A subtask
@@ -29,6 +38,17 @@ def run_reader_subtask(config: TaskConfig, subtask: int) -> SubtaskResult:
     gc.set_threshold(_GC_YOUNG_THRESHOLD, thresholds[1], thresholds[2])
     try:
         return run_task(ReaderTask(config, subtask).run)
+    except Exception as exc:
+        raise SubtaskFailed(_redacted(exc, config)) from None
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
+
+
+def _redacted(exc: Exception, config: TaskConfig) -> str:
+    text = "".join(traceback.format_exception(exc))
+    urls = [config.database.url]
+    # With the password, to find it in the text (if it cannot be read, there is none to hide).
+    with contextlib.suppress(Exception):
+        urls.append(config.database_url)
+    return redact_text(text, *urls)

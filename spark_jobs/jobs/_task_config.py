@@ -1,4 +1,9 @@
-"""A reader subtask's configuration: what Spark ships to the workers for one run."""
+"""A reader subtask's configuration: what Spark ships to the workers for one run.
+
+It travels pickled in every task's closure, so it holds no password: the database is a
+:class:`~spark_jobs.jobs._credentials.WorkerDatabase` (the URL without its password, and where
+the executor reads it).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from spark_jobs.jobs._credentials import WorkerDatabase
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._plan import Plan
 
@@ -34,8 +40,8 @@ class TaskConfig:
     plan: Plan
     #: Step index → looked-up table column → Arrow type.
     lookup_types: dict[int, dict[str, pa.DataType]]
-    database_url: str
-    asyncpg_dsn: str
+    #: The platform database, without its password (read on the executor: ``database_url``).
+    database: WorkerDatabase
     run_id: str
     lease_seconds: float
     output_root: str
@@ -58,6 +64,16 @@ class TaskConfig:
     #: it (``SLUICE_FOLLOW_SYMLINKS``); None: files are opened without that check.
     landing_root: str | None = None
     follow_symlinks: bool = False
+
+    @property
+    def database_url(self) -> str:
+        """The database URL with its password, resolved on the executor that asks."""
+        return self.database.resolve()
+
+    @property
+    def asyncpg_dsn(self) -> str:
+        """:attr:`database_url` in the form asyncpg accepts."""
+        return self.database.asyncpg_dsn()
 
     @property
     def source(self) -> str:

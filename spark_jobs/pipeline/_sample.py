@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from enumerator_service import Settings
@@ -26,5 +26,6 @@ class SampleTarget:
 
     settings: Settings
     landing: Path
-    dsn: str
+    #: Holds the password: left out of ``repr``.
+    dsn: str = field(repr=False)
     progress: Callable[[str, int, int], None] | None = None
