@@ -19,9 +19,11 @@ from enumerator_service._config import (
     validate_identifier,
 )
 from enumerator_service._database import (
+    SchemaError,
     asyncpg_dsn,
     connect_engine,
     database_url,
+    require_current_schema,
     upgrade_schema,
 )
 from enumerator_service._enumerator import (
@@ -51,6 +53,7 @@ __all__ = [
     "DiscoveryResult",
     "FencedError",
     "FileSplit",
+    "SchemaError",
     "Settings",
     "Split",
     "SplitAssignment",
@@ -70,6 +73,7 @@ __all__ = [
     "load_settings",
     "recover",
     "redact_url",
+    "require_current_schema",
     "upgrade_schema",
     "validate_identifier",
 ]

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import click
 
 from enumerator_service import ConfigError
+from enumerator_service._database import SchemaError
 from spark_jobs.cli._commands import cli
 from spark_jobs.pipeline import PipelineDefinitionError
 
@@ -22,6 +23,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     try:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except SchemaError as exc:  # says what to do; not a setting's mistake
+        click.echo(f"sluice: {exc}", err=True)
+        sys.exit(2)
     except ConfigError as exc:
         click.echo(f"sluice: configuration error: {exc}", err=True)
         sys.exit(2)

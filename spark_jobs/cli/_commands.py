@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from enumerator_service import ConfigError, Settings, asyncpg_dsn, load_settings, redact_url
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
+from spark_jobs.cli._db import db_status, db_stop
 from spark_jobs.cli._render import describe_table, run_table, status_json, status_table
 from spark_jobs.pipeline import Pipeline, SampleTarget
 from spark_jobs.pipeline._paths import discovery_of, landing_path
@@ -42,9 +43,15 @@ def _progress() -> Progress:
     )
 
 
-def _open(settings: Settings) -> Platform:
+def _open(settings: Settings, *, migrate: bool = False) -> Platform:
+    """The platform; ``migrate`` only for the commands that set it up (``db upgrade``,
+    ``demo``, ``run``): the others never create a database nor change its schema, and fail
+    with one line when it is missing or behind."""
+    if not migrate:
+        with console.status("Connecting to Postgres…"):
+            return open_platform(settings, migrate=False)
     with console.status("Connecting to Postgres and applying migrations…"):
-        return open_platform(settings)
+        return open_platform(settings, migrate=True)
 
 
 def _pipeline(settings: Settings, name: str | None) -> Pipeline:
@@ -66,11 +73,15 @@ def db() -> None:
     """Platform database commands."""
 
 
+db.add_command(db_status)
+db.add_command(db_stop)
+
+
 @db.command("upgrade")
 @click.pass_context
 def db_upgrade(ctx: click.Context) -> None:
     """Apply the schema migrations (sql/versions) to the platform database."""
-    platform = _open(_settings(ctx))
+    platform = _open(_settings(ctx), migrate=True)
     console.print(f"Schema [bold]sluice[/] is up to date at {redact_url(platform.url)}")
     platform.close()
 
@@ -230,7 +241,7 @@ def run_cmd(
         raise click.UsageError("--replace needs the partitions to replace (--date)")
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
-    _open(settings).close()
+    _open(settings, migrate=True).close()
     _run(settings, chosen, _dates(dates), rebuild=replace)
 
 
@@ -263,7 +274,7 @@ def demo(ctx: click.Context, pipeline: str | None) -> None:
     """Everything on embedded defaults: migrate, sample data, discover, run."""
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
-    platform = _open(settings)
+    platform = _open(settings, migrate=True)
     try:
         _demo_data(settings, platform, chosen)
         _discover(platform, chosen, None)
