@@ -281,3 +281,13 @@ def demo(ctx: click.Context, pipeline: str | None) -> None:
     finally:
         platform.close()
     _run(settings, chosen, None)
+
+
+@cli.command("dagster-home")
+@click.pass_context
+def dagster_home(ctx: click.Context) -> None:
+    """Create the Dagster home of the local UI (<SLUICE_HOME>/dagster; `make ui`) with a
+    dagster.yaml that turns telemetry and the first-visit dialog off; print its path."""
+    from dagster_project.home import prepare_dagster_home  # imports dagster: only here
+
+    click.echo(str(prepare_dagster_home(_settings(ctx).home_path / "dagster")))
