@@ -656,13 +656,22 @@ def test_the_first_visit_opens_on_the_page_without_a_dialog(
     """A first visit (fresh browser profile, nothing dismissed) to the home `make ui` makes:
     the server does not ask for the dialog and the rendered page has none."""
     dev = dagster_dev
-    assert graphql(dev.port, SHOULD_SHOW_NUX)["shouldShowNux"] is False
     dom = run_chromium(chromium, dev.workdir, "--dump-dom", f"{dev.url}/assets")
     html = dom.stdout.decode("utf-8", "replace")
     assert dom.returncode == 0, dom.stderr.decode(errors="replace")[-3000:]
     (dev.workdir / "first_visit.html").write_text(html)
     assert dev.asset in html, "the asset list did not render (saved as first_visit.html)"
     assert NUX_DIALOG not in html, "the first-visit dialog is over the page"
+    # And the screenshot: the page's own light background covers most of it (a dialog's
+    # backdrop would dim the whole page grey).
+    screenshot = dev.workdir / "first_visit.png"
+    shot = run_chromium(chromium, dev.workdir, f"--screenshot={screenshot}", f"{dev.url}/assets")
+    assert shot.returncode == 0 and screenshot.is_file(), shot.stderr.decode(errors="replace")
+    _, _, colours = png_colours(screenshot)
+    background, _ = colours.most_common(1)[0]
+    print(f"\nfirst visit: {screenshot}; background #{background.hex()}")
+    assert min(background) >= 0xF0, f"background #{background.hex()}: dimmed by a dialog?"
+    assert graphql(dev.port, SHOULD_SHOW_NUX)["shouldShowNux"] is False
 
 
 def test_asset_page_renders_in_headless_chromium(
