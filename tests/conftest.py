@@ -93,8 +93,8 @@ def embedded_test_server(home: Path) -> Iterator[str]:
     settings = Settings(home=home, database_url=None)
     mine = f"{os.getpid()}"
     with _sessions_lock(home) as sessions:
-        (sessions / mine).touch()
         url = database_url(settings)
+        (sessions / mine).touch()
     try:
         yield url
     finally:
