@@ -40,11 +40,10 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## ui: Dagster UI on 127.0.0.1:3000 with DAGSTER_HOME under .sluice/
+## ui: Dagster UI on 127.0.0.1:3000 with DAGSTER_HOME under .sluice/ (no telemetry, no dialog)
 ui: install
-	mkdir -p .sluice/dagster
-	DAGSTER_HOME=$(abspath .sluice/dagster) $(BIN)/dagster dev -h 127.0.0.1 -p 3000 \
-		-m dagster_project.definitions
+	home=$$($(BIN)/sluice dagster-home) && DAGSTER_HOME=$$home $(BIN)/dagster dev \
+		-h 127.0.0.1 -p 3000 -m dagster_project.definitions
 
 bench: install
 	$(BIN)/python bench/async_io.py

@@ -27,7 +27,8 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from dagster_project._runs import parquet_files
-from enumerator_service import Settings, connect_engine, database_url
+from enumerator_service import Settings
+from enumerator_service._operations import open_platform
 from enumerator_service._schema import SplitStatus, dead_letters, splits
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._errors import quote
@@ -110,7 +111,8 @@ def partition_counts(
     """The accounting of ``days`` (``[None]`` for an unpartitioned output)."""
     source = pipeline.name
     partitioned = [day for day in days if day is not None]
-    engine = connect_engine(database_url(settings), pool_size=1)
+    # Reads the sluice schema: checked, never migrated (a check is not a run start).
+    engine = open_platform(settings, migrate=False, pool_size=1).engine
     try:
         with engine.connect() as conn:
             committed = _committed(conn, pipeline, settings, partitioned)

@@ -29,6 +29,7 @@ __all__ = [
     "missing_landing",
     "parquet_files",
     "sluice_run_id",
+    "start_run",
     "summary_metadata",
 ]
 
@@ -51,11 +52,22 @@ def sluice_run_id(run: DagsterRun) -> str:
     return safe_name(tagged, f"run tag {SLUICE_RUN_TAG}")
 
 
+def start_run(settings: Settings) -> None:
+    """What a run does first: migrate the platform database (creating the embedded one if the
+    home has none). Runs are one of the three places migrations run; sensor ticks and checks
+    only check the schema version."""
+    open_platform(settings, migrate=True).close()
+
+
 def discover_once(
     settings: Settings, pipeline: Pipeline, dates: Sequence[date] | None = None
 ) -> DiscoveryResult:
-    """One discovery tick (bounded to ``dates`` when given) on a short-lived connection."""
-    platform = open_platform(settings)
+    """One discovery tick (bounded to ``dates`` when given) on a short-lived connection.
+
+    Never migrates: a schema that is not at head is a one-line SchemaError (a sensor tick
+    fails with it; a run has migrated first, :func:`start_run`).
+    """
+    platform = open_platform(settings, migrate=False, pool_size=1)
     try:
         return discover(platform, discovery_of(pipeline, settings), dates=dates)
     finally:
@@ -84,8 +96,9 @@ def drain_discovery(settings: Settings, pipeline: Pipeline) -> int:
 
     The per-tick cap keeps a *sensor tick* short; a run has no such limit and processes
     "everything discovered", so it first registers the whole backlog, one committed chunk
-    after another.
+    after another. Called at the start of a run: migrates first (:func:`start_run`).
     """
+    start_run(settings)
     registered = 0
     while True:
         tick = discover_new(settings, pipeline)
@@ -106,8 +119,10 @@ def discover_and_run(
 
     ``run_id`` names the Sluice run (``dagster-<Dagster run id>`` from Dagster, so the
     failed-run sensor can give a dead run's splits back). ``rebuild``: days of ``dates`` that
-    were processed before are processed again and their output replaced.
+    were processed before are processed again and their output replaced. The run starts by
+    migrating the platform database (:func:`start_run`).
     """
+    start_run(settings)
     # Days asked for must have their folders; "all new input" may have none yet.
     discovery = (
         discover_new(settings, pipeline)

@@ -139,7 +139,7 @@ def _duplicates(pipeline: Pipeline, settings: Settings, day: date | None) -> tup
         table = f"{quote(sink.table[0])}.{quote(sink.table[1])}"
         columns = ", ".join(quote(k) for k in key)
         where = "" if day is None else "WHERE dt = :day"
-        engine = connect_engine(database_url(settings), pool_size=1)
+        engine = connect_engine(database_url(settings, create=False), pool_size=1)
         try:
             with engine.connect() as conn:
                 if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": table}).scalar() is None:

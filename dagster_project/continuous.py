@@ -47,12 +47,14 @@ from dagster_project._runs import (
     describe_run,
     discover_new,
     sluice_run_id,
+    start_run,
     summary_metadata,
 )
 from dagster_project.assets import output_location
 from dagster_project.resources import SluiceResource
 from dagster_project.sensors import BACKLOG_TAG, backlog_note
-from enumerator_service import ConfigError, Settings, SplitStore, connect_engine, database_url
+from enumerator_service import ConfigError, Settings, SplitStore
+from enumerator_service._operations import open_platform
 from enumerator_service._schema import SplitStatus
 from spark_jobs.pipeline import Pipeline
 
@@ -129,6 +131,7 @@ def continuous_job(pipeline: Pipeline) -> JobDefinition:
         from spark_jobs.jobs import run_pipeline
 
         settings = sluice.settings()
+        start_run(settings)
         summary = run_pipeline(
             settings, pipeline, run_id=sluice_run_id(context.run), continuous=True
         )
@@ -168,13 +171,15 @@ def continuous_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinitio
     ) -> RunRequest | SkipReason:
         settings = sluice.settings()
         # Without a landing folder yet nothing is discovered; a live run is still fed and a
-        # dead one still replaced.
+        # dead one still replaced. A schema that is not at head fails the tick with one line
+        # (SchemaError: "run 'sluice db upgrade'"): a failed tick is what the UI and the
+        # daemon's log show an operator, a skipped one reads as "nothing to do".
         discovery = discover_new(settings, pipeline)
         cursor = _Cursor.parse(context.cursor)
         # Recorded on every tick, skipped or not: the cursor always shows the current backlog.
         context.update_cursor(replace(cursor, backlog_files=discovery.backlog_files).dump())
         note = backlog_note(discovery)
-        engine = connect_engine(database_url(settings), pool_size=1)
+        engine = open_platform(settings, migrate=False, pool_size=1).engine
         try:
             store = SplitStore(engine)
             mine = {MODE_TAG: "continuous", PIPELINE_TAG: source}
@@ -235,7 +240,7 @@ def release_failed_run_splits(context: RunFailureSensorContext, sluice: SluiceRe
     except ConfigError as exc:  # a run refused for its tag never held a split
         context.log.info(f"run {context.dagster_run.run_id}: {exc}; no splits to return")
         return
-    engine = connect_engine(database_url(settings), pool_size=1)
+    engine = open_platform(settings, migrate=False, pool_size=1).engine
     try:
         released = SplitStore(engine).release_run(run_id)
     finally:

@@ -116,7 +116,7 @@ def table_asset(schema: str, table: str, *, group: str, used_by: str) -> AssetsD
     )
 
     def observe(context: AssetExecutionContext, sluice: SluiceResource) -> ObserveResult:
-        engine = connect_engine(database_url(sluice.settings()), pool_size=1)
+        engine = connect_engine(database_url(sluice.settings(), create=False), pool_size=1)
         try:
             with engine.connect() as conn:
                 row = conn.execute(

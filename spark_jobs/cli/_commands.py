@@ -17,6 +17,7 @@ from enumerator_service import ConfigError, Settings, asyncpg_dsn, load_settings
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
 from enumerator_service._quarantine import retry_splits
 from enumerator_service._safe_paths import partition_date
+from spark_jobs.cli._db import db_status, db_stop
 from spark_jobs.cli._render import (
     describe_table,
     failed_line,
@@ -51,9 +52,15 @@ def _progress() -> Progress:
     )
 
 
-def _open(settings: Settings) -> Platform:
+def _open(settings: Settings, *, migrate: bool = False) -> Platform:
+    """The platform; ``migrate`` only for the commands that set it up (``db upgrade``,
+    ``demo``, ``run``): the others never create a database nor change its schema, and fail
+    with one line when it is missing or behind."""
+    if not migrate:
+        with console.status("Connecting to Postgres…"):
+            return open_platform(settings, migrate=False)
     with console.status("Connecting to Postgres and applying migrations…"):
-        return open_platform(settings)
+        return open_platform(settings, migrate=True)
 
 
 def _pipeline(settings: Settings, name: str | None) -> Pipeline:
@@ -75,11 +82,15 @@ def db() -> None:
     """Platform database commands."""
 
 
+db.add_command(db_status)
+db.add_command(db_stop)
+
+
 @db.command("upgrade")
 @click.pass_context
 def db_upgrade(ctx: click.Context) -> None:
     """Apply the schema migrations (sql/versions) to the platform database."""
-    platform = _open(_settings(ctx))
+    platform = _open(_settings(ctx), migrate=True)
     console.print(f"Schema [bold]sluice[/] is up to date at {redact_url(platform.url)}")
     platform.close()
 
@@ -249,7 +260,7 @@ def run_cmd(
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
     days = _dates(dates)  # (checked before anything is opened)
-    _open(settings).close()
+    _open(settings, migrate=True).close()
     _run(settings, chosen, days, rebuild=replace)
 
 
@@ -320,10 +331,20 @@ def demo(ctx: click.Context, pipeline: str | None) -> None:
     """Everything on embedded defaults: migrate, sample data, discover, run."""
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
-    platform = _open(settings)
+    platform = _open(settings, migrate=True)
     try:
         _demo_data(settings, platform, chosen)
         _discover(platform, chosen, None)
     finally:
         platform.close()
     _run(settings, chosen, None)
+
+
+@cli.command("dagster-home")
+@click.pass_context
+def dagster_home(ctx: click.Context) -> None:
+    """Create the Dagster home of the local UI (<SLUICE_HOME>/dagster; `make ui`) with a
+    dagster.yaml that turns telemetry and the first-visit dialog off; print its path."""
+    from dagster_project.home import prepare_dagster_home  # imports dagster: only here
+
+    click.echo(str(prepare_dagster_home(_settings(ctx).home_path / "dagster")))

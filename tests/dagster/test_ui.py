@@ -337,12 +337,21 @@ def dagster_dev(tmp_path_factory: pytest.TempPathFactory, db_url: str) -> Iterat
         )
     )
 
-    dagster_home = workdir / "dagster_home"
-    dagster_home.mkdir()
-    # No telemetry, and no first-visit dialog over the page the screenshot shows.
-    (dagster_home / "dagster.yaml").write_text(
-        "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
+    # The Dagster home as `make ui` makes it (`sluice dagster-home`: no telemetry, no
+    # first-visit dialog over the page the screenshot shows).
+    made = subprocess.run(
+        [str(Path(sys.executable).parent / "sluice"), "dagster-home"],
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith(("SLUICE_", "DAGSTER_"))},
+            "SLUICE_HOME": str(settings.home_path),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
+    dagster_home = Path(made.stdout.strip())
+    assert dagster_home == settings.home_path / "dagster"
 
     # Nothing of the caller's Sluice or Dagster configuration leaks into the deployment.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLUICE_", "DAGSTER_"))}
@@ -532,6 +541,11 @@ def test_backfill_of_two_partitions_succeeds(dagster_dev: DagsterDev, backfill: 
     print(f"\nrows per partition: {rows}; {len(runs)} run(s), {backfill.seconds:.0f}s")
 
 
+#: The title of dagster-webserver's first-visit dialog (shown over any page on 127.0.0.1).
+NUX_DIALOG = "Join the Dagster community"
+SHOULD_SHOW_NUX = "query ShouldShowNux { shouldShowNux }"
+
+
 def find_chromium() -> str | None:
     found = shutil.which("chromium")
     if found:
@@ -636,6 +650,30 @@ def chromium() -> str:
     return found
 
 
+def test_the_first_visit_opens_on_the_page_without_a_dialog(
+    chromium: str, dagster_dev: DagsterDev
+) -> None:
+    """A first visit (fresh browser profile, nothing dismissed) to the home `make ui` makes:
+    the server does not ask for the dialog and the rendered page has none."""
+    dev = dagster_dev
+    dom = run_chromium(chromium, dev.workdir, "--dump-dom", f"{dev.url}/assets")
+    html = dom.stdout.decode("utf-8", "replace")
+    assert dom.returncode == 0, dom.stderr.decode(errors="replace")[-3000:]
+    (dev.workdir / "first_visit.html").write_text(html)
+    assert dev.asset in html, "the asset list did not render (saved as first_visit.html)"
+    assert NUX_DIALOG not in html, "the first-visit dialog is over the page"
+    # And the screenshot: the page's own light background covers most of it (a dialog's
+    # backdrop would dim the whole page grey).
+    screenshot = dev.workdir / "first_visit.png"
+    shot = run_chromium(chromium, dev.workdir, f"--screenshot={screenshot}", f"{dev.url}/assets")
+    assert shot.returncode == 0 and screenshot.is_file(), shot.stderr.decode(errors="replace")
+    _, _, colours = png_colours(screenshot)
+    background, _ = colours.most_common(1)[0]
+    print(f"\nfirst visit: {screenshot}; background #{background.hex()}")
+    assert min(background) >= 0xF0, f"background #{background.hex()}: dimmed by a dialog?"
+    assert graphql(dev.port, SHOULD_SHOW_NUX)["shouldShowNux"] is False
+
+
 def test_asset_page_renders_in_headless_chromium(
     chromium: str, dagster_dev: DagsterDev, backfill: Backfill
 ) -> None:
@@ -650,6 +688,7 @@ def test_asset_page_renders_in_headless_chromium(
     # loading spinner or an "asset not found" page).
     for text in (dev.asset, "Latest materialization", "rows_out", PARTITIONS[-1]):
         assert text in html, f"{text!r} missing from the rendered page (saved next to the log)"
+    assert NUX_DIALOG not in html, "the first-visit dialog is over the page"
 
     screenshot = dev.workdir / f"{dev.asset}.png"
     shot = run_chromium(chromium, dev.workdir, f"--screenshot={screenshot}", page)

