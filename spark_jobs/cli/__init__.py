@@ -25,6 +25,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except DemoDataRefused as exc:
         click.echo(f"sluice: refused: {exc}", err=True)
+        sys.exit(2)
     except SchemaError as exc:  # says what to do; not a setting's mistake
         click.echo(f"sluice: {exc}", err=True)
         sys.exit(2)

@@ -23,6 +23,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from enumerator_service import connect_engine, upgrade_schema
 from spark_jobs.cli import main
 from spark_jobs.pipeline._demo_marks import DEMO_COMMENT, LANDING_MARKER
 
@@ -42,8 +43,15 @@ def fresh_url(server_url: str) -> Iterator[str]:
     )
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    # Migrated, as `sluice db upgrade` leaves it (demo-data checks the schema, never migrates).
+    migrating = connect_engine(url, pool_size=1)
     try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+        upgrade_schema(migrating)
+    finally:
+        migrating.dispose()
+    try:
+        yield url
     finally:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
