@@ -8,6 +8,13 @@ subtasks pull them as they appear) or to the run the tick requests. Each run is 
 *generation* (its ``run_key``), so a request is never made twice, and a new generation is
 requested only when the previous run is over — failed, cancelled, or ended after idling.
 
+A run Dagster calls STARTED is not trusted to be alive: with the default run launcher nothing
+notices a run worker that died with its container or daemon, and the run stays STARTED for
+ever. The driver's lease heartbeat in Postgres decides (``_dead_run_reason``): a run that has
+been STARTED for longer than one lease and holds a split whose lease ran out is dead. The tick
+then assigns it nothing more, reports it failed in Dagster with the reason, returns its splits
+to the pool and requests the next generation, which takes them.
+
 ``release_failed_run_splits`` returns the splits of any failed Sluice run to the pool at once
 (lease expiry would do it too, only later); the next run resumes them from their committed
 checkpoint state.
@@ -17,10 +24,12 @@ checkpoint state.
 
 import json
 import secrets
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from dagster import (
+    DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
@@ -60,6 +69,7 @@ __all__ = [
     "CONTINUOUS_TAG",
     "GENERATION_TAG",
     "MODE_TAG",
+    "REPLACES_TAG",
     "SLUICE_RUN_TAG",
     "continuous_job",
     "continuous_sensor",
@@ -71,6 +81,8 @@ MODE_TAG = "sluice/mode"
 #: On a continuous run: its pipeline (the deployment allows one continuous run per value).
 CONTINUOUS_TAG = "sluice/continuous"
 GENERATION_TAG = "sluice/generation"
+#: On a continuous run requested because the live one was found dead: that run's Dagster id.
+REPLACES_TAG = "sluice/replaces"
 _IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
@@ -115,6 +127,37 @@ def _runs(context: SensorEvaluationContext, tags: dict[str, str], **kw: Any) -> 
 
 def _unassigned(store: SplitStore, source: str) -> int:
     return store.counts(source).get(SplitStatus.UNASSIGNED, 0)
+
+
+def _dead_run_reason(
+    instance: DagsterInstance, store: SplitStore, run: DagsterRun, lease_seconds: float
+) -> str | None:
+    """Why ``run``, STARTED in Dagster, is dead; None while it may be alive.
+
+    Evidence is the driver's heartbeat, which renews the lease of every split its run holds
+    each third of a lease: a run STARTED for longer than one lease (its driver takes fresh
+    leases when it starts, after a wait in the queue) that holds a split whose lease ran out
+    has stopped renewing. (A driver cut off from Postgres for that long looks the same; its
+    splits may go to another run either way, and their fencing epochs keep its late commits
+    out.) A run that holds no split shows no heartbeat: the splits the tick assigns to it
+    carry a lease, so a dead idle run is found at most one lease later. Runs not STARTED are
+    left to Dagster's run monitoring (start and cancel timeouts).
+    """
+    if run.status != DagsterRunStatus.STARTED:
+        return None
+    record = instance.get_run_record_by_id(run.run_id)
+    if record is None:
+        return None
+    started = record.start_time or record.create_timestamp.timestamp()
+    if time.time() - started < lease_seconds:
+        return None
+    expired = store.expired_leases(sluice_run_id(run))
+    if expired == 0:
+        return None
+    return (
+        f"its lease heartbeat stopped: {expired} of its splits' leases ran out "
+        f"(SLUICE_LEASE_SECONDS={lease_seconds:g}); its run worker is gone"
+    )
 
 
 def continuous_job(pipeline: Pipeline) -> JobDefinition:
@@ -179,12 +222,26 @@ def continuous_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinitio
             store = SplitStore(engine)
             mine = {MODE_TAG: "continuous", PIPELINE_TAG: source}
             live = _runs(context, mine, statuses=_IN_PROGRESS)
-            if live:
+            dead = (
+                _dead_run_reason(context.instance, store, live[0], settings.lease_seconds)
+                if live
+                else None
+            )
+            if live and dead is None:
                 run_id = sluice_run_id(live[0])
                 assigned = store.assign_to_run(run_id, source, lease_seconds=settings.lease_seconds)
                 return SkipReason(
                     f"{discovery.splits_registered} new splits; {assigned} assigned to the "
                     f"live continuous run {live[0].run_id}{note}"
+                )
+            if live and dead is not None:
+                # FAILURE (not CANCELED): the run-failure sensors see it; its splits go back
+                # now, to the generation requested below.
+                context.instance.report_run_failed(live[0], f"Sluice: {dead}")
+                released = store.release_run(sluice_run_id(live[0]))
+                context.log.warning(
+                    f"continuous run {live[0].run_id} is dead ({dead}): reported failed, "
+                    f"{released} splits returned to the pool"
                 )
             current = (
                 _runs(context, {**mine, GENERATION_TAG: str(cursor.generation)})
@@ -220,6 +277,7 @@ def continuous_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinitio
                 SLUICE_RUN_TAG: next_cursor.run_id,
                 "sluice/splits_assigned": str(assigned),
                 BACKLOG_TAG: str(discovery.backlog_files),
+                **({REPLACES_TAG: live[0].run_id} if live and dead is not None else {}),
             },
         )
 
