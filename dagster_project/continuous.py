@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dagster import (
+    DagsterEventType,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
@@ -129,27 +130,41 @@ def _unassigned(store: SplitStore, source: str) -> int:
     return store.counts(source).get(SplitStatus.UNASSIGNED, 0)
 
 
+#: Grace, in leases, for a STARTED run whose step has not started yet (a busy machine can take
+#: longer than a lease to start the step's process).
+_STEP_START_LEASES = 3
+
+
 def _dead_run_reason(
     instance: DagsterInstance, store: SplitStore, run: DagsterRun, lease_seconds: float
 ) -> str | None:
     """Why ``run``, STARTED in Dagster, is dead; None while it may be alive.
 
-    Evidence is the driver's heartbeat, which renews the lease of every split its run holds
-    each third of a lease: a run STARTED for longer than one lease (its driver takes fresh
-    leases when it starts, after a wait in the queue) that holds a split whose lease ran out
-    has stopped renewing. (A driver cut off from Postgres for that long looks the same; its
-    splits may go to another run either way, and their fencing epochs keep its late commits
-    out.) A run that holds no split shows no heartbeat: the splits the tick assigns to it
-    carry a lease, so a dead idle run is found at most one lease later. Runs not STARTED are
-    left to Dagster's run monitoring (start and cancel timeouts).
+    Evidence is the run's lease heartbeat: from its step's start the reader op, and then its
+    driver, renew the lease of every split the run holds each third of a lease. A run whose
+    step started more than one lease ago (or, step not started, that has been STARTED for
+    ``_STEP_START_LEASES`` leases: the leases the sensor gave it may run out while it queues
+    and starts) and that holds a split whose lease ran out has stopped renewing. (A process
+    cut off from Postgres for that long looks the same; its splits may go to another run
+    either way, and their fencing epochs keep its late commits out.) A run that holds no split
+    shows no heartbeat: the splits the tick assigns to it carry a lease, so a dead idle run is
+    found one lease later. Runs not STARTED are left to Dagster's run monitoring (start and
+    cancel timeouts).
     """
     if run.status != DagsterRunStatus.STARTED:
         return None
     record = instance.get_run_record_by_id(run.run_id)
     if record is None:
         return None
-    started = record.start_time or record.create_timestamp.timestamp()
-    if time.time() - started < lease_seconds:
+    steps = instance.get_records_for_run(
+        run.run_id, of_type=DagsterEventType.STEP_START, limit=1, ascending=False
+    ).records
+    if steps:
+        since, grace = steps[0].timestamp, lease_seconds
+    else:
+        since = record.start_time or record.create_timestamp.timestamp()
+        grace = lease_seconds * _STEP_START_LEASES
+    if time.time() - since < grace:
         return None
     expired = store.expired_leases(sluice_run_id(run))
     if expired == 0:
@@ -170,11 +185,22 @@ def continuous_job(pipeline: Pipeline) -> JobDefinition:
         ``SLUICE_CONTINUOUS_IDLE_SECONDS`` without new splits."""
         # Imported here so loading the code location (every sensor tick) never imports PySpark.
         from spark_jobs.jobs import run_pipeline
+        from spark_jobs.jobs._heartbeat import Heartbeat
 
         settings = sluice.settings()
-        summary = run_pipeline(
-            settings, pipeline, run_id=sluice_run_id(context.run), continuous=True
-        )
+        run_id = sluice_run_id(context.run)
+        # The leases the sensor gave this run are renewed from the step's first moment, not
+        # only once the driver has its Spark session (which can take longer than a lease):
+        # the sensor judges a run dead by them (_dead_run_reason).
+        engine = connect_engine(database_url(settings), pool_size=1)
+        heartbeat = Heartbeat(SplitStore(engine), engine, run_id, settings.lease_seconds, None)
+        SplitStore(engine).heartbeat_run(run_id, settings.lease_seconds)
+        heartbeat.start()
+        try:
+            summary = run_pipeline(settings, pipeline, run_id=run_id, continuous=True)
+        finally:
+            heartbeat.stop()
+            engine.dispose()
         context.log.info(describe_run(summary))
         where = output_location(pipeline, settings, None)
         return Output(None, metadata=summary_metadata(None, summary, where))

@@ -45,10 +45,10 @@ def _tick(
 
 
 def _start_run(
-    instance: DagsterInstance, built: PipelineDefinitions, request: RunRequest
+    instance: DagsterInstance, built: PipelineDefinitions, request: RunRequest, *, step: bool
 ) -> DagsterRun:
     """The requested run, STARTED the way a run worker starts it (a RUN_START event: the run
-    record gets its start time)."""
+    record gets its start time); ``step``: its reader step started too."""
     run = instance.add_run(
         DagsterRun(
             job_name=built.continuous_job.name,
@@ -58,9 +58,20 @@ def _start_run(
     )
     event = DagsterEvent(DagsterEventType.RUN_START.value, job_name=run.job_name)
     instance.report_dagster_event(event, run_id=run.run_id)
+    if step:
+        _start_step(instance, run)
     started = instance.get_run_by_id(run.run_id)
     assert started is not None and started.status == DagsterRunStatus.STARTED
     return started
+
+
+def _start_step(instance: DagsterInstance, run: DagsterRun) -> None:
+    event = DagsterEvent(
+        DagsterEventType.STEP_START.value,
+        job_name=run.job_name,
+        step_key=f"{run.job_name}_reader",
+    )
+    instance.report_dagster_event(event, run_id=run.run_id)
 
 
 def _land(settings: TestSettings, name: str) -> None:
@@ -99,12 +110,19 @@ def test_a_started_run_whose_heartbeat_stopped_is_reported_dead_and_replaced(
             request, cursor = _tick(built, instance, settings, None)
             assert isinstance(request, RunRequest)
             first = request.tags[SLUICE_RUN_TAG]
-            # It waited in the queue for longer than its leases: expired, but it only just
-            # started (its driver takes fresh leases at start) — alive, and fed.
+            # It waited in the queue for longer than its leases, and its step takes longer
+            # than a lease to start (a busy machine): leases expired, yet alive, and fed.
             time.sleep(LEASE + 0.5)
             assert store.expired_leases(first) == files
-            run = _start_run(instance, built, request)
+            run = _start_run(instance, built, request, step=False)
+            time.sleep(LEASE + 0.5)
             _land(settings, "queued")
+            fed, cursor = _tick(built, instance, settings, cursor)
+            assert isinstance(fed, SkipReason), fed
+            assert "1 assigned to the live continuous run" in (fed.skip_message or "")
+            # Its step starts (the op renews the leases from here on): alive, fed.
+            _start_step(instance, run)
+            _land(settings, "step")
             fed, cursor = _tick(built, instance, settings, cursor)
             assert isinstance(fed, SkipReason), fed
             assert "1 assigned to the live continuous run" in (fed.skip_message or "")
@@ -117,7 +135,7 @@ def test_a_started_run_whose_heartbeat_stopped_is_reported_dead_and_replaced(
                 fed, cursor = _tick(built, instance, settings, cursor)
                 assert isinstance(fed, SkipReason), fed
                 assert "1 assigned to the live continuous run" in (fed.skip_message or "")
-                assert _owners(store, source) == {first: files + 2}
+                assert _owners(store, source) == {first: files + 3}
             finally:
                 heartbeat.stop()
             # The run worker dies (its heartbeat with it); Dagster still says STARTED.
@@ -137,7 +155,7 @@ def test_a_started_run_whose_heartbeat_stopped_is_reported_dead_and_replaced(
             second = successor.tags[SLUICE_RUN_TAG]
             assert second != first
             # Its splits (and the new file's) went to the successor, none stayed with it.
-            assert _owners(store, source) == {second: files + 3}
+            assert _owners(store, source) == {second: files + 4}
             assert store.expired_leases(second) == 0
             # Exactly one successor: the next tick waits for it.
             after, _ = _tick(built, instance, settings, cursor)
@@ -163,7 +181,7 @@ def test_a_live_run_holding_no_split_keeps_getting_splits(
         with DagsterInstance.ephemeral() as instance:
             request, cursor = _tick(built, instance, settings, None)
             assert isinstance(request, RunRequest)
-            run = _start_run(instance, built, request)
+            run = _start_run(instance, built, request, step=True)
             # It read everything it was given.
             with engine.begin() as conn:
                 conn.exec_driver_sql(
