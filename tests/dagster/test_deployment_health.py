@@ -336,7 +336,12 @@ def spark_daemons(tmp_path: Path) -> Iterator[Any]:
         started.append(
             subprocess.Popen(
                 [str(spark_home / "bin" / "spark-class"), cls, *args],
-                env={**os.environ, "SPARK_HOME": str(spark_home), **env},
+                # As in compose: no SPARK_LOCAL_IP (the UIs bind every interface).
+                env={
+                    **{k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"},
+                    "SPARK_HOME": str(spark_home),
+                    **env,
+                },
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -376,6 +381,9 @@ def test_spark_healthchecks_against_a_real_master_and_workers(
     )
     master_probe = _local_probe(healthcheck_test(services["spark-master"]), 8080, master_ui)
     assert _probe_until(master_probe, 90) == 0
+    # The UI listens on every interface, so the probe's 127.0.0.1 works in a container whose
+    # master binds the service's name (--host spark-master).
+    assert "Bound MasterWebUI to 0.0.0.0" in (tmp_path / "master.log").read_text()
     worker_probe = healthcheck_test(services["spark-worker"])
     spark_daemons(
         SPARK_WORKER,
