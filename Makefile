@@ -31,7 +31,7 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest tests/unit
 
-## faults: exactly-once under SIGKILLed Spark workers and drivers and Postgres restarts
+## faults: exactly-once under SIGKILLed Spark workers, drivers, Dagster daemon; Postgres restarts
 faults: install
 	$(BIN)/python -m pytest tests/faults -m faults -s
 

@@ -8,6 +8,13 @@ subtasks pull them as they appear) or to the run the tick requests. Each run is 
 *generation* (its ``run_key``), so a request is never made twice, and a new generation is
 requested only when the previous run is over — failed, cancelled, or ended after idling.
 
+A run Dagster calls STARTED is not trusted to be alive: with the default run launcher nothing
+notices a run worker that died with its container or daemon, and the run stays STARTED for
+ever. The driver's lease heartbeat in Postgres decides (``_dead_run_reason``): a run that has
+been STARTED for longer than one lease and holds a split whose lease ran out is dead. The tick
+then assigns it nothing more, reports it failed in Dagster with the reason, returns its splits
+to the pool and requests the next generation, which takes them.
+
 ``release_failed_run_splits`` returns the splits of any failed Sluice run to the pool at once
 (lease expiry would do it too, only later); the next run resumes them from their committed
 checkpoint state.
@@ -17,10 +24,13 @@ checkpoint state.
 
 import json
 import secrets
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from dagster import (
+    DagsterEventType,
+    DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
@@ -62,6 +72,7 @@ __all__ = [
     "CONTINUOUS_TAG",
     "GENERATION_TAG",
     "MODE_TAG",
+    "REPLACES_TAG",
     "SLUICE_RUN_TAG",
     "continuous_job",
     "continuous_sensor",
@@ -73,6 +84,8 @@ MODE_TAG = "sluice/mode"
 #: On a continuous run: its pipeline (the deployment allows one continuous run per value).
 CONTINUOUS_TAG = "sluice/continuous"
 GENERATION_TAG = "sluice/generation"
+#: On a continuous run requested because the live one was found dead: that run's Dagster id.
+REPLACES_TAG = "sluice/replaces"
 _IN_PROGRESS = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
@@ -119,6 +132,51 @@ def _unassigned(store: SplitStore, source: str) -> int:
     return store.counts(source).get(SplitStatus.UNASSIGNED, 0)
 
 
+#: Grace, in leases, for a STARTED run whose step has not started yet (a busy machine can take
+#: longer than a lease to start the step's process).
+_STEP_START_LEASES = 3
+
+
+def _dead_run_reason(
+    instance: DagsterInstance, store: SplitStore, run: DagsterRun, lease_seconds: float
+) -> str | None:
+    """Why ``run``, STARTED in Dagster, is dead; None while it may be alive.
+
+    Evidence is the run's lease heartbeat: from its step's start the reader op, and then its
+    driver, renew the lease of every split the run holds each third of a lease. A run whose
+    step started more than one lease ago (or, step not started, that has been STARTED for
+    ``_STEP_START_LEASES`` leases: the leases the sensor gave it may run out while it queues
+    and starts) and that holds a split whose lease ran out has stopped renewing. (A process
+    cut off from Postgres for that long looks the same; its splits may go to another run
+    either way, and their fencing epochs keep its late commits out.) A run that holds no split
+    shows no heartbeat: the splits the tick assigns to it carry a lease, so a dead idle run is
+    found one lease later. Runs not STARTED are left to Dagster's run monitoring (start and
+    cancel timeouts).
+    """
+    if run.status != DagsterRunStatus.STARTED:
+        return None
+    record = instance.get_run_record_by_id(run.run_id)
+    if record is None:
+        return None
+    steps = instance.get_records_for_run(
+        run.run_id, of_type=DagsterEventType.STEP_START, limit=1, ascending=False
+    ).records
+    if steps:
+        since, grace = steps[0].timestamp, lease_seconds
+    else:
+        since = record.start_time or record.create_timestamp.timestamp()
+        grace = lease_seconds * _STEP_START_LEASES
+    if time.time() - since < grace:
+        return None
+    expired = store.expired_leases(sluice_run_id(run))
+    if expired == 0:
+        return None
+    return (
+        f"its lease heartbeat stopped: {expired} of its splits' leases ran out "
+        f"(SLUICE_LEASE_SECONDS={lease_seconds:g}); its run worker is gone"
+    )
+
+
 def continuous_job(pipeline: Pipeline) -> JobDefinition:
     """``<pipeline>_continuous``: the long-running reader of sensor-driven continuous mode."""
 
@@ -129,12 +187,23 @@ def continuous_job(pipeline: Pipeline) -> JobDefinition:
         ``SLUICE_CONTINUOUS_IDLE_SECONDS`` without new splits."""
         # Imported here so loading the code location (every sensor tick) never imports PySpark.
         from spark_jobs.jobs import run_pipeline
+        from spark_jobs.jobs._heartbeat import Heartbeat
 
         settings = sluice.settings()
         start_run(settings)
-        summary = run_pipeline(
-            settings, pipeline, run_id=sluice_run_id(context.run), continuous=True
-        )
+        run_id = sluice_run_id(context.run)
+        # The leases the sensor gave this run are renewed from the step's first moment, not
+        # only once the driver has its Spark session (which can take longer than a lease):
+        # the sensor judges a run dead by them (_dead_run_reason).
+        engine = open_platform(settings, migrate=False, pool_size=1).engine
+        heartbeat = Heartbeat(SplitStore(engine), engine, run_id, settings.lease_seconds, None)
+        SplitStore(engine).heartbeat_run(run_id, settings.lease_seconds)
+        heartbeat.start()
+        try:
+            summary = run_pipeline(settings, pipeline, run_id=run_id, continuous=True)
+        finally:
+            heartbeat.stop()
+            engine.dispose()
         context.log.info(describe_run(summary))
         where = output_location(pipeline, settings, None)
         return Output(None, metadata=summary_metadata(None, summary, where))
@@ -184,12 +253,26 @@ def continuous_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinitio
             store = SplitStore(engine)
             mine = {MODE_TAG: "continuous", PIPELINE_TAG: source}
             live = _runs(context, mine, statuses=_IN_PROGRESS)
-            if live:
+            dead = (
+                _dead_run_reason(context.instance, store, live[0], settings.lease_seconds)
+                if live
+                else None
+            )
+            if live and dead is None:
                 run_id = sluice_run_id(live[0])
                 assigned = store.assign_to_run(run_id, source, lease_seconds=settings.lease_seconds)
                 return SkipReason(
                     f"{discovery.splits_registered} new splits; {assigned} assigned to the "
                     f"live continuous run {live[0].run_id}{note}"
+                )
+            if live and dead is not None:
+                # FAILURE (not CANCELED): the run-failure sensors see it; its splits go back
+                # now, to the generation requested below.
+                context.instance.report_run_failed(live[0], f"Sluice: {dead}")
+                released = store.release_run(sluice_run_id(live[0]))
+                context.log.warning(
+                    f"continuous run {live[0].run_id} is dead ({dead}): reported failed, "
+                    f"{released} splits returned to the pool"
                 )
             current = (
                 _runs(context, {**mine, GENERATION_TAG: str(cursor.generation)})
@@ -225,6 +308,7 @@ def continuous_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinitio
                 SLUICE_RUN_TAG: next_cursor.run_id,
                 "sluice/splits_assigned": str(assigned),
                 BACKLOG_TAG: str(discovery.backlog_files),
+                **({REPLACES_TAG: live[0].run_id} if live and dead is not None else {}),
             },
         )
 

@@ -194,6 +194,20 @@ class SplitStore:
         with self._engine.begin() as conn:
             return conn.execute(stmt).rowcount
 
+    def expired_leases(self, run_id: str) -> int:
+        """How many splits the run holds (ASSIGNED or READING) whose lease ran out.
+
+        A live run's driver renews the lease of every split its run holds each third of a
+        lease (``heartbeat_run``), so any such split means that heartbeat stopped.
+        """
+        stmt = sa.select(sa.func.count()).where(
+            splits.c.run_id == run_id,
+            splits.c.status.in_(ACTIVE_SPLIT),
+            splits.c.lease_expires_at < sa.func.now(),
+        )
+        with self._engine.connect() as conn:
+            return int(conn.execute(stmt).scalar_one())
+
     def release_run(self, run_id: str) -> int:
         """Return the run's splits that no commit covers to the pool (addSplitsBack)."""
         stmt = (

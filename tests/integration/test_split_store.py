@@ -90,6 +90,29 @@ def test_expired_leases_return_to_the_pool(platform: Platform) -> None:
         SplitStore.complete(conn, zombie, "run-c", 100, None)
 
 
+def test_expired_leases_counts_a_runs_lapsed_leases_until_its_heartbeat(
+    platform: Platform,
+) -> None:
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    store.register(_splits(source, 3))
+    store.assign_to_run("run-lapsed", source, lease_seconds=0.2)
+    assert store.pull_next("run-lapsed", 0, 0.2) is not None
+    assert store.expired_leases("run-lapsed") == 0
+    time.sleep(0.5)  # the lease is measured by the database clock
+    assert store.expired_leases("run-lapsed") == 3
+    assert store.expired_leases("another-run") == 0
+    store.heartbeat_run("run-lapsed", 60)
+    assert store.expired_leases("run-lapsed") == 0
+    # Completed splits are not held: their leases do not count.
+    with platform.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE sluice.splits SET status = 'COMPLETED', lease_expires_at = now() - "
+            "interval '1 hour' WHERE run_id = 'run-lapsed'"
+        )
+    assert store.expired_leases("run-lapsed") == 0
+
+
 def test_release_run_returns_uncommitted_splits_only(platform: Platform) -> None:
     store = SplitStore(platform.engine)
     source = platform.settings.source_name
