@@ -821,5 +821,6 @@ def test_checks_of_a_table_sink_per_day(db_url: str, tmp_path: Path, upsert: boo
                 ("unique_key", DAYS[1]): False,
                 ("rows_reconcile", DAYS[1]): False,
                 ("dead_letter_ratio", DAYS[1]): True,
+                ("no_quarantined_splits", DAYS[1]): True,
             }
     engine.dispose()
