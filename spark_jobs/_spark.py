@@ -175,6 +175,9 @@ def get_spark(
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", str(slot_checks))
         .config("spark.stage.maxConsecutiveAttempts", str(task_attempts))
+        # Spark refuses barrier stages under dynamic allocation (a spark-defaults.conf might
+        # turn it on): a run's executors are fixed for its lifetime.
+        .config("spark.dynamicAllocation.enabled", "false")
     )
     if secret is not None:
         # Spark redacts "secret" settings in its UI and logs (spark.redaction.regex).
