@@ -184,6 +184,17 @@ def get_spark(
         builder = builder.config("spark.authenticate", "true").config(
             "spark.authenticate.secret", secret
         )
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:
+        if local:
+            raise
+        # Spark gives up after three 20 s registration attempts with an unhelpful error.
+        raise ConfigError(
+            "SLUICE_SPARK_MASTER",
+            f"no Spark application could start on {master}: the master is unreachable or "
+            "refused it (check the address, and that SLUICE_SPARK_AUTH_SECRET(_FILE) matches "
+            "the cluster's spark.authenticate.secret)",
+        ) from exc
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -32,7 +32,7 @@ from enumerator_service import (
     recover,
 )
 from enumerator_service._rebuilds import Rebuild, RebuildStore
-from spark_jobs._spark import slot_error, spark_for
+from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress, run_totals
 from spark_jobs.jobs._outages import while_down
@@ -140,6 +140,7 @@ class ReaderRun:
             raise ConfigError(
                 "SLUICE_CHECKPOINT_INTERVAL_SECONDS", "must be > 0 for a continuous reader run"
             )
+        auth_secret(settings)  # an unusable secret setting fails before any split moves
         self.settings = settings
         self.pipeline = pipeline
         self.dates = list(dates) if dates is not None else None
