@@ -153,6 +153,7 @@ def test_a_run_on_a_standalone_cluster_survives_a_killed_executor(
         launched = (cluster.root / "logs" / "worker.out").read_text(errors="replace")
         assert launched.count("Asked to launch executor") >= 2
         attempts = _stage_attempts(events)
+        log(f"tasks started per (stage, attempt): {attempts}")
         assert any(len(tasks) == 2 for (_, attempt), tasks in attempts.items() if attempt >= 1), (
             f"no second attempt of the 2-task barrier stage: {attempts}"
         )
