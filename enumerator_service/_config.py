@@ -197,6 +197,25 @@ class Settings(BaseSettings):
         "at the same path on every executor.",
     )
 
+    # -- issue 13, cluster part: gang scheduling and Spark authentication ------------------
+    spark_slot_wait_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="How long a run on a cluster master waits for SLUICE_PARALLELISM task "
+        "slots (executors still registering) before it fails; local masters fail at once.",
+    )
+    spark_auth_secret: SecretStr | None = Field(
+        default=None,
+        description="Shared secret for spark.authenticate (the master and workers need the "
+        "same one). Never logged.",
+    )
+    spark_auth_secret_file: Path | None = Field(
+        default=None,
+        description="File holding the spark.authenticate secret (instead of "
+        "SLUICE_SPARK_AUTH_SECRET).",
+    )
+
     @field_validator("pipelines")
     @classmethod
     def _modules(cls, value: str) -> str:

@@ -57,7 +57,7 @@ def build_daily_revenue(settings: Settings, days: Sequence[date]) -> "dict[date,
     written, by day."""
     import pyarrow.parquet as pq
 
-    from spark_jobs._spark import get_spark
+    from spark_jobs._spark import spark_for
     from spark_jobs.sink._folders import replace_folder
 
     source = output_path(clickstream, settings)
@@ -70,7 +70,7 @@ def build_daily_revenue(settings: Settings, days: Sequence[date]) -> "dict[date,
         if inputs:
             from pyspark.sql import functions as F
 
-            spark = get_spark(settings.spark_master, driver_host=settings.spark_driver_host)
+            spark = spark_for(settings)
             spark.read.option("basePath", str(source)).parquet(
                 *[str(folder) for folder in inputs]
             ).createOrReplaceTempView("enriched_events")

@@ -1,7 +1,15 @@
-"""The SparkSession Sluice runs on."""
+"""The SparkSession Sluice runs on.
+
+A run's subtasks form one *barrier* stage (gang scheduling, see ``jobs._driver``): this
+module sets how long Spark checks for enough task slots before it gives up
+(:func:`slot_error` turns that failure into one line), how often a failed barrier stage is
+restarted, where the driver listens, and ``spark.authenticate``.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import re
 import shutil
@@ -10,9 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from enumerator_service import ConfigError
+from enumerator_service import ConfigError, Settings
 
-__all__ = ["get_spark"]
+__all__ = ["auth_secret", "get_spark", "slot_error", "spark_for", "task_slots"]
+
+_log = logging.getLogger(__name__)
+
+#: Seconds between Spark's checks that a barrier stage's tasks fit into the free task slots.
+_SLOT_CHECK_INTERVAL = 1.0
 
 
 def _with_retries(master: str, attempts: int) -> str:
@@ -40,12 +53,74 @@ def _driver_addresses(master: str, driver_host: str | None) -> tuple[str, str]:
     """(advertised host, bind address) of the driver.
 
     Local masters keep everything on 127.0.0.1. With a cluster master the executors must
-    connect back to the driver, so it binds to all interfaces and advertises ``driver_host``
-    (default: this machine's host name, which is the service name under docker compose).
+    connect back to the driver at ``driver_host`` (default: this machine's host name, which
+    is the service name under docker compose); the driver binds exactly that address, never
+    every interface, so it is reachable on the network executors use and nowhere else.
     """
     if master.startswith("local"):
         return driver_host or "127.0.0.1", driver_host or "127.0.0.1"
-    return driver_host or socket.gethostname(), "0.0.0.0"  # noqa: S104 - executors connect in
+    host = driver_host or socket.gethostname()
+    return host, host
+
+
+def auth_secret(settings: Settings) -> str | None:
+    """The ``spark.authenticate`` secret: ``SLUICE_SPARK_AUTH_SECRET``, or the contents of
+    ``SLUICE_SPARK_AUTH_SECRET_FILE`` (without its trailing newline). ConfigError when both
+    are set, or the file cannot be read or is empty; the secret never appears in it."""
+    secret, path = settings.spark_auth_secret, settings.spark_auth_secret_file
+    if secret is not None and path is not None:
+        raise ConfigError(
+            "SLUICE_SPARK_AUTH_SECRET_FILE", "set either it or SLUICE_SPARK_AUTH_SECRET, not both"
+        )
+    if path is not None:
+        try:
+            value = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError("SLUICE_SPARK_AUTH_SECRET_FILE", f"{path}: {reason}") from None
+        if not value:
+            raise ConfigError("SLUICE_SPARK_AUTH_SECRET_FILE", f"{path} is empty")
+        return value
+    if secret is not None:
+        value = secret.get_secret_value()
+        if not value.strip():
+            raise ConfigError("SLUICE_SPARK_AUTH_SECRET", "must not be empty")
+        return value
+    return None
+
+
+def spark_for(settings: Settings, *, app_name: str = "sluice") -> Any:
+    """The SparkSession for ``settings`` (master, driver address, authentication, slots)."""
+    return get_spark(
+        settings.spark_master,
+        app_name=app_name,
+        driver_host=settings.spark_driver_host,
+        secret=auth_secret(settings),
+        slot_wait_seconds=settings.spark_slot_wait_seconds,
+    )
+
+
+def task_slots(spark: Any) -> int | None:
+    """How many tasks the application can run at once now (None if Spark does not say)."""
+    try:
+        sc = spark.sparkContext._jsc.sc()
+        return int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # only for a message; Spark internals may change
+        return None
+
+
+def slot_error(exc: BaseException, spark: Any, subtasks: int, master: str) -> ConfigError | None:
+    """ConfigError naming SLUICE_PARALLELISM if ``exc`` is Spark's "a barrier stage needs more
+    task slots than the cluster has" (after its checks for ``spark_slot_wait_seconds``)."""
+    if "BarrierJobSlotsNumberCheckFailed" not in str(exc):
+        return None
+    slots = task_slots(spark)
+    have = "fewer" if slots is None else str(slots)
+    return ConfigError(
+        "SLUICE_PARALLELISM",
+        f"{subtasks} subtasks must run at once, but the Spark application on {master} has "
+        f"{have} task slots; lower SLUICE_PARALLELISM or give Spark more cores",
+    )
 
 
 def get_spark(
@@ -54,8 +129,17 @@ def get_spark(
     app_name: str = "sluice",
     task_attempts: int = 4,
     driver_host: str | None = None,
+    secret: str | None = None,
+    slot_wait_seconds: float = 30.0,
 ) -> Any:
-    """Get or create the SparkSession; Python workers use this very interpreter."""
+    """Get or create the SparkSession; Python workers use this very interpreter.
+
+    ``task_attempts`` bounds both a plain task's attempts and the restarts of a failed
+    barrier stage (``spark.stage.maxConsecutiveAttempts``). A barrier stage waits up to
+    ``slot_wait_seconds`` for enough task slots on a cluster master (executors register after
+    the application starts); a local master's slots are fixed, so it fails after one check.
+    ``secret``: turn ``spark.authenticate`` on with this shared secret.
+    """
     _check_java()
     # Workers must run the driver's interpreter (the virtualenv), not python3 from PATH.
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -64,8 +148,16 @@ def get_spark(
     from pyspark.sql import SparkSession
 
     host, bind = _driver_addresses(master, driver_host)
+    local = master.startswith("local")
+    slot_checks = 1 if local else max(1, math.ceil(slot_wait_seconds / _SLOT_CHECK_INTERVAL))
+    if secret is None and not local:
+        _log.warning(
+            "Spark master %s without spark.authenticate: anyone who reaches the driver or the "
+            "cluster can run code in it; set SLUICE_SPARK_AUTH_SECRET(_FILE)",
+            master,
+        )
 
-    spark = (
+    builder = (
         SparkSession.builder.master(_with_retries(master, task_attempts))
         .appName(app_name)
         .config("spark.ui.enabled", "false")
@@ -78,7 +170,31 @@ def get_spark(
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_LOG4J.as_uri()}")
-        .getOrCreate()
+        # Gang scheduling (barrier stages): check for enough slots every second, give up after
+        # slot_checks failed checks; a failed barrier stage is restarted as a whole.
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", str(slot_checks))
+        .config("spark.stage.maxConsecutiveAttempts", str(task_attempts))
+        # Spark refuses barrier stages under dynamic allocation (a spark-defaults.conf might
+        # turn it on): a run's executors are fixed for its lifetime.
+        .config("spark.dynamicAllocation.enabled", "false")
     )
+    if secret is not None:
+        # Spark redacts "secret" settings in its UI and logs (spark.redaction.regex).
+        builder = builder.config("spark.authenticate", "true").config(
+            "spark.authenticate.secret", secret
+        )
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:
+        if local:
+            raise
+        # Spark gives up after three 20 s registration attempts with an unhelpful error.
+        raise ConfigError(
+            "SLUICE_SPARK_MASTER",
+            f"no Spark application could start on {master}: the master is unreachable or "
+            "refused it (check the address, and that SLUICE_SPARK_AUTH_SECRET(_FILE) matches "
+            "the cluster's spark.authenticate.secret)",
+        ) from exc
     spark.sparkContext.setLogLevel("ERROR")
     return spark

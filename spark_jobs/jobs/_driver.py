@@ -33,7 +33,7 @@ from enumerator_service import (
 )
 from enumerator_service._rebuilds import Rebuild, RebuildStore
 from enumerator_service._safe_paths import child_path, safe_name
-from spark_jobs._spark import get_spark
+from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.jobs._credentials import share_database
 from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress, run_totals
@@ -56,6 +56,29 @@ Progress = Callable[[int, int], None]
 
 def _subtask_partition(config: TaskConfig, index: int, _rows: Iterator[Any]) -> Iterator[Any]:
     yield run_reader_subtask(config, index)
+
+
+def _keyed(result: SubtaskResult) -> tuple[int, SubtaskResult]:
+    return result.subtask, result
+
+
+def _run_subtasks(spark: Any, config: TaskConfig, parallelism: int, gang: bool) -> list[Any]:
+    """The run's ``parallelism`` subtasks as one Spark stage; their results.
+
+    ``gang``: a barrier stage — all subtasks start together or none does (a subtask that got
+    a slot would otherwise wait forever for checkpoints the unscheduled ones never
+    acknowledge), and when one fails Spark kills the others and restarts the whole stage:
+    every subtask restores from the last completed checkpoint (new split epochs fence the
+    old attempts; a finished subtask's new attempt ends at once). Spark restarts only a
+    barrier *shuffle map* stage (a result stage may have published output), hence the
+    one-partition shuffle of the (tiny) results behind it.
+    """
+    subtasks = spark.sparkContext.parallelize(range(parallelism), parallelism)
+    run = functools.partial(_subtask_partition, config)
+    if not gang:
+        return list(subtasks.mapPartitionsWithIndex(run).collect())
+    stage = subtasks.barrier().mapPartitionsWithIndex(run)
+    return list(stage.map(_keyed).partitionBy(1).values().collect())
 
 
 def run_pipeline(
@@ -94,6 +117,11 @@ class ReaderRun:
     ``enumerator_service._rebuilds``); days never processed are simply processed.
     """
 
+    #: Subtasks run as one barrier stage (gang-scheduled, restarted together). Benchmarks
+    #: turn it off to measure what it costs; without it a run whose parallelism exceeds the
+    #: free task slots never ends.
+    gang_scheduled = True
+
     def __init__(
         self,
         settings: Settings,
@@ -114,6 +142,7 @@ class ReaderRun:
             raise ConfigError(
                 "SLUICE_CHECKPOINT_INTERVAL_SECONDS", "must be > 0 for a continuous reader run"
             )
+        auth_secret(settings)  # an unusable secret setting fails before any split moves
         self.settings = settings
         self.pipeline = pipeline
         self.dates = list(dates) if dates is not None else None
@@ -266,7 +295,7 @@ class ReaderRun:
             self.progress,
             self._finish if self.continuous else None,
         )
-        spark = get_spark(settings.spark_master, driver_host=settings.spark_driver_host)
+        spark = spark_for(settings)
         ship_by_value(self.pipeline)
         coordinator = CheckpointCoordinator(
             engine,
@@ -283,15 +312,16 @@ class ReaderRun:
         heartbeat.start()
         coordinator.start()
         try:
-            results: list[SubtaskResult] = (
-                spark.sparkContext.parallelize(range(parallelism), parallelism)
-                .mapPartitionsWithIndex(functools.partial(_subtask_partition, config))
-                .collect()
+            results: list[SubtaskResult] = _run_subtasks(
+                spark, config, parallelism, self.gang_scheduled
             )
-        except BaseException:
+        except BaseException as exc:
             # Interrupted (a cancelled Dagster run, Ctrl-C) or failed: stop the subtasks too —
             # a continuous reader would otherwise keep running without its driver's leases.
             spark.sparkContext.cancelAllJobs()
+            too_few = slot_error(exc, spark, parallelism, settings.spark_master)
+            if too_few is not None:
+                raise too_few from None
             raise
         finally:
             coordinator.stop()

@@ -47,9 +47,6 @@ DUMMY_SECRETS = {
     "DAGSTER_POSTGRES_PASSWORD": "test-password",
     "SLUICE_SPARK_AUTH_SECRET": "test-secret",
 }
-#: Settings docker/ uses that another part of issue 13 adds (cluster part: spark.authenticate);
-#: accepted until that part is merged, then real settings like any other.
-OTHER_PART_SETTINGS = {"SLUICE_SPARK_AUTH_SECRET"}
 
 # --------------------------------------------------------------------------- parsing helpers
 
@@ -340,9 +337,7 @@ def unknown_settings(names: set[str]) -> list[str]:
     return sorted(
         f"{name} is not a Sluice setting"
         for name in names
-        if name.startswith("SLUICE_")
-        and name.removeprefix("SLUICE_").lower() not in fields
-        and name not in OTHER_PART_SETTINGS
+        if name.startswith("SLUICE_") and name.removeprefix("SLUICE_").lower() not in fields
     )
 
 
