@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -35,6 +36,20 @@ class QuarantinedSplit:
     last_error: str
     failed_at: datetime | None
     partition_key: date | None = None
+
+    @classmethod
+    def of(cls, row: Any) -> QuarantinedSplit:
+        """From a row of the splits table (``partition_key`` optional)."""
+        return cls(
+            id=row.id,
+            source=row.source,
+            uri=row.uri,
+            failures=row.failures,
+            reason=row.failure_reason or "",
+            last_error=row.last_error or "",
+            failed_at=row.failed_at,
+            partition_key=getattr(row, "partition_key", None),
+        )
 
     def line(self, limit: int = 300) -> str:
         """One line: file, reason, attempts and last error, at most ``limit`` characters (the
@@ -74,19 +89,7 @@ def quarantined(
         stmt = stmt.where(splits.c.partition_key.in_(list(days)))
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
-    return [
-        QuarantinedSplit(
-            id=r.id,
-            source=r.source,
-            uri=r.uri,
-            failures=r.failures,
-            reason=r.failure_reason or "",
-            last_error=r.last_error or "",
-            failed_at=r.failed_at,
-            partition_key=r.partition_key,
-        )
-        for r in rows
-    ]
+    return [QuarantinedSplit.of(r) for r in rows]
 
 
 def retry_splits(
@@ -127,18 +130,4 @@ def retry_splits(
     )
     with engine.begin() as conn:
         rows = conn.execute(stmt).all()
-    return sorted(
-        (
-            QuarantinedSplit(
-                id=r.id,
-                source=r.source,
-                uri=r.uri,
-                failures=r.failures,
-                reason=r.failure_reason or "",
-                last_error=r.last_error or "",
-                failed_at=r.failed_at,
-            )
-            for r in rows
-        ),
-        key=lambda s: s.id,
-    )
+    return sorted((QuarantinedSplit.of(r) for r in rows), key=lambda s: s.id)

@@ -14,7 +14,7 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 from typing import Any
 
@@ -40,7 +40,7 @@ from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress, r
 from spark_jobs.jobs._outages import while_down
 from spark_jobs.jobs._results import SubtaskResult, lookup_totals
 from spark_jobs.jobs._shipping import ship_by_value
-from spark_jobs.jobs._subtask import run_reader_subtask
+from spark_jobs.jobs._spark_stage import run_subtasks
 from spark_jobs.jobs._summary import RunSummary, quantile
 from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
 from spark_jobs.pipeline import Pipeline
@@ -52,33 +52,6 @@ __all__ = ["ReaderRun", "RunSummary", "run_pipeline"]
 
 _log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
-
-
-def _subtask_partition(config: TaskConfig, index: int, _rows: Iterator[Any]) -> Iterator[Any]:
-    yield run_reader_subtask(config, index)
-
-
-def _keyed(result: SubtaskResult) -> tuple[int, SubtaskResult]:
-    return result.subtask, result
-
-
-def _run_subtasks(spark: Any, config: TaskConfig, parallelism: int, gang: bool) -> list[Any]:
-    """The run's ``parallelism`` subtasks as one Spark stage; their results.
-
-    ``gang``: a barrier stage — all subtasks start together or none does (a subtask that got
-    a slot would otherwise wait forever for checkpoints the unscheduled ones never
-    acknowledge), and when one fails Spark kills the others and restarts the whole stage:
-    every subtask restores from the last completed checkpoint (new split epochs fence the
-    old attempts; a finished subtask's new attempt ends at once). Spark restarts only a
-    barrier *shuffle map* stage (a result stage may have published output), hence the
-    one-partition shuffle of the (tiny) results behind it.
-    """
-    subtasks = spark.sparkContext.parallelize(range(parallelism), parallelism)
-    run = functools.partial(_subtask_partition, config)
-    if not gang:
-        return list(subtasks.mapPartitionsWithIndex(run).collect())
-    stage = subtasks.barrier().mapPartitionsWithIndex(run)
-    return list(stage.map(_keyed).partitionBy(1).values().collect())
 
 
 def run_pipeline(
@@ -312,7 +285,7 @@ class ReaderRun:
         heartbeat.start()
         coordinator.start()
         try:
-            results: list[SubtaskResult] = _run_subtasks(
+            results: list[SubtaskResult] = run_subtasks(
                 spark, config, parallelism, self.gang_scheduled
             )
         except BaseException as exc:
