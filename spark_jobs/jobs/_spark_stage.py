@@ -1,0 +1,40 @@
+"""The run's subtasks as one Spark stage: gang-scheduled (a barrier stage) or plain."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+from spark_jobs.jobs._results import SubtaskResult
+from spark_jobs.jobs._subtask import run_reader_subtask
+from spark_jobs.jobs._task_config import TaskConfig
+
+__all__ = ["run_subtasks"]
+
+
+def _subtask_partition(config: TaskConfig, index: int, _rows: Iterator[Any]) -> Iterator[Any]:
+    yield run_reader_subtask(config, index)
+
+
+def _keyed(result: SubtaskResult) -> tuple[int, SubtaskResult]:
+    return result.subtask, result
+
+
+def run_subtasks(spark: Any, config: TaskConfig, parallelism: int, gang: bool) -> list[Any]:
+    """The run's ``parallelism`` subtasks as one Spark stage; their results.
+
+    ``gang``: a barrier stage — all subtasks start together or none does (a subtask that got
+    a slot would otherwise wait forever for checkpoints the unscheduled ones never
+    acknowledge), and when one fails Spark kills the others and restarts the whole stage:
+    every subtask restores from the last completed checkpoint (new split epochs fence the
+    old attempts; a finished subtask's new attempt ends at once). Spark restarts only a
+    barrier *shuffle map* stage (a result stage may have published output), hence the
+    one-partition shuffle of the (tiny) results behind it.
+    """
+    subtasks = spark.sparkContext.parallelize(range(parallelism), parallelism)
+    run = functools.partial(_subtask_partition, config)
+    if not gang:
+        return list(subtasks.mapPartitionsWithIndex(run).collect())
+    stage = subtasks.barrier().mapPartitionsWithIndex(run)
+    return list(stage.map(_keyed).partitionBy(1).values().collect())
