@@ -55,12 +55,19 @@ class SourceReaderBase:
         return self._states
 
     def watermark(self) -> datetime | None:
-        """The task watermark: the minimum over the active (non-idle) splits' watermarks."""
-        marks = [
-            state.watermark
-            for split_id, state in self._states.items()
-            if state.watermark is not None and not self._emitter.is_idle(split_id)
-        ]
+        """The task watermark: the minimum over the active (non-idle) splits' watermarks.
+
+        None while an active split has no watermark yet (it holds the others back), or when
+        no split is active. Not monotonic by itself (a split joining with an older watermark
+        lowers it): the task emits a marker only when this exceeds the last one it emitted.
+        """
+        marks = []
+        for split_id, state in self._states.items():
+            if self._emitter.is_idle(split_id):
+                continue
+            if state.watermark is None:
+                return None
+            marks.append(state.watermark)
         return min(marks) if marks else None
 
     def idle_splits(self) -> list[int]:
@@ -93,6 +100,7 @@ class SourceReaderBase:
             for assignment in item.added:
                 state = assignment.initial_state()
                 self._states[assignment.split_id] = state
+                self._emitter.split_added(assignment.split_id)
                 output.split_added(assignment, state)
             self._blocks.extend(item.blocks)
             self._finished.extend(item.finished)
