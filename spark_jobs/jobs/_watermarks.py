@@ -96,14 +96,14 @@ class TaskWatermarks:
     def offer(self, *, force: bool = False) -> bool:
         """Push a marker for ``current()`` if it advances past the last one and the rate
         allows (``force``: ignore the interval). True when a marker was pushed."""
+        now = self._clock()
+        if not force and now - self._last_push < self._interval:
+            return False  # checked first: this runs once per block
         current = self._current()
         if current is None:
             return False
         millis = to_millis(current)
         if self.emitted is not None and millis <= self.emitted:
-            return False
-        now = self._clock()
-        if not force and now - self._last_push < self._interval:
             return False
         self.emitted = millis
         self._last_push = now
