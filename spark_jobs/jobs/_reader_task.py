@@ -264,6 +264,8 @@ class ReaderTask:
         held = self._splits[split_id]
         held.reading_done = True
         held.replay.clear()
+        if self._event_time:
+            self._watermarks.offer(force=True)  # the split's last advance, before it leaves
 
     def split_failed(self, failure: SplitFailure, state: SplitState) -> None:
         # A poison split's failed attempt: dropped here; the next checkpoint that finds none

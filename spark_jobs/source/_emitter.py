@@ -33,7 +33,8 @@ class ReaderOutput(Protocol):
         """A malformed record of a split (``reason``: ``"category: detail"``)."""
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
-        """The split's last block was emitted."""
+        """The split's last block was emitted (the split still counts for the task
+        watermark during this call)."""
 
     def split_failed(self, failure: SplitFailure, state: SplitState) -> None:
         """Reading the split failed on its content after the blocks emitted so far (``state``:

@@ -82,7 +82,10 @@ class SourceReaderBase:
                 return InputStatus.MORE_AVAILABLE
             if self._finished:
                 split_id = self._finished.popleft()
-                output.split_finished(split_id, self._states.pop(split_id))
+                # Reported while the split still counts for ``watermark()``: its last
+                # advance can still be emitted.
+                output.split_finished(split_id, self._states[split_id])
+                del self._states[split_id]
                 self._emitter.split_finished(split_id)
                 return InputStatus.MORE_AVAILABLE
             if self._failed:
