@@ -321,12 +321,14 @@ class ReaderTask:
         # The interface of partition completeness (the coordinator's side reads it):
         # "watermark" — this subtask's sink-side task watermark, the last marker that reached
         # the sink before this barrier (ISO-8601 UTC, null before the first); "finished" —
-        # input ended and everything was emitted (the subtask then counts as +infinity).
+        # input ended and everything was emitted (the subtask then counts as +infinity);
+        # "idle" — no active split and nothing in the chain (it does not hold the run back).
         snapshot = {
             "splits": states,
             "attempt": self._attempt,
             "watermark": self._watermarks.sink_watermark(),
             "finished": final,
+            "idle": self._reader.is_idle() and self._chain.in_flight() == 0,
         }
         done = self._io.submit(self._acknowledge, checkpoint_id, final, snapshot, staged)
         done.add_done_callback(

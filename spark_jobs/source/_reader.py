@@ -70,6 +70,11 @@ class SourceReaderBase:
             marks.append(state.watermark)
         return min(marks) if marks else None
 
+    def is_idle(self) -> bool:
+        """No split is active: none held (waiting for splits), or every one idle. Such a task
+        does not hold the run's watermark back (Flink's idle watermark status)."""
+        return all(self._emitter.is_idle(split_id) for split_id in self._states)
+
     def idle_splits(self) -> list[int]:
         return sorted(s for s in self._states if self._emitter.is_idle(s))
 

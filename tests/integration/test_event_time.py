@@ -153,6 +153,7 @@ def test_watermarks_reach_the_sink_after_the_records_they_bound(make_settings: A
             marks = [_parse(a["snapshot"]["watermark"]) for a in own]
             finished = [a["snapshot"]["finished"] for a in own]
             assert finished[-1] is True and not any(finished[:-1]), (subtask, finished)
+            assert own[-1]["snapshot"]["idle"] is True  # no split left, nothing in flight
             first = next((i for i, m in enumerate(marks) if m is not None), len(marks))
             known = marks[first:]
             assert None not in known and known == sorted(known), (subtask, marks)

@@ -149,11 +149,16 @@ def test_a_split_without_a_watermark_holds_the_task_back_until_it_is_idle() -> N
     handoff.put(RecordsWithSplitIds(blocks=[block(1, 0, [100])]))
     drain(reader, out)
     assert reader.watermark() is None  # split 2 was just added: it may still bring old records
+    assert not reader.is_idle()
     now[0] = 31.0  # no record from split 2 for 31 s > 30 s (counted from when it was added)
     handoff.put(RecordsWithSplitIds(blocks=[block(1, 10, [110])]))
     drain(reader, out)
     assert reader.idle_splits() == [2]
     assert reader.watermark() == T0 + timedelta(seconds=105)
+    assert not reader.is_idle()  # split 1 is active
+    now[0] = 62.0
+    assert reader.idle_splits() == [1, 2] and reader.is_idle()
+    assert reader.watermark() is None  # no active split: nothing to say
 
 
 def test_a_restored_split_resumes_its_committed_watermark_and_never_regresses() -> None:
@@ -191,6 +196,7 @@ def test_split_state_follows_emitted_blocks_dead_letters_included() -> None:
     assert out.dead == [(7, 20, b"{not json", "invalid JSON: x")]
     assert out.finished == [(7, 30, 2, 1)]  # the offset after the last record, dead letter too
     assert reader.split_states == {}
+    assert reader.is_idle()  # no split held
 
 
 def test_a_block_without_rows_moves_the_offset_but_not_the_watermark_or_activity() -> None:
