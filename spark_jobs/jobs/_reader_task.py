@@ -43,6 +43,7 @@ from enumerator_service import (
     SplitState,
     SplitStore,
     acknowledge,
+    committed_task_watermark,
 )
 from spark_jobs.async_io import Watermark
 from spark_jobs.checkpoint import CheckpointListener
@@ -174,6 +175,7 @@ class ReaderTask:
         await self._listener.open()
         self._reader.start()
         if self._event_time:
+            self._watermarks.resume(committed_task_watermark(engine, config.run_id, self._subtask))
             self._watermarks.start(AsyncioTimerService(processor.executor()))
         try:
             await processor.run_loop()
@@ -318,11 +320,8 @@ class ReaderTask:
         staged = self._sink.pre_commit()
         if final:
             self._final_acks.add(checkpoint_id)
-        # The interface of partition completeness (the coordinator's side reads it):
-        # "watermark" — this subtask's sink-side task watermark, the last marker that reached
-        # the sink before this barrier (ISO-8601 UTC, null before the first); "finished" —
-        # input ended and everything was emitted (the subtask then counts as +infinity);
-        # "idle" — no active split and nothing in the chain (it does not hold the run back).
+        # "watermark" (the sink-side task watermark), "finished" and "idle" are what partition
+        # completeness reads: specified on ``Acknowledgement.snapshot``.
         snapshot = {
             "splits": states,
             "attempt": self._attempt,

@@ -74,6 +74,12 @@ class TaskWatermarks:
         #: The last marker that reached the sink (epoch ms), None before the first.
         self.at_sink: int | None = None
 
+    def resume(self, committed: datetime | None) -> None:
+        """A retried attempt: the sink had reached ``committed`` at the last completed
+        checkpoint (see ``committed_task_watermark``); markers go on from there."""
+        if committed is not None:
+            self.emitted = self.at_sink = to_millis(committed)
+
     def start(self, timers: TimerService) -> None:
         """Offer every ``interval`` too (a split going idle advances the watermark without
         a new block), until :meth:`stop`."""

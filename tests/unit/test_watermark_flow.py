@@ -347,3 +347,17 @@ def test_periodic_ticks_offer_without_new_blocks() -> None:
 
     pushed = asyncio.run(scenario())
     assert [from_millis(p) for p in pushed] == [T0, T0 + timedelta(seconds=3)]
+
+
+def test_a_retried_attempt_resumes_the_committed_sink_watermark() -> None:
+    pushed: list[int] = []
+    current: list[datetime | None] = [T0 + timedelta(seconds=5)]
+    marks = TaskWatermarks(lambda m: pushed.append(m.timestamp), lambda: current[0])
+    marks.resume(T0 + timedelta(seconds=10))
+    assert marks.sink_watermark() == "2026-01-01T00:00:10+00:00"  # before any new marker
+    assert not marks.offer(force=True)  # a restored split behind it: no marker backwards
+    current[0] = T0 + timedelta(seconds=11)
+    assert marks.offer(force=True)
+    assert [from_millis(p) for p in pushed] == [T0 + timedelta(seconds=11)]
+    marks.resume(None)  # nothing committed: unchanged
+    assert marks.emitted == to_millis(T0 + timedelta(seconds=11))
