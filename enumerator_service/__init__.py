@@ -45,6 +45,7 @@ from enumerator_service._splits import (
     TableRangeSplit,
 )
 from enumerator_service._table_enumerator import TableRangeEnumerator
+from enumerator_service._task_watermarks import committed_task_watermark
 
 __all__ = [
     "NO_CHECKPOINT",
@@ -74,6 +75,7 @@ __all__ = [
     "TransactionalSink",
     "acknowledge",
     "asyncpg_dsn",
+    "committed_task_watermark",
     "connect_engine",
     "database_url",
     "load_settings",

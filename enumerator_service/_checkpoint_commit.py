@@ -217,7 +217,16 @@ class Acknowledgement:
     subtask: int
     attempt: str
     final: bool
-    #: {"splits": [{"id", "epoch", "offset", "watermark", "finished", "pending"}, …], …}
+    #: {"splits": [{"id", "epoch", "offset", "watermark", "finished", "pending"}, …],
+    #: "attempt", "watermark", "finished", "idle"}. The top-level "watermark" is the subtask's
+    #: sink-side task watermark: the last Watermark marker that reached its sink before the
+    #: barrier (ISO-8601 UTC string, e.g. "2026-01-03T00:00:00+00:00"; null before the
+    #: first marker; a retried attempt resumes the committed one). "finished": the
+    #: subtask's input ended and everything was emitted (it then counts as +infinity, like
+    #: a closed channel). "idle": no active split (none held, or every one idle) and nothing
+    #: in the operator chain: like Flink's idle watermark status, it does not hold the run's
+    #: watermark back. A split's "watermark" is that split's own (what
+    #: ``splits.committed_watermark`` stores and a restore resumes).
     snapshot: Mapping[str, Any]
     sink: str
     staged: Any

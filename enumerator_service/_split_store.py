@@ -64,6 +64,7 @@ def _to_assignment(row: Row[tuple[object, ...]]) -> SplitAssignment:
         resume_offset=offset,
         pending=tuple(m["pending"] or ()),
         rebuild_id=m["rebuild_id"],
+        committed_watermark=m["committed_watermark"],
     )
 
 

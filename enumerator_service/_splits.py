@@ -104,6 +104,9 @@ class SplitAssignment:
     #: The partition rebuild the split is re-read for (its output goes to the rebuild's
     #: folder), or None.
     rebuild_id: int | None = None
+    #: The split's watermark at the committed checkpoint (``splits.committed_watermark``):
+    #: a restored split resumes it, so its event time never moves backwards after recovery.
+    committed_watermark: datetime | None = None
 
     def initial_state(self) -> SplitState:
-        return SplitState(offset=self.resume_offset)
+        return SplitState(offset=self.resume_offset, watermark=self.committed_watermark)

@@ -2,7 +2,10 @@
 
 Between two stages sits a *boundary*: a batch leaving a stage first hands that stage's dead
 letters and dropped-record count to the sink (so they are part of the next pre-commit, like
-the records before them), then enters the next stage (or the sink).
+the records before them), then enters the next stage (or the sink). ``Watermark`` markers
+take the same path (:meth:`OperatorChain.push_watermark`): each stage forwards one only after
+every record that entered before it (see ``_stages``), and the sink sees it last
+(``ChainSink.watermark``).
 
 Back-pressure: input is offered only while every stage has capacity; a full stage keeps what
 its upstream still emits in its backlog (bounded by the upstream's capacity), and the task's
@@ -23,6 +26,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from spark_jobs.async_io import Watermark
 from spark_jobs.jobs._results import StepMetrics
 from spark_jobs.jobs._stages import PendingRange, Stage
 from spark_jobs.source._batch import Batch, DeadLetter
@@ -36,6 +40,8 @@ class ChainSink(Protocol):
     def write(self, batch: Batch) -> None: ...
     def dead_letters(self, split_id: int, dead: list[DeadLetter]) -> None: ...
     def count_dropped(self, records: int) -> None: ...
+    def watermark(self, marker: Watermark) -> None:
+        """A watermark reached the end of the chain: every record before it was written."""
 
 
 class OperatorChain:
@@ -44,6 +50,7 @@ class OperatorChain:
         self._sink = sink
         for index, stage in enumerate(self._stages):
             stage.downstream = functools.partial(self._boundary, index + 1)
+            stage.downstream_marker = functools.partial(self._marker_boundary, index + 1)
 
     @property
     def stages(self) -> list[Stage]:
@@ -60,6 +67,16 @@ class OperatorChain:
     def push(self, batch: Batch) -> None:
         """Input from the reader (or a restore)."""
         self._boundary(0, batch)
+
+    def push_watermark(self, marker: Watermark) -> None:
+        """A watermark from the reader, after every batch it bounds was pushed."""
+        self._marker_boundary(0, marker)
+
+    def _marker_boundary(self, index: int, marker: Watermark) -> None:
+        if index < len(self._stages):
+            self._stages[index].process_marker(marker)
+        else:
+            self._sink.watermark(marker)
 
     def _boundary(self, index: int, batch: Batch) -> None:
         if batch.dead:

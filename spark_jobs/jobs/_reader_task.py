@@ -15,6 +15,12 @@ thread between two blocks — split states (offsets, watermarks), the source ran
 has not emitted, the sink's pre-commit — and the asynchronous part (closing staged output,
 the acknowledgement transaction) on the writer thread while records keep flowing. The
 subtask ends only when a checkpoint taken after its input ended has completed.
+
+Event time (``_watermarks``): when the source declares an event-time field, the task
+watermark enters the chain as ``Watermark`` markers after the blocks it bounds — never
+while restored ranges are still being re-read (their records were in flight at the
+checkpoint, behind the restored split watermarks) — and the last one that reached the sink
+is part of every snapshot.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +43,9 @@ from enumerator_service import (
     SplitState,
     SplitStore,
     acknowledge,
+    committed_task_watermark,
 )
+from spark_jobs.async_io import Watermark
 from spark_jobs.checkpoint import CheckpointListener
 from spark_jobs.jobs._build import build_stages
 from spark_jobs.jobs._chain import OperatorChain
@@ -44,8 +53,10 @@ from spark_jobs.jobs._outages import connect_when_up
 from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.jobs._task_state import TaskSplit, decode_pending, snapshot_splits
+from spark_jobs.jobs._watermarks import TaskWatermarks
 from spark_jobs.pipeline._plan import SourcePlan
 from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension
+from spark_jobs.runtime._timers import AsyncioTimerService
 from spark_jobs.sink import StagedOutput, committer, open_sink_writer, publish_files
 from spark_jobs.source import (
     FormatRouter,
@@ -111,6 +122,8 @@ class ReaderTask:
         self._processor = processor = MailboxProcessor(self._default_action, debug=config.debug)
         self._checkpoint_mails = processor.executor(CHECKPOINT_PRIORITY)
         self._chain = OperatorChain(build_stages(config, processor), self)
+        self._watermarks = TaskWatermarks(self._chain.push_watermark, self._task_watermark)
+        self._event_time = plan.source.event_time is not None
         # The sink's writer thread: staged output and acknowledgements, in submission order.
         self._io = ThreadPoolExecutor(1, thread_name_prefix=f"sink-writer-{self._subtask}")
         self._sink = open_sink_writer(
@@ -161,9 +174,13 @@ class ReaderTask:
         await self._chain.open()
         await self._listener.open()
         self._reader.start()
+        if self._event_time:
+            self._watermarks.resume(committed_task_watermark(engine, config.run_id, self._subtask))
+            self._watermarks.start(AsyncioTimerService(processor.executor()))
         try:
             await processor.run_loop()
         finally:
+            self._watermarks.stop()
             self._reader.close()
             if not self._final_acks:
                 self._io.submit(self._sink.abort)  # in-progress output will never commit
@@ -191,16 +208,28 @@ class ReaderTask:
                 return
             status = reader.poll_next(self)
             if status is InputStatus.MORE_AVAILABLE:
+                if self._event_time:
+                    self._watermarks.offer()
                 continue
             suspension = controller.suspend_default_action()
             if status is InputStatus.NOTHING_AVAILABLE:
+                if self._event_time:
+                    self._watermarks.offer(force=True)  # input pauses: the advance goes now
                 reader.is_available().add_done_callback(_resume_on(suspension))
                 return
             # END_OF_INPUT: stay suspended; once everything is emitted, ask for the final
             # checkpoint — the subtask ends when one taken after this point completes.
             self._input_ended = True
+            self._watermarks.stop()  # the final snapshot says "finished" (+infinity)
             chain.notify_when_drained(self._listener.request_checkpoint)
             return
+
+    # -- watermarks (mailbox thread) ----------------------------------------------------
+
+    def _task_watermark(self) -> datetime | None:
+        if any(held.replay for held in self._splits.values()):
+            return None  # restored ranges (behind the restored split watermarks) go first
+        return self._reader.watermark()
 
     # -- ReaderOutput (mailbox thread) ---------------------------------------------------
 
@@ -237,6 +266,8 @@ class ReaderTask:
         held = self._splits[split_id]
         held.reading_done = True
         held.replay.clear()
+        if self._event_time:
+            self._watermarks.offer(force=True)  # the split's last advance, before it leaves
 
     def split_failed(self, failure: SplitFailure, state: SplitState) -> None:
         # A poison split's failed attempt: dropped here; the next checkpoint that finds none
@@ -257,6 +288,9 @@ class ReaderTask:
 
     def count_dropped(self, records: int) -> None:
         self._sink.count_dropped(records)
+
+    def watermark(self, marker: Watermark) -> None:
+        self._watermarks.reached_sink(marker)
 
     # -- checkpoints (mailbox thread) ----------------------------------------------------
 
@@ -286,7 +320,15 @@ class ReaderTask:
         staged = self._sink.pre_commit()
         if final:
             self._final_acks.add(checkpoint_id)
-        snapshot = {"splits": states, "attempt": self._attempt}
+        # "watermark" (the sink-side task watermark), "finished" and "idle" are what partition
+        # completeness reads: specified on ``Acknowledgement.snapshot``.
+        snapshot = {
+            "splits": states,
+            "attempt": self._attempt,
+            "watermark": self._watermarks.sink_watermark(),
+            "finished": final,
+            "idle": self._reader.is_idle() and self._chain.in_flight() == 0,
+        }
         done = self._io.submit(self._acknowledge, checkpoint_id, final, snapshot, staged)
         done.add_done_callback(
             lambda f: self._checkpoint_mails.execute(

@@ -27,6 +27,7 @@ from spark_jobs.async_io import (
     AsyncFunction,
     AsyncRetryStrategy,
     AsyncWaitOperator,
+    Marker,
     Output,
     OutputMode,
     StreamRecord,
@@ -120,6 +121,11 @@ class RecordStage(OperatorStage):
                 row[name] = result.get(name)
             collected.rows.append(row)
             collected.offsets.append(element.offset)
+
+    def _marker(self, marker: Marker) -> None:
+        """Records collected before the marker leave before it (re-batched now)."""
+        self._flush()
+        super()._marker(marker)
 
     def _flush(self) -> None:
         """Pass the records collected in this run of emissions on, one batch per split."""

@@ -5,7 +5,11 @@
 mode, timeout, retries); a per-record ``AsyncMap`` is in ``_record_stage``.
 
 A stage hands each output batch to ``downstream`` (the chain's boundary, which records the
-batch's dead letters and dropped count, then feeds the next stage or the sink). A stage's
+batch's dead letters and dropped count, then feeds the next stage or the sink), and each
+``Watermark`` marker to ``downstream_marker``, honouring the async I/O seeds: ``Map`` and
+``Filter`` forward a marker after the batches before it (they run inline, so those already
+left); an async stage queues it like an element — ordered mode keeps input order, unordered
+mode treats it as a boundary no record and no marker crosses (event-time unordered). A stage's
 :meth:`Stage.pending` lists the source ranges of everything it holds that was not emitted
 yet: that is what a checkpoint stores, and what restore reads again.
 
@@ -30,6 +34,7 @@ from spark_jobs.async_io import (
     Output,
     OutputMode,
     StreamRecord,
+    Watermark,
 )
 from spark_jobs.jobs._results import StepMetrics
 from spark_jobs.jobs._user_functions import Completed
@@ -65,7 +70,7 @@ def batch_range(batch: Batch) -> PendingRange:
     return PendingRange(batch.split_id, batch.span[0], batch.span[1], batch.only)
 
 
-def _unconnected(_batch: Batch) -> None:
+def _unconnected(_element: object) -> None:
     raise RuntimeError("stage used before the chain connected it")
 
 
@@ -75,6 +80,7 @@ class Stage(abc.ABC):
     def __init__(self, plan: StagePlan) -> None:
         self.plan = plan
         self.downstream: Callable[[Batch], None] = _unconnected
+        self.downstream_marker: Callable[[Watermark], None] = _unconnected
         self.records_in = 0
         self.records_out = 0
 
@@ -87,6 +93,11 @@ class Stage(abc.ABC):
     @abc.abstractmethod
     def process(self, batch: Batch) -> None:
         """Take ``batch`` (never blocks: a full stage keeps it in its backlog)."""
+
+    def process_marker(self, marker: Watermark) -> None:
+        """Take a watermark: an inline stage forwards it at once (every batch before it has
+        left already)."""
+        self.downstream_marker(marker)
 
     def has_capacity(self) -> bool:
         return True
@@ -209,8 +220,15 @@ class OperatorStage(Stage):
     def notify_when_drained(self, callback: Callable[[], None]) -> None:
         self._operator.notify_when_drained(callback)
 
+    def process_marker(self, marker: Watermark) -> None:
+        """Queued like an element (it takes a slot): see the module docstring for the order."""
+        self._operator.process_marker(marker)
+
     def _marker(self, marker: Marker) -> None:
-        raise AssertionError(f"unexpected marker {marker!r}")
+        """The operator emitted a marker: every element before it has been emitted."""
+        if not isinstance(marker, Watermark):
+            raise AssertionError(f"unexpected marker {marker!r}")
+        self.downstream_marker(marker)
 
     def metrics(self) -> StepMetrics:
         operator = self._operator

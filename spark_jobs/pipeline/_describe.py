@@ -40,7 +40,10 @@ def _source(plan: Plan, landing: str | None) -> str:
         required = [c.name for c in source.columns if c.name in source.required]
         text += f"; required {', '.join(required)}"
     if source.event_time:
-        text += f"; event time {source.event_time}"
+        text += (
+            f"; event time {source.event_time} (out of order {source.out_of_orderness:g}s, "
+            f"idle {source.idle_timeout:g}s, late records: {source.late_records})"
+        )
     return text
 
 

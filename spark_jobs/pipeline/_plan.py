@@ -57,6 +57,8 @@ class SourcePlan:
     table: tuple[str, str] | None = None
     key: str | None = None
     rows_per_split: int = 100_000
+    #: Late records (behind a completed partition): "dead_letter" or "reopen".
+    late_records: Literal["dead_letter", "reopen"] = "dead_letter"
 
     @property
     def schema(self) -> pa.Schema:

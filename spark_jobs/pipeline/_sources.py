@@ -15,7 +15,11 @@ from typing import Literal
 
 from spark_jobs.pipeline._types import Duration, TypeSpec
 
-__all__ = ["FileSource", "Source", "TableSource"]
+__all__ = ["LATE_RECORD_POLICIES", "FileSource", "LateRecords", "Source", "TableSource"]
+
+#: What happens to a record behind a completed partition (see ``FileSource.late_records``).
+LateRecords = Literal["dead_letter", "reopen"]
+LATE_RECORD_POLICIES: tuple[LateRecords, ...] = ("dead_letter", "reopen")
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,12 @@ class FileSource:
     - ``required``: fields that must be present and not null; a record without one is a dead
       letter (``missing field: …``). Other fields are null when absent.
     - ``event_time``: a ``timestamp`` field: per-split watermarks (bounded out-of-orderness
-      ``out_of_orderness``, idle after ``idle_timeout``).
+      ``out_of_orderness``, idle after ``idle_timeout``); the task watermark flows through
+      every step to the sink. Without it the pipeline has no watermarks.
+    - ``late_records``: what happens to a record whose event time is behind a completed
+      output partition's end: ``"dead_letter"`` (reason ``late``) or ``"reopen"`` (written
+      to the partition, which is reported again; needs ``event_time`` and
+      ``partition_by="day"``).
     - ``partition_by``: ``"day"`` — files live in ``<landing>/dt=YYYY-MM-DD/`` folders named
       after their records' event day; the day is the output partition (``dt=`` folders or a
       ``dt`` column) and the Dagster partition. ``None``: files directly in ``<landing>``,
@@ -49,6 +58,7 @@ class FileSource:
     start_date: date | str | None = None
     out_of_orderness: Duration = "5s"
     idle_timeout: Duration = "60s"
+    late_records: LateRecords = "dead_letter"
 
     kind = "files"
 
@@ -61,8 +71,10 @@ class TableSource:
     read continuously; rows inserted below it later are not seen).
 
     ``schema`` names the columns to read and their types (checked against the catalog when a
-    run opens); ``required`` and ``event_time`` as for :class:`FileSource`. The output is
-    unpartitioned.
+    run opens); ``required``, ``event_time`` (optional: declare it when the rows have one,
+    else the pipeline has no watermarks) and the watermark strategy as for
+    :class:`FileSource`. The output is unpartitioned, so late records can only be dead
+    letters.
     """
 
     table: str
@@ -73,6 +85,7 @@ class TableSource:
     rows_per_split: int = 100_000
     out_of_orderness: Duration = "5s"
     idle_timeout: Duration = "60s"
+    late_records: LateRecords = "dead_letter"
 
     kind = "table"
 

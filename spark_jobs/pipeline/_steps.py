@@ -6,7 +6,11 @@ them validates them (naming pipeline, step and field) and derives each step's ou
 schema. At run time each step is one operator of the task's chain, all on the task's one
 mailbox thread: ``Lookup`` and ``AsyncMap`` are async wait operators with their own queue
 (``capacity`` elements in flight, ``ordered`` or ``unordered`` output), ``Map`` and
-``Filter`` run inline.
+``Filter`` run inline. When the source declares an event-time field, watermarks flow
+through every step: ``ordered`` keeps them in input order with the records, and
+``unordered`` becomes *event-time* unordered — records overtake each other only between two
+watermarks, never a watermark (processing time, without an event-time field: fully
+unordered).
 
 Options left ``None`` take the platform's defaults (``SLUICE_LOOKUP_*``) when a run opens.
 """

@@ -33,7 +33,8 @@ class ReaderOutput(Protocol):
         """A malformed record of a split (``reason``: ``"category: detail"``)."""
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
-        """The split's last block was emitted."""
+        """The split's last block was emitted (the split still counts for the task
+        watermark during this call)."""
 
     def split_failed(self, failure: SplitFailure, state: SplitState) -> None:
         """Reading the split failed on its content after the blocks emitted so far (``state``:
@@ -44,9 +45,12 @@ class RecordEmitter:
     """Emits blocks, extracts event time, tracks per-split watermarks.
 
     A split's watermark is its largest event time minus ``out_of_orderness`` (bounded
-    out-of-orderness; a timedelta or seconds). A split that emitted no record for
-    ``idle_timeout`` seconds is idle and does not hold the task watermark back until its next
-    record.
+    out-of-orderness; a timedelta or seconds). It never moves backwards: a restored split
+    starts from its committed watermark (``SplitState.watermark``) and only a later event
+    time raises it. A split that emitted no record for ``idle_timeout`` seconds (counted from
+    when it was added, see :meth:`split_added`) is idle and does not hold the task watermark
+    back until its next record; before that, a split without a watermark yet holds it back
+    (Flink's per-split watermark outputs start active at the minimum).
     """
 
     def __init__(
@@ -86,8 +90,14 @@ class RecordEmitter:
             latest = self._max_event_time.get(split_id)
             if latest is None or event_time > latest:
                 self._max_event_time[split_id] = event_time
-                state.watermark = event_time - self._delay
+                mark = event_time - self._delay
+                if state.watermark is None or mark > state.watermark:
+                    state.watermark = mark
         output.collect_block(block)
+
+    def split_added(self, split_id: int) -> None:
+        """The split joined this reader: its idleness is counted from now."""
+        self._last_record[split_id] = self._clock()
 
     def split_finished(self, split_id: int) -> None:
         self._max_event_time.pop(split_id, None)

@@ -55,13 +55,25 @@ class SourceReaderBase:
         return self._states
 
     def watermark(self) -> datetime | None:
-        """The task watermark: the minimum over the active (non-idle) splits' watermarks."""
-        marks = [
-            state.watermark
-            for split_id, state in self._states.items()
-            if state.watermark is not None and not self._emitter.is_idle(split_id)
-        ]
+        """The task watermark: the minimum over the active (non-idle) splits' watermarks.
+
+        None while an active split has no watermark yet (it holds the others back), or when
+        no split is active. Not monotonic by itself (a split joining with an older watermark
+        lowers it): the task emits a marker only when this exceeds the last one it emitted.
+        """
+        marks = []
+        for split_id, state in self._states.items():
+            if self._emitter.is_idle(split_id):
+                continue
+            if state.watermark is None:
+                return None
+            marks.append(state.watermark)
         return min(marks) if marks else None
+
+    def is_idle(self) -> bool:
+        """No split is active: none held (waiting for splits), or every one idle. Such a task
+        does not hold the run's watermark back (Flink's idle watermark status)."""
+        return all(self._emitter.is_idle(split_id) for split_id in self._states)
 
     def idle_splits(self) -> list[int]:
         return sorted(s for s in self._states if self._emitter.is_idle(s))
@@ -75,7 +87,10 @@ class SourceReaderBase:
                 return InputStatus.MORE_AVAILABLE
             if self._finished:
                 split_id = self._finished.popleft()
-                output.split_finished(split_id, self._states.pop(split_id))
+                # Reported while the split still counts for ``watermark()``: its last
+                # advance can still be emitted.
+                output.split_finished(split_id, self._states[split_id])
+                del self._states[split_id]
                 self._emitter.split_finished(split_id)
                 return InputStatus.MORE_AVAILABLE
             if self._failed:
@@ -93,6 +108,7 @@ class SourceReaderBase:
             for assignment in item.added:
                 state = assignment.initial_state()
                 self._states[assignment.split_id] = state
+                self._emitter.split_added(assignment.split_id)
                 output.split_added(assignment, state)
             self._blocks.extend(item.blocks)
             self._finished.extend(item.finished)

@@ -7,6 +7,7 @@ test; time is a fake clock.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,46 @@ def test_task_watermark_is_the_minimum_over_active_splits_and_idle_ones_drop_out
     assert out.added == [(1, 0), (2, 0)]
 
 
+def test_a_split_without_a_watermark_holds_the_task_back_until_it_is_idle() -> None:
+    now = [0.0]
+    reader, handoff = harness(now)
+    out = Collect()
+    handoff.put(RecordsWithSplitIds(added=[assignment(1), assignment(2)]))
+    handoff.put(RecordsWithSplitIds(blocks=[block(1, 0, [100])]))
+    drain(reader, out)
+    assert reader.watermark() is None  # split 2 was just added: it may still bring old records
+    assert not reader.is_idle()
+    now[0] = 31.0  # no record from split 2 for 31 s > 30 s (counted from when it was added)
+    handoff.put(RecordsWithSplitIds(blocks=[block(1, 10, [110])]))
+    drain(reader, out)
+    assert reader.idle_splits() == [2]
+    assert reader.watermark() == T0 + timedelta(seconds=105)
+    assert not reader.is_idle()  # split 1 is active
+    now[0] = 62.0
+    assert reader.idle_splits() == [1, 2] and reader.is_idle()
+    assert reader.watermark() is None  # no active split: nothing to say
+
+
+def test_a_restored_split_resumes_its_committed_watermark_and_never_regresses() -> None:
+    now = [0.0]
+    reader, handoff = harness(now)
+    out = Collect()
+    committed = T0 + timedelta(seconds=95)
+    restored = dataclasses.replace(assignment(4, resume=100), committed_watermark=committed)
+    assert restored.initial_state().watermark == committed
+    handoff.put(RecordsWithSplitIds(added=[restored]))
+    drain(reader, out)
+    assert reader.split_states[4].watermark == committed
+    assert reader.watermark() == committed  # active (just added) with its restored watermark
+    # Records older than the committed progress (out of order in the file) move nothing back.
+    handoff.put(RecordsWithSplitIds(blocks=[block(4, 100, [60, 70])]))
+    drain(reader, out)
+    assert reader.split_states[4].watermark == committed
+    handoff.put(RecordsWithSplitIds(blocks=[block(4, 120, [130])]))
+    drain(reader, out)
+    assert reader.split_states[4].watermark == T0 + timedelta(seconds=125)
+
+
 def test_split_state_follows_emitted_blocks_dead_letters_included() -> None:
     now = [0.0]
     reader, handoff = harness(now)
@@ -155,6 +196,7 @@ def test_split_state_follows_emitted_blocks_dead_letters_included() -> None:
     assert out.dead == [(7, 20, b"{not json", "invalid JSON: x")]
     assert out.finished == [(7, 30, 2, 1)]  # the offset after the last record, dead letter too
     assert reader.split_states == {}
+    assert reader.is_idle()  # no split held
 
 
 def test_a_block_without_rows_moves_the_offset_but_not_the_watermark_or_activity() -> None:
