@@ -21,7 +21,7 @@ from spark_jobs.pipeline._derive_steps import empty_batch, probe_map, stage_plan
 from spark_jobs.pipeline._errors import check_field_name, check_identifier, check_table
 from spark_jobs.pipeline._plan import Column, Plan, SinkPlan, SourcePlan, StagePlan
 from spark_jobs.pipeline._sinks import ParquetSink, PostgresSink
-from spark_jobs.pipeline._sources import FileSource, TableSource
+from spark_jobs.pipeline._sources import LATE_POLICIES, FileSource, TableSource
 from spark_jobs.pipeline._types import arrow_type, seconds
 
 if TYPE_CHECKING:
@@ -97,6 +97,10 @@ def _source(ctx: Context, source: object) -> SourcePlan:
             raise ctx.fail(f"event_time: field {event_time!r} must be a timestamp")
     delay = ctx.check(seconds, source.out_of_orderness, "out_of_orderness")
     idle = ctx.check(seconds, source.idle_timeout, "idle_timeout")
+    late = source.late_records
+    if late not in LATE_POLICIES:
+        shown = " or ".join(repr(p) for p in LATE_POLICIES)
+        raise ctx.fail(f"late_records must be {shown}, got {late!r}")
     if isinstance(source, TableSource):
         table = ctx.check(check_table, source.table, "table")
         key = ctx.check(check_identifier, source.key, "key")
@@ -104,7 +108,7 @@ def _source(ctx: Context, source: object) -> SourcePlan:
             raise ctx.fail("rows_per_split must be a positive integer")
         return SourcePlan(
             "table", tuple(columns), required, event_time, False, delay, idle,
-            table=table, key=key, rows_per_split=source.rows_per_split,
+            table=table, key=key, rows_per_split=source.rows_per_split, late_records=late,
         )  # fmt: skip
     if source.partition_by not in ("day", None):
         raise ctx.fail(f"partition_by must be 'day' or None, got {source.partition_by!r}")
@@ -116,7 +120,7 @@ def _source(ctx: Context, source: object) -> SourcePlan:
         raise ctx.fail(f"start_date must be a date or 'YYYY-MM-DD', got {start!r}")
     return SourcePlan(
         "files", tuple(columns), required, event_time, source.partition_by == "day", delay,
-        idle, landing=landing, start_date=start,
+        idle, landing=landing, start_date=start, late_records=late,
     )  # fmt: skip
 
 

@@ -15,7 +15,11 @@ from typing import Literal
 
 from spark_jobs.pipeline._types import Duration, TypeSpec
 
-__all__ = ["FileSource", "Source", "TableSource"]
+__all__ = ["LATE_POLICIES", "FileSource", "LatePolicy", "Source", "TableSource"]
+
+#: ``late_records``: dead-letter a late record (reason ``late``), or reopen its partition.
+LatePolicy = Literal["dead_letter", "reopen"]
+LATE_POLICIES: tuple[LatePolicy, ...] = ("dead_letter", "reopen")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class FileSource:
       ``<SLUICE_DATA_DIR>/landing/<pipeline name>``.
     - ``start_date``: first Dagster partition (default: the earliest ``dt=`` folder found when
       the code location loads, else today).
+    - ``late_records``: what happens to a record whose event day is an output partition
+      already recorded complete: ``"dead_letter"`` (a dead letter with reason ``late``) or
+      ``"reopen"`` (written to its partition, which completes again as a new generation).
 
     Formats by extension: ``.jsonl``/``.json`` (JSON Lines), ``.csv`` (with a header line),
     either gzip-compressed (``.jsonl.gz``, ``.csv.gz``), and ``.parquet``.
@@ -49,6 +56,7 @@ class FileSource:
     start_date: date | str | None = None
     out_of_orderness: Duration = "5s"
     idle_timeout: Duration = "60s"
+    late_records: LatePolicy = "dead_letter"
 
     kind = "files"
 
@@ -61,7 +69,8 @@ class TableSource:
     read continuously; rows inserted below it later are not seen).
 
     ``schema`` names the columns to read and their types (checked against the catalog when a
-    run opens); ``required`` and ``event_time`` as for :class:`FileSource`. The output is
+    run opens); ``required``, ``event_time`` and ``late_records`` as for
+    :class:`FileSource`. The output is
     unpartitioned.
     """
 
@@ -73,6 +82,7 @@ class TableSource:
     rows_per_split: int = 100_000
     out_of_orderness: Duration = "5s"
     idle_timeout: Duration = "60s"
+    late_records: LatePolicy = "dead_letter"
 
     kind = "table"
 

@@ -260,6 +260,11 @@ def _error(build: Any) -> str:
             "pipeline orders: source: schema must map at least one field name to its type",
             id="table source without schema",
         ),
+        pytest.param(
+            lambda: orders(source=FileSource(schema=SCHEMA, late_records="drop")),  # type: ignore[arg-type]
+            "pipeline orders: source: late_records must be 'dead_letter' or 'reopen', got 'drop'",
+            id="unknown late-record policy",
+        ),
     ],
 )
 def test_each_definition_mistake_is_one_line_naming_pipeline_step_and_field(
@@ -294,6 +299,11 @@ def test_durations_and_start_dates_are_normalised() -> None:
         0.5,
         120.0,
     )
+    assert (source.late_records, source.event_day_partitions) == ("dead_letter", True)
+    reopening = dataclasses.replace(
+        pipeline, source=dataclasses.replace(pipeline.source, late_records="reopen")
+    )
+    assert reopening.plan.source.late_records == "reopen"
     lookup = pipeline.plan.lookups()[0]
     assert (lookup.timeout, lookup.cache_rows, lookup.expire_after_write) == (7.0, 10, 3600.0)
 
