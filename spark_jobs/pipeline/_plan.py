@@ -59,7 +59,7 @@ class SourcePlan:
     rows_per_split: int = 100_000
     #: What a late record (event day already recorded complete) becomes: "dead_letter" or
     #: "reopen" (see ``FileSource.late_records``).
-    late_records: Literal["dead_letter", "reopen"] = "dead_letter"
+    late_records: Literal["dead_letter", "reopen"] = "reopen"
 
     @property
     def event_day_partitions(self) -> bool:

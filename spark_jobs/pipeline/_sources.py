@@ -42,7 +42,9 @@ class FileSource:
       the code location loads, else today).
     - ``late_records``: what happens to a record whose event day is an output partition
       already recorded complete: ``"dead_letter"`` (a dead letter with reason ``late``) or
-      ``"reopen"`` (written to its partition, which completes again as a new generation).
+      ``"reopen"`` (the default: written to its partition, which completes again as a new
+      generation — what a file landing late for a finished day did before completeness
+      existed, so nothing is diverted silently).
 
     Formats by extension: ``.jsonl``/``.json`` (JSON Lines), ``.csv`` (with a header line),
     either gzip-compressed (``.jsonl.gz``, ``.csv.gz``), and ``.parquet``.
@@ -56,7 +58,7 @@ class FileSource:
     start_date: date | str | None = None
     out_of_orderness: Duration = "5s"
     idle_timeout: Duration = "60s"
-    late_records: LatePolicy = "dead_letter"
+    late_records: LatePolicy = "reopen"
 
     kind = "files"
 
@@ -82,7 +84,7 @@ class TableSource:
     rows_per_split: int = 100_000
     out_of_orderness: Duration = "5s"
     idle_timeout: Duration = "60s"
-    late_records: LatePolicy = "dead_letter"
+    late_records: LatePolicy = "reopen"
 
     kind = "table"
 

@@ -299,11 +299,11 @@ def test_durations_and_start_dates_are_normalised() -> None:
         0.5,
         120.0,
     )
-    assert (source.late_records, source.event_day_partitions) == ("dead_letter", True)
-    reopening = dataclasses.replace(
-        pipeline, source=dataclasses.replace(pipeline.source, late_records="reopen")
+    assert (source.late_records, source.event_day_partitions) == ("reopen", True)
+    strict = dataclasses.replace(
+        pipeline, source=dataclasses.replace(pipeline.source, late_records="dead_letter")
     )
-    assert reopening.plan.source.late_records == "reopen"
+    assert strict.plan.source.late_records == "dead_letter"
     lookup = pipeline.plan.lookups()[0]
     assert (lookup.timeout, lookup.cache_rows, lookup.expire_after_write) == (7.0, 10, 3600.0)
 

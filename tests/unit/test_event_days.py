@@ -1,0 +1,123 @@
+"""The task side of partition completeness: records split by event day (UTC), late records
+found against the completed partitions, and the counts a checkpoint carries."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+
+import pyarrow as pa
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spark_jobs.jobs._event_days import EventDays
+
+D1, D2, D3 = date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def _rows(times: list[datetime | None]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {"ts": pa.array(times, _TS), "n": pa.array(range(len(times)), pa.int64())}
+    )
+
+
+def _at(day: date, hour: int, minute: int = 0) -> datetime:
+    return datetime(day.year, day.month, day.day, hour, minute, tzinfo=UTC)
+
+
+def test_one_landing_file_feeds_several_event_days() -> None:
+    days = EventDays("ts", by_event_day=True, policy="reopen")
+    rows = _rows([_at(D2, 0, 1), _at(D1, 23, 59), _at(D2, 12), None])
+    parts = {day: part.column("n").to_pylist() for day, part in days.partitions(rows, D2)}
+    # The null event time falls back to the landing day.
+    assert parts == {D1: [1], D2: [0, 2, 3]}
+    assert days.take_counts() == {
+        "2026-01-01": {"rows": 1, "dead_letters": 0, "late_records": 0},
+        "2026-01-02": {"rows": 3, "dead_letters": 0, "late_records": 0},
+    }
+    assert days.take_counts() == {}  # taken by the barrier: counting starts anew
+
+
+def test_a_zoned_event_time_belongs_to_its_utc_day() -> None:
+    days = EventDays("ts", by_event_day=True, policy="reopen")
+    zoned = pa.array([datetime(2026, 1, 1, 22, 30, tzinfo=UTC)], pa.timestamp("us", "Etc/GMT+5"))
+    rows = pa.RecordBatch.from_pydict({"ts": zoned})
+    assert [day for day, _ in days.partitions(rows, None)] == [D1]
+
+
+def test_without_event_day_partitions_the_landing_day_is_the_partition() -> None:
+    days = EventDays("ts", by_event_day=False, policy="dead_letter", completed=frozenset({D1}))
+    rows = _rows([_at(D1, 1), _at(D3, 1)])
+    assert [(day, p.num_rows) for day, p in days.partitions(rows, D2)] == [(D2, 2)]
+    assert days.late_rows(rows, rebuild=False) is None
+
+
+def test_dead_letter_policy_marks_records_of_completed_days_late() -> None:
+    days = EventDays("ts", by_event_day=True, policy="dead_letter", completed=frozenset({D1}))
+    rows = _rows([_at(D1, 5), _at(D2, 5), None, _at(D1, 23)])
+    late = days.late_rows(rows, rebuild=False)
+    assert late is not None and late.to_pylist() == [True, False, False, True]
+    assert days.late_rows(rows, rebuild=True) is None  # a rebuild rewrites a complete day
+    assert days.late_rows(_rows([_at(D2, 1)]), rebuild=False) is None
+    days.count_late_dead_letter(D1)
+    assert days.take_counts() == {"2026-01-01": {"rows": 0, "dead_letters": 1, "late_records": 1}}
+
+
+def test_reopen_policy_writes_late_rows_and_counts_them() -> None:
+    days = EventDays("ts", by_event_day=True, policy="reopen", completed=frozenset({D1}))
+    rows = _rows([_at(D1, 5), _at(D2, 5)])
+    assert days.late_rows(rows, rebuild=False) is None
+    assert [(d, p.num_rows) for d, p in days.partitions(rows, D2)] == [(D1, 1), (D2, 1)]
+    assert days.take_counts() == {
+        "2026-01-01": {"rows": 1, "dead_letters": 0, "late_records": 1},
+        "2026-01-02": {"rows": 1, "dead_letters": 0, "late_records": 0},
+    }
+
+
+def test_a_rebuild_member_writes_only_its_days_rows() -> None:
+    days = EventDays("ts", by_event_day=True, policy="reopen", completed=frozenset({D1, D2}))
+    rows = _rows([_at(D1, 5), _at(D2, 5), _at(D2, 6)])
+    assert [(d, p.num_rows) for d, p in days.partitions(rows, D2, only=D2)] == [(D2, 2)]
+    assert days.take_counts() == {"2026-01-02": {"rows": 2, "dead_letters": 0, "late_records": 0}}
+
+
+def test_completions_only_grow() -> None:
+    days = EventDays("ts", by_event_day=True, policy="dead_letter", completed=frozenset({D1}))
+    days.refresh(frozenset({D2}))  # a read that missed D1 cannot un-complete it
+    assert days.completed == {D1, D2}
+
+
+def test_dead_letters_and_finished_splits_count_on_their_landing_day() -> None:
+    days = EventDays("ts", by_event_day=True, policy="reopen")
+    days.count_dead_letter(D2)
+    days.count_dead_letter(None)  # unpartitioned output: nothing to count
+    days.touch(D3)
+    assert days.take_counts() == {
+        "2026-01-02": {"rows": 0, "dead_letters": 1, "late_records": 0},
+        "2026-01-03": {"rows": 0, "dead_letters": 0, "late_records": 0},
+    }
+
+
+_minutes = st.integers(min_value=0, max_value=3 * 24 * 60 - 1)
+
+
+@given(
+    st.lists(st.one_of(st.none(), _minutes), max_size=60),
+    st.sets(st.sampled_from([D1, D2, D3])),
+)
+def test_every_record_lands_in_exactly_one_partition_of_its_utc_day(
+    minutes: list[int | None], completed: set[date]
+) -> None:
+    start = _at(D1, 0)
+    times = [None if m is None else start + timedelta(minutes=m) for m in minutes]
+    days = EventDays("ts", by_event_day=True, policy="reopen", completed=frozenset(completed))
+    seen: list[int] = []
+    for day, part in days.partitions(_rows(times), D3):
+        for n, t in zip(part.column("n").to_pylist(), part.column("ts").to_pylist(), strict=True):
+            assert day == (D3 if t is None else t.astimezone(UTC).date())
+            seen.append(n)
+    assert sorted(seen) == list(range(len(times)))
+    counts = days.take_counts()
+    assert sum(c["rows"] for c in counts.values()) == len(times)
+    late = sum(1 for t in times if (D3 if t is None else t.date()) in completed)
+    assert sum(c["late_records"] for c in counts.values()) == late
