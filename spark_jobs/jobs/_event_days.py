@@ -7,14 +7,19 @@ and the counts per output partition that a checkpoint acknowledgement carries.
   is null (only possible for a non-required field) falls back to the landing day.
 - Late: a record whose event day is a partition already recorded complete, as this task last
   learned it. The set is loaded when the subtask starts and refreshed after each completed
-  checkpoint (off the mailbox thread, handed back as a mail), so a record is judged against
-  completions committed *before* it was read. The race — a completion committed while the
-  record is in flight — is safe: that completion came from a checkpoint whose barrier this
-  record had not passed, so the record was not counted in it; it is written to (or
-  dead-lettered from) the now-complete partition by a later checkpoint, and under
-  ``reopen`` its rows reopen the partition, which completes again as the next generation.
-  Under ``dead_letter`` such a record is written, not dead-lettered: judged on time when read.
+  checkpoint (read off the mailbox thread, handed back as a mail); a record is judged when it
+  reaches the sink, so against completions committed before it was read *and* before it was
+  written. The race — a completion committed after the judgement, while the record waits for
+  its checkpoint — is safe: that completion came from a checkpoint whose barrier this record
+  had not passed, so the record was not counted in it; it commits with a later checkpoint,
+  and under ``reopen`` its rows reopen the partition, which completes again as the next
+  generation. Under ``dead_letter`` such a record is written (judged on time), and the
+  partition is reopened the same way: nothing is lost or counted twice. A record re-read
+  after a restore is judged again; only one judgement ever commits (the first one's output
+  was never committed).
 - Rebuild members (``--replace``) are never late: rewriting a complete day is their purpose.
+  Their output is not counted either (it replaces rows already counted), so a rebuild neither
+  changes ``partition_stats`` nor reopens the day (first pass: see the hand-over notes).
 - Counts (rows, dead letters, late records per partition) accumulate on the mailbox thread
   between two barriers and are taken by the checkpoint trigger, so they describe exactly the
   staged output of that interval and commit with it.
@@ -26,17 +31,34 @@ and handed over whole.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import date
+from datetime import UTC, date
+from typing import Protocol
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import sqlalchemy as sa
 
-from enumerator_service._completeness import COUNTERS
+from enumerator_service._completeness import COUNTERS, completed_partitions
+from spark_jobs.source._batch import OFFSET, user_rows
 
-__all__ = ["LATE", "EventDays"]
+__all__ = ["LATE", "EventDays", "PartitionSink", "load_completed"]
 
 #: The dead-letter reason of a late record under ``late_records="dead_letter"``.
 LATE = "late"
+_RAW_LIMIT = 4096
+
+
+class PartitionSink(Protocol):
+    """What :meth:`EventDays.write` needs of a sink writer (mailbox-thread methods)."""
+
+    def output_partition(self, day: date | None, rebuild_id: int | None) -> str: ...
+
+    def write_batch(self, partition: str, batch: pa.RecordBatch) -> None: ...
+
+    def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None: ...
+
+    def count_dropped(self, records: int) -> None: ...
 
 
 class EventDays:
@@ -52,6 +74,12 @@ class EventDays:
         self._policy = policy
         self._completed = completed
         self._counts: dict[str, dict[str, int]] = {}
+        # split → (landing day, rebuild id), kept after the split (its records may still be
+        # in the chain).
+        self._splits: dict[int, tuple[date | None, int | None]] = {}
+
+    def split_added(self, split_id: int, landing_day: date | None, rebuild_id: int | None) -> None:
+        self._splits[split_id] = (landing_day, rebuild_id)
 
     @property
     def completed(self) -> frozenset[date]:
@@ -61,7 +89,33 @@ class EventDays:
         """Completions grow only; a smaller set (a stale read) never un-completes a day."""
         self._completed = self._completed | completed
 
-    # -- source side --------------------------------------------------------------------
+    def write(self, sink: PartitionSink, rows: pa.RecordBatch, split_id: int) -> None:
+        """Records of one split leaving the last step (with the offset column): late ones
+        dead-lettered under ``dead_letter``, the others written to their output partitions.
+
+        Lateness is judged here, when a record reaches the sink (so after it was read): its
+        output commits with the next checkpoint, after every completion this task knows of.
+        A rebuild member writes only the rows of its rebuild's day; its rows of other days
+        stay where the first processing wrote them, and are counted as dropped (rows in =
+        rows + dropped + dead letters still holds).
+        """
+        landing_day, rebuild_id = self._splits[split_id]
+        late = self.late_rows(rows, rebuild=rebuild_id is not None)
+        if late is not None and self._event_time is not None:
+            for record in rows.filter(late).to_pylist():
+                offset = int(record.pop(OFFSET))
+                raw = orjson.dumps(record, default=str)[:_RAW_LIMIT]
+                sink.dead_letter(split_id, offset, raw, LATE)
+                self.count_late_dead_letter(record[self._event_time].astimezone(UTC).date())
+            rows = rows.filter(pc.invert(late))
+        only = landing_day if rebuild_id is not None else None
+        written = 0
+        for day, part in self.partitions(rows, landing_day, only=only):
+            if part.num_rows:
+                sink.write_batch(sink.output_partition(day, rebuild_id), user_rows(part))
+                written += part.num_rows
+        if written < rows.num_rows:
+            sink.count_dropped(rows.num_rows - written)
 
     def late_rows(self, rows: pa.RecordBatch, *, rebuild: bool) -> pa.Array | None:
         """A boolean mask of the late records of ``rows`` that the policy dead-letters, or
@@ -77,8 +131,6 @@ class EventDays:
 
     def count_late_dead_letter(self, day: date) -> None:
         self._add(day.isoformat(), dead_letters=1, late_records=1)
-
-    # -- sink side ------------------------------------------------------------------------
 
     def partitions(
         self, rows: pa.RecordBatch, landing_day: date | None, *, only: date | None = None
@@ -99,19 +151,26 @@ class EventDays:
         for day, part in sorted(groups, key=lambda g: (g[0] is None, g[0] or date.min)):
             if only is not None and day != only:
                 continue
-            if day is not None and part.num_rows:
-                late = part.num_rows if day in self._completed and only is None else 0
+            if day is not None and part.num_rows and only is None:
+                # Written to a complete partition (``reopen``): counted late. A rebuild's rows
+                # are not counted: they replace rows already counted (see the module notes).
+                late = part.num_rows if day in self._completed else 0
                 self._add(day.isoformat(), rows=part.num_rows, late_records=late)
             yield day, part
 
-    def count_dead_letter(self, day: date | None) -> None:
-        """A record rejected before its event time was known: its split's landing day."""
-        if day is not None:
+    def count_dead_letter(self, split_id: int) -> None:
+        """A record of the split rejected (by the reader or a step): counted on the split's
+        landing day (its event time may be unknown). A rebuild's dead letters replace
+        counted ones: not counted."""
+        day, rebuild_id = self._splits[split_id]
+        if day is not None and rebuild_id is None:
             self._add(day.isoformat(), dead_letters=1)
 
-    def touch(self, day: date | None) -> None:
-        """A split of ``day`` finished: the partition exists even if nothing was written."""
-        if day is not None:
+    def touch(self, split_id: int) -> None:
+        """The split finished: without event-day partitions its landing day's partition
+        exists even if nothing was written (an empty file, everything filtered)."""
+        day, rebuild_id = self._splits[split_id]
+        if day is not None and rebuild_id is None and self._event_time is None:
             self._add(day.isoformat())
 
     # -- checkpoint -----------------------------------------------------------------------
@@ -125,6 +184,12 @@ class EventDays:
         total = self._counts.setdefault(day, dict.fromkeys(COUNTERS, 0))
         for name, value in values.items():
             total[name] += value
+
+
+def load_completed(engine: sa.Engine, source: str) -> frozenset[date]:
+    """The source's completed partitions. Blocking: never on the mailbox thread."""
+    with engine.connect() as conn:
+        return completed_partitions(conn, source)
 
 
 def _days(times: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -19,9 +19,11 @@ subtask ends only when a checkpoint taken after its input ended has completed.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +42,13 @@ from enumerator_service import (
 from spark_jobs.checkpoint import CheckpointListener
 from spark_jobs.jobs._build import build_stages
 from spark_jobs.jobs._chain import OperatorChain
+from spark_jobs.jobs._event_days import EventDays, load_completed
 from spark_jobs.jobs._outages import connect_when_up
 from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.jobs._task_state import TaskSplit, decode_pending, snapshot_splits
 from spark_jobs.pipeline._plan import SourcePlan
-from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension
+from spark_jobs.runtime import MailboxClosedError, MailboxController, MailboxProcessor, Suspension
 from spark_jobs.sink import StagedOutput, committer, open_sink_writer, publish_files
 from spark_jobs.source import (
     FormatRouter,
@@ -56,7 +59,7 @@ from spark_jobs.source import (
     SourceReaderBase,
     SplitFetcher,
 )
-from spark_jobs.source._batch import OFFSET, Batch, DeadLetter, RecordSchema, user_rows
+from spark_jobs.source._batch import OFFSET, Batch, DeadLetter, RecordSchema
 from spark_jobs.source._poison import SplitFailure
 
 __all__ = ["ReaderTask", "record_schema"]
@@ -108,6 +111,13 @@ class ReaderTask:
         if CheckpointStore(engine, config.run_id, {}).finished(self._subtask):
             engine.dispose()
             return SubtaskResult(self._subtask, self._attempt, 0, 0, 0)
+        source = plan.source
+        self._event_days = EventDays(
+            source.event_time,
+            by_event_day=source.event_day_partitions,
+            policy=source.late_records,
+            completed=self._load_completed(),
+        )
         self._processor = processor = MailboxProcessor(self._default_action, debug=config.debug)
         self._checkpoint_mails = processor.executor(CHECKPOINT_PRIORITY)
         self._chain = OperatorChain(build_stages(config, processor), self)
@@ -211,8 +221,12 @@ class ReaderTask:
         # the split's reader, as replay blocks) and run through the whole chain again.
         ranges = decode_pending(split_id, assignment.pending)
         held.replay = dict(enumerate(ranges))
+        # (Also checks that the sink can take the split, e.g. a rebuild needs an upsert key.)
         self._partitions[split_id] = self._sink.output_partition(
             assignment.split.partition_key, assignment.rebuild_id
+        )
+        self._event_days.split_added(
+            split_id, assignment.split.partition_key, assignment.rebuild_id
         )
 
     def collect_block(self, block: ParsedBlock) -> None:
@@ -232,9 +246,11 @@ class ReaderTask:
 
     def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
         self._sink.dead_letter(split_id, offset, raw, reason)
+        self._event_days.count_dead_letter(split_id)
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
         held = self._splits[split_id]
+        self._event_days.touch(split_id)
         held.reading_done = True
         held.replay.clear()
 
@@ -249,11 +265,12 @@ class ReaderTask:
 
     def write(self, batch: Batch) -> None:
         if batch.rows.num_rows:
-            self._sink.write_batch(self._partitions[batch.split_id], user_rows(batch.rows))
+            self._event_days.write(self._sink, batch.rows, batch.split_id)
 
     def dead_letters(self, split_id: int, dead: list[DeadLetter]) -> None:
         for offset, raw, reason in dead:
             self._sink.dead_letter(split_id, offset, raw, reason)
+            self._event_days.count_dead_letter(split_id)
 
     def count_dropped(self, records: int) -> None:
         self._sink.count_dropped(records)
@@ -284,10 +301,14 @@ class ReaderTask:
         # Step 3: the sink's pre-commit; the writer thread closes the staged output, then
         # writes the acknowledgement (asynchronous part, off the mailbox thread).
         staged = self._sink.pre_commit()
+        # The interval's counts per output partition: exactly what this pre-commit staged.
+        partitions = self._event_days.take_counts()
         if final:
             self._final_acks.add(checkpoint_id)
         snapshot = {"splits": states, "attempt": self._attempt}
-        done = self._io.submit(self._acknowledge, checkpoint_id, final, snapshot, staged)
+        done = self._io.submit(
+            self._acknowledge, checkpoint_id, final, snapshot, staged, partitions
+        )
         done.add_done_callback(
             lambda f: self._checkpoint_mails.execute(
                 lambda: self._acknowledged(f, checkpoint_id, final), "checkpoint acknowledged"
@@ -300,6 +321,7 @@ class ReaderTask:
         final: bool,
         snapshot: dict[str, Any],
         staged: Future[StagedOutput],
+        partitions: dict[str, dict[str, int]],
     ) -> None:
         """Writer thread."""
         config = self._config
@@ -322,6 +344,7 @@ class ReaderTask:
                 dead_letters=out.dead_letters,
                 dropped=out.dropped,
                 source=config.source,
+                partitions=partitions or None,
             ),
             two_phase=config.exactly_once,
             # AT_LEAST_ONCE: table rows become visible with this subtask's split states.
@@ -347,6 +370,8 @@ class ReaderTask:
             return  # completed with another attempt's snapshot, or before we joined
         self.checkpoints_completed += 1
         self._forget_finished(checkpoint_id)
+        if checkpoint_id not in self._final_acks:
+            self._refresh_completed()
         if checkpoint_id in self._final_acks:
             self._listener.wants_checkpoint = False
             self._processor.all_actions_completed()
@@ -354,6 +379,25 @@ class ReaderTask:
     def _on_abort(self, checkpoint_id: int) -> None:
         if checkpoint_id in self._final_acks:
             self._listener.request_checkpoint()  # the next one carries the final snapshot
+
+    def _load_completed(self) -> frozenset[date]:
+        """Blocking: at start, or on the writer thread."""
+        partitioned = self._config.plan.source.partitioned
+        return load_completed(self._engine, self._config.source) if partitioned else frozenset()
+
+    def _refresh_completed(self) -> None:
+        """After a completed checkpoint: completions read off the mailbox thread, handed back
+        as a mail (see ``_event_days``)."""
+        if not self._config.plan.source.partitioned:
+            return
+
+        def hand_back(future: Future[frozenset[date]]) -> None:
+            with contextlib.suppress(MailboxClosedError):  # the subtask ended meanwhile
+                self._checkpoint_mails.execute(
+                    lambda: self._event_days.refresh(future.result()), "completed partitions"
+                )
+
+        self._io.submit(self._load_completed).add_done_callback(hand_back)
 
     def _forget_finished(self, checkpoint_id: int) -> None:
         """Splits whose finished state is committed are no longer this subtask's state."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
 
+import orjson
 import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
 from spark_jobs.jobs._event_days import EventDays
+from spark_jobs.source._batch import OFFSET
 
 D1, D2, D3 = date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)
 _TS = pa.timestamp("us", tz="UTC")
@@ -78,7 +80,7 @@ def test_a_rebuild_member_writes_only_its_days_rows() -> None:
     days = EventDays("ts", by_event_day=True, policy="reopen", completed=frozenset({D1, D2}))
     rows = _rows([_at(D1, 5), _at(D2, 5), _at(D2, 6)])
     assert [(d, p.num_rows) for d, p in days.partitions(rows, D2, only=D2)] == [(D2, 2)]
-    assert days.take_counts() == {"2026-01-02": {"rows": 2, "dead_letters": 0, "late_records": 0}}
+    assert days.take_counts() == {}  # it replaces rows already counted
 
 
 def test_completions_only_grow() -> None:
@@ -88,14 +90,77 @@ def test_completions_only_grow() -> None:
 
 
 def test_dead_letters_and_finished_splits_count_on_their_landing_day() -> None:
-    days = EventDays("ts", by_event_day=True, policy="reopen")
-    days.count_dead_letter(D2)
-    days.count_dead_letter(None)  # unpartitioned output: nothing to count
-    days.touch(D3)
+    days = EventDays("ts", by_event_day=False, policy="reopen")
+    days.split_added(1, D2, None)
+    days.split_added(2, None, None)  # unpartitioned output: nothing to count
+    days.split_added(3, D3, None)
+    days.split_added(4, D1, 77)  # a rebuild member replaces counted output: not counted
+    for split_id in (1, 2, 4):
+        days.count_dead_letter(split_id)
+    for split_id in (3, 4):
+        days.touch(split_id)
     assert days.take_counts() == {
         "2026-01-02": {"rows": 0, "dead_letters": 1, "late_records": 0},
         "2026-01-03": {"rows": 0, "dead_letters": 0, "late_records": 0},
     }
+
+
+def test_with_event_days_a_finished_split_creates_no_partition() -> None:
+    days = EventDays("ts", by_event_day=True, policy="reopen")
+    days.split_added(1, D2, None)
+    days.touch(1)  # its landing day need not be an event day of any record
+    assert days.take_counts() == {}
+
+
+class RecordingSink:
+    """Records what a sink writer is asked (extra unit test: the real writers are exercised
+    by the Spark tests)."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[str, list[int]]] = []
+        self.dead: list[tuple[int, int, dict[str, object], str]] = []
+        self.dropped = 0
+
+    def output_partition(self, day: date | None, rebuild_id: int | None) -> str:
+        return f"dt={day}" if rebuild_id is None else f"rebuild-{rebuild_id}/dt={day}"
+
+    def write_batch(self, partition: str, batch: pa.RecordBatch) -> None:
+        assert OFFSET not in batch.schema.names
+        self.written.append((partition, batch.column("n").to_pylist()))
+
+    def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
+        self.dead.append((split_id, offset, orjson.loads(raw), reason))
+
+    def count_dropped(self, records: int) -> None:
+        self.dropped += records
+
+
+def _with_offsets(rows: pa.RecordBatch) -> pa.RecordBatch:
+    return rows.append_column(OFFSET, pa.array([100 + i for i in range(rows.num_rows)]))
+
+
+def test_writing_dead_letters_late_records_and_routes_the_rest_by_event_day() -> None:
+    days = EventDays("ts", by_event_day=True, policy="dead_letter", completed=frozenset({D1}))
+    days.split_added(5, D2, None)
+    sink = RecordingSink()
+    days.write(sink, _with_offsets(_rows([_at(D1, 9), _at(D2, 9), _at(D3, 1)])), 5)
+    assert sink.written == [("dt=2026-01-02", [1]), ("dt=2026-01-03", [2])]
+    assert [(s, o, r) for s, o, _raw, r in sink.dead] == [(5, 100, "late")]
+    assert sink.dead[0][2]["n"] == 0 and OFFSET not in sink.dead[0][2]
+    assert days.take_counts() == {
+        "2026-01-01": {"rows": 0, "dead_letters": 1, "late_records": 1},
+        "2026-01-02": {"rows": 1, "dead_letters": 0, "late_records": 0},
+        "2026-01-03": {"rows": 1, "dead_letters": 0, "late_records": 0},
+    }
+
+
+def test_a_rebuild_member_writes_its_day_and_counts_the_rest_as_dropped() -> None:
+    days = EventDays("ts", by_event_day=True, policy="dead_letter", completed=frozenset({D1}))
+    days.split_added(6, D1, 9)
+    sink = RecordingSink()
+    days.write(sink, _with_offsets(_rows([_at(D1, 9), _at(D2, 9), _at(D1, 10)])), 6)
+    assert sink.written == [("rebuild-9/dt=2026-01-01", [0, 2])]
+    assert (sink.dead, sink.dropped) == ([], 1)
 
 
 _minutes = st.integers(min_value=0, max_value=3 * 24 * 60 - 1)
