@@ -6,7 +6,8 @@ Rules (see README "Event time and partition completeness"):
 
 - A subtask's watermark is its snapshot's ``watermark`` (ISO-8601 UTC: the last watermark
   that reached its sink before the barrier); :data:`END_OF_INPUT` (+infinity) when its input
-  ended (``snapshot["finished"]`` or a final acknowledgement: a closed channel);
+  ended and drained (``snapshot["finished"]`` with nothing pending in the chain, or a final
+  acknowledgement: a closed channel);
   :data:`NO_WATERMARK` (-infinity) while it has none yet.
 - The run watermark is the minimum over the subtasks that acknowledged the checkpoint (those
   that did not are closed channels: +infinity). It is stored per run in ``run_watermarks``
@@ -98,8 +99,17 @@ def partition_end(day: date) -> datetime:
 
 
 def subtask_watermark(snapshot: Mapping[str, Any], *, final: bool = False) -> datetime:
-    """A subtask's watermark from its checkpoint snapshot (see the module rules)."""
-    if final or snapshot.get("finished"):
+    """A subtask's watermark from its checkpoint snapshot (see the module rules).
+
+    ``finished`` counts as +infinity only once nothing of the subtask's input is still in its
+    operator chain (no split state with ``pending`` ranges): records in flight at the barrier
+    commit with a later checkpoint, and must not find their day already complete.
+    """
+    if final:
+        return END_OF_INPUT
+    if snapshot.get("finished") and not any(
+        state.get("pending") for state in snapshot.get("splits", ())
+    ):
         return END_OF_INPUT
     value = snapshot.get("watermark")
     if value is None:

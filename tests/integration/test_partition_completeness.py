@@ -10,6 +10,8 @@ snapshots shaped as the watermark part makes them (``watermark``: ISO-8601 UTC o
 from __future__ import annotations
 
 import secrets
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, date, datetime
 from typing import Any
@@ -27,8 +29,14 @@ from enumerator_service import (
     StagedTransaction,
     acknowledge,
 )
-from enumerator_service._checkpoint_store import encode_dead_letters
-from enumerator_service._completeness import END_OF_INPUT, NO_WATERMARK, completed_partitions
+from enumerator_service._checkpoint_store import apply_split_states, encode_dead_letters
+from enumerator_service._completeness import (
+    END_OF_INPUT,
+    NO_WATERMARK,
+    add_partition_counts,
+    complete_partitions,
+    completed_partitions,
+)
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import (
     checkpoints,
@@ -371,3 +379,67 @@ def test_at_least_once_counts_each_acknowledgement_once(platform: Platform) -> N
     assert stats(platform, D1).rows == 3
     done = run.checkpoint({0: ("2026-01-01T10:00:00+00:00", True)}, two_phase=False)
     assert [(c.partition_key, c.rows) for c in done.completions] == [(D1, 3)]
+
+
+def test_two_runs_finishing_one_day_concurrently_record_it_exactly_once(
+    platform: Platform,
+) -> None:
+    first = Run(platform, [D1])
+    register(platform, [D1], "second")
+    second = Run(platform, [])
+    second.held = _pull(platform, second.run_id, 1)
+    split = first.held[0]
+    state = {
+        "id": split.split_id,
+        "epoch": split.epoch,
+        "offset": 1000,
+        "watermark": None,
+        "finished": True,
+        "pending": [],
+    }
+    outcome: list[Any] = []
+    with platform.engine.connect() as conn, conn.begin():
+        # The first run's completion transaction, held open after its completion check: it
+        # finished its D1 split but sees the second run's still READING.
+        apply_split_states(conn, first.run_id, [state], skip_fenced=False)
+        add_partition_counts(conn, first.source, {"2026-01-01": rows(3)})
+        assert (
+            complete_partitions(
+                conn,
+                source=first.source,
+                run_id=first.run_id,
+                checkpoint_id=1,
+                watermark=END_OF_INPUT,
+            )
+            == []
+        )
+        worker = threading.Thread(
+            target=lambda: outcome.append(
+                second.checkpoint({0: (at(1, 23), True)}, partitions={0: {"2026-01-01": rows(4)}})
+            )
+        )
+        worker.start()
+        # The second run's completion waits for the first one's lock on the source …
+        _wait_for_advisory_lock_waiter(platform)
+    # … and, once the first committed, sees both D1 splits committed: D1 completes once.
+    worker.join(timeout=30)
+    (done,) = outcome
+    assert [(c.partition_key, c.run_id, c.rows) for c in done.completions] == [
+        (D1, second.run_id, 7)
+    ]
+    assert [(c.partition_key, c.generation) for c in completions(platform)] == [(D1, 1)]
+
+
+def _wait_for_advisory_lock_waiter(platform: Platform, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    with platform.engine.connect() as conn:
+        while not conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+        ).scalar_one():
+            if time.monotonic() > deadline:
+                raise AssertionError("the second completion never waited for the lock")
+            time.sleep(0.02)
+            conn.rollback()

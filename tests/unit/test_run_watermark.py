@@ -40,6 +40,11 @@ def test_a_finished_subtask_counts_as_plus_infinity() -> None:
     assert subtask_watermark({"watermark": None, "finished": True}) is END_OF_INPUT
     assert subtask_watermark({"watermark": _T.isoformat()}, final=True) is END_OF_INPUT
     assert run_watermark([END_OF_INPUT, _T]) == _T
+    # Input ended but records still in the chain: they commit later, the watermark stays.
+    in_flight = {"watermark": _T.isoformat(), "finished": True, "splits": [{"pending": [[1, 2]]}]}
+    assert subtask_watermark(in_flight) == _T
+    drained = {"watermark": _T.isoformat(), "finished": True, "splits": [{"pending": []}]}
+    assert subtask_watermark(drained) is END_OF_INPUT
     assert run_watermark([END_OF_INPUT, END_OF_INPUT]) == END_OF_INPUT
 
 
