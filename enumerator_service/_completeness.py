@@ -54,6 +54,7 @@ __all__ = [
     "add_partition_counts",
     "complete_partitions",
     "completed_partitions",
+    "lock_source",
     "merge_partition_counts",
     "partition_end",
     "record_run_watermark",
@@ -147,6 +148,7 @@ def add_partition_counts(
     (late records under ``reopen``) needs a new completion. Dead letters alone open only a
     partition that never completed (a late record dead-lettered does not reopen its day).
     """
+    lock_source(conn, source)
     for day, values in sorted(counts.items()):
         rows, dead, late = (int(values.get(name, 0)) for name in COUNTERS)
         stmt = insert(partition_stats).values(
@@ -169,6 +171,22 @@ def add_partition_counts(
                 },
             )
         )
+
+
+def lock_source(conn: Connection, source: str) -> None:
+    """Serialise the partition bookkeeping of one source until the transaction ends.
+
+    Every write of ``partition_stats`` and every completion check takes it first (re-entrant
+    within a transaction), so two runs' checkpoints never deadlock on stats rows and the
+    second completion check sees the first one's committed splits (module docstring).
+    """
+    conn.execute(
+        sa.select(
+            sa.func.pg_advisory_xact_lock(
+                sa.func.hashtext("sluice.partition_completions"), sa.func.hashtext(source)
+            )
+        )
+    )
 
 
 def record_run_watermark(
@@ -215,14 +233,7 @@ def complete_partitions(
     that ``watermark`` (the run's, effective) completes, each once (module rules)."""
     if watermark <= NO_WATERMARK:
         return []
-    # Serialise completions of one source (see the module docstring); released at commit.
-    conn.execute(
-        sa.select(
-            sa.func.pg_advisory_xact_lock(
-                sa.func.hashtext("sluice.partition_completions"), sa.func.hashtext(source)
-            )
-        )
-    )
+    lock_source(conn, source)
     stats = partition_stats
     unfinished = (
         sa.select(sa.literal(1))
