@@ -331,9 +331,10 @@ run_watermarks = Table(
     Column("run_id", Text, primary_key=True),
     Column("source", Text),
     Column("checkpoint_id", BigInteger, nullable=False),
-    # NULL: some subtask has no watermark yet (-infinity), or ``finished``.
+    # The greatest finite run watermark so far; NULL: none yet (some subtask has none).
     Column("watermark", DateTime(timezone=True)),
-    # Every subtask's input ended: the run watermark is +infinity.
+    # Every subtask's input ended: the run watermark is +infinity (``watermark`` keeps the
+    # last finite one).
     Column("finished", Boolean, nullable=False, server_default="false"),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
 )

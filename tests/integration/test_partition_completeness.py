@@ -239,7 +239,9 @@ def test_a_bounded_run_completes_each_day_once_when_its_watermark_and_splits_all
     assert d1_again == d1  # completed once
     assert (d2.partition_key, d2.generation, d2.watermark, d2.rows) == (D2, 1, None, 8)
     live = run_watermark_row(platform, run.run_id)
-    assert (live.checkpoint_id, live.watermark, live.finished) == (4, None, True)
+    # +infinity is ``finished``; the watermark column keeps the last finite run watermark.
+    assert (live.checkpoint_id, live.finished) == (4, True)
+    assert live.watermark == datetime(2026, 1, 2, 7, tzinfo=UTC)
     # Completing the same checkpoint again is a no-op.
     assert run.store.complete(4, two_phase=True) is None
     assert len(completions(platform)) == 2
@@ -372,6 +374,7 @@ def test_a_late_dead_letter_does_not_reopen_its_day_and_late_rows_make_generatio
 def test_at_least_once_counts_each_acknowledgement_once(platform: Platform) -> None:
     run = Run(platform, [D1])
     run.store.trigger(1)
+    run.next_id = 2
     for _ in range(2):  # a repeated acknowledgement (retried write) counts once
         run.ack(1, 0, "2026-01-01T10:00:00+00:00", False, {"2026-01-01": rows(3)}, [],
                 two_phase=False)  # fmt: skip
