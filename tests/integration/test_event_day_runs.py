@@ -21,7 +21,7 @@ from demo_platform import demo_discover, demo_pipeline, prepare_demo
 from landing_oracle import expected_events
 
 from enumerator_service._operations import Platform, open_platform
-from enumerator_service._schema import dead_letters, partition_completions, partition_stats
+from enumerator_service._schema import dead_letters, partition_completions, partition_stats, splits
 from spark_jobs import Pipeline
 from spark_jobs.jobs import run_pipeline
 
@@ -138,3 +138,78 @@ def test_a_bounded_run_completes_each_event_day_once_and_late_files_follow_the_p
     rows = _output(settings)
     assert {str(r["dt"]) for r in rows if r["event_id"].startswith("late-late-b")} == {str(d1)}
     assert len(rows) == len(expected) + 1 + 2
+
+
+def test_a_restored_range_judges_its_late_records_once(make_settings: Any) -> None:
+    """A range in flight at the committed checkpoint is re-read after a restore: its records
+    of a complete day are dead-lettered (reason late) and counted exactly once."""
+    settings: Settings = make_settings()
+    platform = open_platform(settings)
+    try:
+        prepare_demo(settings, platform, events=False)
+        day = date(2026, 1, 3)
+        folder = settings.landing_path / f"dt={day}"
+        folder.mkdir(parents=True)
+        lines = [
+            orjson.dumps(
+                {
+                    "event_id": f"r{i}",
+                    "user_id": i + 1,
+                    "event_time": f"2026-01-03T00:00:0{i}+00:00",
+                    "event_type": "click",
+                    "amount": float(i),
+                }
+            )
+            + b"\n"
+            for i in range(10)
+        ]
+        (folder / "a.jsonl").write_bytes(b"".join(lines))
+        assert demo_discover(platform).splits_registered == 1
+        starts = [sum(len(line) for line in lines[:i]) for i in range(11)]
+        source = settings.source_name
+        with platform.engine.begin() as conn:
+            # Committed: lines 0-3 emitted, the block of lines 4-6 in flight, 7-9 not read;
+            # and the day was completed meanwhile (by another run).
+            conn.execute(
+                sa.update(splits)
+                .where(splits.c.source == source)
+                .values(committed_offset=starts[7], pending=[{"span": [starts[4], starts[7]]}])
+            )
+            conn.execute(
+                sa.insert(partition_stats).values(
+                    source=source, partition_key=day, rows=4, generation=1, open=False
+                )
+            )
+            conn.execute(
+                sa.insert(partition_completions).values(
+                    source=source,
+                    partition_key=day,
+                    generation=1,
+                    run_id="earlier",
+                    checkpoint_id=1,
+                    rows=4,
+                    dead_letters=0,
+                    late_records=0,
+                )
+            )
+        summary = run_pipeline(settings, _pipeline(settings, "dead_letter"))
+        assert (summary.rows_out, summary.dead_letters) == (0, 6)
+        with platform.engine.connect() as conn:
+            late = conn.execute(
+                sa.select(dead_letters.c.offset)
+                .where(dead_letters.c.source == source, dead_letters.c.reason == "late")
+                .order_by(dead_letters.c.offset)
+            ).scalars()
+            assert list(late) == starts[4:10]
+            stats = conn.execute(
+                sa.select(
+                    partition_stats.c.rows,
+                    partition_stats.c.dead_letters,
+                    partition_stats.c.late_records,
+                    partition_stats.c.open,
+                ).where(partition_stats.c.source == source)
+            ).one()
+        assert tuple(stats) == (4, 6, 6, False)
+        assert [(c.partition_key, c.generation) for c in _completions(platform)] == [(day, 1)]
+    finally:
+        platform.close()
