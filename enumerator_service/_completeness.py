@@ -7,7 +7,7 @@ Rules (see README "Event time and partition completeness"):
 - A subtask's watermark is its snapshot's ``watermark`` (ISO-8601 UTC: the last watermark
   that reached its sink before the barrier); :data:`END_OF_INPUT` (+infinity) when its input
   ended and drained (``snapshot["finished"]`` with nothing pending in the chain, or a final
-  acknowledgement: a closed channel);
+  acknowledgement: a closed channel); left out while its snapshot says ``idle`` (optional);
   :data:`NO_WATERMARK` (-infinity) while it has none yet.
 - The run watermark is the minimum over the subtasks that acknowledged the checkpoint (those
   that did not are closed channels: +infinity). It is stored per run in ``run_watermarks``
@@ -99,8 +99,9 @@ def partition_end(day: date) -> datetime:
     return datetime.combine(day + timedelta(days=1), time(), tzinfo=UTC)
 
 
-def subtask_watermark(snapshot: Mapping[str, Any], *, final: bool = False) -> datetime:
-    """A subtask's watermark from its checkpoint snapshot (see the module rules).
+def subtask_watermark(snapshot: Mapping[str, Any], *, final: bool = False) -> datetime | None:
+    """A subtask's watermark from its checkpoint snapshot (see the module rules); None when
+    the snapshot says ``"idle": true`` (optional: every split idle, Flink's idle status).
 
     ``finished`` counts as +infinity only once nothing of the subtask's input is still in its
     operator chain (no split state with ``pending`` ranges): records in flight at the barrier
@@ -112,6 +113,8 @@ def subtask_watermark(snapshot: Mapping[str, Any], *, final: bool = False) -> da
         state.get("pending") for state in snapshot.get("splits", ())
     ):
         return END_OF_INPUT
+    if snapshot.get("idle"):
+        return None
     value = snapshot.get("watermark")
     if value is None:
         return NO_WATERMARK
@@ -121,9 +124,15 @@ def subtask_watermark(snapshot: Mapping[str, Any], *, final: bool = False) -> da
     return parsed.astimezone(UTC)
 
 
-def run_watermark(subtasks: Iterable[datetime]) -> datetime:
-    """The minimum over the subtasks' watermarks; no open subtask at all: END_OF_INPUT."""
-    return min(subtasks, default=END_OF_INPUT)
+def run_watermark(subtasks: Iterable[datetime | None]) -> datetime:
+    """The minimum over the subtasks' watermarks, idle ones (None) left out; no subtask at
+    all: END_OF_INPUT (every channel closed); only idle ones: NO_WATERMARK (the stored run
+    watermark then stays where it is, see :func:`record_run_watermark`)."""
+    marks = list(subtasks)
+    active = [mark for mark in marks if mark is not None]
+    if active:
+        return min(active)
+    return NO_WATERMARK if marks else END_OF_INPUT
 
 
 def merge_partition_counts(

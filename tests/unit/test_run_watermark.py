@@ -52,6 +52,16 @@ def test_no_open_subtask_means_every_channel_is_closed() -> None:
     assert run_watermark([]) == END_OF_INPUT
 
 
+def test_an_idle_subtask_does_not_hold_the_run_back() -> None:
+    idle = subtask_watermark({"watermark": None, "idle": True})
+    assert idle is None
+    assert run_watermark([idle, _T]) == _T
+    # Only idle subtasks: no new information (the stored run watermark stays).
+    assert run_watermark([idle, idle]) == NO_WATERMARK
+    # Finished wins over idle.
+    assert subtask_watermark({"idle": True, "finished": True}) is END_OF_INPUT
+
+
 def test_a_watermark_without_time_zone_is_refused() -> None:
     with pytest.raises(ValueError, match="no time zone"):
         subtask_watermark({"watermark": "2026-01-02T03:04:05"})
