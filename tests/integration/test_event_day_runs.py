@@ -213,3 +213,24 @@ def test_a_restored_range_judges_its_late_records_once(make_settings: Any) -> No
         assert [(c.partition_key, c.generation) for c in _completions(platform)] == [(day, 1)]
     finally:
         platform.close()
+
+
+def test_an_at_least_once_run_completes_its_days_with_the_committed_counts(
+    make_settings: Any,
+) -> None:
+    settings: Settings = make_settings(
+        demo_events=120, demo_days=2, demo_files_per_day=1, checkpointing_mode="AT_LEAST_ONCE"
+    )
+    platform = open_platform(settings)
+    try:
+        prepare_demo(settings, platform)
+        demo_discover(platform)
+        run_pipeline(settings, _pipeline(settings, "reopen"))
+        expected, _malformed = expected_events(settings.landing_path)
+        per_day = Counter(e["event_time"].date() for e in expected)
+        done = _completions(platform)
+        assert [(c.partition_key, c.generation, c.rows) for c in done] == [
+            (day, 1, per_day[day]) for day in sorted(per_day)
+        ]
+    finally:
+        platform.close()
