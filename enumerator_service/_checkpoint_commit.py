@@ -229,7 +229,8 @@ class Acknowledgement:
     #: The split source (pipeline) the subtask reads.
     source: str | None = None
     #: The interval's counts per output partition (an event day):
-    #: ``{"YYYY-MM-DD": {"rows": n, "dead_letters": n, "late_records": n}}``; they reach
+    #: ``{"YYYY-MM-DD": {"rows": n, "dead_letters": n, "late_records": n,
+    #: "foreign_rows": n}}`` (a missing counter is 0); they reach
     #: ``partition_stats`` when the output commits. None: not reported.
     partitions: Mapping[str, Mapping[str, int]] | None = None
 

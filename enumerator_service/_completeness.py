@@ -67,8 +67,10 @@ END_OF_INPUT = datetime.max.replace(tzinfo=UTC)
 #: -infinity: a subtask that has no watermark yet holds the run's back.
 NO_WATERMARK = datetime.min.replace(tzinfo=UTC)
 
-#: The counters of one partition in ``Acknowledgement.partitions`` / ``partition_counts``.
-COUNTERS = ("rows", "dead_letters", "late_records")
+#: The counters of one partition in ``Acknowledgement.partitions`` / ``partition_counts``:
+#: rows written, dead letters, late records, and the rows that came from files of another
+#: landing day (``foreign_rows``: a rebuild by landing day cannot reproduce those).
+COUNTERS = ("rows", "dead_letters", "late_records", "foreign_rows")
 
 # Splits that may still produce records for a day: not yet read to the end and committed.
 _UNFINISHED = (
@@ -138,7 +140,7 @@ def run_watermark(subtasks: Iterable[datetime | None]) -> datetime:
 def merge_partition_counts(
     into: dict[str, dict[str, int]], counts: Mapping[str, Mapping[str, int]] | None
 ) -> dict[str, dict[str, int]]:
-    """Adds ``counts`` (``{"YYYY-MM-DD": {"rows", "dead_letters", "late_records"}}``) into
+    """Adds ``counts`` (``{"YYYY-MM-DD": {counter: n}}``, counters :data:`COUNTERS`) into
     ``into`` and returns it (missing counters are 0)."""
     for day, values in (counts or {}).items():
         date.fromisoformat(day)  # a malformed key fails here, not inside SQL
@@ -159,13 +161,14 @@ def add_partition_counts(
     """
     lock_source(conn, source)
     for day, values in sorted(counts.items()):
-        rows, dead, late = (int(values.get(name, 0)) for name in COUNTERS)
+        rows, dead, late, foreign = (int(values.get(name, 0)) for name in COUNTERS)
         stmt = insert(partition_stats).values(
             source=source,
             partition_key=date.fromisoformat(day),
             rows=rows,
             dead_letters=dead,
             late_records=late,
+            foreign_rows=foreign,
         )
         table = partition_stats
         conn.execute(
@@ -175,6 +178,7 @@ def add_partition_counts(
                     "rows": table.c.rows + stmt.excluded.rows,
                     "dead_letters": table.c.dead_letters + stmt.excluded.dead_letters,
                     "late_records": table.c.late_records + stmt.excluded.late_records,
+                    "foreign_rows": table.c.foreign_rows + stmt.excluded.foreign_rows,
                     "open": sa.or_(table.c.open, table.c.generation == 0, stmt.excluded.rows > 0),
                     "updated_at": sa.func.now(),
                 },

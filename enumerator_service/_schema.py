@@ -291,6 +291,9 @@ partition_stats = Table(
     Column("rows", BigInteger, nullable=False, server_default="0"),
     Column("dead_letters", BigInteger, nullable=False, server_default="0"),
     Column("late_records", BigInteger, nullable=False, server_default="0"),
+    # Rows written from files of another landing day (event-day partitions): a rebuild by
+    # landing day would drop them, so it is refused while there are any.
+    Column("foreign_rows", BigInteger, nullable=False, server_default="0"),
     # The generation of its latest completion (0: never completed).
     Column("generation", Integer, nullable=False, server_default="0"),
     # Committed output not covered by a completion yet: a candidate for the next completion

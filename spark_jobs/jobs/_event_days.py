@@ -155,7 +155,10 @@ class EventDays:
                 # Written to a complete partition (``reopen``): counted late. A rebuild's rows
                 # are not counted: they replace rows already counted (see the module notes).
                 late = part.num_rows if day in self._completed else 0
-                self._add(day.isoformat(), rows=part.num_rows, late_records=late)
+                foreign = part.num_rows if landing_day not in (None, day) else 0
+                self._add(
+                    day.isoformat(), rows=part.num_rows, late_records=late, foreign_rows=foreign
+                )
             yield day, part
 
     def count_dead_letter(self, split_id: int) -> None:

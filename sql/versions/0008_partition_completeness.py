@@ -34,6 +34,7 @@ def upgrade() -> None:
         sa.Column("rows", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("dead_letters", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("late_records", sa.BigInteger(), server_default="0", nullable=False),
+        sa.Column("foreign_rows", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("generation", sa.Integer(), server_default="0", nullable=False),
         sa.Column("open", sa.Boolean(), server_default="true", nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), server_default=_now(), nullable=False),

@@ -21,7 +21,14 @@ from demo_platform import demo_discover, demo_pipeline, prepare_demo
 from landing_oracle import expected_events
 
 from enumerator_service._operations import Platform, open_platform
-from enumerator_service._schema import dead_letters, partition_completions, partition_stats, splits
+from enumerator_service._rebuilds import CrossDayRebuildError, RebuildStore
+from enumerator_service._schema import (
+    dead_letters,
+    partition_completions,
+    partition_rebuilds,
+    partition_stats,
+    splits,
+)
 from spark_jobs import Pipeline
 from spark_jobs.jobs import run_pipeline
 
@@ -138,6 +145,21 @@ def test_a_bounded_run_completes_each_event_day_once_and_late_files_follow_the_p
     rows = _output(settings)
     assert {str(r["dt"]) for r in rows if r["event_id"].startswith("late-late-b")} == {str(d1)}
     assert len(rows) == len(expected) + 1 + 2
+
+    # A d1 event in a d2 file: d1 now holds a row a rebuild of d1 (its own files) would drop.
+    _late_file(settings, d2, "late-c", [noon + timedelta(hours=3)])
+    demo_discover(platform)
+    run_pipeline(settings, _pipeline(settings, "reopen"))
+    with pytest.raises(CrossDayRebuildError, match=f"partition {d1} .* holds 1 rows from files"):
+        RebuildStore(platform.engine).start(
+            settings.source_name, [d1], "rebuilder", lease_seconds=60
+        )
+    with platform.engine.connect() as conn:
+        assert not conn.execute(
+            sa.select(partition_rebuilds.c.id).where(
+                partition_rebuilds.c.source == settings.source_name
+            )
+        ).first()
 
 
 def test_a_restored_range_judges_its_late_records_once(make_settings: Any) -> None:

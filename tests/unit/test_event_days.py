@@ -34,8 +34,8 @@ def test_one_landing_file_feeds_several_event_days() -> None:
     # The null event time falls back to the landing day.
     assert parts == {D1: [1], D2: [0, 2, 3]}
     assert days.take_counts() == {
-        "2026-01-01": {"rows": 1, "dead_letters": 0, "late_records": 0},
-        "2026-01-02": {"rows": 3, "dead_letters": 0, "late_records": 0},
+        "2026-01-01": {"rows": 1, "dead_letters": 0, "late_records": 0, "foreign_rows": 1},
+        "2026-01-02": {"rows": 3, "dead_letters": 0, "late_records": 0, "foreign_rows": 0},
     }
     assert days.take_counts() == {}  # taken by the barrier: counting starts anew
 
@@ -62,7 +62,9 @@ def test_dead_letter_policy_marks_records_of_completed_days_late() -> None:
     assert days.late_rows(rows, rebuild=True) is None  # a rebuild rewrites a complete day
     assert days.late_rows(_rows([_at(D2, 1)]), rebuild=False) is None
     days.count_late_dead_letter(D1)
-    assert days.take_counts() == {"2026-01-01": {"rows": 0, "dead_letters": 1, "late_records": 1}}
+    assert days.take_counts() == {
+        "2026-01-01": {"rows": 0, "dead_letters": 1, "late_records": 1, "foreign_rows": 0}
+    }
 
 
 def test_reopen_policy_writes_late_rows_and_counts_them() -> None:
@@ -71,8 +73,8 @@ def test_reopen_policy_writes_late_rows_and_counts_them() -> None:
     assert days.late_rows(rows, rebuild=False) is None
     assert [(d, p.num_rows) for d, p in days.partitions(rows, D2)] == [(D1, 1), (D2, 1)]
     assert days.take_counts() == {
-        "2026-01-01": {"rows": 1, "dead_letters": 0, "late_records": 1},
-        "2026-01-02": {"rows": 1, "dead_letters": 0, "late_records": 0},
+        "2026-01-01": {"rows": 1, "dead_letters": 0, "late_records": 1, "foreign_rows": 1},
+        "2026-01-02": {"rows": 1, "dead_letters": 0, "late_records": 0, "foreign_rows": 0},
     }
 
 
@@ -100,8 +102,8 @@ def test_dead_letters_and_finished_splits_count_on_their_landing_day() -> None:
     for split_id in (3, 4):
         days.touch(split_id)
     assert days.take_counts() == {
-        "2026-01-02": {"rows": 0, "dead_letters": 1, "late_records": 0},
-        "2026-01-03": {"rows": 0, "dead_letters": 0, "late_records": 0},
+        "2026-01-02": {"rows": 0, "dead_letters": 1, "late_records": 0, "foreign_rows": 0},
+        "2026-01-03": {"rows": 0, "dead_letters": 0, "late_records": 0, "foreign_rows": 0},
     }
 
 
@@ -148,9 +150,9 @@ def test_writing_dead_letters_late_records_and_routes_the_rest_by_event_day() ->
     assert [(s, o, r) for s, o, _raw, r in sink.dead] == [(5, 100, "late")]
     assert sink.dead[0][2]["n"] == 0 and OFFSET not in sink.dead[0][2]
     assert days.take_counts() == {
-        "2026-01-01": {"rows": 0, "dead_letters": 1, "late_records": 1},
-        "2026-01-02": {"rows": 1, "dead_letters": 0, "late_records": 0},
-        "2026-01-03": {"rows": 1, "dead_letters": 0, "late_records": 0},
+        "2026-01-01": {"rows": 0, "dead_letters": 1, "late_records": 1, "foreign_rows": 0},
+        "2026-01-02": {"rows": 1, "dead_letters": 0, "late_records": 0, "foreign_rows": 0},
+        "2026-01-03": {"rows": 1, "dead_letters": 0, "late_records": 0, "foreign_rows": 1},
     }
 
 
@@ -186,3 +188,5 @@ def test_every_record_lands_in_exactly_one_partition_of_its_utc_day(
     assert sum(c["rows"] for c in counts.values()) == len(times)
     late = sum(1 for t in times if (D3 if t is None else t.date()) in completed)
     assert sum(c["late_records"] for c in counts.values()) == late
+    foreign = sum(1 for t in times if t is not None and t.date() != D3)
+    assert sum(c["foreign_rows"] for c in counts.values()) == foreign

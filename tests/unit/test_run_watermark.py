@@ -116,6 +116,8 @@ def test_partition_counts_merge_by_day_and_counter() -> None:
     merge_partition_counts(total, {"2026-01-01": {"rows": 2, "late_records": 1}})
     merge_partition_counts(total, {"2026-01-01": {"rows": 3, "dead_letters": 4}})
     merge_partition_counts(total, None)
-    assert total == {"2026-01-01": {"rows": 5, "dead_letters": 4, "late_records": 1}}
+    assert total == {
+        "2026-01-01": {"rows": 5, "dead_letters": 4, "late_records": 1, "foreign_rows": 0}
+    }
     with pytest.raises(ValueError, match="yesterday"):
         merge_partition_counts(total, {"yesterday": {"rows": 1}})
