@@ -30,7 +30,9 @@ and handed over whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
 from datetime import UTC, date
 from typing import Protocol
 
@@ -40,9 +42,10 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 
 from enumerator_service._completeness import COUNTERS, completed_partitions
+from spark_jobs.runtime import MailboxClosedError, MailboxExecutor
 from spark_jobs.source._batch import OFFSET, user_rows
 
-__all__ = ["LATE", "EventDays", "PartitionSink", "load_completed"]
+__all__ = ["LATE", "EventDays", "PartitionSink", "load_completed", "refresh_in_background"]
 
 #: The dead-letter reason of a late record under ``late_records="dead_letter"``.
 LATE = "late"
@@ -193,6 +196,22 @@ def load_completed(engine: sa.Engine, source: str) -> frozenset[date]:
     """The source's completed partitions. Blocking: never on the mailbox thread."""
     with engine.connect() as conn:
         return completed_partitions(conn, source)
+
+
+def refresh_in_background(
+    days: EventDays,
+    io: Executor,
+    mails: MailboxExecutor,
+    load: Callable[[], frozenset[date]],
+) -> None:
+    """After a completed checkpoint (mailbox thread): ``load`` runs on ``io`` (blocking), the
+    result reaches ``days`` as a mail on the mailbox thread."""
+
+    def hand_back(future: Future[frozenset[date]]) -> None:
+        with contextlib.suppress(MailboxClosedError):  # the subtask ended meanwhile
+            mails.execute(lambda: days.refresh(future.result()), "completed partitions")
+
+    io.submit(load).add_done_callback(hand_back)
 
 
 def _days(times: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -19,7 +19,6 @@ subtask ends only when a checkpoint taken after its input ended has completed.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,13 +41,13 @@ from enumerator_service import (
 from spark_jobs.checkpoint import CheckpointListener
 from spark_jobs.jobs._build import build_stages
 from spark_jobs.jobs._chain import OperatorChain
-from spark_jobs.jobs._event_days import EventDays, load_completed
+from spark_jobs.jobs._event_days import EventDays, load_completed, refresh_in_background
 from spark_jobs.jobs._outages import connect_when_up
 from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.jobs._task_state import TaskSplit, decode_pending, snapshot_splits
 from spark_jobs.pipeline._plan import SourcePlan
-from spark_jobs.runtime import MailboxClosedError, MailboxController, MailboxProcessor, Suspension
+from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension
 from spark_jobs.sink import StagedOutput, committer, open_sink_writer, publish_files
 from spark_jobs.source import (
     FormatRouter,
@@ -370,8 +369,10 @@ class ReaderTask:
             return  # completed with another attempt's snapshot, or before we joined
         self.checkpoints_completed += 1
         self._forget_finished(checkpoint_id)
-        if checkpoint_id not in self._final_acks:
-            self._refresh_completed()
+        if checkpoint_id not in self._final_acks and self._config.plan.source.partitioned:
+            refresh_in_background(
+                self._event_days, self._io, self._checkpoint_mails, self._load_completed
+            )
         if checkpoint_id in self._final_acks:
             self._listener.wants_checkpoint = False
             self._processor.all_actions_completed()
@@ -384,20 +385,6 @@ class ReaderTask:
         """Blocking: at start, or on the writer thread."""
         partitioned = self._config.plan.source.partitioned
         return load_completed(self._engine, self._config.source) if partitioned else frozenset()
-
-    def _refresh_completed(self) -> None:
-        """After a completed checkpoint: completions read off the mailbox thread, handed back
-        as a mail (see ``_event_days``)."""
-        if not self._config.plan.source.partitioned:
-            return
-
-        def hand_back(future: Future[frozenset[date]]) -> None:
-            with contextlib.suppress(MailboxClosedError):  # the subtask ended meanwhile
-                self._checkpoint_mails.execute(
-                    lambda: self._event_days.refresh(future.result()), "completed partitions"
-                )
-
-        self._io.submit(self._load_completed).add_done_callback(hand_back)
 
     def _forget_finished(self, checkpoint_id: int) -> None:
         """Splits whose finished state is committed are no longer this subtask's state."""

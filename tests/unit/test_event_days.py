@@ -3,14 +3,18 @@ found against the completed partitions, and the counts a checkpoint carries."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 
 import orjson
 import pyarrow as pa
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_jobs.jobs._event_days import EventDays
+from spark_jobs.jobs._event_days import EventDays, refresh_in_background
+from spark_jobs.runtime import MailboxClosedError
 from spark_jobs.source._batch import OFFSET
 
 D1, D2, D3 = date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)
@@ -190,3 +194,34 @@ def test_every_record_lands_in_exactly_one_partition_of_its_utc_day(
     assert sum(c["late_records"] for c in counts.values()) == late
     foreign = sum(1 for t in times if t is not None and t.date() != D3)
     assert sum(c["foreign_rows"] for c in counts.values()) == foreign
+
+
+class RecordingMails:
+    """Stands in for the mailbox executor: keeps the mails (or refuses, once closed)."""
+
+    def __init__(self, closed: bool = False) -> None:
+        self.mails: list[Callable[[], object]] = []
+        self.closed = closed
+
+    def execute(self, action: Callable[[], object], description: str = "mail") -> None:
+        if self.closed:
+            raise MailboxClosedError("closed")
+        self.mails.append(action)
+
+
+def test_completions_are_read_off_the_mailbox_thread_and_applied_as_a_mail(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    days = EventDays("ts", by_event_day=True, policy="dead_letter")
+    mails = RecordingMails()
+    with ThreadPoolExecutor(1) as io:
+        refresh_in_background(days, io, mails, lambda: frozenset({D1}))  # type: ignore[arg-type]
+    assert days.completed == frozenset()  # nothing changes until the mail runs
+    (mail,) = mails.mails
+    mail()
+    assert days.completed == {D1}
+    closed = RecordingMails(closed=True)
+    with ThreadPoolExecutor(1) as io:  # a subtask that ended meanwhile: dropped quietly
+        refresh_in_background(days, io, closed, lambda: frozenset({D2}))  # type: ignore[arg-type]
+    assert days.completed == {D1}
+    assert not caplog.records  # (a callback that raised would be logged by the executor)
