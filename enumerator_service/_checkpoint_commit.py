@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Engine
 
+from enumerator_service._completeness import add_partition_counts
 from enumerator_service._schema import SplitStatus, checkpoint_acks, sink_transactions, splits
 from enumerator_service._split_store import FencedError
 
@@ -236,10 +237,20 @@ class Acknowledgement:
     dropped: int = 0
     #: The split source (pipeline) the subtask reads.
     source: str | None = None
+    #: The interval's counts per output partition (an event day):
+    #: ``{"YYYY-MM-DD": {"rows": n, "dead_letters": n, "late_records": n,
+    #: "foreign_rows": n}}`` (a missing counter is 0); they reach
+    #: ``partition_stats`` when the output commits. None: not reported.
+    partitions: Mapping[str, Mapping[str, int]] | None = None
 
     @property
     def has_output(self) -> bool:
-        return bool(self.staged) or bool(self.dead_letters) or self.dropped > 0
+        return (
+            bool(self.staged)
+            or bool(self.dead_letters)
+            or self.dropped > 0
+            or bool(self.partitions)
+        )
 
 
 def acknowledge(
@@ -275,6 +286,11 @@ def acknowledge(
                     row_count=ack.row_count,
                     dropped_count=ack.dropped,
                     dead_letters=list(ack.dead_letters),
+                    partition_counts=(
+                        {day: dict(counts) for day, counts in ack.partitions.items()}
+                        if ack.partitions
+                        else None
+                    ),
                     committed=not two_phase,
                     published=not two_phase,
                     committed_at=None if two_phase else sa.func.now(),
@@ -298,6 +314,9 @@ def acknowledge(
         if not two_phase:
             apply_split_states(conn, ack.run_id, ack.snapshot["splits"], skip_fenced=True)
             insert_dead_letters(conn, ack.run_id, ack.dead_letters)
+            # Counted once: a replayed acknowledgement inserts no transaction (txn_id None).
+            if txn_id is not None and ack.partitions and ack.source is not None:
+                add_partition_counts(conn, ack.source, ack.partitions)
         values = {"attempt": ack.attempt, "final": ack.final, "snapshot": dict(ack.snapshot)}
         conn.execute(
             insert(checkpoint_acks)

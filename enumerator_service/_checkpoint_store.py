@@ -1,5 +1,6 @@
 """Checkpoints in Postgres: trigger, acknowledge, complete (the commit phase of the two-phase
-commit), abort, and recovery of runs that died with checkpoints in progress.
+commit) and abort; recovery of runs that died with checkpoints in progress is in
+``_checkpoint_recovery`` (re-exported here).
 
 Protocol (EXACTLY_ONCE):
 
@@ -19,11 +20,9 @@ of an attempt that was superseded (a retried task restored an earlier state) is 
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
+from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -40,13 +39,31 @@ from enumerator_service._checkpoint_commit import (
     encode_dead_letters,
     insert_dead_letters,
 )
+from enumerator_service._checkpoint_recovery import (
+    AbortCause,
+    _abort_staged,
+    _by_sink,
+    _mark_published,
+    _staged,
+    abort_runs,
+    publish_committed,
+    recover,
+)
+from enumerator_service._completeness import (
+    NO_WATERMARK,
+    PartitionCompletion,
+    add_partition_counts,
+    complete_partitions,
+    merge_partition_counts,
+    record_run_watermark,
+    run_watermark,
+    subtask_watermark,
+)
 from enumerator_service._schema import (
-    ACTIVE_SPLIT,
     CheckpointStatus,
     checkpoint_acks,
     checkpoints,
     sink_transactions,
-    splits,
 )
 from enumerator_service._split_store import SplitStore
 
@@ -67,21 +84,6 @@ __all__ = [
     "recover",
 ]
 
-_log = logging.getLogger(__name__)
-
-
-class AbortCause(StrEnum):
-    """Why a checkpoint was given up (the start of ``checkpoints.reason``)."""
-
-    #: Not every open subtask acknowledged it within the checkpoint timeout.
-    TIMEOUT = "timeout"
-    #: An acknowledgement came from a task attempt that has been superseded.
-    FENCED = "fenced"
-    #: Its run ended before it completed.
-    RUN_ENDED = "run ended"
-    #: Its run died (recovery of a later run found it pending).
-    RUN_DIED = "run died"
-
 
 @dataclass(frozen=True, slots=True)
 class CompletedCheckpoint:
@@ -93,48 +95,10 @@ class CompletedCheckpoint:
     #: Seconds from trigger to completion, and from the first to the last acknowledgement.
     duration: float
     alignment: float
-
-
-def _staged(rows: Iterable[Any]) -> list[StagedTransaction]:
-    return [
-        StagedTransaction(
-            r.id, r.run_id, r.subtask, r.attempt, r.checkpoint_id, r.sink, r.staged, r.row_count
-        )
-        for r in rows
-    ]
-
-
-def _by_sink(
-    sinks: Mapping[str, TransactionalSink], txns: Sequence[StagedTransaction]
-) -> Iterable[tuple[TransactionalSink, list[StagedTransaction]]]:
-    for name in sorted({t.sink for t in txns}):
-        sink = sinks.get(name)
-        if sink is None:
-            raise LookupError(f"no sink registered for staged output of kind {name!r}")
-        yield sink, [t for t in txns if t.sink == name]
-
-
-def _mark_published(engine: Engine, txns: Sequence[StagedTransaction]) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            sa.update(sink_transactions)
-            .where(sink_transactions.c.id.in_([t.id for t in txns]))
-            .values(published=True, published_at=sa.func.now())
-        )
-
-
-def _abort_staged(
-    engine: Engine, sinks: Mapping[str, TransactionalSink], txns: Sequence[StagedTransaction]
-) -> None:
-    for sink, group in _by_sink(sinks, txns):
-        sink.abort(group)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.delete(sink_transactions).where(
-                sink_transactions.c.id.in_([t.id for t in txns]),
-                sa.not_(sink_transactions.c.committed),
-            )
-        )
+    #: The run watermark after it (END_OF_INPUT / NO_WATERMARK for +/-infinity).
+    watermark: datetime = NO_WATERMARK
+    #: The output partitions it completed (recorded in its transaction).
+    completions: tuple[PartitionCompletion, ...] = ()
 
 
 class CheckpointStore:
@@ -252,12 +216,16 @@ class CheckpointStore:
                     sink.commit(conn, group)
                 if committed:
                     ids = [t.id for t in committed]
-                    for dead in conn.execute(
-                        sa.select(sink_transactions.c.dead_letters).where(
-                            sink_transactions.c.id.in_(ids)
-                        )
-                    ).scalars():
+                    counts: dict[str, dict[str, int]] = {}
+                    for dead, partitions in conn.execute(
+                        sa.select(
+                            sink_transactions.c.dead_letters, sink_transactions.c.partition_counts
+                        ).where(sink_transactions.c.id.in_(ids))
+                    ).all():
                         insert_dead_letters(conn, run_id, dead)
+                        merge_partition_counts(counts, partitions)
+                    if counts and self._source is not None:
+                        add_partition_counts(conn, self._source, counts)
                     conn.execute(
                         sa.update(sink_transactions)
                         .where(sink_transactions.c.id.in_(ids))
@@ -267,6 +235,23 @@ class CheckpointStore:
             # Step 5: enumerator bookkeeping — this checkpoint captures every hand-out no
             # earlier checkpoint has (SplitAssignmentTracker.snapshot_state).
             SplitStore.mark_snapshotted(conn, run_id, checkpoint_id)
+            # Step 5b: the run watermark, and the partitions it completes (in this
+            # transaction: a completion exists exactly when its checkpoint does).
+            watermark = run_watermark(
+                subtask_watermark(ack.snapshot, final=ack.final) for ack in acks
+            )
+            completions: list[PartitionCompletion] = []
+            if self._source is not None:
+                watermark = record_run_watermark(
+                    conn, run_id, self._source, checkpoint_id, watermark
+                )
+                completions = complete_partitions(
+                    conn,
+                    source=self._source,
+                    run_id=run_id,
+                    checkpoint_id=checkpoint_id,
+                    watermark=watermark,
+                )
             # Step 6: COMPLETED; the subtasks hear of it when this transaction commits.
             completed_at = conn.execute(
                 sa.update(checkpoints)
@@ -295,6 +280,8 @@ class CheckpointStore:
             splits_completed=splits_completed,
             duration=(completed_at - row.triggered_at).total_seconds(),
             alignment=(max(ack_times) - min(ack_times)).total_seconds() if ack_times else 0.0,
+            watermark=watermark,
+            completions=tuple(completions),
         )
 
     def finished(self, subtask: int) -> bool:
@@ -324,88 +311,4 @@ class CheckpointStore:
 
     def abort_uncommitted(self) -> int:
         """At the end of the run: abort pending checkpoints and delete staged output left."""
-        return _abort_runs(self._engine, self._sinks, [self._run_id], AbortCause.RUN_ENDED)
-
-
-def _abort_runs(
-    engine: Engine,
-    sinks: Mapping[str, TransactionalSink],
-    run_ids: Sequence[str],
-    cause: AbortCause,
-) -> int:
-    if not run_ids:
-        return 0
-    with engine.begin() as conn:
-        conn.execute(
-            sa.update(checkpoints)
-            .where(
-                checkpoints.c.run_id.in_(run_ids), checkpoints.c.status == CheckpointStatus.PENDING
-            )
-            .values(status=CheckpointStatus.ABORTED, reason=cause.value, completed_at=sa.func.now())
-        )
-        leftover = _staged(
-            conn.execute(
-                sa.select(sink_transactions).where(
-                    sink_transactions.c.run_id.in_(run_ids),
-                    sa.not_(sink_transactions.c.committed),
-                )
-            ).all()
-        )
-    if leftover:
-        _abort_staged(engine, sinks, leftover)
-    return len(leftover)
-
-
-def recover(engine: Engine, sinks: Mapping[str, TransactionalSink]) -> tuple[int, int]:
-    """Finish what crashed runs left: publish output committed in Postgres but not yet
-    published, then abort checkpoints and staged output of runs that hold no split any more.
-
-    Returns (published, aborted) transaction counts. Run it after expired leases were
-    released, so that a dead run holds no split.
-    """
-    published = publish_committed(engine, sinks)
-    with engine.connect() as conn:
-        live = sa.select(splits.c.run_id).where(
-            splits.c.status.in_(ACTIVE_SPLIT), splits.c.run_id.is_not(None)
-        )
-        dead_runs = sorted(
-            set(
-                conn.execute(
-                    sa.select(checkpoints.c.run_id).where(
-                        checkpoints.c.status == CheckpointStatus.PENDING,
-                        checkpoints.c.run_id.not_in(live),
-                    )
-                ).scalars()
-            )
-            | set(
-                conn.execute(
-                    sa.select(sink_transactions.c.run_id).where(
-                        sa.not_(sink_transactions.c.committed),
-                        sink_transactions.c.run_id.not_in(live),
-                    )
-                ).scalars()
-            )
-        )
-    aborted = _abort_runs(engine, sinks, dead_runs, AbortCause.RUN_DIED)
-    if published or aborted:
-        _log.info("recovery: published %d, aborted %d", published, aborted)
-    return published, aborted
-
-
-def publish_committed(engine: Engine, sinks: Mapping[str, TransactionalSink]) -> int:
-    """Publish every sink transaction committed in Postgres but not yet published (after a
-    crash between a checkpoint's completion and its publication); idempotent. Returns how
-    many there were."""
-    with engine.connect() as conn:
-        unpublished = _staged(
-            conn.execute(
-                sa.select(sink_transactions).where(
-                    sink_transactions.c.committed, sa.not_(sink_transactions.c.published)
-                )
-            ).all()
-        )
-    if unpublished:
-        for sink, group in _by_sink(sinks, unpublished):
-            sink.publish(group)
-        _mark_published(engine, unpublished)
-    return len(unpublished)
+        return abort_runs(self._engine, self._sinks, [self._run_id], AbortCause.RUN_ENDED)

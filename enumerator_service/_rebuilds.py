@@ -38,14 +38,20 @@ from enumerator_service._schema import (
     SplitStatus,
     dead_letters,
     partition_rebuilds,
+    partition_stats,
     splits,
 )
 
-__all__ = ["PartitionBusyError", "Rebuild", "RebuildStore"]
+__all__ = ["CrossDayRebuildError", "PartitionBusyError", "Rebuild", "RebuildStore"]
 
 
 class PartitionBusyError(RuntimeError):
     """A partition to rebuild is being read by another live run."""
+
+
+class CrossDayRebuildError(RuntimeError):
+    """A partition to rebuild holds rows from files of other landing days (event-day
+    partitions): a rebuild re-reads only the day's own files and would drop them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +110,24 @@ class RebuildStore:
             )
             if not processed:
                 return []
+            # Step 1b: with event-day partitions a day may hold rows of other days' files,
+            # which a rebuild (by landing day) does not re-read: refused rather than dropped.
+            foreign = conn.execute(
+                sa.select(partition_stats.c.partition_key, partition_stats.c.foreign_rows)
+                .where(
+                    partition_stats.c.source == source,
+                    partition_stats.c.partition_key.in_(processed),
+                    partition_stats.c.foreign_rows > 0,
+                )
+                .order_by(partition_stats.c.partition_key)
+                .limit(1)
+            ).first()
+            if foreign is not None:
+                raise CrossDayRebuildError(
+                    f"partition {foreign.partition_key} of {source!r} holds "
+                    f"{foreign.foreign_rows} rows from files of other days, which a rebuild "
+                    "does not re-read: re-materialising it is not supported yet"
+                )
             in_days = sa.and_(splits.c.source == source, splits.c.partition_key.in_(processed))
             # Step 2: nobody else may be reading them (an expired lease holds nothing).
             busy = conn.execute(

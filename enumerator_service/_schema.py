@@ -43,7 +43,10 @@ __all__ = [
     "dead_letters",
     "enumerator_state",
     "metadata",
+    "partition_completions",
     "partition_rebuilds",
+    "partition_stats",
+    "run_watermarks",
     "sink_transactions",
     "splits",
 ]
@@ -223,6 +226,9 @@ sink_transactions = Table(
     Column("dropped_count", BigInteger, nullable=False, server_default="0"),
     # Rejected input of the same interval: [[split_id, offset, raw (base64), reason], …].
     Column("dead_letters", JSONB, nullable=False),
+    # The same interval per output partition: {"YYYY-MM-DD": {"rows", "dead_letters",
+    # "late_records"}, …} (NULL: none reported). Added to partition_stats when it commits.
+    Column("partition_counts", JSONB),
     Column("committed", Boolean, nullable=False, server_default="false"),
     Column("published", Boolean, nullable=False, server_default="false"),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
@@ -273,4 +279,65 @@ partition_rebuilds = Table(
         unique=True,
         postgresql_where=sa_text("status IN ('BUILDING', 'SWAPPING')"),
     ),
+)
+
+partition_stats = Table(
+    "partition_stats",
+    metadata,
+    # Committed counts of one output partition (an event day) of a source, summed over every
+    # committed sink transaction: what a partial day shows, what a completion records.
+    Column("source", Text, primary_key=True),
+    Column("partition_key", Date, primary_key=True),
+    Column("rows", BigInteger, nullable=False, server_default="0"),
+    Column("dead_letters", BigInteger, nullable=False, server_default="0"),
+    Column("late_records", BigInteger, nullable=False, server_default="0"),
+    # Rows written from files of another landing day (event-day partitions): a rebuild by
+    # landing day would drop them, so it is refused while there are any.
+    Column("foreign_rows", BigInteger, nullable=False, server_default="0"),
+    # The generation of its latest completion (0: never completed).
+    Column("generation", Integer, nullable=False, server_default="0"),
+    # Committed output not covered by a completion yet: a candidate for the next completion
+    # (a completed partition reopens when rows are written to it again).
+    Column("open", Boolean, nullable=False, server_default="true"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Index(None, "source", "open", "partition_key"),
+)
+
+partition_completions = Table(
+    "partition_completions",
+    metadata,
+    # One row each time an output partition becomes complete, written in the transaction of
+    # the checkpoint that made it so (read and marked reported by the Dagster reporter).
+    Column("source", Text, primary_key=True),
+    Column("partition_key", Date, primary_key=True),
+    # 1 for the first completion, +1 each time a reopened partition completes again.
+    Column("generation", Integer, primary_key=True),
+    Column("completed_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("run_id", Text, nullable=False),
+    Column("checkpoint_id", BigInteger, nullable=False),
+    # The run watermark that completed it; NULL: the run's input ended (+infinity).
+    Column("watermark", DateTime(timezone=True)),
+    # The partition's committed counts at completion (cumulative over generations).
+    Column("rows", BigInteger, nullable=False),
+    Column("dead_letters", BigInteger, nullable=False),
+    Column("late_records", BigInteger, nullable=False),
+    # Set by the reporter once Dagster has recorded the materialisation.
+    Column("reported_at", DateTime(timezone=True)),
+    Index(None, "reported_at", "completed_at"),
+)
+
+run_watermarks = Table(
+    "run_watermarks",
+    metadata,
+    # Live event-time state of a run, updated by each completed checkpoint: the run watermark
+    # (the minimum over its subtasks, never moving backwards).
+    Column("run_id", Text, primary_key=True),
+    Column("source", Text),
+    Column("checkpoint_id", BigInteger, nullable=False),
+    # The greatest finite run watermark so far; NULL: none yet (some subtask has none).
+    Column("watermark", DateTime(timezone=True)),
+    # Every subtask's input ended: the run watermark is +infinity (``watermark`` keeps the
+    # last finite one).
+    Column("finished", Boolean, nullable=False, server_default="false"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
 )

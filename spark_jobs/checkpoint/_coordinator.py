@@ -245,6 +245,15 @@ class CheckpointCoordinator(threading.Thread):
             if done is None:
                 return
             self.stats.completed.append(done)
+            for completion in done.completions:
+                _log.info(
+                    "checkpoint %d completed partition %s of %s (generation %d, %d rows)",
+                    n,
+                    completion.partition_key,
+                    completion.source,
+                    completion.generation,
+                    completion.rows,
+                )
             for subtask in done.final_subtasks:
                 if subtask in self._open:
                     # The subtask finished: a closed channel for every later checkpoint.

@@ -28,7 +28,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from spark_jobs.async_io import Watermark
 from spark_jobs.checkpoint import CheckpointListener
 from spark_jobs.jobs._build import build_stages
 from spark_jobs.jobs._chain import OperatorChain
+from spark_jobs.jobs._event_days import EventDays, load_completed, refresh_in_background
 from spark_jobs.jobs._outages import connect_when_up
 from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._task_config import TaskConfig
@@ -67,7 +68,7 @@ from spark_jobs.source import (
     SourceReaderBase,
     SplitFetcher,
 )
-from spark_jobs.source._batch import OFFSET, Batch, DeadLetter, RecordSchema, user_rows
+from spark_jobs.source._batch import OFFSET, Batch, DeadLetter, RecordSchema
 from spark_jobs.source._poison import SplitFailure
 
 __all__ = ["ReaderTask", "record_schema"]
@@ -119,6 +120,13 @@ class ReaderTask:
         if CheckpointStore(engine, config.run_id, {}).finished(self._subtask):
             engine.dispose()
             return SubtaskResult(self._subtask, self._attempt, 0, 0, 0)
+        source = plan.source
+        self._event_days = EventDays(
+            source.event_time,
+            by_event_day=source.event_day_partitions,
+            policy=source.late_records,
+            completed=self._load_completed(),
+        )
         self._processor = processor = MailboxProcessor(self._default_action, debug=config.debug)
         self._checkpoint_mails = processor.executor(CHECKPOINT_PRIORITY)
         self._chain = OperatorChain(build_stages(config, processor), self)
@@ -240,8 +248,12 @@ class ReaderTask:
         # the split's reader, as replay blocks) and run through the whole chain again.
         ranges = decode_pending(split_id, assignment.pending)
         held.replay = dict(enumerate(ranges))
+        # (Also checks that the sink can take the split, e.g. a rebuild needs an upsert key.)
         self._partitions[split_id] = self._sink.output_partition(
             assignment.split.partition_key, assignment.rebuild_id
+        )
+        self._event_days.split_added(
+            split_id, assignment.split.partition_key, assignment.rebuild_id
         )
 
     def collect_block(self, block: ParsedBlock) -> None:
@@ -261,9 +273,11 @@ class ReaderTask:
 
     def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
         self._sink.dead_letter(split_id, offset, raw, reason)
+        self._event_days.count_dead_letter(split_id)
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
         held = self._splits[split_id]
+        self._event_days.touch(split_id)
         held.reading_done = True
         held.replay.clear()
         if self._event_time:
@@ -280,11 +294,12 @@ class ReaderTask:
 
     def write(self, batch: Batch) -> None:
         if batch.rows.num_rows:
-            self._sink.write_batch(self._partitions[batch.split_id], user_rows(batch.rows))
+            self._event_days.write(self._sink, batch.rows, batch.split_id)
 
     def dead_letters(self, split_id: int, dead: list[DeadLetter]) -> None:
         for offset, raw, reason in dead:
             self._sink.dead_letter(split_id, offset, raw, reason)
+            self._event_days.count_dead_letter(split_id)
 
     def count_dropped(self, records: int) -> None:
         self._sink.count_dropped(records)
@@ -318,6 +333,8 @@ class ReaderTask:
         # Step 3: the sink's pre-commit; the writer thread closes the staged output, then
         # writes the acknowledgement (asynchronous part, off the mailbox thread).
         staged = self._sink.pre_commit()
+        # The interval's counts per output partition: exactly what this pre-commit staged.
+        partitions = self._event_days.take_counts()
         if final:
             self._final_acks.add(checkpoint_id)
         # "watermark" (the sink-side task watermark), "finished" and "idle" are what partition
@@ -329,7 +346,9 @@ class ReaderTask:
             "finished": final,
             "idle": self._reader.is_idle() and self._chain.in_flight() == 0,
         }
-        done = self._io.submit(self._acknowledge, checkpoint_id, final, snapshot, staged)
+        done = self._io.submit(
+            self._acknowledge, checkpoint_id, final, snapshot, staged, partitions
+        )
         done.add_done_callback(
             lambda f: self._checkpoint_mails.execute(
                 lambda: self._acknowledged(f, checkpoint_id, final), "checkpoint acknowledged"
@@ -342,6 +361,7 @@ class ReaderTask:
         final: bool,
         snapshot: dict[str, Any],
         staged: Future[StagedOutput],
+        partitions: dict[str, dict[str, int]],
     ) -> None:
         """Writer thread."""
         config = self._config
@@ -364,6 +384,7 @@ class ReaderTask:
                 dead_letters=out.dead_letters,
                 dropped=out.dropped,
                 source=config.source,
+                partitions=partitions or None,
             ),
             two_phase=config.exactly_once,
             # AT_LEAST_ONCE: table rows become visible with this subtask's split states.
@@ -389,6 +410,10 @@ class ReaderTask:
             return  # completed with another attempt's snapshot, or before we joined
         self.checkpoints_completed += 1
         self._forget_finished(checkpoint_id)
+        if checkpoint_id not in self._final_acks and self._config.plan.source.partitioned:
+            refresh_in_background(
+                self._event_days, self._io, self._checkpoint_mails, self._load_completed
+            )
         if checkpoint_id in self._final_acks:
             self._listener.wants_checkpoint = False
             self._processor.all_actions_completed()
@@ -396,6 +421,11 @@ class ReaderTask:
     def _on_abort(self, checkpoint_id: int) -> None:
         if checkpoint_id in self._final_acks:
             self._listener.request_checkpoint()  # the next one carries the final snapshot
+
+    def _load_completed(self) -> frozenset[date]:
+        """Blocking: at start, or on the writer thread."""
+        partitioned = self._config.plan.source.partitioned
+        return load_completed(self._engine, self._config.source) if partitioned else frozenset()
 
     def _forget_finished(self, checkpoint_id: int) -> None:
         """Splits whose finished state is committed are no longer this subtask's state."""

@@ -21,7 +21,7 @@ from spark_jobs.pipeline._derive_steps import empty_batch, probe_map, stage_plan
 from spark_jobs.pipeline._errors import check_field_name, check_identifier, check_table
 from spark_jobs.pipeline._plan import Column, Plan, SinkPlan, SourcePlan, StagePlan
 from spark_jobs.pipeline._sinks import ParquetSink, PostgresSink
-from spark_jobs.pipeline._sources import LATE_RECORD_POLICIES, FileSource, TableSource
+from spark_jobs.pipeline._sources import LATE_POLICIES, FileSource, TableSource
 from spark_jobs.pipeline._types import arrow_type, seconds
 
 if TYPE_CHECKING:
@@ -98,10 +98,9 @@ def _source(ctx: Context, source: object) -> SourcePlan:
     delay = ctx.check(seconds, source.out_of_orderness, "out_of_orderness")
     idle = ctx.check(seconds, source.idle_timeout, "idle_timeout")
     late = source.late_records
-    if late not in LATE_RECORD_POLICIES:
-        raise ctx.fail(f"late_records must be 'dead_letter' or 'reopen', got {late!r}")
-    if late == "reopen" and (event_time is None or source.partition_by != "day"):
-        raise ctx.fail("late_records 'reopen' needs an event_time and partition_by='day'")
+    if late not in LATE_POLICIES:
+        shown = " or ".join(repr(p) for p in LATE_POLICIES)
+        raise ctx.fail(f"late_records must be {shown}, got {late!r}")
     if isinstance(source, TableSource):
         table = ctx.check(check_table, source.table, "table")
         key = ctx.check(check_identifier, source.key, "key")

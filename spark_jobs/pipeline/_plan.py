@@ -57,8 +57,15 @@ class SourcePlan:
     table: tuple[str, str] | None = None
     key: str | None = None
     rows_per_split: int = 100_000
-    #: Late records (behind a completed partition): "dead_letter" or "reopen".
-    late_records: Literal["dead_letter", "reopen"] = "dead_letter"
+    #: What a late record (event day already recorded complete) becomes: "dead_letter" or
+    #: "reopen" (see ``FileSource.late_records``).
+    late_records: Literal["dead_letter", "reopen"] = "reopen"
+
+    @property
+    def event_day_partitions(self) -> bool:
+        """Whether the output partition of a record is its event day (a day-partitioned
+        source with an event-time field); otherwise it is the landing day of its file."""
+        return self.partitioned and self.event_time is not None
 
     @property
     def schema(self) -> pa.Schema:

@@ -15,11 +15,11 @@ from typing import Literal
 
 from spark_jobs.pipeline._types import Duration, TypeSpec
 
-__all__ = ["LATE_RECORD_POLICIES", "FileSource", "LateRecords", "Source", "TableSource"]
+__all__ = ["LATE_POLICIES", "FileSource", "LatePolicy", "Source", "TableSource"]
 
-#: What happens to a record behind a completed partition (see ``FileSource.late_records``).
-LateRecords = Literal["dead_letter", "reopen"]
-LATE_RECORD_POLICIES: tuple[LateRecords, ...] = ("dead_letter", "reopen")
+#: ``late_records``: dead-letter a late record (reason ``late``), or reopen its partition.
+LatePolicy = Literal["dead_letter", "reopen"]
+LATE_POLICIES: tuple[LatePolicy, ...] = ("dead_letter", "reopen")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,11 @@ class FileSource:
       ``<SLUICE_DATA_DIR>/landing/<pipeline name>``.
     - ``start_date``: first Dagster partition (default: the earliest ``dt=`` folder found when
       the code location loads, else today).
+    - ``late_records``: what happens to a record whose event day is an output partition
+      already recorded complete: ``"dead_letter"`` (a dead letter with reason ``late``) or
+      ``"reopen"`` (the default: written to its partition, which completes again as a new
+      generation — what a file landing late for a finished day did before completeness
+      existed, so nothing is diverted silently).
 
     Formats by extension: ``.jsonl``/``.json`` (JSON Lines), ``.csv`` (with a header line),
     either gzip-compressed (``.jsonl.gz``, ``.csv.gz``), and ``.parquet``.
@@ -58,7 +63,7 @@ class FileSource:
     start_date: date | str | None = None
     out_of_orderness: Duration = "5s"
     idle_timeout: Duration = "60s"
-    late_records: LateRecords = "dead_letter"
+    late_records: LatePolicy = "reopen"
 
     kind = "files"
 
@@ -72,9 +77,8 @@ class TableSource:
 
     ``schema`` names the columns to read and their types (checked against the catalog when a
     run opens); ``required``, ``event_time`` (optional: declare it when the rows have one,
-    else the pipeline has no watermarks) and the watermark strategy as for
-    :class:`FileSource`. The output is unpartitioned, so late records can only be dead
-    letters.
+    else the pipeline has no watermarks), the watermark strategy and ``late_records`` as for
+    :class:`FileSource`. The output is unpartitioned.
     """
 
     table: str
@@ -85,7 +89,7 @@ class TableSource:
     rows_per_split: int = 100_000
     out_of_orderness: Duration = "5s"
     idle_timeout: Duration = "60s"
-    late_records: LateRecords = "dead_letter"
+    late_records: LatePolicy = "reopen"
 
     kind = "table"
 

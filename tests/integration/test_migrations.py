@@ -70,4 +70,18 @@ def test_upgrade_is_idempotent(empty_engine: sa.Engine) -> None:
             sa.text(f"SELECT version_num FROM {SCHEMA}.alembic_version")
         ).scalar()
     head = ScriptDirectory.from_config(alembic_config(empty_engine)).get_current_head()
-    assert version == head == "0007"
+    assert version == head == "0008"
+
+
+def test_partition_completeness_migrates_down_and_up_again(empty_engine: sa.Engine) -> None:
+    from alembic import command
+
+    upgrade_schema(empty_engine)
+    event_time_tables = {"partition_completions", "partition_stats", "run_watermarks"}
+    command.downgrade(alembic_config(empty_engine), "0007")
+    inspector = sa.inspect(empty_engine)
+    assert not event_time_tables & set(inspector.get_table_names(schema=SCHEMA))
+    columns = {c["name"] for c in inspector.get_columns("sink_transactions", schema=SCHEMA)}
+    assert "partition_counts" not in columns
+    upgrade_schema(empty_engine)
+    assert _diff(empty_engine) == []

@@ -261,26 +261,6 @@ def _error(build: Any) -> str:
             id="unknown late-record policy",
         ),
         pytest.param(
-            lambda: orders(source=FileSource(schema=SCHEMA, late_records="reopen")),
-            "pipeline orders: source: late_records 'reopen' needs an event_time and "
-            "partition_by='day'",
-            id="reopen without event time",
-        ),
-        pytest.param(
-            lambda: orders(
-                source=TableSource(
-                    "public.orders",
-                    key="id",
-                    schema=SCHEMA,
-                    event_time="ordered_at",
-                    late_records="reopen",
-                )
-            ),
-            "pipeline orders: source: late_records 'reopen' needs an event_time and "
-            "partition_by='day'",
-            id="reopen on an unpartitioned table source",
-        ),
-        pytest.param(
             lambda: orders(source=TableSource("public.orders", key="id", schema={})),
             "pipeline orders: source: schema must map at least one field name to its type",
             id="table source without schema",
@@ -319,12 +299,12 @@ def test_durations_and_start_dates_are_normalised() -> None:
         0.5,
         120.0,
     )
-    assert source.late_records == "dead_letter"  # the default policy
-    reopening = dataclasses.replace(
-        pipeline, source=dataclasses.replace(pipeline.source, late_records="reopen")
+    assert (source.late_records, source.event_day_partitions) == ("reopen", True)
+    strict = dataclasses.replace(
+        pipeline, source=dataclasses.replace(pipeline.source, late_records="dead_letter")
     )
-    assert reopening.plan.source.late_records == "reopen"
-    assert "late records: reopen" in describe(reopening).source
+    assert strict.plan.source.late_records == "dead_letter"
+    assert "late records: dead_letter" in describe(strict).source
     lookup = pipeline.plan.lookups()[0]
     assert (lookup.timeout, lookup.cache_rows, lookup.expire_after_write) == (7.0, 10, 3600.0)
 

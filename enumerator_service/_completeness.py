@@ -1,0 +1,311 @@
+"""Partition completeness: the run watermark of a completed checkpoint, the committed counts
+per output partition, and the partitions a checkpoint completes — all written inside the
+checkpoint's completion transaction, so a completion exists exactly when its checkpoint does.
+
+Rules (see README "Event time and partition completeness"):
+
+- A subtask's watermark is its snapshot's ``watermark`` (ISO-8601 UTC: the last watermark
+  that reached its sink before the barrier); :data:`END_OF_INPUT` (+infinity) when its input
+  ended and drained (``snapshot["finished"]`` with nothing pending in the chain, or a final
+  acknowledgement: a closed channel); left out while its snapshot says ``idle`` (optional);
+  :data:`NO_WATERMARK` (-infinity) while it has none yet.
+- The run watermark is the minimum over the subtasks that acknowledged the checkpoint (those
+  that did not are closed channels: +infinity). It is stored per run in ``run_watermarks``
+  and never moves backwards: a subtask restored from an older state cannot un-complete a day.
+- An output partition (a UTC day D, ``[D 00:00, D+1 00:00)``) of a source is complete at a
+  checkpoint of run R when (1) R's run watermark >= D+1 00:00 UTC, (2) the partition has
+  committed output not covered by a completion (``partition_stats.open``), and (3) no split
+  of the source whose landing day is <= D is still waiting or being read (UNASSIGNED,
+  ASSIGNED, READING, HELD) in any run: those splits may still carry records of D, and their
+  readers' watermarks are not part of R's. Quarantined (FAILED) splits do not hold a day
+  back (a poison file would block it for ever); COMPLETED ones are committed.
+- The check is source-wide and serialised by an advisory transaction lock per source, so two
+  runs finishing the splits of one day concurrently cannot both miss (each would see the
+  other's splits still READING) nor both record it: the second to lock sees the first's
+  commit. A completion row is one generation; a partition reopened by late rows
+  (``late_records="reopen"``) completes again as the next generation.
+
+Threading: blocking database functions; call from the coordinator or a writer thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.engine import Connection
+
+from enumerator_service._schema import (
+    SplitStatus,
+    partition_completions,
+    partition_stats,
+    run_watermarks,
+    splits,
+)
+
+__all__ = [
+    "END_OF_INPUT",
+    "NO_WATERMARK",
+    "PartitionCompletion",
+    "add_partition_counts",
+    "complete_partitions",
+    "completed_partitions",
+    "lock_source",
+    "merge_partition_counts",
+    "partition_end",
+    "record_run_watermark",
+    "run_watermark",
+    "subtask_watermark",
+]
+
+#: +infinity: a subtask (or run) whose input ended.
+END_OF_INPUT = datetime.max.replace(tzinfo=UTC)
+#: -infinity: a subtask that has no watermark yet holds the run's back.
+NO_WATERMARK = datetime.min.replace(tzinfo=UTC)
+
+#: The counters of one partition in ``Acknowledgement.partitions`` / ``partition_counts``:
+#: rows written, dead letters, late records, and the rows that came from files of another
+#: landing day (``foreign_rows``: a rebuild by landing day cannot reproduce those).
+COUNTERS = ("rows", "dead_letters", "late_records", "foreign_rows")
+
+# Splits that may still produce records for a day: not yet read to the end and committed.
+_UNFINISHED = (
+    SplitStatus.UNASSIGNED,
+    SplitStatus.ASSIGNED,
+    SplitStatus.READING,
+    SplitStatus.HELD,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCompletion:
+    """One ``partition_completions`` row (``watermark`` None: completed at end of input)."""
+
+    source: str
+    partition_key: date
+    generation: int
+    run_id: str
+    checkpoint_id: int
+    watermark: datetime | None
+    rows: int
+    dead_letters: int
+    late_records: int
+
+
+def partition_end(day: date) -> datetime:
+    """The end of output partition ``day``: the next day, 00:00 UTC (exclusive)."""
+    return datetime.combine(day + timedelta(days=1), time(), tzinfo=UTC)
+
+
+def subtask_watermark(snapshot: Mapping[str, Any], *, final: bool = False) -> datetime | None:
+    """A subtask's watermark from its checkpoint snapshot (see the module rules); None when
+    the snapshot says ``"idle": true`` (optional: every split idle, Flink's idle status).
+
+    ``finished`` counts as +infinity only once nothing of the subtask's input is still in its
+    operator chain (no split state with ``pending`` ranges): records in flight at the barrier
+    commit with a later checkpoint, and must not find their day already complete.
+    """
+    if final:
+        return END_OF_INPUT
+    if snapshot.get("finished") and not any(
+        state.get("pending") for state in snapshot.get("splits", ())
+    ):
+        return END_OF_INPUT
+    if snapshot.get("idle"):
+        return None
+    value = snapshot.get("watermark")
+    if value is None:
+        return NO_WATERMARK
+    parsed = datetime.fromisoformat(str(value))
+    if parsed.tzinfo is None:
+        raise ValueError(f"snapshot watermark {value!r} has no time zone (must be UTC)")
+    return parsed.astimezone(UTC)
+
+
+def run_watermark(subtasks: Iterable[datetime | None]) -> datetime:
+    """The minimum over the subtasks' watermarks, idle ones (None) left out; no subtask at
+    all: END_OF_INPUT (every channel closed); only idle ones: NO_WATERMARK (the stored run
+    watermark then stays where it is, see :func:`record_run_watermark`)."""
+    marks = list(subtasks)
+    active = [mark for mark in marks if mark is not None]
+    if active:
+        return min(active)
+    return NO_WATERMARK if marks else END_OF_INPUT
+
+
+def merge_partition_counts(
+    into: dict[str, dict[str, int]], counts: Mapping[str, Mapping[str, int]] | None
+) -> dict[str, dict[str, int]]:
+    """Adds ``counts`` (``{"YYYY-MM-DD": {counter: n}}``, counters :data:`COUNTERS`) into
+    ``into`` and returns it (missing counters are 0)."""
+    for day, values in (counts or {}).items():
+        date.fromisoformat(day)  # a malformed key fails here, not inside SQL
+        total = into.setdefault(day, dict.fromkeys(COUNTERS, 0))
+        for name in COUNTERS:
+            total[name] += int(values.get(name, 0))
+    return into
+
+
+def add_partition_counts(
+    conn: Connection, source: str, counts: Mapping[str, Mapping[str, int]]
+) -> None:
+    """Inside the transaction that commits the output: add its counts to ``partition_stats``.
+
+    A partition with written rows is (re)opened: a completed partition that gets rows again
+    (late records under ``reopen``) needs a new completion. Dead letters alone open only a
+    partition that never completed (a late record dead-lettered does not reopen its day).
+    """
+    lock_source(conn, source)
+    for day, values in sorted(counts.items()):
+        rows, dead, late, foreign = (int(values.get(name, 0)) for name in COUNTERS)
+        stmt = insert(partition_stats).values(
+            source=source,
+            partition_key=date.fromisoformat(day),
+            rows=rows,
+            dead_letters=dead,
+            late_records=late,
+            foreign_rows=foreign,
+        )
+        table = partition_stats
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["source", "partition_key"],
+                set_={
+                    "rows": table.c.rows + stmt.excluded.rows,
+                    "dead_letters": table.c.dead_letters + stmt.excluded.dead_letters,
+                    "late_records": table.c.late_records + stmt.excluded.late_records,
+                    "foreign_rows": table.c.foreign_rows + stmt.excluded.foreign_rows,
+                    "open": sa.or_(table.c.open, table.c.generation == 0, stmt.excluded.rows > 0),
+                    "updated_at": sa.func.now(),
+                },
+            )
+        )
+
+
+def lock_source(conn: Connection, source: str) -> None:
+    """Serialise the partition bookkeeping of one source until the transaction ends.
+
+    Every write of ``partition_stats`` and every completion check takes it first (re-entrant
+    within a transaction), so two runs' checkpoints never deadlock on stats rows and the
+    second completion check sees the first one's committed splits (module docstring).
+    """
+    conn.execute(
+        sa.select(
+            sa.func.pg_advisory_xact_lock(
+                sa.func.hashtext("sluice.partition_completions"), sa.func.hashtext(source)
+            )
+        )
+    )
+
+
+def record_run_watermark(
+    conn: Connection, run_id: str, source: str | None, checkpoint_id: int, watermark: datetime
+) -> datetime:
+    """Store the run watermark of a completed checkpoint; returns the effective one: the
+    greatest stored so far (a run watermark never moves backwards)."""
+    finished = watermark >= END_OF_INPUT
+    value = None if finished or watermark <= NO_WATERMARK else watermark
+    stmt = insert(run_watermarks).values(
+        run_id=run_id,
+        source=source,
+        checkpoint_id=checkpoint_id,
+        watermark=value,
+        finished=finished,
+    )
+    table = run_watermarks
+    row = conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["run_id"],
+            set_={
+                "checkpoint_id": stmt.excluded.checkpoint_id,
+                # GREATEST ignores NULLs: -infinity never replaces a watermark.
+                "watermark": sa.func.greatest(table.c.watermark, stmt.excluded.watermark),
+                "finished": sa.or_(table.c.finished, stmt.excluded.finished),
+                "updated_at": sa.func.now(),
+            },
+        ).returning(table.c.watermark, table.c.finished)
+    ).one()
+    if row.finished:
+        return END_OF_INPUT
+    return NO_WATERMARK if row.watermark is None else row.watermark.astimezone(UTC)
+
+
+def complete_partitions(
+    conn: Connection,
+    *,
+    source: str,
+    run_id: str,
+    checkpoint_id: int,
+    watermark: datetime,
+) -> list[PartitionCompletion]:
+    """Inside the checkpoint's completion transaction: record every partition of ``source``
+    that ``watermark`` (the run's, effective) completes, each once (module rules)."""
+    if watermark <= NO_WATERMARK:
+        return []
+    lock_source(conn, source)
+    stats = partition_stats
+    unfinished = (
+        sa.select(sa.literal(1))
+        .where(
+            splits.c.source == source,
+            splits.c.partition_key <= stats.c.partition_key,
+            splits.c.status.in_([status.value for status in _UNFINISHED]),
+        )
+        .exists()
+    )
+    query = sa.select(stats).where(stats.c.source == source, stats.c.open, ~unfinished)
+    if watermark < END_OF_INPUT:
+        # D is complete when D+1 00:00 <= watermark, i.e. D < the watermark's UTC day.
+        query = query.where(stats.c.partition_key < watermark.astimezone(UTC).date())
+    stored = None if watermark >= END_OF_INPUT else watermark
+    done: list[PartitionCompletion] = []
+    for row in conn.execute(query.order_by(stats.c.partition_key).with_for_update()).all():
+        completion = PartitionCompletion(
+            source=source,
+            partition_key=row.partition_key,
+            generation=row.generation + 1,
+            run_id=run_id,
+            checkpoint_id=checkpoint_id,
+            watermark=stored,
+            rows=row.rows,
+            dead_letters=row.dead_letters,
+            late_records=row.late_records,
+        )
+        conn.execute(
+            insert(partition_completions)
+            .values(
+                source=source,
+                partition_key=completion.partition_key,
+                generation=completion.generation,
+                run_id=run_id,
+                checkpoint_id=checkpoint_id,
+                watermark=stored,
+                rows=completion.rows,
+                dead_letters=completion.dead_letters,
+                late_records=completion.late_records,
+            )
+            .on_conflict_do_nothing()
+        )
+        conn.execute(
+            sa.update(stats)
+            .where(stats.c.source == source, stats.c.partition_key == row.partition_key)
+            .values(generation=completion.generation, open=False, updated_at=sa.func.now())
+        )
+        done.append(completion)
+    return done
+
+
+def completed_partitions(conn: Connection, source: str) -> frozenset[date]:
+    """The partitions of ``source`` with at least one committed completion: what a task
+    judges lateness against (loaded at subtask start, refreshed at each checkpoint)."""
+    return frozenset(
+        conn.execute(
+            sa.select(partition_completions.c.partition_key)
+            .where(partition_completions.c.source == source)
+            .distinct()
+        ).scalars()
+    )

@@ -1,0 +1,222 @@
+"""The task side of partition completeness: the output partition of each record, late records,
+and the counts per output partition that a checkpoint acknowledgement carries.
+
+- Output partition: with an event-time field and ``partition_by="day"`` a record's partition
+  is the UTC day of its event time (one landing file may feed several partitions); otherwise
+  it is the landing day of its split (``splits.partition_key``). A record whose event time
+  is null (only possible for a non-required field) falls back to the landing day.
+- Late: a record whose event day is a partition already recorded complete, as this task last
+  learned it. The set is loaded when the subtask starts and refreshed after each completed
+  checkpoint (read off the mailbox thread, handed back as a mail); a record is judged when it
+  reaches the sink, so against completions committed before it was read *and* before it was
+  written. The race — a completion committed after the judgement, while the record waits for
+  its checkpoint — is safe: that completion came from a checkpoint whose barrier this record
+  had not passed, so the record was not counted in it; it commits with a later checkpoint,
+  and under ``reopen`` its rows reopen the partition, which completes again as the next
+  generation. Under ``dead_letter`` such a record is written (judged on time), and the
+  partition is reopened the same way: nothing is lost or counted twice. A record re-read
+  after a restore is judged again; only one judgement ever commits (the first one's output
+  was never committed).
+- Rebuild members (``--replace``) are never late: rewriting a complete day is their purpose.
+  Their output is not counted either (it replaces rows already counted), so a rebuild neither
+  changes ``partition_stats`` nor reopens the day (first pass: see the hand-over notes).
+- Counts (rows, dead letters, late records per partition) accumulate on the mailbox thread
+  between two barriers and are taken by the checkpoint trigger, so they describe exactly the
+  staged output of that interval and commit with it.
+
+Threading: mailbox thread only, except :meth:`EventDays.refresh`'s argument, built elsewhere
+and handed over whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
+from datetime import UTC, date
+from typing import Protocol
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlalchemy as sa
+
+from enumerator_service._completeness import COUNTERS, completed_partitions
+from spark_jobs.runtime import MailboxClosedError, MailboxExecutor
+from spark_jobs.source._batch import OFFSET, user_rows
+
+__all__ = ["LATE", "EventDays", "PartitionSink", "load_completed", "refresh_in_background"]
+
+#: The dead-letter reason of a late record under ``late_records="dead_letter"``.
+LATE = "late"
+_RAW_LIMIT = 4096
+
+
+class PartitionSink(Protocol):
+    """What :meth:`EventDays.write` needs of a sink writer (mailbox-thread methods)."""
+
+    def output_partition(self, day: date | None, rebuild_id: int | None) -> str: ...
+
+    def write_batch(self, partition: str, batch: pa.RecordBatch) -> None: ...
+
+    def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None: ...
+
+    def count_dropped(self, records: int) -> None: ...
+
+
+class EventDays:
+    def __init__(
+        self,
+        event_time: str | None,
+        *,
+        by_event_day: bool,
+        policy: str,
+        completed: frozenset[date] = frozenset(),
+    ) -> None:
+        self._event_time = event_time if by_event_day else None
+        self._policy = policy
+        self._completed = completed
+        self._counts: dict[str, dict[str, int]] = {}
+        # split → (landing day, rebuild id), kept after the split (its records may still be
+        # in the chain).
+        self._splits: dict[int, tuple[date | None, int | None]] = {}
+
+    def split_added(self, split_id: int, landing_day: date | None, rebuild_id: int | None) -> None:
+        self._splits[split_id] = (landing_day, rebuild_id)
+
+    @property
+    def completed(self) -> frozenset[date]:
+        return self._completed
+
+    def refresh(self, completed: frozenset[date]) -> None:
+        """Completions grow only; a smaller set (a stale read) never un-completes a day."""
+        self._completed = self._completed | completed
+
+    def write(self, sink: PartitionSink, rows: pa.RecordBatch, split_id: int) -> None:
+        """Records of one split leaving the last step (with the offset column): late ones
+        dead-lettered under ``dead_letter``, the others written to their output partitions.
+
+        Lateness is judged here, when a record reaches the sink (so after it was read): its
+        output commits with the next checkpoint, after every completion this task knows of.
+        A rebuild member writes only the rows of its rebuild's day; its rows of other days
+        stay where the first processing wrote them, and are counted as dropped (rows in =
+        rows + dropped + dead letters still holds).
+        """
+        landing_day, rebuild_id = self._splits[split_id]
+        late = self.late_rows(rows, rebuild=rebuild_id is not None)
+        if late is not None and self._event_time is not None:
+            for record in rows.filter(late).to_pylist():
+                offset = int(record.pop(OFFSET))
+                raw = orjson.dumps(record, default=str)[:_RAW_LIMIT]
+                sink.dead_letter(split_id, offset, raw, LATE)
+                self.count_late_dead_letter(record[self._event_time].astimezone(UTC).date())
+            rows = rows.filter(pc.invert(late))
+        only = landing_day if rebuild_id is not None else None
+        written = 0
+        for day, part in self.partitions(rows, landing_day, only=only):
+            if part.num_rows:
+                sink.write_batch(sink.output_partition(day, rebuild_id), user_rows(part))
+                written += part.num_rows
+        if written < rows.num_rows:
+            sink.count_dropped(rows.num_rows - written)
+
+    def late_rows(self, rows: pa.RecordBatch, *, rebuild: bool) -> pa.Array | None:
+        """A boolean mask of the late records of ``rows`` that the policy dead-letters, or
+        None when there are none (always None under ``reopen``, for a rebuild member, and
+        without event-day partitions)."""
+        if self._policy != "dead_letter" or rebuild or not self._completed:
+            return None
+        if self._event_time is None or not rows.num_rows:
+            return None
+        days = _days(rows.column(self._event_time))
+        late = pc.fill_null(pc.is_in(days, pa.array(sorted(self._completed), pa.date32())), False)
+        return late if pc.any(late).as_py() else None
+
+    def count_late_dead_letter(self, day: date) -> None:
+        self._add(day.isoformat(), dead_letters=1, late_records=1)
+
+    def partitions(
+        self, rows: pa.RecordBatch, landing_day: date | None, *, only: date | None = None
+    ) -> Iterator[tuple[date | None, pa.RecordBatch]]:
+        """``rows`` split by output partition, counted (rows, and late rows written under
+        ``reopen``). ``only``: a rebuild member keeps just the rows of its rebuild's day (its
+        rows of other days are in those partitions already)."""
+        if self._event_time is None or not rows.num_rows:
+            groups: list[tuple[date | None, pa.RecordBatch]] = [(landing_day, rows)]
+        else:
+            days = _days(rows.column(self._event_time))
+            if landing_day is not None:
+                days = pc.fill_null(days, pa.scalar(landing_day, pa.date32()))
+            groups = []
+            for day in pc.unique(days).to_pylist():
+                mask = pc.is_null(days) if day is None else pc.equal(days, day)
+                groups.append((day, rows.filter(pc.fill_null(mask, False))))
+        for day, part in sorted(groups, key=lambda g: (g[0] is None, g[0] or date.min)):
+            if only is not None and day != only:
+                continue
+            if day is not None and part.num_rows and only is None:
+                # Written to a complete partition (``reopen``): counted late. A rebuild's rows
+                # are not counted: they replace rows already counted (see the module notes).
+                late = part.num_rows if day in self._completed else 0
+                foreign = part.num_rows if landing_day not in (None, day) else 0
+                self._add(
+                    day.isoformat(), rows=part.num_rows, late_records=late, foreign_rows=foreign
+                )
+            yield day, part
+
+    def count_dead_letter(self, split_id: int) -> None:
+        """A record of the split rejected (by the reader or a step): counted on the split's
+        landing day (its event time may be unknown). A rebuild's dead letters replace
+        counted ones: not counted."""
+        day, rebuild_id = self._splits[split_id]
+        if day is not None and rebuild_id is None:
+            self._add(day.isoformat(), dead_letters=1)
+
+    def touch(self, split_id: int) -> None:
+        """The split finished: without event-day partitions its landing day's partition
+        exists even if nothing was written (an empty file, everything filtered)."""
+        day, rebuild_id = self._splits[split_id]
+        if day is not None and rebuild_id is None and self._event_time is None:
+            self._add(day.isoformat())
+
+    # -- checkpoint -----------------------------------------------------------------------
+
+    def take_counts(self) -> dict[str, dict[str, int]]:
+        """The counts since the last barrier (and start counting anew)."""
+        counts, self._counts = self._counts, {}
+        return counts
+
+    def _add(self, day: str, **values: int) -> None:
+        total = self._counts.setdefault(day, dict.fromkeys(COUNTERS, 0))
+        for name, value in values.items():
+            total[name] += value
+
+
+def load_completed(engine: sa.Engine, source: str) -> frozenset[date]:
+    """The source's completed partitions. Blocking: never on the mailbox thread."""
+    with engine.connect() as conn:
+        return completed_partitions(conn, source)
+
+
+def refresh_in_background(
+    days: EventDays,
+    io: Executor,
+    mails: MailboxExecutor,
+    load: Callable[[], frozenset[date]],
+) -> None:
+    """After a completed checkpoint (mailbox thread): ``load`` runs on ``io`` (blocking), the
+    result reaches ``days`` as a mail on the mailbox thread."""
+
+    def hand_back(future: Future[frozenset[date]]) -> None:
+        with contextlib.suppress(MailboxClosedError):  # the subtask ended meanwhile
+            mails.execute(lambda: days.refresh(future.result()), "completed partitions")
+
+    io.submit(load).add_done_callback(hand_back)
+
+
+def _days(times: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The UTC day of each timestamp (null stays null)."""
+    if isinstance(times, pa.ChunkedArray):
+        times = times.combine_chunks()
+    # A zoned timestamp stores UTC instants: dropping the zone keeps the UTC wall time.
+    return pc.cast(times.cast(pa.timestamp(times.type.unit)), pa.date32())

@@ -1,0 +1,123 @@
+"""The run watermark of a completed checkpoint: the minimum over its subtasks' snapshot
+watermarks, finished subtasks counting as +infinity (closed channels) and subtasks without a
+watermark holding it at -infinity; and the end of an output partition (a UTC day)."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from enumerator_service._completeness import (
+    END_OF_INPUT,
+    NO_WATERMARK,
+    merge_partition_counts,
+    partition_end,
+    run_watermark,
+    subtask_watermark,
+)
+
+_T = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def test_a_snapshot_watermark_is_parsed_as_utc() -> None:
+    assert subtask_watermark({"watermark": "2026-01-02T03:04:05+00:00"}) == _T
+    plus_one = "2026-01-02T04:04:05+01:00"
+    assert subtask_watermark({"watermark": plus_one}) == _T
+    assert subtask_watermark({"watermark": plus_one}).tzinfo == UTC
+
+
+def test_a_subtask_without_a_watermark_holds_the_run_at_minus_infinity() -> None:
+    assert subtask_watermark({}) is NO_WATERMARK
+    assert subtask_watermark({"watermark": None, "finished": False}) is NO_WATERMARK
+    assert run_watermark([_T, subtask_watermark({"watermark": None})]) == NO_WATERMARK
+
+
+def test_a_finished_subtask_counts_as_plus_infinity() -> None:
+    # Either marker of an ended input: the watermark part's snapshot flag, or a final ack.
+    assert subtask_watermark({"watermark": None, "finished": True}) is END_OF_INPUT
+    assert subtask_watermark({"watermark": _T.isoformat()}, final=True) is END_OF_INPUT
+    assert run_watermark([END_OF_INPUT, _T]) == _T
+    # Input ended but records still in the chain: they commit later, the watermark stays.
+    in_flight = {"watermark": _T.isoformat(), "finished": True, "splits": [{"pending": [[1, 2]]}]}
+    assert subtask_watermark(in_flight) == _T
+    drained = {"watermark": _T.isoformat(), "finished": True, "splits": [{"pending": []}]}
+    assert subtask_watermark(drained) is END_OF_INPUT
+    assert run_watermark([END_OF_INPUT, END_OF_INPUT]) == END_OF_INPUT
+
+
+def test_no_open_subtask_means_every_channel_is_closed() -> None:
+    assert run_watermark([]) == END_OF_INPUT
+
+
+def test_an_idle_subtask_does_not_hold_the_run_back() -> None:
+    idle = subtask_watermark({"watermark": None, "idle": True})
+    assert idle is None
+    assert run_watermark([idle, _T]) == _T
+    # Only idle subtasks: no new information (the stored run watermark stays).
+    assert run_watermark([idle, idle]) == NO_WATERMARK
+    # Finished wins over idle.
+    assert subtask_watermark({"idle": True, "finished": True}) is END_OF_INPUT
+
+
+def test_a_watermark_without_time_zone_is_refused() -> None:
+    with pytest.raises(ValueError, match="no time zone"):
+        subtask_watermark({"watermark": "2026-01-02T03:04:05"})
+
+
+_instants = st.datetimes(
+    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+)
+_snapshots = st.one_of(
+    _instants.map(lambda t: {"watermark": t.isoformat(), "finished": False}),
+    st.just({"watermark": None, "finished": False}),
+    _instants.map(lambda t: {"watermark": t.isoformat(), "finished": True}),
+    st.just({"watermark": None, "finished": True}),
+)
+
+
+@given(st.lists(_snapshots, min_size=1, max_size=8), st.randoms())
+def test_the_run_watermark_is_the_minimum_whatever_the_order(
+    snapshots: list[dict[str, object]], rnd: object
+) -> None:
+    marks = [subtask_watermark(s) for s in snapshots]
+    shuffled = list(marks)
+    rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+    result = run_watermark(shuffled)
+    assert result == run_watermark(marks)
+    open_marks = [m for s, m in zip(snapshots, marks, strict=True) if not s["finished"]]
+    if not open_marks:
+        assert result == END_OF_INPUT
+    elif any(s["watermark"] is None for s in snapshots if not s["finished"]):
+        assert result == NO_WATERMARK
+    else:
+        assert result == min(
+            datetime.fromisoformat(str(s["watermark"])) for s in snapshots if not s["finished"]
+        )
+    # Never above any open subtask's watermark: a day cannot complete ahead of a subtask.
+    assert all(result <= m for m in open_marks)
+
+
+@given(st.dates(min_value=date(2000, 1, 1), max_value=date(2100, 1, 1)))
+def test_a_day_ends_at_the_next_midnight_utc(day: date) -> None:
+    end = partition_end(day)
+    assert end.tzinfo == UTC and end.time().isoformat() == "00:00:00"
+    assert end.date() == day + timedelta(days=1)
+    last_instant = end - timedelta(microseconds=1)
+    assert last_instant.date() == day
+    other_zone = end.astimezone(timezone(timedelta(hours=-5)))
+    assert other_zone == end
+
+
+def test_partition_counts_merge_by_day_and_counter() -> None:
+    total: dict[str, dict[str, int]] = {}
+    merge_partition_counts(total, {"2026-01-01": {"rows": 2, "late_records": 1}})
+    merge_partition_counts(total, {"2026-01-01": {"rows": 3, "dead_letters": 4}})
+    merge_partition_counts(total, None)
+    assert total == {
+        "2026-01-01": {"rows": 5, "dead_letters": 4, "late_records": 1, "foreign_rows": 0}
+    }
+    with pytest.raises(ValueError, match="yesterday"):
+        merge_partition_counts(total, {"yesterday": {"rows": 1}})
