@@ -16,6 +16,7 @@ from dagster import (
 
 from dagster_project.assets import output_asset, partitions_of
 from dagster_project.checks import pipeline_checks
+from dagster_project.completions import report_completions_sensor
 from dagster_project.continuous import continuous_job, continuous_sensor
 from dagster_project.jobs import incremental_job
 from dagster_project.observations import landing_asset, table_asset
@@ -74,6 +75,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
             if key not in deps:
                 deps.append(key)
     output = output_asset(pipeline, partitions, deps)
+    checks = pipeline_checks(pipeline, output.key, partitions)
     incremental = incremental_job(pipeline)
     continuous = continuous_job(pipeline)
     return PipelineDefinitions(
@@ -81,12 +83,18 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
         partitions=partitions,
         output=output,
         source_assets=sources,
-        checks=pipeline_checks(pipeline, output.key, partitions),
+        checks=checks,
         incremental_job=incremental,
         continuous_job=continuous,
         sensors=[
             new_files_sensor(pipeline, incremental),
             continuous_sensor(pipeline, continuous),
+            report_completions_sensor(
+                pipeline,
+                output.key,
+                [key for check in checks for key in check.check_keys],
+                partitions is not None,
+            ),
         ],
         schedules=[incremental_schedule(pipeline, incremental)],
     )

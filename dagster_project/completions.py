@@ -1,0 +1,247 @@
+"""Reporting completed output partitions to Dagster, exactly once per partition and generation.
+
+Postgres is the source of truth: whatever completed a day of a pipeline's output — a CLI run,
+the schedule, the continuous reader, a backfill — wrote a row to ``partition_completions`` in
+the checkpoint transaction that completed it. The pipeline's ``<pipeline>_report_completions``
+sensor turns each row it has not reported (``reported_at`` NULL) into
+
+1. an ``AssetMaterialization`` of that partition of the output asset, runless, tagged
+   ``sluice/source`` and ``sluice/generation`` (metadata: rows, dead letters, late records,
+   watermark, generation, run and checkpoint), then
+2. the row's ``reported_at`` mark, and
+3. a request for a run of the output's asset checks for that partition, run key
+   ``<pipeline>:checks:<day>:g<generation>`` (the checks attribute their evaluations to the
+   partition's latest materialisation: the one just reported).
+
+Why a run for the checks: Dagster runs a check only in a run that selects it, and a runless
+materialisation starts none. Reporting runless ``AssetCheckEvaluation`` events computed in the
+tick was tried and does not work in dagster 1.13: the event log keeps one runless evaluation
+per (asset, check, partition) (unique index ``idx_asset_check_executions_unique`` on run id
+"" and the partition), so a partition reported again (generation 2, or a crash recovered)
+could never be checked again. A run per completed partition costs a run, and gives each
+evaluation its run, logs and retry in the UI; its run key makes Dagster drop a repeated
+request (a tick re-run after a crash).
+
+Exactly once: a crash between Postgres's commit and step 1 leaves the row unreported, so the
+next tick reports it. A crash between step 1 and step 3 leaves a materialisation in Dagster
+and the row unmarked: before reporting a row the tick looks in the event log for a
+materialisation of that partition carrying the row's source and generation tags, and finds
+it, so it only marks the row and requests the checks' run again (the same run key: Dagster
+launches it once). A daemon that dies after the tick returned and before it submitted the
+requested runs loses the checks' run of those partitions (the rows are marked): the UI can
+run them; the completion itself is never lost nor doubled.
+
+The look-up and the report are not atomic, so two reporters of the same pipeline at once
+could both report: Dagster runs one evaluation of a sensor at a time, which is what this
+relies on (the mark itself is idempotent).
+
+Threading: the sensor runs on the daemon's sensor thread; every call opens and closes its own
+database engine.
+"""
+
+# No "from __future__ import annotations": Dagster inspects the context annotations.
+
+from typing import Any
+
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    AssetMaterialization,
+    AssetRecordsFilter,
+    AssetSelection,
+    DagsterInstance,
+    DefaultSensorStatus,
+    MetadataValue,
+    RunRequest,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from dagster_project._runs import PIPELINE_TAG
+from dagster_project.resources import SluiceResource
+from enumerator_service import Settings
+from enumerator_service._completions import (
+    PartitionCompletion,
+    completions_table_exists,
+    mark_reported,
+    unreported_completions,
+)
+from enumerator_service._operations import open_platform
+from spark_jobs.pipeline import Pipeline
+
+__all__ = [
+    "GENERATION_TAG",
+    "PARTITION_TAG",
+    "REPORT_BATCH",
+    "SOURCE_TAG",
+    "checks_run_request",
+    "completion_materialization",
+    "completion_tags",
+    "is_reported",
+    "report_completions",
+    "report_completions_sensor",
+]
+
+#: Tags of a reported completion's materialisation: the pipeline and the generation.
+SOURCE_TAG = "sluice/source"
+GENERATION_TAG = "sluice/generation"
+PARTITION_TAG = "sluice/partition"
+#: Completions one tick reports at most (a tick must stay well inside Dagster's sensor timeout;
+#: the rest go to the next ticks).
+REPORT_BATCH = 50
+#: Materialisations of one partition read per page when looking for an earlier report.
+_PAGE = 100
+
+
+def completion_tags(completion: PartitionCompletion) -> dict[str, str]:
+    """What identifies a completion's report in the event log (the partition is a tag too,
+    so an unpartitioned output's reports are told apart by day)."""
+    return {
+        SOURCE_TAG: completion.source,
+        PARTITION_TAG: completion.partition_key.isoformat(),
+        GENERATION_TAG: str(completion.generation),
+    }
+
+
+def completion_materialization(
+    key: AssetKey, completion: PartitionCompletion, partitioned: bool
+) -> AssetMaterialization:
+    """The materialisation that reports ``completion`` (the whole output when unpartitioned)."""
+    day = completion.partition_key.isoformat()
+    metadata: dict[str, Any] = {
+        "rows": MetadataValue.int(completion.rows),
+        "dead_letters": MetadataValue.int(completion.dead_letters),
+        "late_records": MetadataValue.int(completion.late_records),
+        "generation": MetadataValue.int(completion.generation),
+        "run_id": MetadataValue.text(completion.run_id),
+        "checkpoint_id": MetadataValue.int(completion.checkpoint_id),
+        "completed_at": MetadataValue.timestamp(completion.completed_at),
+    }
+    if completion.watermark is not None:
+        metadata["watermark"] = MetadataValue.timestamp(completion.watermark)
+    if not partitioned:
+        metadata["partition_key"] = MetadataValue.text(day)
+    return AssetMaterialization(
+        asset_key=key,
+        partition=day if partitioned else None,
+        description=f"{day} complete (generation {completion.generation})",
+        metadata=metadata,
+        tags=completion_tags(completion),
+    )
+
+
+def is_reported(
+    instance: DagsterInstance, key: AssetKey, completion: PartitionCompletion, partitioned: bool
+) -> bool:
+    """Whether Dagster's event log holds the report of ``completion`` already (a tick that
+    died after reporting and before marking)."""
+    wanted = completion_tags(completion)
+    partitions = [completion.partition_key.isoformat()] if partitioned else None
+    cursor: str | None = None
+    while True:
+        page = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=key, asset_partitions=partitions),
+            limit=_PAGE,
+            cursor=cursor,
+        )
+        for record in page.records:
+            event = record.asset_materialization
+            tags = (event.tags or {}) if event is not None else {}
+            if all(tags.get(k) == v for k, v in wanted.items()):
+                return True
+        if not page.has_more:
+            return False
+        cursor = page.cursor
+
+
+def checks_run_request(
+    pipeline: Pipeline,
+    checks: list[AssetCheckKey],
+    completion: PartitionCompletion,
+    partitioned: bool,
+) -> RunRequest:
+    """The run of the output's checks for a reported completion's partition."""
+    day = completion.partition_key.isoformat()
+    # The partition goes in as its tag, not as ``partition_key``: dagster 1.13 validates a
+    # partition key against the selected assets' partitions, and a checks-only run selects
+    # no asset ("no PartitionsDefinition shared by all the provided assets"). The tag is
+    # what a check's context reads its partition from either way.
+    partition = {"dagster/partition": day} if partitioned else {}
+    return RunRequest(
+        run_key=f"{pipeline.name}:checks:{day}:g{completion.generation}",
+        asset_selection=[],
+        asset_check_keys=checks,
+        tags={PIPELINE_TAG: pipeline.name, **completion_tags(completion), **partition},
+    )
+
+
+def report_completions(
+    instance: DagsterInstance,
+    pipeline: Pipeline,
+    settings: Settings,
+    key: AssetKey,
+    *,
+    partitioned: bool,
+    limit: int = REPORT_BATCH,
+) -> tuple[list[PartitionCompletion], list[PartitionCompletion]]:
+    """Report ``pipeline``'s unreported completions: (reported now, found reported already and
+    only marked). Both empty without ``partition_completions`` (its migration not yet applied)."""
+    engine = open_platform(settings, migrate=False, pool_size=1).engine
+    reported: list[PartitionCompletion] = []
+    recovered: list[PartitionCompletion] = []
+    try:
+        if not completions_table_exists(engine):
+            return reported, recovered
+        for completion in unreported_completions(engine, pipeline.name, limit):
+            if is_reported(instance, key, completion, partitioned):
+                recovered.append(completion)
+            else:
+                instance.report_runless_asset_event(
+                    completion_materialization(key, completion, partitioned)
+                )
+                reported.append(completion)
+            mark_reported(engine, completion)
+    finally:
+        engine.dispose()
+    return reported, recovered
+
+
+def _describe(done: list[PartitionCompletion]) -> str:
+    return ", ".join(f"{c.partition_key} (generation {c.generation})" for c in done)
+
+
+def report_completions_sensor(
+    pipeline: Pipeline, key: AssetKey, checks: list[AssetCheckKey], partitioned: bool
+) -> SensorDefinition:
+    """``<pipeline>_report_completions`` (running by default): each tick reports the newly
+    complete partitions of the pipeline's output and requests their checks' runs (see the
+    module's docstring)."""
+
+    @sensor(
+        name=f"{pipeline.name}_report_completions",
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.RUNNING,
+        asset_selection=AssetSelection.checks(*checks),
+        description=f"Reports each completed partition of {pipeline.name} to Dagster once.",
+    )
+    def _sensor(
+        context: SensorEvaluationContext, sluice: SluiceResource
+    ) -> SensorResult | SkipReason:
+        reported, recovered = report_completions(
+            context.instance, pipeline, sluice.settings(), key, partitioned=partitioned
+        )
+        if not reported and not recovered:
+            return SkipReason("no newly complete partition")
+        if reported:
+            context.log.info(f"reported complete: {_describe(reported)}")
+        if recovered:
+            context.log.info(f"already in Dagster, marked: {_describe(recovered)}")
+        requests = [
+            checks_run_request(pipeline, checks, c, partitioned) for c in [*recovered, *reported]
+        ]
+        return SensorResult(run_requests=requests if checks else [])
+
+    return _sensor

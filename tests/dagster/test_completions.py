@@ -1,0 +1,258 @@
+"""Completed partitions reported to Dagster exactly once per partition and generation, with
+their checks: real Dagster instance, real sensor contexts, real Postgres, the checks' runs
+the sensor requests executed in process (as the daemon launches them). Completion rows are
+inserted directly, as the checkpoint commit of the completeness part writes them.
+
+No ``__init__.py`` in this folder on purpose (see test_definitions.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import date
+from typing import Any
+
+import pytest
+from completions_support import create_completions_table, insert_completion, reported_at
+from conftest import TestSettings
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    AssetRecordsFilter,
+    AssetSelection,
+    DagsterInstance,
+    Definitions,
+    RunRequest,
+    SensorResult,
+    SkipReason,
+    build_sensor_context,
+    materialize,
+)
+from dagster_support import demo_definitions, sensor_named, sensor_tick
+from sluice_resource import resource_for
+
+import dagster_project.completions as completions
+from dagster_project import PipelineDefinitions
+from enumerator_service._operations import Platform, open_platform
+
+MakeSettings = Callable[..., TestSettings]
+DAYS = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)]
+
+
+class Reporting:
+    def __init__(self, settings: TestSettings, platform: Platform, instance: DagsterInstance):
+        self.settings, self.platform, self.instance = settings, platform, instance
+        self.built: PipelineDefinitions = demo_definitions(settings)
+        self.key: AssetKey = self.built.output.key
+        self.source = self.built.pipeline.name
+
+    def tick(self) -> list[RunRequest]:
+        """One tick; the checks' runs it requests (a skipped tick: none)."""
+        sensor = sensor_named(self.built, "report_completions")
+        result, _ = sensor_tick(sensor, resource_for(self.settings), instance=self.instance)
+        if isinstance(result, SkipReason):
+            assert result.skip_message == "no newly complete partition"
+            return []
+        assert isinstance(result, SensorResult)
+        return list(result.run_requests or [])
+
+    def run_checks(self, requests: list[RunRequest]) -> None:
+        """Each requested run, as the daemon would launch it (once per run key)."""
+        for request in requests:
+            assert request.asset_selection == []
+            result = materialize(
+                [self.built.output, *self.built.checks],
+                selection=AssetSelection.checks(*(request.asset_check_keys or [])),
+                tags=request.tags,
+                resources={"sluice": resource_for(self.settings)},
+                instance=self.instance,
+            )
+            assert result.success
+
+    def complete(self, day: date, generation: int = 1, **fields: Any) -> None:
+        insert_completion(self.platform.engine, self.source, day, generation, **fields)
+
+    def materializations(self, day: date) -> list[Any]:
+        records = self.instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=self.key, asset_partitions=[day.isoformat()]), limit=100
+        ).records
+        return [r.asset_materialization for r in records]
+
+    def checks_of(self, day: date) -> dict[str, Any]:
+        """Each check's latest evaluation of ``day``."""
+        found = {}
+        for check in self.built.checks:
+            for key in check.check_keys:
+                history = self.instance.event_log_storage.get_asset_check_execution_history(
+                    AssetCheckKey(self.key, key.name), limit=100
+                )
+                mine = [h for h in history if h.partition == day.isoformat()]
+                if mine:
+                    found[key.name] = mine[0]
+        return found
+
+
+@pytest.fixture
+def reporting(make_settings: MakeSettings) -> Iterator[Reporting]:
+    settings = make_settings()
+    platform = open_platform(settings)
+    create_completions_table(platform.engine)
+    try:
+        with DagsterInstance.ephemeral() as instance:
+            yield Reporting(settings, platform, instance)
+    finally:
+        platform.close()
+
+
+def test_each_completed_partition_is_reported_once_with_its_checks(reporting: Reporting) -> None:
+    assert reporting.tick() == []
+    for day in DAYS:
+        reporting.complete(day)
+    requests = reporting.tick()
+    assert [r.run_key for r in requests] == [f"{reporting.source}:checks:{day}:g1" for day in DAYS]
+    assert reporting.instance.get_materialized_partitions(reporting.key) == {
+        d.isoformat() for d in DAYS
+    }
+    (event,) = reporting.materializations(DAYS[0])
+    assert event.tags == {
+        "sluice/source": reporting.source,
+        "sluice/partition": "2026-01-01",
+        "sluice/generation": "1",
+    }
+    metadata = {k: v.value for k, v in event.metadata.items()}
+    assert metadata["rows"] == 100 and metadata["dead_letters"] == 2
+    assert metadata["late_records"] == 0 and metadata["generation"] == 1
+    assert metadata["run_id"] == "run-1" and metadata["checkpoint_id"] == 3
+    assert metadata["watermark"] == pytest.approx(1767312001.0)  # 2026-01-02T00:00:01Z
+    assert all(
+        when is not None
+        for when in reported_at(reporting.platform.engine, reporting.source).values()
+    )
+    reporting.run_checks(requests)
+    for day in DAYS:
+        checks = reporting.checks_of(day)
+        assert set(checks) == {
+            "unique_key",
+            "rows_reconcile",
+            "dead_letter_ratio",
+            "no_quarantined_splits",
+        }
+        assert all(c.status.value == "SUCCEEDED" for c in checks.values()), checks
+        # Each evaluation checked the reported materialisation.
+        (record,) = reporting.instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=reporting.key, asset_partitions=[day.isoformat()]),
+            limit=1,
+        ).records
+        targets = {
+            c.event.dagster_event.event_specific_data.target_materialization_data.storage_id
+            for c in checks.values()
+        }
+        assert targets == {record.storage_id}
+    # A second tick reports nothing again.
+    assert reporting.tick() == []
+    assert all(len(reporting.materializations(day)) == 1 for day in DAYS)
+
+
+def test_a_crash_after_the_report_and_before_the_mark_is_not_reported_twice(
+    reporting: Reporting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reporting.complete(DAYS[0])
+
+    def crash(*args: Any) -> bool:
+        raise SystemExit("killed between the report and the mark")
+
+    monkeypatch.setattr(completions, "mark_reported", crash)
+    with pytest.raises(SystemExit):
+        reporting.tick()
+    assert len(reporting.materializations(DAYS[0])) == 1
+    assert reported_at(reporting.platform.engine, reporting.source) == {(DAYS[0], 1): None}
+    monkeypatch.undo()
+    # Only marked, and its checks' run requested again under the same run key (Dagster
+    # launches a run key once).
+    (request,) = reporting.tick()
+    assert request.run_key == f"{reporting.source}:checks:2026-01-01:g1"
+    assert len(reporting.materializations(DAYS[0])) == 1
+    assert reported_at(reporting.platform.engine, reporting.source)[DAYS[0], 1] is not None
+    assert reporting.tick() == []
+
+
+def test_a_crash_before_the_report_reports_after_restart(
+    reporting: Reporting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Committed in Postgres, the reporter died before Dagster heard: the next tick reports."""
+    reporting.complete(DAYS[1])
+
+    def crash(*args: Any) -> None:
+        raise SystemExit("killed before the report")
+
+    monkeypatch.setattr(completions, "completion_materialization", crash)
+    with pytest.raises(SystemExit):
+        reporting.tick()
+    assert reporting.materializations(DAYS[1]) == []
+    monkeypatch.undo()
+    (request,) = reporting.tick()
+    assert request.tags["dagster/partition"] == "2026-01-02"
+    assert len(reporting.materializations(DAYS[1])) == 1
+
+
+def test_a_reopened_partition_is_reported_again_once_per_generation(reporting: Reporting) -> None:
+    reporting.complete(DAYS[0])
+    reporting.run_checks(reporting.tick())
+    reporting.complete(DAYS[0], generation=2)
+    requests = reporting.tick()
+    assert [r.run_key for r in requests] == [f"{reporting.source}:checks:2026-01-01:g2"]
+    assert reporting.tick() == []
+    events = reporting.materializations(DAYS[0])
+    assert [e.tags["sluice/generation"] for e in events] == ["2", "1"]  # newest first
+    assert {k: v.value for k, v in events[0].metadata.items()}["late_records"] == 1
+    # The generation's checks run again, against the new materialisation.
+    reporting.run_checks(requests)
+    (latest, _) = reporting.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=reporting.key, asset_partitions=["2026-01-01"]), limit=2
+    ).records
+    checks = reporting.checks_of(DAYS[0])
+    assert all(c.status.value == "SUCCEEDED" for c in checks.values())
+    assert {
+        c.event.dagster_event.event_specific_data.target_materialization_data.storage_id
+        for c in checks.values()
+    } == {latest.storage_id}
+
+
+def test_the_reporter_waits_for_the_completions_table(make_settings: MakeSettings) -> None:
+    """Before migration 0008 the sensor skips; it reports nothing and fails nothing."""
+    settings = make_settings()
+    open_platform(settings).close()
+    built = demo_definitions(settings)
+    with DagsterInstance.ephemeral() as instance:
+        result, _ = sensor_tick(
+            sensor_named(built, "report_completions"), resource_for(settings), instance=instance
+        )
+    assert isinstance(result, SkipReason)
+    assert result.skip_message == "no newly complete partition"
+
+
+def test_dagster_resolves_the_checks_run_request(reporting: Reporting) -> None:
+    """The sensor's run requests are valid for its target, as the daemon resolves them (a
+    checks-only run of one partition of the output)."""
+    reporting.complete(DAYS[2])
+    sensor = sensor_named(reporting.built, "report_completions")
+    definitions = Definitions(
+        assets=[reporting.built.output],
+        asset_checks=reporting.built.checks,
+        sensors=[sensor],
+        resources={"sluice": resource_for(reporting.settings)},
+    )
+    with build_sensor_context(
+        instance=reporting.instance,
+        definitions=definitions,
+        resources={"sluice": resource_for(reporting.settings)},
+    ) as context:
+        data = sensor.evaluate_tick(context)
+    (request,) = data.run_requests or []
+    assert request.run_key == f"{reporting.source}:checks:2026-01-03:g1"
+    assert request.tags["dagster/partition"] == "2026-01-03"
+    assert set(request.asset_check_keys or []) == {
+        key for check in reporting.built.checks for key in check.check_keys
+    }
+    job = definitions.resolve_implicit_global_asset_job_def()
+    assert job.partitions_def is not None
