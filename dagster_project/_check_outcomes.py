@@ -1,9 +1,9 @@
 """What each asset check of a pipeline finds for a partition, apart from how it is reported.
 
-The checks (``checks.py``) report these outcomes from a run (launched with a materialisation,
-or alone from the UI); the completion reporter (``completions.py``) reports the same outcomes
-as runless ``AssetCheckEvaluation`` events for the partitions it reports complete. One code
-path decides pass or fail, whoever reports it.
+The checks (``checks.py``) report these outcomes from a run: launched with a materialisation,
+alone from the UI, or requested by the completion reporter for a partition it reported
+complete (``completions.py``). Kept apart from the Dagster wiring so that one code path decides
+pass or fail whoever asks (the live-state sensor's freshness check is the same shape).
 
 Each function here opens and closes its own database connections and touches no Dagster
 state: safe to call from a sensor tick or from a step, on any thread.

@@ -19,6 +19,7 @@ from dagster_project.checks import pipeline_checks
 from dagster_project.completions import report_completions_sensor
 from dagster_project.continuous import continuous_job, continuous_sensor
 from dagster_project.jobs import incremental_job
+from dagster_project.live import freshness_check, live_state_sensor
 from dagster_project.observations import landing_asset, table_asset
 from dagster_project.schedules import incremental_schedule
 from dagster_project.sensors import new_files_sensor
@@ -39,6 +40,9 @@ class PipelineDefinitions:
     output: AssetsDefinition
     source_assets: list[AssetsDefinition]
     checks: list[AssetChecksDefinition]
+    #: ``watermark_freshness``: unpartitioned, evaluated by the live-state sensor (not with
+    #: each partition's materialisation, unlike ``checks``).
+    freshness: AssetChecksDefinition
     incremental_job: JobDefinition
     continuous_job: JobDefinition
     sensors: list[SensorDefinition] = field(default_factory=list)
@@ -84,6 +88,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
         output=output,
         source_assets=sources,
         checks=checks,
+        freshness=freshness_check(pipeline, output.key),
         incremental_job=incremental,
         continuous_job=continuous,
         sensors=[
@@ -95,6 +100,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
                 [key for check in checks for key in check.check_keys],
                 partitions is not None,
             ),
+            live_state_sensor(pipeline, output.key, partitions is not None),
         ],
         schedules=[incremental_schedule(pipeline, incremental)],
     )

@@ -128,6 +128,12 @@ class Settings(BaseSettings):
         description="A continuous reader run ends after this long without a new split "
         "(0: runs until cancelled).",
     )
+    max_watermark_lag_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="The output's watermark_freshness check fails when a pipeline's watermark "
+        "is further behind now than this.",
+    )
     checkpoint_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Abort a checkpoint not acknowledged by then."
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from enumerator_service._enumerator import (
     SplitEnumerator,
     StaticFileEnumerator,
 )
+from enumerator_service._live_state import LiveState, live_state
 from enumerator_service._quarantine import QuarantinedSplit, quarantined
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions
 from enumerator_service._secrets import redact_url
@@ -171,11 +172,13 @@ class PlatformStatus:
     last_commit_at: datetime | None
     #: Poison splits quarantined as FAILED (oldest first, at most 1000).
     quarantined: list[QuarantinedSplit] = field(default_factory=list)
+    #: Watermark, lag, backlog, rows/s at the latest completed checkpoint.
+    live: LiveState | None = None
 
 
-def platform_status(platform: Platform, source: str) -> PlatformStatus:
-    """Splits by state, committed rows and dead letters of ``source``, and its last
-    checkpoint."""
+def platform_status(platform: Platform, source: str, now: datetime | None = None) -> PlatformStatus:
+    """Splits by state, committed rows and dead letters of ``source``, its last checkpoint
+    and its live state at ``now`` (default: the clock)."""
     reason = sa.func.split_part(dead_letters.c.reason, ":", 1)
     with platform.engine.connect() as conn:
         rows, dropped, last_commit = conn.execute(
@@ -197,6 +200,7 @@ def platform_status(platform: Platform, source: str) -> PlatformStatus:
             .order_by(checkpoints.c.triggered_at.desc(), checkpoints.c.checkpoint_id.desc())
             .limit(1)
         ).first()
+        live = live_state(conn, source, now or datetime.now(UTC))
     return PlatformStatus(
         source=source,
         splits=SplitStore(platform.engine).counts(source),
@@ -207,4 +211,5 @@ def platform_status(platform: Platform, source: str) -> PlatformStatus:
         last_checkpoint=dict(last._mapping) if last is not None else None,
         last_commit_at=last_commit,
         quarantined=quarantined(platform.engine, source),
+        live=live,
     )

@@ -138,7 +138,7 @@ def test_every_registered_pipeline_gets_its_asset_jobs_sensors_and_schedule(
         *(
             f"{p}_{kind}"
             for p in ("clickstream", "orders")
-            for kind in ("new_files", "continuous", "report_completions")
+            for kind in ("new_files", "continuous", "report_completions", "live_state")
         ),
     }
     assert isinstance(defs.resources["sluice"], SluiceResource)
