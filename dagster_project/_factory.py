@@ -8,13 +8,12 @@ from dagster import (
     AssetChecksDefinition,
     AssetKey,
     AssetsDefinition,
-    DailyPartitionsDefinition,
     JobDefinition,
     ScheduleDefinition,
     SensorDefinition,
 )
 
-from dagster_project.assets import output_asset, partitions_of
+from dagster_project.assets import DayPartitions, output_asset, partitions_of
 from dagster_project.checks import pipeline_checks
 from dagster_project.completions import report_completions_sensor
 from dagster_project.continuous import continuous_job, continuous_sensor
@@ -36,7 +35,7 @@ class PipelineDefinitions:
     here; the code location keeps one of each key)."""
 
     pipeline: Pipeline
-    partitions: DailyPartitionsDefinition | None
+    partitions: DayPartitions | None
     output: AssetsDefinition
     source_assets: list[AssetsDefinition]
     checks: list[AssetChecksDefinition]
@@ -98,7 +97,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
                 pipeline,
                 output.key,
                 [key for check in checks for key in check.check_keys],
-                partitions is not None,
+                partitions,
             ),
             live_state_sensor(pipeline, output.key, partitions is not None),
         ],

@@ -32,7 +32,6 @@ from dagster import (
     AssetKey,
     AssetRecordsFilter,
     DagsterInstance,
-    DailyPartitionsDefinition,
     Output,
     PreviewWarning,
     asset_check,
@@ -44,6 +43,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dagster_project._check_outcomes import CHECK_DESCRIPTIONS, check_names, outcomes_of
+from dagster_project.assets import DayPartitions
 from dagster_project.resources import SluiceResource
 from enumerator_service._safe_paths import partition_date
 from spark_jobs.pipeline import Pipeline
@@ -126,7 +126,7 @@ def _evaluate(
 
 
 def pipeline_checks(
-    pipeline: Pipeline, key: AssetKey, partitions: DailyPartitionsDefinition | None
+    pipeline: Pipeline, key: AssetKey, partitions: DayPartitions | None
 ) -> list[AssetChecksDefinition]:
     partitioned = partitions is not None
     keys = ", ".join(pipeline.plan.key or ())

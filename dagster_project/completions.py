@@ -52,6 +52,7 @@ from dagster import (
     DagsterInstance,
     DefaultSensorStatus,
     MetadataValue,
+    PartitionsDefinition,
     RunRequest,
     SensorDefinition,
     SensorEvaluationContext,
@@ -60,6 +61,7 @@ from dagster import (
     sensor,
 )
 
+from dagster_project._partitions import sync_partitions
 from dagster_project._runs import PIPELINE_TAG
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings
@@ -183,8 +185,8 @@ def report_completions(
     pipeline: Pipeline,
     settings: Settings,
     key: AssetKey,
+    partitions: PartitionsDefinition | None,
     *,
-    partitioned: bool,
     limit: int = REPORT_BATCH,
 ) -> tuple[list[PartitionCompletion], list[PartitionCompletion]]:
     """Report ``pipeline``'s unreported completions: (reported now, found reported already and
@@ -192,7 +194,10 @@ def report_completions(
     engine = open_platform(settings, migrate=False, pool_size=1).engine
     reported: list[PartitionCompletion] = []
     recovered: list[PartitionCompletion] = []
+    partitioned = partitions is not None
     try:
+        # Before the report: a completed day must be a partition for the UI to show it.
+        sync_partitions(instance, partitions, engine, pipeline.name)
         if not completions_table_exists(engine):
             return reported, recovered
         for completion in unreported_completions(engine, pipeline.name, limit):
@@ -214,11 +219,16 @@ def _describe(done: list[PartitionCompletion]) -> str:
 
 
 def report_completions_sensor(
-    pipeline: Pipeline, key: AssetKey, checks: list[AssetCheckKey], partitioned: bool
+    pipeline: Pipeline,
+    key: AssetKey,
+    checks: list[AssetCheckKey],
+    partitions: PartitionsDefinition | None,
 ) -> SensorDefinition:
-    """``<pipeline>_report_completions`` (running by default): each tick reports the newly
+    """``<pipeline>_report_completions`` (running by default): each tick adds the days
+    discovered to dynamic ``partitions`` (``_partitions.sync_partitions``), reports the newly
     complete partitions of the pipeline's output and requests their checks' runs (see the
     module's docstring)."""
+    partitioned = partitions is not None
 
     @sensor(
         name=f"{pipeline.name}_report_completions",
@@ -231,7 +241,7 @@ def report_completions_sensor(
         context: SensorEvaluationContext, sluice: SluiceResource
     ) -> SensorResult | SkipReason:
         reported, recovered = report_completions(
-            context.instance, pipeline, sluice.settings(), key, partitioned=partitioned
+            context.instance, pipeline, sluice.settings(), key, partitions
         )
         if not reported and not recovered:
             return SkipReason("no newly complete partition")

@@ -137,6 +137,12 @@ class Settings(BaseSettings):
     checkpoint_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Abort a checkpoint not acknowledged by then."
     )
+    dagster_partitions: Literal["daily", "discovered"] = Field(
+        default="daily",
+        description="The partitions Dagster offers for a day-partitioned output: daily from "
+        "the pipeline's start_date (else its earliest landing day), or discovered: the days "
+        "that have input (dynamic partitions, added as files are discovered).",
+    )
     checkpointing_mode: Literal["EXACTLY_ONCE", "AT_LEAST_ONCE"] = Field(
         default="EXACTLY_ONCE",
         description="EXACTLY_ONCE: aligned, two-phase commit. AT_LEAST_ONCE: no alignment, "

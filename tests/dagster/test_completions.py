@@ -21,7 +21,9 @@ from dagster import (
     AssetRecordsFilter,
     AssetSelection,
     DagsterInstance,
+    DailyPartitionsDefinition,
     Definitions,
+    DynamicPartitionsDefinition,
     RunRequest,
     SensorResult,
     SkipReason,
@@ -33,10 +35,12 @@ from sluice_resource import resource_for
 
 import dagster_project.completions as completions
 from dagster_project import PipelineDefinitions
+from enumerator_service import FileSplit, SplitStore
 from enumerator_service._operations import Platform, open_platform
 
 MakeSettings = Callable[..., TestSettings]
 DAYS = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)]
+CHECKS = ["unique_key", "rows_reconcile", "dead_letter_ratio", "no_quarantined_splits"]
 
 
 class Reporting:
@@ -131,12 +135,7 @@ def test_each_completed_partition_is_reported_once_with_its_checks(reporting: Re
     reporting.run_checks(requests)
     for day in DAYS:
         checks = reporting.checks_of(day)
-        assert set(checks) == {
-            "unique_key",
-            "rows_reconcile",
-            "dead_letter_ratio",
-            "no_quarantined_splits",
-        }
+        assert set(checks) == set(CHECKS)
         assert all(c.status.value == "SUCCEEDED" for c in checks.values()), checks
         # Each evaluation checked the reported materialisation.
         (record,) = reporting.instance.fetch_materializations(
@@ -256,3 +255,45 @@ def test_dagster_resolves_the_checks_run_request(reporting: Reporting) -> None:
     }
     job = definitions.resolve_implicit_global_asset_job_def()
     assert job.partitions_def is not None
+
+
+def test_discovered_partitions_are_the_days_with_input(make_settings: MakeSettings) -> None:
+    """``SLUICE_DAGSTER_PARTITIONS=discovered``: the output's partitions are the days that
+    have splits or completions, added by the reporter's tick (in date order), not every day
+    since a start date; the checks' run of a reported day runs on that dynamic partition."""
+    settings = make_settings(dagster_partitions="discovered")
+    platform = open_platform(settings)
+    create_completions_table(platform.engine)
+    try:
+        with DagsterInstance.ephemeral() as instance:
+            reporting = Reporting(settings, platform, instance)
+            partitions = reporting.built.partitions
+            assert isinstance(partitions, DynamicPartitionsDefinition)
+            assert partitions.name == f"{reporting.source}_days"
+            assert {c.partitions_def for c in reporting.built.checks} == {partitions}
+            folder = settings.landing_path
+            SplitStore(platform.engine).register(
+                [
+                    FileSplit(reporting.source, "jsonl", f"{folder}/dt={day}/a.jsonl", 0, None, day)
+                    for day in (DAYS[2], DAYS[0])
+                ]
+            )
+            assert reporting.tick() == []
+            assert instance.get_dynamic_partitions(partitions.name) == ["2026-01-01", "2026-01-03"]
+            reporting.complete(DAYS[1])  # a day completed with no split left (e.g. pruned)
+            requests = reporting.tick()
+            assert instance.get_dynamic_partitions(partitions.name) == [
+                "2026-01-01",
+                "2026-01-03",
+                "2026-01-02",
+            ]
+            assert instance.get_materialized_partitions(reporting.key) == {"2026-01-02"}
+            reporting.run_checks(requests)
+            assert set(reporting.checks_of(DAYS[1])) == set(CHECKS)
+    finally:
+        platform.close()
+
+
+def test_daily_partitions_stay_the_default(reporting: Reporting) -> None:
+    assert isinstance(reporting.built.partitions, DailyPartitionsDefinition)
+    assert reporting.built.partitions.get_first_partition_key() == "2026-01-01"
