@@ -22,6 +22,11 @@ could never be checked again. A run per completed partition costs a run, and giv
 evaluation its run, logs and retry in the UI; its run key makes Dagster drop a repeated
 request (a tick re-run after a crash).
 
+A day completed by a run that materialises the output asset itself (a launch or backfill
+from the UI, Sluice run ``dagster-<run id>``) is not reported a second time: once that run
+has succeeded its own materialisation is the report (and its checks ran with it), so the row
+is only marked; while it runs, the row waits; if it failed, the row is reported as above.
+
 Exactly once: a crash between Postgres's commit and step 1 leaves the row unreported, so the
 next tick reports it. A crash between step 1 and step 3 leaves a materialisation in Dagster
 and the row unmarked: before reporting a row the tick looks in the event log for a
@@ -41,6 +46,7 @@ database engine.
 
 # No "from __future__ import annotations": Dagster inspects the context annotations.
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
@@ -49,7 +55,10 @@ from dagster import (
     AssetMaterialization,
     AssetRecordsFilter,
     AssetSelection,
+    DagsterEventType,
     DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
     DefaultSensorStatus,
     MetadataValue,
     PartitionsDefinition,
@@ -79,6 +88,7 @@ __all__ = [
     "PARTITION_TAG",
     "REPORT_BATCH",
     "SOURCE_TAG",
+    "Reported",
     "checks_run_request",
     "completion_materialization",
     "completion_tags",
@@ -180,6 +190,52 @@ def checks_run_request(
     )
 
 
+@dataclass
+class Reported:
+    """What one pass of the reporter did with each unreported completion."""
+
+    #: Reported now (a runless materialisation): their checks' runs are requested.
+    reported: list[PartitionCompletion] = field(default_factory=list)
+    #: Their report was in the event log already (a crash before the mark): marked, checks
+    #: requested again (same run key).
+    recovered: list[PartitionCompletion] = field(default_factory=list)
+    #: Completed by a run that materialised the output asset itself (a launch or backfill
+    #: from the UI): its materialisation is the report and its checks ran with it; marked.
+    by_asset_run: list[PartitionCompletion] = field(default_factory=list)
+    #: Completed by an asset run still in progress: left for a later tick (its own
+    #: materialisation comes at its end).
+    waiting: list[PartitionCompletion] = field(default_factory=list)
+
+    @property
+    def checked(self) -> list[PartitionCompletion]:
+        return [*self.recovered, *self.reported]
+
+    def __bool__(self) -> bool:
+        return bool(self.reported or self.recovered or self.by_asset_run or self.waiting)
+
+
+def _asset_run(instance: DagsterInstance, key: AssetKey, run_id: str) -> DagsterRun | None:
+    """The Dagster run behind Sluice run ``run_id`` when it materialises ``key`` (an asset
+    launch or backfill; ``sluice_run_id`` names those ``dagster-<run id>``), else None."""
+    if not run_id.startswith("dagster-"):
+        return None
+    run = instance.get_run_by_id(run_id.removeprefix("dagster-"))
+    if run is None:
+        return None
+    if run.asset_selection:
+        return run if key in run.asset_selection else None
+    # A run of a whole asset job selects nothing (None, or empty): its plan says what it
+    # materialises.
+    planned = instance.get_records_for_run(
+        run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+    ).records
+    for record in planned:
+        event = record.event_log_entry.dagster_event
+        if event is not None and event.asset_key == key:
+            return run
+    return None
+
+
 def report_completions(
     instance: DagsterInstance,
     pipeline: Pipeline,
@@ -188,30 +244,35 @@ def report_completions(
     partitions: PartitionsDefinition | None,
     *,
     limit: int = REPORT_BATCH,
-) -> tuple[list[PartitionCompletion], list[PartitionCompletion]]:
-    """Report ``pipeline``'s unreported completions: (reported now, found reported already and
-    only marked). Both empty without ``partition_completions`` (its migration not yet applied)."""
+) -> Reported:
+    """Report ``pipeline``'s unreported completions (none without ``partition_completions``:
+    its migration not yet applied)."""
     engine = open_platform(settings, migrate=False, pool_size=1).engine
-    reported: list[PartitionCompletion] = []
-    recovered: list[PartitionCompletion] = []
+    done = Reported()
     partitioned = partitions is not None
     try:
         # Before the report: a completed day must be a partition for the UI to show it.
         sync_partitions(instance, partitions, engine, pipeline.name)
         if not completions_table_exists(engine):
-            return reported, recovered
+            return done
         for completion in unreported_completions(engine, pipeline.name, limit):
-            if is_reported(instance, key, completion, partitioned):
-                recovered.append(completion)
+            run = _asset_run(instance, key, completion.run_id)
+            if run is not None and not run.is_finished:
+                done.waiting.append(completion)
+                continue
+            if run is not None and run.status == DagsterRunStatus.SUCCESS:
+                done.by_asset_run.append(completion)
+            elif is_reported(instance, key, completion, partitioned):
+                done.recovered.append(completion)
             else:
                 instance.report_runless_asset_event(
                     completion_materialization(key, completion, partitioned)
                 )
-                reported.append(completion)
+                done.reported.append(completion)
             mark_reported(engine, completion)
     finally:
         engine.dispose()
-    return reported, recovered
+    return done
 
 
 def _describe(done: list[PartitionCompletion]) -> str:
@@ -240,18 +301,20 @@ def report_completions_sensor(
     def _sensor(
         context: SensorEvaluationContext, sluice: SluiceResource
     ) -> SensorResult | SkipReason:
-        reported, recovered = report_completions(
-            context.instance, pipeline, sluice.settings(), key, partitions
-        )
-        if not reported and not recovered:
+        done = report_completions(context.instance, pipeline, sluice.settings(), key, partitions)
+        if not done:
             return SkipReason("no newly complete partition")
-        if reported:
-            context.log.info(f"reported complete: {_describe(reported)}")
-        if recovered:
-            context.log.info(f"already in Dagster, marked: {_describe(recovered)}")
-        requests = [
-            checks_run_request(pipeline, checks, c, partitioned) for c in [*recovered, *reported]
-        ]
-        return SensorResult(run_requests=requests if checks else [])
+        for what, completions in (
+            ("reported complete", done.reported),
+            ("already in Dagster, marked", done.recovered),
+            ("materialised by their asset run, marked", done.by_asset_run),
+            ("waiting for their asset run to end", done.waiting),
+        ):
+            if completions:
+                context.log.info(f"{what}: {_describe(completions)}")
+        requests = [checks_run_request(pipeline, checks, c, partitioned) for c in done.checked]
+        if not requests or not checks:
+            return SkipReason("no completion to check (see the tick's log)")
+        return SensorResult(run_requests=requests)
 
     return _sensor

@@ -21,15 +21,20 @@ from dagster import (
     AssetRecordsFilter,
     AssetSelection,
     DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
     DailyPartitionsDefinition,
     Definitions,
     DynamicPartitionsDefinition,
+    MaterializeResult,
     RunRequest,
     SensorResult,
     SkipReason,
+    asset,
     build_sensor_context,
     materialize,
 )
+from dagster._core.utils import make_new_run_id
 from dagster_support import demo_definitions, sensor_named, sensor_tick
 from sluice_resource import resource_for
 
@@ -49,14 +54,17 @@ class Reporting:
         self.built: PipelineDefinitions = demo_definitions(settings)
         self.key: AssetKey = self.built.output.key
         self.source = self.built.pipeline.name
+        #: The last tick's skip message (None: it requested runs).
+        self.skipped: str | None = None
 
     def tick(self) -> list[RunRequest]:
         """One tick; the checks' runs it requests (a skipped tick: none)."""
         sensor = sensor_named(self.built, "report_completions")
         result, _ = sensor_tick(sensor, resource_for(self.settings), instance=self.instance)
         if isinstance(result, SkipReason):
-            assert result.skip_message == "no newly complete partition"
+            self.skipped = result.skip_message
             return []
+        self.skipped = None
         assert isinstance(result, SensorResult)
         return list(result.run_requests or [])
 
@@ -110,6 +118,7 @@ def reporting(make_settings: MakeSettings) -> Iterator[Reporting]:
 
 def test_each_completed_partition_is_reported_once_with_its_checks(reporting: Reporting) -> None:
     assert reporting.tick() == []
+    assert reporting.skipped == "no newly complete partition"
     for day in DAYS:
         reporting.complete(day)
     requests = reporting.tick()
@@ -297,3 +306,38 @@ def test_discovered_partitions_are_the_days_with_input(make_settings: MakeSettin
 def test_daily_partitions_stay_the_default(reporting: Reporting) -> None:
     assert isinstance(reporting.built.partitions, DailyPartitionsDefinition)
     assert reporting.built.partitions.get_first_partition_key() == "2026-01-01"
+
+
+def test_a_day_its_own_asset_run_materialised_is_not_reported_again(
+    reporting: Reporting,
+) -> None:
+    """A launch or backfill of the output asset materialises the days it completes itself:
+    once it succeeded the reporter only marks them; while it runs they wait."""
+    partitions = reporting.built.partitions
+
+    @asset(name=reporting.source, partitions_def=partitions)
+    def stand_in() -> MaterializeResult[None]:  # the output asset's run, without Spark
+        return MaterializeResult(metadata={"rows_out": 100})
+
+    result = materialize([stand_in], partition_key=DAYS[0].isoformat(), instance=reporting.instance)
+    reporting.complete(DAYS[0], run_id=f"dagster-{result.run_id}")
+    running = DagsterRun(
+        job_name="__ASSET_JOB",
+        run_id=make_new_run_id(),
+        status=DagsterRunStatus.STARTED,
+        asset_selection=frozenset({reporting.key}),
+    )
+    reporting.instance.add_run(running)
+    reporting.complete(DAYS[1], run_id=f"dagster-{running.run_id}")
+
+    assert reporting.tick() == []
+    assert reporting.skipped == "no completion to check (see the tick's log)"
+    assert len(reporting.materializations(DAYS[0])) == 1  # the run's own
+    assert reporting.materializations(DAYS[1]) == []
+    marks = reported_at(reporting.platform.engine, reporting.source)
+    assert marks[DAYS[0], 1] is not None and marks[DAYS[1], 1] is None
+    # The run fails after its commit: the day is reported like any other.
+    reporting.instance.report_run_failed(running)
+    (request,) = reporting.tick()
+    assert request.tags["dagster/partition"] == "2026-01-02"
+    assert len(reporting.materializations(DAYS[1])) == 1
