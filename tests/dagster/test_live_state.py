@@ -25,6 +25,7 @@ from dagster import (
     build_sensor_context,
 )
 from dagster_support import demo_definitions
+from rich.console import Console
 from sluice_resource import resource_for
 
 from dagster_project import PipelineDefinitions
@@ -33,7 +34,7 @@ from enumerator_service import FileSplit, SplitStore
 from enumerator_service._live_state import live_state
 from enumerator_service._operations import Platform, open_platform, platform_status
 from enumerator_service._schema import checkpoints, sink_transactions, splits
-from spark_jobs.cli._render import status_json
+from spark_jobs.cli._render import status_json, status_table
 
 MakeSettings = Callable[..., TestSettings]
 T0 = datetime(2026, 1, 3, 12, 0, tzinfo=UTC)
@@ -157,6 +158,12 @@ def test_live_state_at_the_latest_completed_checkpoint(pipeline: Pipeline) -> No
     assert live["watermark_lag_seconds"] == 7200.0
     assert live["backlog_splits"] == 4 and live["last_checkpoint_seconds"] == 4.0
     json.dumps(live)  # plain values
+    console = Console(record=True, width=200)
+    console.print(status_table(status))
+    text = console.export_text()
+    assert "2026-01-03 10:00:00 (lag 7,200s)" in text
+    assert "4 splits, oldest waiting 129,600s" in text
+    assert "57.7 rows/s; last checkpoint took 4.0s" in text
 
 
 class Clock:
