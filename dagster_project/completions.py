@@ -6,8 +6,8 @@ the checkpoint transaction that completed it. The pipeline's ``<pipeline>_report
 sensor turns each row it has not reported (``reported_at`` NULL) into
 
 1. an ``AssetMaterialization`` of that partition of the output asset, runless, tagged
-   ``sluice/source`` and ``sluice/generation`` (metadata: rows, dead letters, late records,
-   watermark, generation, run and checkpoint), then
+   ``sluice/source``, ``sluice/partition`` and ``sluice/generation`` (metadata: rows, dead
+   letters, late records, watermark, generation, run and checkpoint), then
 2. the row's ``reported_at`` mark, and
 3. a request for a run of the output's asset checks for that partition, run key
    ``<pipeline>:checks:<day>:g<generation>`` (the checks attribute their evaluations to the
@@ -28,9 +28,9 @@ has succeeded its own materialisation is the report (and its checks ran with it)
 is only marked; while it runs, the row waits; if it failed, the row is reported as above.
 
 Exactly once: a crash between Postgres's commit and step 1 leaves the row unreported, so the
-next tick reports it. A crash between step 1 and step 3 leaves a materialisation in Dagster
+next tick reports it. A crash between step 1 and step 2 leaves a materialisation in Dagster
 and the row unmarked: before reporting a row the tick looks in the event log for a
-materialisation of that partition carrying the row's source and generation tags, and finds
+materialisation of that partition carrying the row's three tags, and finds
 it, so it only marks the row and requests the checks' run again (the same run key: Dagster
 launches it once). A daemon that dies after the tick returned and before it submitted the
 requested runs loses the checks' run of those partitions (the rows are marked): the UI can
