@@ -8,8 +8,9 @@ No ``__init__.py`` in this folder on purpose (see test_definitions.py).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 import pytest
@@ -36,6 +37,9 @@ from dagster import (
 )
 from dagster._core.utils import make_new_run_id
 from dagster_support import demo_definitions, sensor_named, sensor_tick
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from sluice_resource import resource_for
 
 import dagster_project.completions as completions
@@ -56,6 +60,8 @@ class Reporting:
         self.source = self.built.pipeline.name
         #: The last tick's skip message (None: it requested runs).
         self.skipped: str | None = None
+        #: Hypothesis examples run on this instance so far.
+        self.examples = 0
 
     def tick(self) -> list[RunRequest]:
         """One tick; the checks' runs it requests (a skipped tick: none)."""
@@ -341,3 +347,66 @@ def test_a_day_its_own_asset_run_materialised_is_not_reported_again(
     (request,) = reporting.tick()
     assert request.tags["dagster/partition"] == "2026-01-02"
     assert len(reporting.materializations(DAYS[1])) == 1
+
+
+#: One step of a reporter's life: a checkpoint completes a day (its next generation), or a
+#: tick runs to its end, or dies after its report and before the mark, or before its report.
+Step = tuple[str, int]
+CRASHES = {
+    "crash_before_mark": "mark_reported",
+    "crash_before_report": "completion_materialization",
+}
+STEPS = st.one_of(
+    st.tuples(st.just("complete"), st.integers(0, 2)),
+    st.tuples(st.sampled_from(["tick", "crash_before_mark", "crash_before_report"]), st.just(0)),
+)
+
+
+@hypothesis_settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(steps=st.lists(STEPS, max_size=12))
+def test_any_order_of_completions_ticks_and_crashes_reports_each_generation_once(
+    reporting: Reporting, steps: list[Step]
+) -> None:
+    """Whatever the order of completions, ticks and crashes: never two reports of a
+    (day, generation), and after a clean tick every completion is reported and marked."""
+    # Each example gets days of its own (the database and instance outlive an example).
+    base = date(2026, 2, 1) + timedelta(days=3 * reporting.examples)
+    reporting.examples += 1
+    generations = [0, 0, 0]
+    for action, index in steps:
+        if action == "complete":
+            generations[index] += 1
+            reporting.complete(base + timedelta(days=index), generations[index])
+            continue
+        with pytest.MonkeyPatch.context() as patch:
+            if action in CRASHES:
+                patch.setattr(completions, CRASHES[action], _die)
+            # (A tick with nothing to report does not reach the crash.)
+            with contextlib.suppress(SystemExit):
+                reporting.tick()
+        _assert_never_twice(reporting, base)
+    reporting.tick()
+    _assert_never_twice(reporting, base)
+    for index, last in enumerate(generations):
+        day = base + timedelta(days=index)
+        reported = sorted(int(e.tags["sluice/generation"]) for e in reporting.materializations(day))
+        assert reported == list(range(1, last + 1))
+    marks = reported_at(reporting.platform.engine, reporting.source)
+    assert all(when is not None for (day, _), when in marks.items() if day >= base)
+
+
+def _die(*args: Any) -> None:
+    raise SystemExit("killed")
+
+
+def _assert_never_twice(reporting: Reporting, base: date) -> None:
+    for index in range(3):
+        tags = [
+            e.tags["sluice/generation"]
+            for e in reporting.materializations(base + timedelta(days=index))
+        ]
+        assert len(tags) == len(set(tags)), tags
