@@ -9,7 +9,9 @@ discovered after a later one is listed after it).
 
 Called by ``<pipeline>_report_completions`` before it reports (a completed day must exist as
 a partition before its materialisation shows in the partition status). Opens its own
-connections; runs on the sensor thread.
+connections; runs on the sensor thread. Each call reads the distinct days of the source's
+splits (an index scan of ``(source, status, partition_key)``): fine for thousands of days;
+a cursor of the days already synced would bound it for sources with millions of splits.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ def sync_partitions(
     only: a daily or no partitioning has nothing to add); the keys added."""
     if not isinstance(partitions, DynamicPartitionsDefinition) or partitions.name is None:
         return []
-    query: sa.Select[tuple[object]] | sa.CompoundSelect[tuple[object]] = sa.select(
-        splits.c.partition_key
-    ).where(splits.c.source == source, splits.c.partition_key.is_not(None))
+    query: sa.Select[tuple[object]] | sa.CompoundSelect[tuple[object]] = (
+        sa.select(splits.c.partition_key)
+        .where(splits.c.source == source, splits.c.partition_key.is_not(None))
+        .distinct()
+    )
     if completions_table_exists(engine):
         query = sa.union(
             query,
