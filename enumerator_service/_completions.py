@@ -35,7 +35,9 @@ from sqlalchemy import (
 from enumerator_service._schema import SCHEMA
 
 __all__ = [
+    "CompletionCounts",
     "PartitionCompletion",
+    "completion_counts",
     "completions_metadata",
     "completions_table_exists",
     "mark_reported",
@@ -119,3 +121,31 @@ def mark_reported(engine: sa.Engine, completion: PartitionCompletion) -> bool:
             .values(reported_at=sa.func.now())
         )
     return done.rowcount == 1
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionCounts:
+    """How many of a source's partitions are complete, and how many completions Dagster has
+    not been told of yet (``sluice status``)."""
+
+    partitions: int
+    generations: int
+    unreported: int
+
+
+def completion_counts(conn: sa.Connection, source: str) -> CompletionCounts | None:
+    """``source``'s completion counts; None before the completions table exists."""
+    exists = conn.execute(
+        sa.text("SELECT to_regclass(:name)"), {"name": f"{SCHEMA}.partition_completions"}
+    ).scalar()
+    if exists is None:
+        return None
+    t = partition_completions
+    partitions, generations, unreported = conn.execute(
+        sa.select(
+            sa.func.count(sa.distinct(t.c.partition_key)),
+            sa.func.count(),
+            sa.func.count().filter(t.c.reported_at.is_(None)),
+        ).where(t.c.source == source)
+    ).one()
+    return CompletionCounts(int(partitions), int(generations), int(unreported))

@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from enumerator_service._completions import CompletionCounts, completion_counts
 from enumerator_service._config import ConfigError, Settings
 from enumerator_service._database import (
     connect_engine,
@@ -174,6 +175,8 @@ class PlatformStatus:
     quarantined: list[QuarantinedSplit] = field(default_factory=list)
     #: Watermark, lag, backlog, rows/s at the latest completed checkpoint.
     live: LiveState | None = None
+    #: Complete partitions and completions not yet reported to Dagster (None: no table yet).
+    completions: CompletionCounts | None = None
 
 
 def platform_status(platform: Platform, source: str, now: datetime | None = None) -> PlatformStatus:
@@ -201,6 +204,7 @@ def platform_status(platform: Platform, source: str, now: datetime | None = None
             .limit(1)
         ).first()
         live = live_state(conn, source, now or datetime.now(UTC))
+        completions = completion_counts(conn, source)
     return PlatformStatus(
         source=source,
         splits=SplitStore(platform.engine).counts(source),
@@ -212,4 +216,5 @@ def platform_status(platform: Platform, source: str, now: datetime | None = None
         last_commit_at=last_commit,
         quarantined=quarantined(platform.engine, source),
         live=live,
+        completions=completions,
     )

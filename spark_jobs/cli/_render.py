@@ -111,6 +111,12 @@ def status_table(status: PlatformStatus) -> Table:
         if last
         else "none",
     )
+    done = status.completions
+    if done is not None:
+        waiting = f" ({done.unreported:,} not yet reported to Dagster)" if done.unreported else ""
+        reopened = done.generations - done.partitions
+        again = f", {reopened:,} completed again" if reopened else ""
+        table.add_row("partitions complete", f"{done.partitions:,}{again}{waiting}")
     live = status.live
     if live is not None and live.run_id is not None:
         table.add_row("watermark", _watermark_line(live))
@@ -157,6 +163,13 @@ def status_json(statuses: list[PlatformStatus]) -> dict[str, Any]:
             ],
             "last_commit_at": status.last_commit_at.isoformat() if status.last_commit_at else None,
             "live": status.live.to_json() if status.live is not None else None,
+            "completions": None
+            if status.completions is None
+            else {
+                "partitions": status.completions.partitions,
+                "generations": status.completions.generations,
+                "unreported": status.completions.unreported,
+            },
             "last_checkpoint": None
             if last is None
             else {

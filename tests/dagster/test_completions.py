@@ -40,12 +40,20 @@ from dagster_support import demo_definitions, sensor_named, sensor_tick
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from rich.console import Console
 from sluice_resource import resource_for
 
 import dagster_project.completions as completions
 from dagster_project import PipelineDefinitions
 from enumerator_service import FileSplit, SplitStore
-from enumerator_service._operations import Platform, open_platform
+from enumerator_service._completions import CompletionCounts
+from enumerator_service._operations import (
+    Platform,
+    PlatformStatus,
+    open_platform,
+    platform_status,
+)
+from spark_jobs.cli._render import status_table
 
 MakeSettings = Callable[..., TestSettings]
 DAYS = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)]
@@ -127,22 +135,33 @@ def test_each_completed_partition_is_reported_once_with_its_checks(reporting: Re
     assert reporting.skipped == "no newly complete partition"
     for day in DAYS:
         reporting.complete(day)
+    reporting.complete(DAYS[0], generation=2)
+    assert status_of(reporting).completions == CompletionCounts(3, 4, 4)
     requests = reporting.tick()
-    assert [r.run_key for r in requests] == [f"{reporting.source}:checks:{day}:g1" for day in DAYS]
+    # In the order they completed (generation 2 of day 1 before day 2 completed).
+    assert [r.run_key.removeprefix(reporting.source) for r in requests] == [
+        ":checks:2026-01-01:g1",
+        ":checks:2026-01-01:g2",
+        ":checks:2026-01-02:g1",
+        ":checks:2026-01-03:g1",
+    ]
+    assert status_of(reporting).completions == CompletionCounts(3, 4, 0)
+    text = status_text(status_of(reporting))
+    assert "partitions complete" in text and "3, 1 completed again" in text
     assert reporting.instance.get_materialized_partitions(reporting.key) == {
         d.isoformat() for d in DAYS
     }
-    (event,) = reporting.materializations(DAYS[0])
+    (event,) = reporting.materializations(DAYS[1])
     assert event.tags == {
         "sluice/source": reporting.source,
-        "sluice/partition": "2026-01-01",
+        "sluice/partition": "2026-01-02",
         "sluice/generation": "1",
     }
     metadata = {k: v.value for k, v in event.metadata.items()}
     assert metadata["rows"] == 100 and metadata["dead_letters"] == 2
     assert metadata["late_records"] == 0 and metadata["generation"] == 1
     assert metadata["run_id"] == "run-1" and metadata["checkpoint_id"] == 3
-    assert metadata["watermark"] == pytest.approx(1767312001.0)  # 2026-01-02T00:00:01Z
+    assert metadata["watermark"] == pytest.approx(1767398401.0)  # 2026-01-03T00:00:01Z
     assert all(
         when is not None
         for when in reported_at(reporting.platform.engine, reporting.source).values()
@@ -164,7 +183,7 @@ def test_each_completed_partition_is_reported_once_with_its_checks(reporting: Re
         assert targets == {record.storage_id}
     # A second tick reports nothing again.
     assert reporting.tick() == []
-    assert all(len(reporting.materializations(day)) == 1 for day in DAYS)
+    assert [len(reporting.materializations(day)) for day in DAYS] == [2, 1, 1]
 
 
 def test_a_crash_after_the_report_and_before_the_mark_is_not_reported_twice(
@@ -410,3 +429,13 @@ def _assert_never_twice(reporting: Reporting, base: date) -> None:
             for e in reporting.materializations(base + timedelta(days=index))
         ]
         assert len(tags) == len(set(tags)), tags
+
+
+def status_of(reporting: Reporting) -> PlatformStatus:
+    return platform_status(reporting.platform, reporting.source)
+
+
+def status_text(status: PlatformStatus) -> str:
+    console = Console(record=True, width=200)
+    console.print(status_table(status))
+    return console.export_text()

@@ -153,6 +153,8 @@ def test_live_state_at_the_latest_completed_checkpoint(pipeline: Pipeline) -> No
     )
 
     status = platform_status(pipeline.platform, pipeline.source, now=T0)
+    assert status.completions is None  # before the completions table exists
+    assert status_json([status])["pipelines"][pipeline.source]["completions"] is None
     live = status_json([status])["pipelines"][pipeline.source]["live"]
     assert live["watermark"] == (T0 - timedelta(hours=2)).isoformat()
     assert live["watermark_lag_seconds"] == 7200.0
