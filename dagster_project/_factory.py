@@ -8,16 +8,17 @@ from dagster import (
     AssetChecksDefinition,
     AssetKey,
     AssetsDefinition,
-    DailyPartitionsDefinition,
     JobDefinition,
     ScheduleDefinition,
     SensorDefinition,
 )
 
-from dagster_project.assets import output_asset, partitions_of
+from dagster_project.assets import DayPartitions, output_asset, partitions_of
 from dagster_project.checks import pipeline_checks
+from dagster_project.completions import report_completions_sensor
 from dagster_project.continuous import continuous_job, continuous_sensor
 from dagster_project.jobs import incremental_job
+from dagster_project.live import freshness_check, live_state_sensor
 from dagster_project.observations import landing_asset, table_asset
 from dagster_project.schedules import incremental_schedule
 from dagster_project.sensors import new_files_sensor
@@ -34,10 +35,13 @@ class PipelineDefinitions:
     here; the code location keeps one of each key)."""
 
     pipeline: Pipeline
-    partitions: DailyPartitionsDefinition | None
+    partitions: DayPartitions | None
     output: AssetsDefinition
     source_assets: list[AssetsDefinition]
     checks: list[AssetChecksDefinition]
+    #: ``watermark_freshness``: unpartitioned, evaluated by the live-state sensor (not with
+    #: each partition's materialisation, unlike ``checks``).
+    freshness: AssetChecksDefinition
     incremental_job: JobDefinition
     continuous_job: JobDefinition
     sensors: list[SensorDefinition] = field(default_factory=list)
@@ -74,6 +78,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
             if key not in deps:
                 deps.append(key)
     output = output_asset(pipeline, partitions, deps)
+    checks = pipeline_checks(pipeline, output.key, partitions)
     incremental = incremental_job(pipeline)
     continuous = continuous_job(pipeline)
     return PipelineDefinitions(
@@ -81,12 +86,20 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
         partitions=partitions,
         output=output,
         source_assets=sources,
-        checks=pipeline_checks(pipeline, output.key, partitions),
+        checks=checks,
+        freshness=freshness_check(pipeline, output.key),
         incremental_job=incremental,
         continuous_job=continuous,
         sensors=[
             new_files_sensor(pipeline, incremental),
             continuous_sensor(pipeline, continuous),
+            report_completions_sensor(
+                pipeline,
+                output.key,
+                [key for check in checks for key in check.check_keys],
+                partitions,
+            ),
+            live_state_sensor(pipeline, output.key, partitions is not None),
         ],
         schedules=[incremental_schedule(pipeline, incremental)],
     )

@@ -21,6 +21,7 @@ from dagster import (
     BackfillPolicy,
     BetaWarning,
     DailyPartitionsDefinition,
+    DynamicPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -34,7 +35,17 @@ from enumerator_service._safe_paths import partition_date
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._paths import landing_path, output_path
 
-__all__ = ["output_asset", "output_location", "partition_days", "partitions_of"]
+__all__ = [
+    "DayPartitions",
+    "output_asset",
+    "output_location",
+    "partition_days",
+    "partitions_name",
+    "partitions_of",
+]
+
+#: A day-partitioned output's partitions: every day from a start, or the days discovered.
+DayPartitions = DailyPartitionsDefinition | DynamicPartitionsDefinition
 
 _PARTITIONS: dict[str, DailyPartitionsDefinition] = {}
 
@@ -51,12 +62,25 @@ def _earliest_day(landing: Path) -> date | None:
     return min(days, default=None)
 
 
-def partitions_of(pipeline: Pipeline, settings: Settings) -> DailyPartitionsDefinition | None:
-    """The daily partitions of a day-partitioned pipeline (None otherwise): from its
-    ``start_date``, else from the earliest ``dt=`` folder of its landing folder when the code
-    location loads, else today. The same object for every asset of the pipeline."""
+def partitions_name(pipeline: Pipeline) -> str:
+    """The name of a pipeline's dynamic partitions (``SLUICE_DAGSTER_PARTITIONS=discovered``)."""
+    return f"{pipeline.name}_days"
+
+
+def partitions_of(pipeline: Pipeline, settings: Settings) -> DayPartitions | None:
+    """The partitions of a day-partitioned pipeline (None otherwise), the same object for
+    every asset of the pipeline.
+
+    ``SLUICE_DAGSTER_PARTITIONS=daily`` (default): daily from its ``start_date``, else from
+    the earliest ``dt=`` folder of its landing folder when the code location loads, else today.
+    ``discovered``: dynamic partitions ``<pipeline>_days``, the days that have splits (added by
+    ``<pipeline>_report_completions``, see ``_partitions.sync_partitions``): the UI offers
+    the days the data has, not every day since a start date.
+    """
     if not pipeline.plan.source.partitioned:
         return None
+    if settings.dagster_partitions == "discovered":
+        return DynamicPartitionsDefinition(name=partitions_name(pipeline))
     known = _PARTITIONS.get(pipeline.name)
     if known is None:
         start = pipeline.plan.source.start_date or _earliest_day(landing_path(pipeline, settings))
@@ -84,7 +108,7 @@ def output_location(pipeline: Pipeline, settings: Settings, days: Sequence[date]
 
 
 def output_asset(
-    pipeline: Pipeline, partitions: DailyPartitionsDefinition | None, deps: Sequence[AssetKey]
+    pipeline: Pipeline, partitions: DayPartitions | None, deps: Sequence[AssetKey]
 ) -> AssetsDefinition:
     """The asset ``pipeline.name``: the pipeline's output."""
     kinds = {"spark", pipeline.plan.sink.kind}

@@ -82,7 +82,7 @@ def pipelines_definitions(resources: dict[str, Any]) -> Definitions:
         for definition in [*built.source_assets, built.output]:
             for key in definition.keys:
                 assets.setdefault(key, definition)  # a table several pipelines read: once
-        checks += built.checks
+        checks += [*built.checks, built.freshness]
         jobs += built.jobs
         sensors += built.sensors
         schedules += built.schedules

@@ -128,8 +128,20 @@ class Settings(BaseSettings):
         description="A continuous reader run ends after this long without a new split "
         "(0: runs until cancelled).",
     )
+    max_watermark_lag_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="The output's watermark_freshness check fails when a pipeline's watermark "
+        "is further behind now than this.",
+    )
     checkpoint_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Abort a checkpoint not acknowledged by then."
+    )
+    dagster_partitions: Literal["daily", "discovered"] = Field(
+        default="daily",
+        description="The partitions Dagster offers for a day-partitioned output: daily from "
+        "the pipeline's start_date (else its earliest landing day), or discovered: the days "
+        "that have input (dynamic partitions, added as files are discovered).",
     )
     checkpointing_mode: Literal["EXACTLY_ONCE", "AT_LEAST_ONCE"] = Field(
         default="EXACTLY_ONCE",

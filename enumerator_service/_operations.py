@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from enumerator_service._completions import CompletionCounts, completion_counts
 from enumerator_service._config import ConfigError, Settings
 from enumerator_service._database import (
     connect_engine,
@@ -29,6 +30,7 @@ from enumerator_service._enumerator import (
     SplitEnumerator,
     StaticFileEnumerator,
 )
+from enumerator_service._live_state import LiveState, live_state
 from enumerator_service._quarantine import QuarantinedSplit, quarantined
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions
 from enumerator_service._secrets import redact_url
@@ -171,11 +173,15 @@ class PlatformStatus:
     last_commit_at: datetime | None
     #: Poison splits quarantined as FAILED (oldest first, at most 1000).
     quarantined: list[QuarantinedSplit] = field(default_factory=list)
+    #: Watermark, lag, backlog, rows/s at the latest completed checkpoint.
+    live: LiveState | None = None
+    #: Complete partitions and completions not yet reported to Dagster (None: no table yet).
+    completions: CompletionCounts | None = None
 
 
-def platform_status(platform: Platform, source: str) -> PlatformStatus:
-    """Splits by state, committed rows and dead letters of ``source``, and its last
-    checkpoint."""
+def platform_status(platform: Platform, source: str, now: datetime | None = None) -> PlatformStatus:
+    """Splits by state, committed rows and dead letters of ``source``, its last checkpoint
+    and its live state at ``now`` (default: the clock)."""
     reason = sa.func.split_part(dead_letters.c.reason, ":", 1)
     with platform.engine.connect() as conn:
         rows, dropped, last_commit = conn.execute(
@@ -197,6 +203,8 @@ def platform_status(platform: Platform, source: str) -> PlatformStatus:
             .order_by(checkpoints.c.triggered_at.desc(), checkpoints.c.checkpoint_id.desc())
             .limit(1)
         ).first()
+        live = live_state(conn, source, now or datetime.now(UTC))
+        completions = completion_counts(conn, source)
     return PlatformStatus(
         source=source,
         splits=SplitStore(platform.engine).counts(source),
@@ -207,4 +215,6 @@ def platform_status(platform: Platform, source: str) -> PlatformStatus:
         last_checkpoint=dict(last._mapping) if last is not None else None,
         last_commit_at=last_commit,
         quarantined=quarantined(platform.engine, source),
+        live=live,
+        completions=completions,
     )

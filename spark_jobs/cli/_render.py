@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from enumerator_service import Settings
+from enumerator_service._live_state import LiveState
 from enumerator_service._operations import PlatformStatus
 from enumerator_service._quarantine import QuarantinedSplit
 from enumerator_service._schema import SplitStatus
@@ -110,7 +111,32 @@ def status_table(status: PlatformStatus) -> Table:
         if last
         else "none",
     )
+    done = status.completions
+    if done is not None:
+        waiting = f" ({done.unreported:,} not yet reported to Dagster)" if done.unreported else ""
+        reopened = done.generations - done.partitions
+        again = f", {reopened:,} completed again" if reopened else ""
+        table.add_row("partitions complete", f"{done.partitions:,}{again}{waiting}")
+    live = status.live
+    if live is not None and live.run_id is not None:
+        table.add_row("watermark", _watermark_line(live))
+        table.add_row("backlog", _backlog_line(live))
+        rate = "" if live.rows_per_second is None else f"{live.rows_per_second:,.1f} rows/s; "
+        took = live.last_checkpoint_seconds or 0.0
+        table.add_row("throughput", f"{rate}last checkpoint took {took:.1f}s")
     return table
+
+
+def _watermark_line(live: LiveState) -> str:
+    if live.watermark is None:
+        return "none yet"
+    return f"{live.watermark:%Y-%m-%d %H:%M:%S} (lag {live.watermark_lag_seconds or 0:,.0f}s)"
+
+
+def _backlog_line(live: LiveState) -> str:
+    age = live.oldest_unprocessed_age_seconds
+    oldest = "" if age is None else f", oldest waiting {age:,.0f}s"
+    return f"{live.backlog_splits:,} splits{oldest}"
 
 
 def status_json(statuses: list[PlatformStatus]) -> dict[str, Any]:
@@ -136,6 +162,14 @@ def status_json(statuses: list[PlatformStatus]) -> dict[str, Any]:
                 for split in status.quarantined
             ],
             "last_commit_at": status.last_commit_at.isoformat() if status.last_commit_at else None,
+            "live": status.live.to_json() if status.live is not None else None,
+            "completions": None
+            if status.completions is None
+            else {
+                "partitions": status.completions.partitions,
+                "generations": status.completions.generations,
+                "unreported": status.completions.unreported,
+            },
             "last_checkpoint": None
             if last is None
             else {

@@ -231,7 +231,7 @@ def test_local_definitions_leave_everything_to_the_environment(
     for asset in (output, revenue):
         assert asset.backfill_policy is not None
         assert asset.backfill_policy.max_partitions_per_run is None  # single run
-    assert {key.name for key in graph.asset_check_keys} == CHECKS
+    assert {key.name for key in graph.asset_check_keys} == {*CHECKS, "watermark_freshness"}
     assert {key.asset_key for key in graph.asset_check_keys} == {output.key}
 
     monkeypatch.setenv("DAGSTER_DEPLOYMENT", "staging")

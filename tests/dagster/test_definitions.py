@@ -121,6 +121,9 @@ def test_every_registered_pipeline_gets_its_asset_jobs_sensors_and_schedule(
         reader = defs.resolve_sensor_def(f"{name}_continuous")
         assert reader.job_name == continuous.name
         assert reader.default_status == DefaultSensorStatus.STOPPED
+        # Reporting completed partitions is how Dagster sees every mode: on by default.
+        reporter = defs.resolve_sensor_def(f"{name}_report_completions")
+        assert reporter.default_status == DefaultSensorStatus.RUNNING
 
         schedule = defs.resolve_schedule_def(f"{name}_schedule")
         assert schedule.job_name == incremental.name
@@ -132,7 +135,11 @@ def test_every_registered_pipeline_gets_its_asset_jobs_sensors_and_schedule(
     assert failed.default_status == DefaultSensorStatus.RUNNING
     assert {s.name for s in defs.sensors or []} == {
         "release_failed_run_splits",
-        *(f"{p}_{kind}" for p in ("clickstream", "orders") for kind in ("new_files", "continuous")),
+        *(
+            f"{p}_{kind}"
+            for p in ("clickstream", "orders")
+            for kind in ("new_files", "continuous", "report_completions", "live_state")
+        ),
     }
     assert isinstance(defs.resources["sluice"], SluiceResource)
 

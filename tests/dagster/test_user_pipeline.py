@@ -484,7 +484,7 @@ def test_the_module_registers_its_pipeline(
     output = defs.resolve_assets_def("shipments")
     assert output.partitions_def is not None
     assert output.partitions_def.get_first_partition_key() == "2026-03-01"
-    assert {key.name for key in graph.asset_check_keys} == CHECKS
+    assert {key.name for key in graph.asset_check_keys} == {*CHECKS, "watermark_freshness"}
     assert defs.resolve_schedule_def("shipments_schedule").job_name == "shipments_incremental"
     assert defs.resolve_sensor_def("shipments_continuous").job_name == "shipments_continuous"
     assert defs.resolve_sensor_def("shipments_new_files").job_name == "shipments_incremental"

@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy as sa
 from conftest import TestSettings
 
+from dagster_project._check_outcomes import _duplicates
 from dagster_project._counts import _rows_out
-from dagster_project.checks import _duplicates
 from enumerator_service import (
     ConfigError,
     TableRangeEnumerator,

@@ -1,0 +1,151 @@
+"""Completed output partitions (``sluice.partition_completions``) as the reporter reads them.
+
+The completeness part of issue 14 writes one row per (source, partition, generation) in the
+same transaction as the checkpoint that completed the partition (migration 0008, theirs);
+generation 2, 3, ... are a partition reopened by late records and completed again. Until that
+migration lands this module holds the table's definition, in its own ``MetaData`` so the
+migration test (schema metadata == migrations) is not affected: **0008 must create exactly
+these columns, types, nullability and primary key** (then this table moves to ``_schema``).
+
+``reported_at`` is the reporter's mark: NULL until the partition's completion is in Dagster.
+Marking is idempotent (``WHERE reported_at IS NULL``) so two reporters never both "win".
+
+Functions here open their own connections from the engine they are given and are safe to call
+from any thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime
+
+import sqlalchemy as sa
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Date,
+    DateTime,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+)
+
+from enumerator_service._schema import SCHEMA
+
+__all__ = [
+    "CompletionCounts",
+    "PartitionCompletion",
+    "completion_counts",
+    "completions_metadata",
+    "completions_table_exists",
+    "mark_reported",
+    "partition_completions",
+    "unreported_completions",
+]
+
+completions_metadata = MetaData(schema=SCHEMA)
+
+partition_completions = Table(
+    "partition_completions",
+    completions_metadata,
+    Column("source", Text, nullable=False),
+    Column("partition_key", Date, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("completed_at", DateTime(timezone=True), nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("checkpoint_id", BigInteger, nullable=False),
+    #: The run watermark that passed the partition's end (NULL: completed at end of input).
+    Column("watermark", DateTime(timezone=True)),
+    Column("rows", BigInteger, nullable=False),
+    Column("dead_letters", BigInteger, nullable=False),
+    Column("late_records", BigInteger, nullable=False),
+    Column("reported_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("source", "partition_key", "generation"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCompletion:
+    """One row of ``partition_completions``."""
+
+    source: str
+    partition_key: date
+    generation: int
+    completed_at: datetime
+    run_id: str
+    checkpoint_id: int
+    watermark: datetime | None
+    rows: int
+    dead_letters: int
+    late_records: int
+    reported_at: datetime | None = None
+
+
+def completions_table_exists(engine: sa.Engine) -> bool:
+    """Whether migration 0008 (the completeness part) has created the table yet."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.text("SELECT to_regclass(:name)"), {"name": f"{SCHEMA}.partition_completions"}
+        ).scalar()
+    return found is not None
+
+
+def unreported_completions(engine: sa.Engine, source: str, limit: int) -> list[PartitionCompletion]:
+    """At most ``limit`` completions of ``source`` not reported yet, oldest completion first
+    (a partition's generations in order)."""
+    t = partition_completions
+    query = (
+        sa.select(t)
+        .where(t.c.source == source, t.c.reported_at.is_(None))
+        .order_by(t.c.completed_at, t.c.partition_key, t.c.generation)
+        .limit(limit)
+    )
+    with engine.connect() as conn:
+        return [PartitionCompletion(**row._mapping) for row in conn.execute(query)]
+
+
+def mark_reported(engine: sa.Engine, completion: PartitionCompletion) -> bool:
+    """Mark one completion reported; False when it already was (by another reporter)."""
+    t = partition_completions
+    with engine.begin() as conn:
+        done = conn.execute(
+            t.update()
+            .where(
+                t.c.source == completion.source,
+                t.c.partition_key == completion.partition_key,
+                t.c.generation == completion.generation,
+                t.c.reported_at.is_(None),
+            )
+            .values(reported_at=sa.func.now())
+        )
+    return done.rowcount == 1
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionCounts:
+    """How many of a source's partitions are complete, and how many completions Dagster has
+    not been told of yet (``sluice status``)."""
+
+    partitions: int
+    generations: int
+    unreported: int
+
+
+def completion_counts(conn: sa.Connection, source: str) -> CompletionCounts | None:
+    """``source``'s completion counts; None before the completions table exists."""
+    exists = conn.execute(
+        sa.text("SELECT to_regclass(:name)"), {"name": f"{SCHEMA}.partition_completions"}
+    ).scalar()
+    if exists is None:
+        return None
+    t = partition_completions
+    partitions, generations, unreported = conn.execute(
+        sa.select(
+            sa.func.count(sa.distinct(t.c.partition_key)),
+            sa.func.count(),
+            sa.func.count().filter(t.c.reported_at.is_(None)),
+        ).where(t.c.source == source)
+    ).one()
+    return CompletionCounts(int(partitions), int(generations), int(unreported))

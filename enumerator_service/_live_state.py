@@ -1,0 +1,138 @@
+"""The live state of a pipeline at its latest completed checkpoint: what ``sluice status``
+shows and the live-state sensor reports to Dagster as an observation of the output asset.
+
+- watermark: the event time up to which the pipeline's output is complete (see
+  :func:`run_watermark`, the hook the completeness part replaces), and its lag behind now;
+- the oldest unprocessed split's age (now - when it was registered: the file waited that long);
+- the backlog: splits not yet completed (unassigned, assigned, being read, held);
+- rows/s: rows the last checkpoint committed over the time since the run's previous one;
+- the last checkpoint's duration (triggered → completed).
+
+Every function takes a connection it does not commit and reads only; ``now`` is passed in
+(a virtual clock in tests). Safe on any thread with its own connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from enumerator_service._schema import CheckpointStatus, SplitStatus, checkpoints, sink_transactions
+from enumerator_service._schema import splits as splits_table
+
+__all__ = ["BACKLOG_STATUSES", "LiveState", "live_state", "run_watermark"]
+
+#: Split states that are input not processed yet.
+BACKLOG_STATUSES = (
+    SplitStatus.UNASSIGNED,
+    SplitStatus.ASSIGNED,
+    SplitStatus.READING,
+    SplitStatus.HELD,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveState:
+    """A pipeline's live state (None: not known yet, e.g. no completed checkpoint)."""
+
+    source: str
+    at: datetime
+    run_id: str | None
+    checkpoint_id: int | None
+    checkpoint_completed_at: datetime | None
+    last_checkpoint_seconds: float | None
+    watermark: datetime | None
+    backlog_splits: int
+    oldest_unprocessed_at: datetime | None
+    rows_per_second: float | None
+
+    @property
+    def watermark_lag_seconds(self) -> float | None:
+        """now - watermark."""
+        return None if self.watermark is None else (self.at - self.watermark).total_seconds()
+
+    @property
+    def oldest_unprocessed_age_seconds(self) -> float | None:
+        if self.oldest_unprocessed_at is None:
+            return None
+        return (self.at - self.oldest_unprocessed_at).total_seconds()
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain values (timestamps ISO 8601, durations in seconds)."""
+        out = asdict(self)
+        for name, value in out.items():
+            if isinstance(value, datetime):
+                out[name] = value.isoformat()
+        out["watermark_lag_seconds"] = self.watermark_lag_seconds
+        out["oldest_unprocessed_age_seconds"] = self.oldest_unprocessed_age_seconds
+        return out
+
+
+def run_watermark(conn: sa.Connection, source: str, run_id: str) -> datetime | None:
+    """The watermark of ``run_id`` at its latest completed checkpoint.
+
+    HOOK: the completeness part of issue 14 records each run's watermark at each completed
+    checkpoint (the minimum over its subtasks, finished ones as +∞); read it here when it
+    lands. Until then: the minimum committed watermark of the run's splits still in its hands,
+    else (every split finished) the maximum committed watermark of its splits.
+    """
+    s = splits_table
+    mine = [s.c.source == source, s.c.run_id == run_id, s.c.committed_watermark.is_not(None)]
+    active = conn.execute(
+        sa.select(sa.func.min(s.c.committed_watermark)).where(
+            *mine, s.c.status.in_([SplitStatus.ASSIGNED, SplitStatus.READING])
+        )
+    ).scalar()
+    if active is not None:
+        return active  # type: ignore[no-any-return]
+    latest: datetime | None = conn.execute(
+        sa.select(sa.func.max(s.c.committed_watermark)).where(*mine)
+    ).scalar()
+    return latest
+
+
+def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
+    """``source``'s live state at ``now``."""
+    c, t, s = checkpoints, sink_transactions, splits_table
+    last = conn.execute(
+        sa.select(c.c.run_id, c.c.checkpoint_id, c.c.triggered_at, c.c.completed_at)
+        .where(c.c.source == source, c.c.status == CheckpointStatus.COMPLETED)
+        .order_by(c.c.completed_at.desc(), c.c.checkpoint_id.desc())
+        .limit(1)
+    ).first()
+    backlog, oldest = conn.execute(
+        sa.select(sa.func.count(), sa.func.min(s.c.registered_at)).where(
+            s.c.source == source, s.c.status.in_(BACKLOG_STATUSES)
+        )
+    ).one()
+    if last is None:
+        return LiveState(source, now, None, None, None, None, None, int(backlog), oldest, None)
+    previous = conn.execute(
+        sa.select(sa.func.max(c.c.completed_at)).where(
+            c.c.run_id == last.run_id,
+            c.c.status == CheckpointStatus.COMPLETED,
+            c.c.checkpoint_id < last.checkpoint_id,
+        )
+    ).scalar()
+    rows = conn.execute(
+        sa.select(sa.func.coalesce(sa.func.sum(t.c.row_count), 0)).where(
+            t.c.run_id == last.run_id, t.c.checkpoint_id == last.checkpoint_id, t.c.committed
+        )
+    ).scalar_one()
+    since = previous or last.triggered_at
+    window = (last.completed_at - since).total_seconds()
+    return LiveState(
+        source=source,
+        at=now,
+        run_id=last.run_id,
+        checkpoint_id=int(last.checkpoint_id),
+        checkpoint_completed_at=last.completed_at,
+        last_checkpoint_seconds=(last.completed_at - last.triggered_at).total_seconds(),
+        watermark=run_watermark(conn, source, last.run_id),
+        backlog_splits=int(backlog),
+        oldest_unprocessed_at=oldest,
+        rows_per_second=int(rows) / window if window > 0 else None,
+    )

@@ -1,0 +1,112 @@
+"""The reporter after a real run: the CLI's bounded run of the demo pipeline over two days
+(real Spark, real Postgres), completions written as the checkpoint commit of the completeness
+part will write them, then the reporter's tick and the checks' runs it requests on a real
+Dagster instance: both days materialised once, every check of both days passes on the real
+output, and the live state shows the run's last checkpoint.
+
+No ``__init__.py`` in this folder on purpose (see test_definitions.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import date, datetime
+
+import pytest
+import sqlalchemy as sa
+from completions_support import create_completions_table, insert_completion
+from conftest import TestSettings
+from dagster import AssetCheckKey, AssetSelection, DagsterInstance, SensorResult, materialize
+from dagster_support import demo_definitions, sensor_named, sensor_tick
+from demo_platform import demo_discover, demo_run, prepare_demo
+from sluice_resource import resource_for
+
+from dagster_project._counts import partition_counts
+from enumerator_service._live_state import live_state
+from enumerator_service._operations import open_platform
+from enumerator_service._schema import checkpoints
+
+MakeSettings = Callable[..., TestSettings]
+DAYS = [date(2026, 1, 1), date(2026, 1, 2)]
+
+
+@pytest.mark.spark
+def test_a_cli_runs_days_are_reported_once_and_their_checks_pass(
+    make_settings: MakeSettings,
+) -> None:
+    settings = make_settings(demo_events=600, demo_users=200)
+    platform = open_platform(settings)
+    try:
+        prepare_demo(settings, platform)
+        create_completions_table(platform.engine)
+        demo_discover(platform)
+        summary = demo_run(settings)
+        assert summary.rows_out > 0
+        built = demo_definitions(settings)
+        # What the completeness part commits with the run's last checkpoint.
+        with platform.engine.connect() as conn:
+            last = conn.execute(
+                sa.select(sa.func.max(checkpoints.c.checkpoint_id)).where(
+                    checkpoints.c.run_id == summary.run_id
+                )
+            ).scalar_one()
+        for counts in partition_counts(built.pipeline, settings, DAYS):
+            assert counts.day is not None and counts.rows_committed > 0
+            insert_completion(
+                platform.engine,
+                built.pipeline.name,
+                counts.day,
+                run_id=summary.run_id,
+                checkpoint_id=last,
+                watermark=None,  # a bounded run completes its days at end of input
+                rows=counts.rows_committed,
+                dead_letters=counts.dead_letters,
+                late_records=0,
+            )
+        sluice = resource_for(settings)
+        with DagsterInstance.ephemeral() as instance:
+            sensor = sensor_named(built, "report_completions")
+            result, _ = sensor_tick(sensor, sluice, instance=instance)
+            assert isinstance(result, SensorResult)
+            requests = list(result.run_requests or [])
+            assert [r.tags["dagster/partition"] for r in requests] == [d.isoformat() for d in DAYS]
+            assert instance.get_materialized_partitions(built.output.key) == {
+                d.isoformat() for d in DAYS
+            }
+            for request in requests:  # as the daemon launches them
+                run = materialize(
+                    [built.output, *built.checks],
+                    selection=AssetSelection.checks(*(request.asset_check_keys or [])),
+                    tags=request.tags,
+                    resources={"sluice": sluice},
+                    instance=instance,
+                )
+                assert run.success
+                evaluations = run.get_asset_check_evaluations()
+                assert {e.check_name for e in evaluations} == {
+                    key.name for check in built.checks for key in check.check_keys
+                }
+                assert all(e.passed for e in evaluations), evaluations
+                assert {e.partition for e in evaluations} == {request.tags["dagster/partition"]}
+            # Ticking again reports nothing twice.
+            again, _ = sensor_tick(sensor, sluice, instance=instance)
+            assert not isinstance(again, SensorResult)
+            for day in DAYS:
+                key = AssetCheckKey(built.output.key, "rows_reconcile")
+                history = instance.event_log_storage.get_asset_check_execution_history(key, 10)
+                assert [h.partition for h in history].count(day.isoformat()) == 1
+        with platform.engine.connect() as conn:
+            state = live_state(conn, built.pipeline.name, summary_end(conn, summary.run_id))
+        assert state.run_id == summary.run_id and state.checkpoint_id == last
+        assert state.backlog_splits == 0
+        assert state.last_checkpoint_seconds is not None and state.last_checkpoint_seconds >= 0
+    finally:
+        platform.close()
+
+
+def summary_end(conn: sa.Connection, run_id: str) -> datetime:
+    """The run's last checkpoint's completion time (the clock of the live state)."""
+    end: datetime = conn.execute(
+        sa.select(sa.func.max(checkpoints.c.completed_at)).where(checkpoints.c.run_id == run_id)
+    ).scalar_one()
+    return end
