@@ -1,11 +1,9 @@
 """Completed output partitions (``sluice.partition_completions``) as the reporter reads them.
 
-The completeness part of issue 14 writes one row per (source, partition, generation) in the
-same transaction as the checkpoint that completed the partition (migration 0008, theirs);
-generation 2, 3, ... are a partition reopened by late records and completed again. Until that
-migration lands this module holds the table's definition, in its own ``MetaData`` so the
-migration test (schema metadata == migrations) is not affected: **0008 must create exactly
-these columns, types, nullability and primary key** (then this table moves to ``_schema``).
+The checkpoint commit writes one row per (source, partition, generation) in the same
+transaction as the checkpoint that completed the partition (``_schema.partition_completions``,
+migration 0008); generation 2, 3, ... are a partition reopened by late records and completed
+again.
 
 ``reported_at`` is the reporter's mark: NULL until the partition's completion is in Dagster.
 Marking is idempotent (``WHERE reported_at IS NULL``) so two reporters never both "win".
@@ -20,50 +18,18 @@ from dataclasses import dataclass
 from datetime import date, datetime
 
 import sqlalchemy as sa
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Date,
-    DateTime,
-    Integer,
-    MetaData,
-    PrimaryKeyConstraint,
-    Table,
-    Text,
-)
 
-from enumerator_service._schema import SCHEMA
+from enumerator_service._schema import SCHEMA, partition_completions
 
 __all__ = [
     "CompletionCounts",
     "PartitionCompletion",
     "completion_counts",
-    "completions_metadata",
     "completions_table_exists",
     "mark_reported",
     "partition_completions",
     "unreported_completions",
 ]
-
-completions_metadata = MetaData(schema=SCHEMA)
-
-partition_completions = Table(
-    "partition_completions",
-    completions_metadata,
-    Column("source", Text, nullable=False),
-    Column("partition_key", Date, nullable=False),
-    Column("generation", Integer, nullable=False),
-    Column("completed_at", DateTime(timezone=True), nullable=False),
-    Column("run_id", Text, nullable=False),
-    Column("checkpoint_id", BigInteger, nullable=False),
-    #: The run watermark that passed the partition's end (NULL: completed at end of input).
-    Column("watermark", DateTime(timezone=True)),
-    Column("rows", BigInteger, nullable=False),
-    Column("dead_letters", BigInteger, nullable=False),
-    Column("late_records", BigInteger, nullable=False),
-    Column("reported_at", DateTime(timezone=True)),
-    PrimaryKeyConstraint("source", "partition_key", "generation"),
-)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,11 @@ No ``__init__.py`` in this folder on purpose (see test_definitions.py).
 from __future__ import annotations
 
 import contextlib
-import secrets
 from collections.abc import Callable, Iterator
 from datetime import date, timedelta
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from completions_support import create_completions_table, insert_completion, reported_at
 from conftest import TestSettings
 from dagster import (
@@ -44,12 +42,11 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from rich.console import Console
 from sluice_resource import resource_for
-from sqlalchemy.engine import make_url
 
 import dagster_project.completions as completions
 from dagster_project import PipelineDefinitions
-from enumerator_service import FileSplit, SplitStore, quote_identifier
-from enumerator_service._completions import CompletionCounts, completions_table_exists
+from enumerator_service import FileSplit, SplitStore
+from enumerator_service._completions import CompletionCounts
 from enumerator_service._operations import (
     Platform,
     PlatformStatus,
@@ -252,44 +249,6 @@ def test_a_reopened_partition_is_reported_again_once_per_generation(reporting: R
         c.event.dagster_event.event_specific_data.target_materialization_data.storage_id
         for c in checks.values()
     } == {latest.storage_id}
-
-
-@pytest.fixture
-def database_without_completions(server_url: str) -> Iterator[str]:
-    """A database of its own, migrated to head (the tests' shared one may hold the
-    completions table another test created)."""
-    name = f"sluice_nocompl_{secrets.token_hex(4)}"
-    admin = sa.create_engine(
-        make_url(server_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT"
-    )
-    with admin.connect() as conn:
-        conn.execute(sa.text(f"CREATE DATABASE {quote_identifier(name)}"))
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f"DROP DATABASE IF EXISTS {quote_identifier(name)} WITH (FORCE)"))
-        admin.dispose()
-
-
-def test_the_reporter_waits_for_the_completions_table(
-    make_settings: MakeSettings, database_without_completions: str
-) -> None:
-    """Before migration 0008 the sensor skips: it reports nothing, fails nothing and creates
-    nothing (the table is the migration's)."""
-    settings = make_settings(database_url=database_without_completions)
-    platform = open_platform(settings)
-    try:
-        built = demo_definitions(settings)
-        with DagsterInstance.ephemeral() as instance:
-            result, _ = sensor_tick(
-                sensor_named(built, "report_completions"), resource_for(settings), instance=instance
-            )
-        assert isinstance(result, SkipReason)
-        assert result.skip_message == "no newly complete partition"
-        assert not completions_table_exists(platform.engine)
-    finally:
-        platform.close()
 
 
 def test_dagster_resolves_the_checks_run_request(reporting: Reporting) -> None:
