@@ -14,7 +14,6 @@ from datetime import date, datetime
 
 import pytest
 import sqlalchemy as sa
-from completions_support import create_completions_table, insert_completion
 from conftest import TestSettings
 from dagster import AssetCheckKey, AssetSelection, DagsterInstance, SensorResult, materialize
 from dagster_support import demo_definitions, sensor_named, sensor_tick
@@ -22,6 +21,7 @@ from demo_platform import demo_discover, demo_run, prepare_demo
 from sluice_resource import resource_for
 
 from dagster_project._counts import partition_counts
+from enumerator_service._completions import unreported_completions
 from enumerator_service._live_state import live_state
 from enumerator_service._operations import open_platform
 from enumerator_service._schema import checkpoints
@@ -38,31 +38,27 @@ def test_a_cli_runs_days_are_reported_once_and_their_checks_pass(
     platform = open_platform(settings)
     try:
         prepare_demo(settings, platform)
-        create_completions_table(platform.engine)
         demo_discover(platform)
         summary = demo_run(settings)
         assert summary.rows_out > 0
         built = demo_definitions(settings)
-        # What the completeness part commits with the run's last checkpoint.
         with platform.engine.connect() as conn:
             last = conn.execute(
                 sa.select(sa.func.max(checkpoints.c.checkpoint_id)).where(
                     checkpoints.c.run_id == summary.run_id
                 )
             ).scalar_one()
+        # The bounded run completed its days at end of input, in its checkpoints' transactions.
+        recorded = {
+            c.partition_key: c
+            for c in unreported_completions(platform.engine, built.pipeline.name, limit=100)
+        }
+        assert sorted(recorded) == DAYS
         for counts in partition_counts(built.pipeline, settings, DAYS):
             assert counts.day is not None and counts.rows_committed > 0
-            insert_completion(
-                platform.engine,
-                built.pipeline.name,
-                counts.day,
-                run_id=summary.run_id,
-                checkpoint_id=last,
-                watermark=None,  # a bounded run completes its days at end of input
-                rows=counts.rows_committed,
-                dead_letters=counts.dead_letters,
-                late_records=0,
-            )
+            completion = recorded[counts.day]
+            assert (completion.generation, completion.run_id) == (1, summary.run_id)
+            assert completion.rows == counts.rows_committed
         sluice = resource_for(settings)
         with DagsterInstance.ephemeral() as instance:
             sensor = sensor_named(built, "report_completions")
