@@ -21,6 +21,7 @@ from demo_platform import demo_discover, demo_run, prepare_demo
 from sluice_resource import resource_for
 
 from dagster_project._counts import partition_counts
+from enumerator_service._completeness import END_OF_INPUT
 from enumerator_service._completions import unreported_completions
 from enumerator_service._live_state import live_state
 from enumerator_service._operations import open_platform
@@ -95,6 +96,8 @@ def test_a_cli_runs_days_are_reported_once_and_their_checks_pass(
             state = live_state(conn, built.pipeline.name, summary_end(conn, summary.run_id))
         assert state.run_id == summary.run_id and state.checkpoint_id == last
         assert state.backlog_splits == 0
+        # The bounded run read every split: its run watermark is +infinity.
+        assert state.watermark == END_OF_INPUT and state.watermark_lag_seconds == 0.0
         assert state.last_checkpoint_seconds is not None and state.last_checkpoint_seconds >= 0
     finally:
         platform.close()
