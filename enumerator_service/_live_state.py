@@ -1,8 +1,9 @@
 """The live state of a pipeline at its latest completed checkpoint: what ``sluice status``
 shows and the live-state sensor reports to Dagster as an observation of the output asset.
 
-- watermark: the event time up to which the pipeline's output is complete (see
-  :func:`run_watermark`, the hook the completeness part replaces), and its lag behind now;
+- watermark: the event time up to which the pipeline's output is complete (the run
+  watermark of its latest completed checkpoint, :func:`run_watermark`; +infinity, lag 0,
+  once the run's input ended), and its lag behind now;
 - the oldest unprocessed split's age (now - when it was registered: the file waited that long);
 - the backlog: splits not yet completed (unassigned, assigned, being read, held);
 - rows/s: rows the last checkpoint committed over the time since the run's previous one;
@@ -15,12 +16,19 @@ Every function takes a connection it does not commit and reads only; ``now`` is 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from enumerator_service._schema import CheckpointStatus, SplitStatus, checkpoints, sink_transactions
+from enumerator_service._completeness import END_OF_INPUT
+from enumerator_service._schema import (
+    CheckpointStatus,
+    SplitStatus,
+    checkpoints,
+    run_watermarks,
+    sink_transactions,
+)
 from enumerator_service._schema import splits as splits_table
 
 __all__ = ["BACKLOG_STATUSES", "LiveState", "live_state", "run_watermark"]
@@ -51,8 +59,12 @@ class LiveState:
 
     @property
     def watermark_lag_seconds(self) -> float | None:
-        """now - watermark."""
-        return None if self.watermark is None else (self.at - self.watermark).total_seconds()
+        """now - watermark (0 once the run's input ended: the watermark is +infinity)."""
+        if self.watermark is None:
+            return None
+        if self.watermark >= END_OF_INPUT:
+            return 0.0
+        return (self.at - self.watermark).total_seconds()
 
     @property
     def oldest_unprocessed_age_seconds(self) -> float | None:
@@ -72,26 +84,20 @@ class LiveState:
 
 
 def run_watermark(conn: sa.Connection, source: str, run_id: str) -> datetime | None:
-    """The watermark of ``run_id`` at its latest completed checkpoint.
-
-    HOOK: the completeness part of issue 14 records each run's watermark at each completed
-    checkpoint (the minimum over its subtasks, finished ones as +∞); read it here when it
-    lands. Until then: the minimum committed watermark of the run's splits still in its hands,
-    else (every split finished) the maximum committed watermark of its splits.
-    """
-    s = splits_table
-    mine = [s.c.source == source, s.c.run_id == run_id, s.c.committed_watermark.is_not(None)]
-    active = conn.execute(
-        sa.select(sa.func.min(s.c.committed_watermark)).where(
-            *mine, s.c.status.in_([SplitStatus.ASSIGNED, SplitStatus.READING])
-        )
-    ).scalar()
-    if active is not None:
-        return active  # type: ignore[no-any-return]
-    latest: datetime | None = conn.execute(
-        sa.select(sa.func.max(s.c.committed_watermark)).where(*mine)
-    ).scalar()
-    return latest
+    """The watermark of ``run_id`` at its latest completed checkpoint: its row in
+    ``run_watermarks`` (written by each completed checkpoint, see
+    :func:`enumerator_service._completeness.record_run_watermark`). :data:`END_OF_INPUT`
+    (+infinity) once every subtask's input ended; None while it has none (no row yet, or some
+    subtask has no watermark yet)."""
+    w = run_watermarks
+    row = conn.execute(
+        sa.select(w.c.watermark, w.c.finished).where(w.c.run_id == run_id, w.c.source == source)
+    ).first()
+    if row is None:
+        return None
+    if row.finished:
+        return END_OF_INPUT
+    return None if row.watermark is None else row.watermark.astimezone(UTC)
 
 
 def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from enumerator_service import Settings
+from enumerator_service._completeness import END_OF_INPUT
 from enumerator_service._live_state import LiveState
 from enumerator_service._operations import PlatformStatus
 from enumerator_service._quarantine import QuarantinedSplit
@@ -130,6 +131,8 @@ def status_table(status: PlatformStatus) -> Table:
 def _watermark_line(live: LiveState) -> str:
     if live.watermark is None:
         return "none yet"
+    if live.watermark >= END_OF_INPUT:
+        return "end of input (every split read)"
     return f"{live.watermark:%Y-%m-%d %H:%M:%S} (lag {live.watermark_lag_seconds or 0:,.0f}s)"
 
 

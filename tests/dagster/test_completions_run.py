@@ -1,26 +1,38 @@
 """The reporter after a real run: the CLI's bounded run of the demo pipeline over two days
-(real Spark, real Postgres), completions written as the checkpoint commit of the completeness
-part will write them, then the reporter's tick and the checks' runs it requests on a real
-Dagster instance: both days materialised once, every check of both days passes on the real
-output, and the live state shows the run's last checkpoint.
+(real Spark, real Postgres) writes its completions in its checkpoints' transactions; the
+reporter is killed before its first report, then (restarted) after it and before the mark,
+then restarted again — on a real Dagster instance each day is materialised once, every check
+of both days passes on the real output, and the live state shows the run's last checkpoint.
 
 No ``__init__.py`` in this folder on purpose (see test_definitions.py).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from datetime import date, datetime
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from conftest import TestSettings
-from dagster import AssetCheckKey, AssetSelection, DagsterInstance, SensorResult, materialize
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    AssetRecordsFilter,
+    AssetSelection,
+    DagsterInstance,
+    SensorResult,
+    materialize,
+)
 from dagster_support import demo_definitions, sensor_named, sensor_tick
 from demo_platform import demo_discover, demo_run, prepare_demo
 from sluice_resource import resource_for
 
+from dagster_project import completions
 from dagster_project._counts import partition_counts
+from enumerator_service._completeness import END_OF_INPUT
 from enumerator_service._completions import unreported_completions
 from enumerator_service._live_state import live_state
 from enumerator_service._operations import open_platform
@@ -32,7 +44,7 @@ DAYS = [date(2026, 1, 1), date(2026, 1, 2)]
 
 @pytest.mark.spark
 def test_a_cli_runs_days_are_reported_once_and_their_checks_pass(
-    make_settings: MakeSettings,
+    make_settings: MakeSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = make_settings(demo_events=600, demo_users=200)
     platform = open_platform(settings)
@@ -62,7 +74,22 @@ def test_a_cli_runs_days_are_reported_once_and_their_checks_pass(
         sluice = resource_for(settings)
         with DagsterInstance.ephemeral() as instance:
             sensor = sensor_named(built, "report_completions")
+            # The reporter dies before its first report, then (restarted) after its first
+            # report and before the mark: the rows the run wrote are reported once each.
+            for step, dies in (
+                ("before the report", "completion_materialization"),
+                ("before the mark", "mark_reported"),
+            ):
+                with monkeypatch.context() as patch:
+                    patch.setattr(completions, dies, _dies(step))
+                    with pytest.raises(SystemExit, match=step):
+                        sensor_tick(sensor, sluice, instance=instance)
+                reported = _materialized(instance, built.output.key)
+                assert reported == ({} if dies == "completion_materialization" else {DAYS[0]: 1})
+                assert len(unreported_completions(platform.engine, built.pipeline.name, 100)) == 2
             result, _ = sensor_tick(sensor, sluice, instance=instance)
+            assert _materialized(instance, built.output.key) == dict.fromkeys(DAYS, 1)
+            assert unreported_completions(platform.engine, built.pipeline.name, 100) == []
             assert isinstance(result, SensorResult)
             requests = list(result.run_requests or [])
             assert [r.tags["dagster/partition"] for r in requests] == [d.isoformat() for d in DAYS]
@@ -87,6 +114,7 @@ def test_a_cli_runs_days_are_reported_once_and_their_checks_pass(
             # Ticking again reports nothing twice.
             again, _ = sensor_tick(sensor, sluice, instance=instance)
             assert not isinstance(again, SensorResult)
+            assert _materialized(instance, built.output.key) == dict.fromkeys(DAYS, 1)
             for day in DAYS:
                 key = AssetCheckKey(built.output.key, "rows_reconcile")
                 history = instance.event_log_storage.get_asset_check_execution_history(key, 10)
@@ -95,9 +123,24 @@ def test_a_cli_runs_days_are_reported_once_and_their_checks_pass(
             state = live_state(conn, built.pipeline.name, summary_end(conn, summary.run_id))
         assert state.run_id == summary.run_id and state.checkpoint_id == last
         assert state.backlog_splits == 0
+        # The bounded run read every split: its run watermark is +infinity.
+        assert state.watermark == END_OF_INPUT and state.watermark_lag_seconds == 0.0
         assert state.last_checkpoint_seconds is not None and state.last_checkpoint_seconds >= 0
     finally:
         platform.close()
+
+
+def _dies(step: str) -> Callable[..., Any]:
+    def die(*args: Any) -> Any:
+        raise SystemExit(f"reporter killed {step}")
+
+    return die
+
+
+def _materialized(instance: DagsterInstance, key: AssetKey) -> dict[date, int]:
+    """Materialisations of ``key`` in the event log, per partition."""
+    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key), limit=100)
+    return dict(Counter(date.fromisoformat(r.partition_key or "") for r in records.records))
 
 
 def summary_end(conn: sa.Connection, run_id: str) -> datetime:

@@ -32,6 +32,7 @@ from sluice_resource import resource_for
 from dagster_project import PipelineDefinitions
 from dagster_project.live import FRESHNESS_CHECK, live_state_sensor
 from enumerator_service import FileSplit, SplitStore
+from enumerator_service._completeness import END_OF_INPUT, NO_WATERMARK, record_run_watermark
 from enumerator_service._completions import CompletionCounts, completion_counts
 from enumerator_service._live_state import live_state
 from enumerator_service._operations import Platform, open_platform, platform_status
@@ -110,6 +111,11 @@ class Pipeline:
                 )
             )
 
+    def run_watermark(self, run: str, cid: int, watermark: datetime) -> None:
+        """Checkpoint ``cid`` of ``run`` recorded its run watermark (END_OF_INPUT: finished)."""
+        with self.platform.engine.begin() as conn:
+            record_run_watermark(conn, run, self.source, cid, watermark)
+
     def read(self, run: str, day: date, watermark: datetime, *, finished: bool) -> None:
         """The run holds (or finished) ``day``'s splits, committed up to ``watermark``."""
         with self.platform.engine.begin() as conn:
@@ -144,14 +150,23 @@ def test_live_state_at_the_latest_completed_checkpoint(pipeline: Pipeline) -> No
     pipeline.read(pipeline.run, DAYS[0], T0 - timedelta(days=1), finished=True)
     pipeline.read(pipeline.run, DAYS[1], T0 - timedelta(hours=2), finished=False)
     pipeline.checkpoint(pipeline.run, 1, T0 - timedelta(seconds=70), took=2.0, rows=1000)
+    with pipeline.platform.engine.connect() as conn:
+        # Checkpoint 1 recorded no run watermark (a subtask had none yet).
+        assert live_state(conn, pipeline.source, T0).watermark is None
+    pipeline.run_watermark(pipeline.run, 1, NO_WATERMARK)
+    with pipeline.platform.engine.connect() as conn:
+        assert live_state(conn, pipeline.source, T0).watermark is None
     pipeline.checkpoint(pipeline.run, 2, T0 - timedelta(seconds=20), took=4.0, rows=3000)
+    pipeline.run_watermark(pipeline.run, 2, T0 - timedelta(hours=2))
+    # The splits' committed watermarks are not the run's: its row in run_watermarks is.
+    pipeline.read(pipeline.run, DAYS[1], T0 - timedelta(hours=5), finished=False)
     with pipeline.platform.engine.connect() as conn:
         state = live_state(conn, pipeline.source, T0)
     assert (state.run_id, state.checkpoint_id) == (pipeline.run, 2)
     assert state.last_checkpoint_seconds == 4.0
     # 3000 rows committed by checkpoint 2, 52 s after checkpoint 1 completed.
     assert state.rows_per_second == pytest.approx(3000 / 52)
-    # The minimum over the splits the run still reads: day 2's.
+    # The run watermark recorded by checkpoint 2.
     assert state.watermark == T0 - timedelta(hours=2)
     assert state.watermark_lag_seconds == 7200.0
     # Days 2 and 3 are still to do; day 2's files were registered first.
@@ -180,6 +195,18 @@ def test_live_state_at_the_latest_completed_checkpoint(pipeline: Pipeline) -> No
     assert "2026-01-03 10:00:00 (lag 7,200s)" in text
     assert "4 splits, oldest waiting 129,600s" in text
     assert "57.7 rows/s; last checkpoint took 4.0s" in text
+
+    # A run watermark never moves backwards; once every input ended it is +infinity, lag 0.
+    pipeline.run_watermark(pipeline.run, 2, T0 - timedelta(hours=9))
+    with pipeline.platform.engine.connect() as conn:
+        assert live_state(conn, pipeline.source, T0).watermark == T0 - timedelta(hours=2)
+    pipeline.run_watermark(pipeline.run, 2, END_OF_INPUT)
+    with pipeline.platform.engine.connect() as conn:
+        done = live_state(conn, pipeline.source, T0)
+    assert done.watermark == END_OF_INPUT and done.watermark_lag_seconds == 0.0
+    console = Console(record=True, width=200)
+    console.print(status_table(platform_status(pipeline.platform, pipeline.source, now=T0)))
+    assert "end of input (every split read)" in console.export_text()
 
 
 class Clock:
@@ -226,6 +253,7 @@ def test_the_sensor_observes_each_checkpoint_and_the_partial_days(
     pipeline.read(pipeline.run, DAYS[0], T0 - timedelta(days=1), finished=True)
     pipeline.read(pipeline.run, DAYS[1], T0 - timedelta(hours=2), finished=False)
     pipeline.checkpoint(pipeline.run, 1, T0 - timedelta(seconds=30), took=1.0, rows=10)
+    pipeline.run_watermark(pipeline.run, 1, T0 - timedelta(hours=2))
     insert_completion(pipeline.platform.engine, pipeline.source, DAYS[0])
     key = pipeline.built.output.key
     with DagsterInstance.ephemeral() as instance:

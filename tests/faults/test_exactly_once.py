@@ -5,7 +5,9 @@ each (a new ``sluice run PIPELINE`` after every dead driver).
 - ``clickstream`` (JSON Lines → lookup ``public.users`` → Parquet): 100k events, then batches
   of 50k, doubled whenever a run ended before its kill moment (a fast machine). The output
   must hold every well-formed input event exactly once with the right enrichment
-  (EXACTLY_ONCE), or at least once (AT_LEAST_ONCE: duplicates are counted).
+  (EXACTLY_ONCE), or at least once (AT_LEAST_ONCE: duplicates are counted); then the
+  reporter sensor (ephemeral Dagster instance) reports each completed day and generation
+  exactly once, leaving none unreported.
 - ``orders`` (CSV → lookups ``crm.customers`` and ``ref.fx_rates`` → Map → Filter → Postgres
   upsert): smaller batches (its sink is slower); ``analytics.orders_enriched`` must equal the
   landing CSVs joined in SQL with the reference tables, and its committed sink transactions
@@ -41,6 +43,7 @@ from fault_harness import (
     sluice_env,
     verify,
 )
+from fault_reporting import report_completions_once
 from orders_oracle import OrdersVerdict, landed_orders, verify_orders
 
 from enumerator_service._database import asyncpg_dsn
@@ -226,6 +229,14 @@ def _fault_run(
     assert verdict.missing == 0 and verdict.unexpected == 0
     assert verdict.wrong == 0
     assert verdict.dead_letters == verdict.malformed
+    # Every completed day (and generation) is reported to Dagster exactly once, none is left
+    # unreported, and every day with output is complete once the stream drained.
+    reporting = report_completions_once(env, CLICKSTREAM)
+    log(reporting.line())
+    assert reporting.completed
+    assert dict(reporting.materialized) == dict.fromkeys(reporting.completed, 1)
+    assert reporting.unreported == 0 and reporting.reported_again == 0
+    assert reporting.open_days == []
     return verdict
 
 
