@@ -51,7 +51,16 @@ class PartitionBusyError(RuntimeError):
 
 class CrossDayRebuildError(RuntimeError):
     """A partition to rebuild holds rows from files of other landing days (event-day
-    partitions): a rebuild re-reads only the day's own files and would drop them."""
+    partitions): a rebuild re-reads only the day's own files and would drop them. Raised
+    before anything changed (see "Rebuilds by event day" in the module docstring)."""
+
+    def __init__(self, source: str, partition_key: date, foreign_rows: int) -> None:
+        super().__init__(
+            f"partition {partition_key} of {source!r} holds {foreign_rows} rows from files of "
+            "other days, which a rebuild does not re-read: re-materialising it is not "
+            "supported yet"
+        )
+        self.source, self.partition_key, self.foreign_rows = source, partition_key, foreign_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +132,7 @@ class RebuildStore:
                 .limit(1)
             ).first()
             if foreign is not None:
-                raise CrossDayRebuildError(
-                    f"partition {foreign.partition_key} of {source!r} holds "
-                    f"{foreign.foreign_rows} rows from files of other days, which a rebuild "
-                    "does not re-read: re-materialising it is not supported yet"
-                )
+                raise CrossDayRebuildError(source, foreign.partition_key, foreign.foreign_rows)
             in_days = sa.and_(splits.c.source == source, splits.c.partition_key.in_(processed))
             # Step 2: nobody else may be reading them (an expired lease holds nothing).
             busy = conn.execute(
