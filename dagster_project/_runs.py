@@ -7,10 +7,11 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dagster import DagsterRun, MetadataValue
+from dagster import DagsterRun, Failure, MetadataValue
 
 from enumerator_service import DiscoveryResult, Settings
 from enumerator_service._operations import discover, open_platform
+from enumerator_service._rebuilds import CrossDayRebuildError
 from enumerator_service._safe_paths import safe_name
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._paths import discovery_of, landing_path
@@ -120,7 +121,8 @@ def discover_and_run(
     ``run_id`` names the Sluice run (``dagster-<Dagster run id>`` from Dagster, so the
     failed-run sensor can give a dead run's splits back). ``rebuild``: days of ``dates`` that
     were processed before are processed again and their output replaced. The run starts by
-    migrating the platform database (:func:`start_run`).
+    migrating the platform database (:func:`start_run`). A rebuild of a day that holds rows
+    of other days' files fails as a :class:`dagster.Failure` (not retried) naming the day.
     """
     start_run(settings)
     # Days asked for must have their folders; "all new input" may have none yet.
@@ -132,13 +134,21 @@ def discover_and_run(
     # Imported here so loading the code location (and every sensor tick) never imports PySpark.
     from spark_jobs.jobs import run_pipeline
 
-    summary = run_pipeline(
-        settings,
-        pipeline,
-        dates=list(dates) if dates is not None else None,
-        run_id=run_id,
-        rebuild=rebuild,
-    )
+    try:
+        summary = run_pipeline(
+            settings,
+            pipeline,
+            dates=list(dates) if dates is not None else None,
+            run_id=run_id,
+            rebuild=rebuild,
+        )
+    except CrossDayRebuildError as exc:
+        # Refused before anything moved; a retry would be refused the same way.
+        raise Failure(
+            description=f"cannot re-materialise: {exc}",
+            metadata={"partition": str(exc.partition_key), "foreign_rows": exc.foreign_rows},
+            allow_retries=False,
+        ) from exc
     return discovery, summary
 
 

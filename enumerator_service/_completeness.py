@@ -37,7 +37,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Row
 
 from enumerator_service._schema import (
     SplitStatus,
@@ -83,17 +83,27 @@ _UNFINISHED = (
 
 @dataclass(frozen=True, slots=True)
 class PartitionCompletion:
-    """One ``partition_completions`` row (``watermark`` None: completed at end of input)."""
+    """One ``partition_completions`` row, the one type on both sides: written by
+    :func:`complete_partitions` in a checkpoint's transaction, read and marked by the
+    Dagster reporter (``_completions``). ``watermark`` None: completed at end of input;
+    ``reported_at`` None: Dagster has not been told yet."""
 
     source: str
     partition_key: date
     generation: int
+    completed_at: datetime
     run_id: str
     checkpoint_id: int
     watermark: datetime | None
     rows: int
     dead_letters: int
     late_records: int
+    reported_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> PartitionCompletion:
+        """From a ``partition_completions`` row (every column selected)."""
+        return cls(**row._mapping)
 
 
 def partition_end(day: date) -> datetime:
@@ -264,32 +274,30 @@ def complete_partitions(
     stored = None if watermark >= END_OF_INPUT else watermark
     done: list[PartitionCompletion] = []
     for row in conn.execute(query.order_by(stats.c.partition_key).with_for_update()).all():
-        completion = PartitionCompletion(
-            source=source,
-            partition_key=row.partition_key,
-            generation=row.generation + 1,
-            run_id=run_id,
-            checkpoint_id=checkpoint_id,
-            watermark=stored,
-            rows=row.rows,
-            dead_letters=row.dead_letters,
-            late_records=row.late_records,
-        )
-        conn.execute(
-            insert(partition_completions)
-            .values(
-                source=source,
-                partition_key=completion.partition_key,
-                generation=completion.generation,
-                run_id=run_id,
-                checkpoint_id=checkpoint_id,
-                watermark=stored,
-                rows=completion.rows,
-                dead_letters=completion.dead_letters,
-                late_records=completion.late_records,
-            )
-            .on_conflict_do_nothing()
-        )
+        values = {
+            "source": source,
+            "partition_key": row.partition_key,
+            "generation": row.generation + 1,
+            "run_id": run_id,
+            "checkpoint_id": checkpoint_id,
+            "watermark": stored,
+            "rows": row.rows,
+            "dead_letters": row.dead_letters,
+            "late_records": row.late_records,
+        }
+        table = partition_completions
+        inserted = conn.execute(
+            insert(table).values(**values).on_conflict_do_nothing().returning(*table.c)
+        ).first()
+        if inserted is None:  # already recorded (cannot happen under the lock; be total)
+            inserted = conn.execute(
+                sa.select(table).where(
+                    table.c.source == source,
+                    table.c.partition_key == row.partition_key,
+                    table.c.generation == values["generation"],
+                )
+            ).one()
+        completion = PartitionCompletion.from_row(inserted)
         conn.execute(
             sa.update(stats)
             .where(stats.c.source == source, stats.c.partition_key == row.partition_key)

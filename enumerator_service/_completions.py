@@ -15,10 +15,10 @@ from any thread.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime
 
 import sqlalchemy as sa
 
+from enumerator_service._completeness import PartitionCompletion
 from enumerator_service._schema import SCHEMA, partition_completions
 
 __all__ = [
@@ -30,23 +30,6 @@ __all__ = [
     "partition_completions",
     "unreported_completions",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionCompletion:
-    """One row of ``partition_completions``."""
-
-    source: str
-    partition_key: date
-    generation: int
-    completed_at: datetime
-    run_id: str
-    checkpoint_id: int
-    watermark: datetime | None
-    rows: int
-    dead_letters: int
-    late_records: int
-    reported_at: datetime | None = None
 
 
 def completions_table_exists(engine: sa.Engine) -> bool:
@@ -69,7 +52,7 @@ def unreported_completions(engine: sa.Engine, source: str, limit: int) -> list[P
         .limit(limit)
     )
     with engine.connect() as conn:
-        return [PartitionCompletion(**row._mapping) for row in conn.execute(query)]
+        return [PartitionCompletion.from_row(row) for row in conn.execute(query)]
 
 
 def mark_reported(engine: sa.Engine, completion: PartitionCompletion) -> bool:

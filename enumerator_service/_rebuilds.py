@@ -19,6 +19,40 @@ Lifecycle of one rebuild (this module is its Postgres side; the folder swap is t
    ``end_swap`` marks it DONE, drops the previous generation's dead letters and releases
    the HELD splits. A crash anywhere in between is finished by the next ``ready`` caller.
 
+Rebuilds by event day (not implemented yet; today :class:`CrossDayRebuildError`). With
+event-day partitions a landing file may feed several days, so "the splits of D" (landing day
+D) is neither all of D's input nor only D's. A day holding rows of other days' files
+(``partition_stats.foreign_rows`` > 0) is refused in ``start`` before anything changes: the
+CLI prints one line (exit 2), Dagster fails the run with a ``Failure`` (not retried). The
+design that lifts the refusal:
+
+1. Record what each split produced: a ``split_partitions(split_id, partition_key, rows,
+   dead_letters)`` table (added to migration 0008, unreleased), filled in the checkpoint's
+   completion transaction next to ``partition_stats`` from per-split counts the
+   acknowledgement carries (``EventDays`` keys its counts by (split, day) instead of day;
+   ``take_counts`` sums them for ``partition_stats``). A split re-read after a restore only
+   adds the counts of checkpoints that commit, so the table is exact like the stats.
+2. ``start(D)``: the members are every split with a ``split_partitions`` row for D plus the
+   splits landing on D (a file whose rows were all filtered or dead-lettered has none).
+   ``splits.rebuild_id`` stays one rebuild per split: rebuilding D and D' at once, where one
+   split fed both, makes one rebuild that covers both days (``partition_rebuilds`` gains the
+   set of days; one folder per day, swapped together), or simply refuses the overlap.
+3. A member writes only the rows whose event day is the rebuild's day (``EventDays.write``'s
+   ``only`` becomes the rebuild's day, not the split's landing day) into the rebuild folder;
+   its other days' rows are counted as dropped (they stay in their partitions). Resetting a
+   member's offsets must not reset what it committed for other days: its dead letters of
+   other event days stay (``end_swap`` deletes only dead letters whose event day is D, which
+   needs ``dead_letters.partition_key``), and its other days' ``split_partitions`` rows stay.
+4. Members count their output per day as usual, into a rebuild-scoped tally (the rebuild's
+   ``split_partitions`` rows, with ``rebuild_id``), not into ``partition_stats``.
+5. ``end_swap`` (one transaction, the source's completeness lock taken too): D's
+   ``partition_stats`` are reset to the rebuild's tally (rows, dead letters; late records 0,
+   foreign rows recomputed), the members' old ``split_partitions`` rows for D are replaced by
+   the rebuild's, and a new ``partition_completions`` generation of D is recorded (when D was
+   complete before and no split that may still carry D's records is unfinished, as in
+   ``complete_partitions``), so the reporter re-reports the day; otherwise D is left open and
+   completes with the next checkpoint past it.
+
 Threading: every method blocks on the database; never call them from a mailbox thread.
 """
 
@@ -51,7 +85,16 @@ class PartitionBusyError(RuntimeError):
 
 class CrossDayRebuildError(RuntimeError):
     """A partition to rebuild holds rows from files of other landing days (event-day
-    partitions): a rebuild re-reads only the day's own files and would drop them."""
+    partitions): a rebuild re-reads only the day's own files and would drop them. Raised
+    before anything changed (see "Rebuilds by event day" in the module docstring)."""
+
+    def __init__(self, source: str, partition_key: date, foreign_rows: int) -> None:
+        super().__init__(
+            f"partition {partition_key} of {source!r} holds {foreign_rows} rows from files of "
+            "other days, which a rebuild does not re-read: re-materialising it is not "
+            "supported yet"
+        )
+        self.source, self.partition_key, self.foreign_rows = source, partition_key, foreign_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +166,7 @@ class RebuildStore:
                 .limit(1)
             ).first()
             if foreign is not None:
-                raise CrossDayRebuildError(
-                    f"partition {foreign.partition_key} of {source!r} holds "
-                    f"{foreign.foreign_rows} rows from files of other days, which a rebuild "
-                    "does not re-read: re-materialising it is not supported yet"
-                )
+                raise CrossDayRebuildError(source, foreign.partition_key, foreign.foreign_rows)
             in_days = sa.and_(splits.c.source == source, splits.c.partition_key.in_(processed))
             # Step 2: nobody else may be reading them (an expired lease holds nothing).
             busy = conn.execute(

@@ -11,6 +11,7 @@ import click
 
 from enumerator_service import ConfigError
 from enumerator_service._database import SchemaError
+from enumerator_service._rebuilds import CrossDayRebuildError, PartitionBusyError
 from spark_jobs.cli._commands import cli
 from spark_jobs.pipeline import DemoDataRefused, PipelineDefinitionError
 
@@ -18,8 +19,9 @@ __all__ = ["cli", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point: configuration and definition errors are one line on stderr and
-    exit code 2."""
+    """Console entry point: configuration and definition errors, and a ``--replace`` that
+    cannot start (a day holding other days' rows, or being read), are one line on stderr
+    and exit code 2."""
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     try:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
@@ -34,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     except PipelineDefinitionError as exc:
         click.echo(f"sluice: definition error: {exc}", err=True)
+        sys.exit(2)
+    except (CrossDayRebuildError, PartitionBusyError) as exc:  # nothing was changed
+        click.echo(f"sluice: cannot replace: {exc}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)

@@ -20,6 +20,9 @@ and the counts per output partition that a checkpoint acknowledgement carries.
 - Rebuild members (``--replace``) are never late: rewriting a complete day is their purpose.
   Their output is not counted either (it replaces rows already counted), so a rebuild neither
   changes ``partition_stats`` nor reopens the day (first pass: see the hand-over notes).
+- Dead letters count on the record's event day when it is known (a step's dead letter keeps
+  the record, event time included), else on the split's landing day (a reader's dead letter:
+  the input did not parse, so it has no event time).
 - Counts (rows, dead letters, late records per partition) accumulate on the mailbox thread
   between two barriers and are taken by the checkpoint trigger, so they describe exactly the
   staged output of that interval and commit with it.
@@ -33,7 +36,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
-from datetime import UTC, date
+from datetime import UTC, date, datetime
 from typing import Protocol
 
 import orjson
@@ -164,13 +167,34 @@ class EventDays:
                 )
             yield day, part
 
-    def count_dead_letter(self, split_id: int) -> None:
-        """A record of the split rejected (by the reader or a step): counted on the split's
-        landing day (its event time may be unknown). A rebuild's dead letters replace
-        counted ones: not counted."""
-        day, rebuild_id = self._splits[split_id]
-        if day is not None and rebuild_id is None:
+    def count_dead_letter(self, split_id: int, raw: bytes | None = None) -> None:
+        """A record of the split rejected, counted on its output partition: the UTC day of
+        its event time when that is known — a step's dead letter (``raw``: the record as a
+        JSON object, as the per-record and lookup steps keep it) with a valid event time —
+        else the split's landing day (a reader's dead letter: the input did not parse). A
+        rebuild's dead letters replace counted ones: not counted."""
+        landing_day, rebuild_id = self._splits[split_id]
+        if rebuild_id is not None:
+            return
+        day = self.event_day(raw) if raw is not None else None
+        day = day or landing_day
+        if day is not None:
             self._add(day.isoformat(), dead_letters=1)
+
+    def event_day(self, raw: bytes) -> date | None:
+        """The UTC event day of a dead-lettered record kept as JSON; None without event-day
+        partitions, or when ``raw`` holds no valid zoned event time (truncated at 4 KiB, not
+        an object, the field null or overwritten by a step's bad value)."""
+        if self._event_time is None:
+            return None
+        try:
+            value = orjson.loads(raw).get(self._event_time)
+            moment = datetime.fromisoformat(value) if isinstance(value, str) else None
+        except (orjson.JSONDecodeError, AttributeError, ValueError):
+            return None
+        if moment is None or moment.tzinfo is None:
+            return None
+        return moment.astimezone(UTC).date()
 
     def touch(self, split_id: int) -> None:
         """The split finished: without event-day partitions its landing day's partition

@@ -299,7 +299,7 @@ class ReaderTask:
     def dead_letters(self, split_id: int, dead: list[DeadLetter]) -> None:
         for offset, raw, reason in dead:
             self._sink.dead_letter(split_id, offset, raw, reason)
-            self._event_days.count_dead_letter(split_id)
+            self._event_days.count_dead_letter(split_id, raw)  # a step's: the record's day
 
     def count_dropped(self, records: int) -> None:
         self._sink.count_dropped(records)

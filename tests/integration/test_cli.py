@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,56 @@ def test_discover_skips_and_counts_links_out_of_the_landing_folder(
     follow = _run(["discover", "cli_events"], {**env, "SLUICE_FOLLOW_SYMLINKS": "true"}, tmp_path)
     assert follow.returncode == 0, follow.stderr
     assert "1 new splits registered" in follow.stdout and "skipped" not in follow.stdout
+
+
+def test_replacing_a_day_holding_other_days_rows_is_one_line_and_exit_2(
+    db_url: str, tmp_path: Path
+) -> None:
+    """``--replace`` of a day whose output holds rows of other days' files (event-day
+    partitions) is refused before anything moves: one line, exit 2, no traceback."""
+    import secrets
+
+    import sqlalchemy as sa
+
+    from enumerator_service._schema import SplitStatus, partition_stats, splits
+
+    name = f"cli_events_{secrets.token_hex(3)}"  # splits and stats of its own
+    landing = tmp_path / "landing"
+    (landing / "dt=2026-01-01").mkdir(parents=True)
+    (landing / "dt=2026-01-01" / "part-0.jsonl").write_text('{"x": 1}\n')
+    module = MODULE.replace('name="cli_events"', f'name="{name}"')
+    env = {**_module(tmp_path, landing, module), "SLUICE_DATABASE_URL": db_url}
+    assert _run(["discover", name], env, tmp_path).returncode == 0
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.begin() as conn:  # as if processed, with a 2026-01-02 file's row in it
+            conn.execute(
+                sa.update(splits)
+                .where(splits.c.source == name)
+                .values(status=SplitStatus.COMPLETED)
+            )
+            conn.execute(
+                sa.insert(partition_stats).values(
+                    source=name,
+                    partition_key=date(2026, 1, 1),
+                    rows=2,
+                    dead_letters=0,
+                    late_records=0,
+                    foreign_rows=1,
+                )
+            )
+        result = _run(["run", name, "--date", "2026-01-01", "--replace"], env, tmp_path)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "Traceback" not in result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"sluice: cannot replace: partition 2026-01-01 of {name!r} holds 1 rows from "
+            "files of other days"
+        ), result.stderr
+        with engine.connect() as conn:  # nothing started, nothing reset
+            statuses = conn.execute(
+                sa.select(splits.c.status, splits.c.rebuild_id).where(splits.c.source == name)
+            ).all()
+        assert [tuple(row) for row in statuses] == [(SplitStatus.COMPLETED, None)]
+    finally:
+        engine.dispose()

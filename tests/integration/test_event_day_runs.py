@@ -256,3 +256,55 @@ def test_an_at_least_once_run_completes_its_days_with_the_committed_counts(
         ]
     finally:
         platform.close()
+
+
+def test_a_steps_dead_letter_counts_on_its_event_day(
+    prepared: tuple[Settings, Platform],
+) -> None:
+    """A lookup miss (dead-lettered by the step) counts on the record's event day; a line the
+    reader cannot parse counts on its file's landing day."""
+    settings, platform = prepared
+    d1 = settings.demo_start_date
+    d2, d3 = d1 + timedelta(days=1), d1 + timedelta(days=2)
+    folder = Path(settings.landing_path) / f"dt={d2.isoformat()}"
+    record = {
+        "event_id": "miss-1",
+        "user_id": 999_999,  # no such user: a lookup miss
+        "event_time": datetime.combine(d3, datetime.min.time(), UTC).isoformat(),
+        "event_type": "click",
+        "amount": 1.0,
+    }
+    (folder / "miss.jsonl").write_bytes(orjson.dumps(record) + b"\n{not json\n")
+    pipeline = demo_pipeline(settings)
+    lookup = dataclasses.replace(pipeline.steps[0], on_miss="dead_letter")
+    demo_discover(platform)
+    run_pipeline(settings, dataclasses.replace(pipeline, steps=[lookup, *pipeline.steps[1:]]))
+    source = settings.source_name
+    with platform.engine.connect() as conn:
+        stats = dict(
+            conn.execute(
+                sa.select(partition_stats.c.partition_key, partition_stats.c.dead_letters).where(
+                    partition_stats.c.source == source
+                )
+            ).all()
+        )
+        letters = conn.execute(
+            sa.select(dead_letters.c.raw, dead_letters.c.reason, splits.c.partition_key)
+            .join(splits, splits.c.id == dead_letters.c.split_id)
+            .where(dead_letters.c.source == source)
+        ).all()
+    assert stats[d3] == 1  # the miss: landed on d2, its event day is d3
+    assert any(r.reason.startswith("lookup miss") and b"miss-1" in r.raw for r in letters)
+    # Every dead letter is counted once, on its record's event day or else its landing day.
+    assert sum(stats.values()) == len(letters)
+    readers = sum(1 for r in letters if not r.reason.startswith("lookup miss"))
+    misses_d2 = sum(
+        1
+        for r in letters
+        if r.reason.startswith("lookup miss")
+        and datetime.fromisoformat(orjson.loads(r.raw)["event_time"]).astimezone(UTC).date() == d2
+    )
+    landed_d2 = sum(
+        1 for r in letters if r.partition_key == d2 and not r.reason.startswith("lookup miss")
+    )
+    assert readers >= 1 and stats[d2] == landed_d2 + misses_d2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 
 import orjson
 import pyarrow as pa
@@ -225,3 +225,35 @@ def test_completions_are_read_off_the_mailbox_thread_and_applied_as_a_mail(
         refresh_in_background(days, io, closed, lambda: frozenset({D2}))  # type: ignore[arg-type]
     assert days.completed == {D1}
     assert not caplog.records  # (a callback that raised would be logged by the executor)
+
+
+def test_a_step_dead_letter_counts_on_the_records_event_day() -> None:
+    """A dead letter of a step keeps the record as JSON (event time included): it counts on
+    the record's event day, not on its file's landing day; a reader's dead letter (no
+    record) and an unreadable event time fall back to the landing day."""
+    days = EventDays("ts", by_event_day=True, policy="reopen")
+    days.split_added(7, D2, None)
+    # As the per-record and lookup steps keep a rejected record (orjson, 4 KiB at most).
+    record = {"ts": datetime(2026, 1, 1, 22, 30, tzinfo=timezone(timedelta(hours=-5))), "n": 1}
+    days.count_dead_letter(7, orjson.dumps(record, default=str)[:4096])  # UTC: D2 03:30
+    days.count_dead_letter(7, orjson.dumps({"ts": _at(D3, 1), "n": 2}))
+    days.count_dead_letter(7)  # the reader's: the input did not parse
+    for raw in (b'{"ts": null}', b'{"ts": "2026-01-01T01:00:00"}', b'{"ts": "bad"}', b"[1]"):
+        days.count_dead_letter(7, raw)
+    days.count_dead_letter(7, orjson.dumps({"ts": _at(D1, 5), "pad": "x" * 5000})[:4096])
+    counts = {day: values["dead_letters"] for day, values in days.take_counts().items()}
+    assert counts == {"2026-01-02": 7, "2026-01-03": 1}
+    # Day D1 only in the untruncated record: counted there.
+    days.count_dead_letter(7, orjson.dumps({"ts": _at(D1, 5), "n": 3}))
+    assert days.take_counts()["2026-01-01"]["dead_letters"] == 1
+
+
+def test_dead_letters_without_event_day_partitions_count_on_the_landing_day() -> None:
+    days = EventDays("ts", by_event_day=False, policy="reopen")
+    days.split_added(7, D2, None)
+    days.split_added(8, D2, 41)  # a rebuild member: replaces counted dead letters
+    days.count_dead_letter(7, orjson.dumps({"ts": _at(D3, 1)}))
+    days.count_dead_letter(8, orjson.dumps({"ts": _at(D3, 1)}))
+    assert days.take_counts() == {
+        "2026-01-02": {"rows": 0, "dead_letters": 1, "late_records": 0, "foreign_rows": 0}
+    }
