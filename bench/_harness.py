@@ -19,7 +19,7 @@ from spark_jobs.async_io import (
 )
 from spark_jobs.runtime import MailboxController, MailboxProcessor
 
-__all__ = ["forget_source", "run_operator", "timed"]
+__all__ = ["clickstream_over", "forget_source", "run_operator", "timed"]
 
 T = TypeVar("T")
 
@@ -92,3 +92,19 @@ def forget_source(engine: sa.Engine, source: str) -> None:
             )
         conn.execute(sa.delete(splits).where(splits.c.source == source))  # dead letters cascade
         conn.execute(sa.delete(enumerator_state).where(enumerator_state.c.source == source))
+
+
+def clickstream_over(landing: Any, source: str, users_table: str, cache: Any = None) -> Any:
+    """The clickstream example over a benchmark's files (``landing``) and its users table in
+    ``public``, named ``source``, its lookup with ``cache`` (default: none)."""
+    import dataclasses
+
+    from examples.clickstream import clickstream
+
+    (lookup,) = clickstream.steps
+    return dataclasses.replace(
+        clickstream,
+        name=source,
+        source=dataclasses.replace(clickstream.source, landing=landing),
+        steps=[dataclasses.replace(lookup, table=f"public.{users_table}", cache=cache)],
+    )

@@ -33,7 +33,6 @@ other load on the machine.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shutil
 import statistics
@@ -46,7 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from _harness import forget_source, timed  # bench/ is on sys.path when run as a script
+from _harness import (  # bench/ is on sys.path when run as a script
+    clickstream_over,
+    forget_source,
+    timed,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -165,7 +168,7 @@ def run_once(
         checkpoint_interval_seconds=variant.interval,
         checkpointing_mode=variant.mode,
     )
-    pipeline = bench_pipeline(landing, source)
+    pipeline = clickstream_over(landing, source, USERS_TABLE)
     try:
         spec = discovery_of(pipeline, settings)
         found = discover(Platform(settings, platform.url, platform.engine), spec)
@@ -177,19 +180,6 @@ def run_once(
         return measure(platform.engine, summary, wall, cpu)
     finally:
         cleanup(platform.engine, source, output_path(pipeline, settings))
-
-
-def bench_pipeline(landing: Path, source: str) -> Any:
-    """The clickstream example over the bench's files and users table."""
-    from examples.clickstream import clickstream
-
-    (lookup,) = clickstream.steps
-    return dataclasses.replace(
-        clickstream,
-        name=source,
-        source=dataclasses.replace(clickstream.source, landing=landing),
-        steps=[dataclasses.replace(lookup, table=f"public.{USERS_TABLE}")],
-    )
 
 
 def cpu_seconds() -> float:

@@ -81,7 +81,7 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import forget_source
+from _harness import clickstream_over, forget_source
 
 from enumerator_service import Settings, asyncpg_dsn, load_settings
 from enumerator_service._operations import Platform, discover, open_platform
@@ -397,17 +397,10 @@ def sluice_settings(ctx: Context, latency_ms: float, source: str) -> Settings:
 def clickstream_pipeline(landing: Path, source: str, cache_rows: int) -> Any:
     """The clickstream example over the bench's files and users table (no cache by default:
     with these uniformly random keys a cache hits ~9 % and costs more than it saves)."""
-    from examples.clickstream import clickstream
     from spark_jobs import PartialCache
 
-    (lookup,) = clickstream.steps
     cache = PartialCache(cache_rows) if cache_rows else None
-    return dataclasses.replace(
-        clickstream,
-        name=source,
-        source=dataclasses.replace(clickstream.source, landing=landing),
-        steps=[dataclasses.replace(lookup, table=f"public.{USERS_TABLE}", cache=cache)],
-    )
+    return clickstream_over(landing, source, USERS_TABLE, cache)
 
 
 def run_sluice(

@@ -14,7 +14,6 @@ Platform database: the embedded Postgres under ``SLUICE_HOME`` (or ``SLUICE_DATA
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
 import statistics
 import sys
@@ -23,13 +22,12 @@ import time
 import uuid
 from datetime import date
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import forget_source
+from _harness import clickstream_over, forget_source
 
 from enumerator_service import asyncpg_dsn, load_settings
 from enumerator_service._operations import Platform, discover, open_platform
@@ -40,18 +38,6 @@ USERS_TABLE = "bench_gang_users"
 USERS = 50_000
 
 
-def _pipeline(landing: Path, source: str) -> Any:
-    from examples.clickstream import clickstream
-
-    (lookup,) = clickstream.steps
-    return dataclasses.replace(
-        clickstream,
-        name=source,
-        source=dataclasses.replace(clickstream.source, landing=landing),
-        steps=[dataclasses.replace(lookup, table=f"public.{USERS_TABLE}")],
-    )
-
-
 def _one_run(platform: Platform, out: Path, landing: Path, gang: bool) -> tuple[float, int]:
     """Wall seconds of discover + run; rows in. The source is forgotten afterwards."""
     from spark_jobs.jobs import ReaderRun, run_pipeline
@@ -59,7 +45,7 @@ def _one_run(platform: Platform, out: Path, landing: Path, gang: bool) -> tuple[
 
     source = f"bench_gang_{uuid.uuid4().hex[:10]}"
     settings = platform.settings.model_copy(update={"warehouse_dir": out / source})
-    pipeline = _pipeline(landing, source)
+    pipeline = clickstream_over(landing, source, USERS_TABLE)
     ReaderRun.gang_scheduled = gang
     started = time.perf_counter()
     try:

@@ -121,17 +121,10 @@ def apply_split_states(
     for state in states:
         if state.get("failed") and state["finished"]:
             if not _commit_failure(conn, run_id, state) and not skip_fenced:
-                raise FencedError(
-                    f"split {state['id']} epoch {state['epoch']} is no longer held by run {run_id}"
-                )
+                raise _stale(run_id, state)
             continue
         finished = bool(state["finished"]) and not state["pending"]
-        watermark = state.get("watermark")
-        values: dict[str, Any] = {
-            "committed_offset": state["offset"],
-            "committed_watermark": datetime.fromisoformat(watermark) if watermark else None,
-            "pending": state["pending"] or None,
-        }
+        values: dict[str, Any] = _progress(state)
         if finished:
             values.update(
                 status=SplitStatus.COMPLETED, lease_expires_at=None, completed_at=sa.func.now()
@@ -151,11 +144,26 @@ def apply_split_states(
         if result.rowcount != 1:
             if skip_fenced:
                 continue
-            raise FencedError(
-                f"split {state['id']} epoch {state['epoch']} is no longer held by run {run_id}"
-            )
+            raise _stale(run_id, state)
         completed += finished
     return completed
+
+
+def _stale(run_id: str, state: Mapping[str, Any]) -> FencedError:
+    return FencedError(
+        f"split {state['id']} epoch {state['epoch']} is no longer held by run {run_id}"
+    )
+
+
+def _progress(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns of a split's committed progress in snapshot ``state``: the resume offset,
+    its watermark and the ranges still pending (see ``SplitState``)."""
+    watermark = state.get("watermark")
+    return {
+        "committed_offset": state["offset"],
+        "committed_watermark": datetime.fromisoformat(watermark) if watermark else None,
+        "pending": state["pending"] or None,
+    }
 
 
 def _commit_failure(conn: Connection, run_id: str, state: Mapping[str, Any]) -> bool:
@@ -170,7 +178,6 @@ def _commit_failure(conn: Connection, run_id: str, state: Mapping[str, Any]) -> 
     same failure again; ``failed_epoch`` recognises it. False when the epoch is stale.
     """
     failed = state["failed"]
-    watermark = state.get("watermark")
     failures = splits.c.failures + 1
     quarantine = failures >= int(failed["max_attempts"])
     result = conn.execute(
@@ -182,9 +189,7 @@ def _commit_failure(conn: Connection, run_id: str, state: Mapping[str, Any]) -> 
             splits.c.status == SplitStatus.READING,
         )
         .values(
-            committed_offset=state["offset"],
-            committed_watermark=datetime.fromisoformat(watermark) if watermark else None,
-            pending=state["pending"] or None,
+            **_progress(state),
             failures=failures,
             failure_reason=str(failed["reason"]),
             last_error=str(failed["error"]),

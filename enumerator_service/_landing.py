@@ -87,19 +87,25 @@ def data_files(
             match = _PARTITION_DIR.match(entry.name)
             if not match:
                 continue
-            if entry.is_symlink():
-                target = root.link_target(entry.path)
-                if target is None:
-                    skipped.append(entry.path)
-                    continue
-                if not os.path.isdir(target):
-                    continue
-            elif not entry.is_dir():
+            if not _is(entry, True, root, skipped):
                 continue
             day = date.fromisoformat(match.group(1))
             if dates is not None and day not in dates:
                 continue
             yield from _folder_files(entry.path, day, root, skipped)
+
+
+def _is(entry: os.DirEntry[str], folder: bool, root: LandingRoot, skipped: list[str]) -> bool:
+    """Whether ``entry`` is a folder (``folder``) or a regular file — through a link only if
+    ``root`` follows it; a link it does not follow is appended to ``skipped``. A plain entry
+    answers from the scan (no extra stat per file on the discovery path)."""
+    if not entry.is_symlink():
+        return entry.is_dir() if folder else entry.is_file()
+    target = root.link_target(entry.path)
+    if target is None:
+        skipped.append(entry.path)
+        return False
+    return os.path.isdir(target) if folder else os.path.isfile(target)
 
 
 def _folder_files(
@@ -113,14 +119,7 @@ def _folder_files(
             # Hidden and "_" files are in-flight writes or markers, never data.
             if kind is None or file.name.startswith((".", "_")):
                 continue
-            if file.is_symlink():
-                target = root.link_target(file.path)
-                if target is None:
-                    skipped.append(file.path)
-                    continue
-                if not os.path.isfile(target):
-                    continue
-            elif not file.is_file():
+            if not _is(file, False, root, skipped):
                 continue
             stat = file.stat()  # the target's, for a link
             # A link is registered under its own name: the reader checks it again at open.

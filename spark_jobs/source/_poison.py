@@ -16,11 +16,10 @@ from the last completed checkpoint without counting against any split.
 from __future__ import annotations
 
 import gzip
-import re
 import zlib
 from dataclasses import dataclass
 
-from enumerator_service import redact_url
+from enumerator_service import redact_text
 from enumerator_service._landing import OutsideLandingError
 from spark_jobs.source._csv import CsvHeaderError
 from spark_jobs.source._parquet_reader import ParquetSplitError
@@ -46,13 +45,11 @@ _CONTENT_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
     (ValueError, "unreadable content"),
 )
 
-_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
-
 
 def one_line(message: str, limit: int = MAX_ERROR_CHARS) -> str:
     """``message`` on one line, URLs' passwords redacted, at most ``limit`` characters."""
     flat = " ".join(message.split())
-    flat = _URL.sub(lambda m: redact_url(m.group(0)), flat)
+    flat = redact_text(flat)  # every URL in it, redacted as everywhere else
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 

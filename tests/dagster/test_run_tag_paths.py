@@ -8,7 +8,6 @@ written; nothing outside the data root is created or deleted.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
@@ -16,32 +15,18 @@ from pathlib import Path
 import pytest
 from conftest import TestSettings
 from dagster import DagsterError, DagsterInstance, materialize
+from hostile_inputs import HOSTILE, tree
 from sluice_resource import resource_for
 
 from dagster_project import pipeline_definitions
 from dagster_project._runs import SLUICE_RUN_TAG
 from spark_jobs import FileSource, ParquetSink, Pipeline
 
-HOSTILE = {
-    "slash": "/",
-    "dotdot": "..",
-    "climb": "a/../../b",
-    "up-two": "../../outside",
-    "nul": "run\x00id",
-    "long": "r" * 5000,
-    "empty": "",
-    "absolute": "/etc/sluice-escape",
+#: The values of ``HOSTILE`` tried against the run tag (path-shaped ones).
+TAG_VALUES = {
+    key: HOSTILE[key]
+    for key in ("slash", "dotdot", "climb", "up-two", "nul", "long", "empty", "absolute")
 }
-
-
-def _tree(root: Path) -> dict[str, bytes | None]:
-    found: dict[str, bytes | None] = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs:
-            found[os.path.relpath(Path(folder, name), root)] = None
-        for name in files:
-            found[os.path.relpath(Path(folder, name), root)] = Path(folder, name).read_bytes()
-    return found
 
 
 def _pipeline(partitioned: bool) -> Pipeline:
@@ -73,19 +58,19 @@ def platform(
 
 
 def _assert_untouched(base: Path, before: dict[str, bytes | None]) -> None:
-    after = _tree(base)
+    after = tree(base)
     assert {k: after.get(k) for k in before} == before
     created = sorted(set(after) - set(before))
     assert all(Path(k).parts[0] == "root" for k in created), created
 
 
-@pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())
+@pytest.mark.parametrize("value", TAG_VALUES.values(), ids=TAG_VALUES.keys())
 def test_a_hostile_run_tag_fails_the_run_before_anything_moves(
     platform: tuple[TestSettings, Path], tmp_path: Path, value: str
 ) -> None:
     settings, base = platform
     built = pipeline_definitions(_pipeline(partitioned=False), settings)
-    before = _tree(base)
+    before = tree(base)
     with DagsterInstance.ephemeral() as instance:
         asset = materialize(
             [built.output],
@@ -121,7 +106,7 @@ def test_a_hostile_partition_key_never_reaches_a_path(
     the key) is behind it for a key that comes another way."""
     settings, base = platform
     built = pipeline_definitions(_pipeline(partitioned=True), settings)
-    before = _tree(base)
+    before = tree(base)
     with DagsterInstance.ephemeral() as instance, pytest.raises(DagsterError) as caught:
         materialize(
             [built.output],

@@ -9,7 +9,6 @@ The Dagster run tag and partition key are in ``tests/dagster/test_run_tag_paths.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from conftest import TestSettings
+from hostile_inputs import HOSTILE, tree
 
 from enumerator_service import ConfigError
 from enumerator_service._safe_paths import child_path, partition_date, relative_under, safe_name
@@ -26,35 +26,8 @@ from spark_jobs.jobs import ReaderRun, run_pipeline
 from spark_jobs.pipeline import PipelineDefinitionError
 from spark_jobs.sink._parquet import ParquetSinkWriter
 
+
 #: What a hostile caller tries; every one must be refused.
-HOSTILE = {
-    "slash": "/",
-    "dotdot": "..",
-    "dot": ".",
-    "climb": "a/../../b",
-    "up-two": "../../outside",
-    "nul": "run\x00id",
-    "long": "r" * 5000,
-    "empty": "",
-    "absolute": "/etc/sluice-escape",
-    "backslash": "..\\..\\x",
-    "hidden": ".staging",
-    "space": "run id",
-}
-
-
-def tree(root: Path) -> dict[str, bytes | None]:
-    """Every path under ``root`` (folders as None, files with their bytes)."""
-    found: dict[str, bytes | None] = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs:
-            found[os.path.relpath(Path(folder, name), root)] = None
-        for name in files:
-            path = Path(folder, name)
-            found[os.path.relpath(path, root)] = path.read_bytes()
-    return found
-
-
 class Guarded:
     """A test folder with the data root inside it and a sentinel next to the warehouse."""
 
