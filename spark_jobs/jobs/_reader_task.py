@@ -38,7 +38,6 @@ import pyarrow.compute as pc
 from enumerator_service import (
     Acknowledgement,
     CheckpointStore,
-    LandingRoot,
     SplitAssignment,
     SplitState,
     SplitStore,
@@ -52,26 +51,18 @@ from spark_jobs.jobs._chain import OperatorChain
 from spark_jobs.jobs._event_days import EventDays, load_completed, refresh_in_background
 from spark_jobs.jobs._outages import connect_when_up
 from spark_jobs.jobs._results import SubtaskResult
+from spark_jobs.jobs._source_reader import open_source_reader
 from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.jobs._task_state import TaskSplit, decode_pending, snapshot_splits
 from spark_jobs.jobs._watermarks import TaskWatermarks
-from spark_jobs.pipeline._plan import SourcePlan
 from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension
 from spark_jobs.runtime._timers import AsyncioTimerService
 from spark_jobs.sink import StagedOutput, committer, open_sink_writer, publish_files
-from spark_jobs.source import (
-    FormatRouter,
-    HandoffQueue,
-    InputStatus,
-    ParsedBlock,
-    RecordEmitter,
-    SourceReaderBase,
-    SplitFetcher,
-)
-from spark_jobs.source._batch import OFFSET, Batch, DeadLetter, RecordSchema
+from spark_jobs.source import InputStatus, ParsedBlock
+from spark_jobs.source._batch import OFFSET, Batch, DeadLetter
 from spark_jobs.source._poison import SplitFailure
 
-__all__ = ["ReaderTask", "record_schema"]
+__all__ = ["ReaderTask"]
 
 #: Blocks the default action moves per call before letting I/O callbacks run.
 _SLICE = 512
@@ -82,15 +73,6 @@ CHECKPOINT_PRIORITY = 1 << 20
 def _resume_on(suspension: Suspension) -> Callable[[Future[None]], None]:
     """Future callback resuming the default action (from whichever thread completes it)."""
     return lambda _future: suspension.resume()
-
-
-def record_schema(source: SourcePlan) -> RecordSchema:
-    """What the pipeline's source emits."""
-    return RecordSchema(
-        tuple(pa.field(c.name, c.type) for c in source.columns),
-        source.required,
-        source.event_time,
-    )
 
 
 class ReaderTask:
@@ -153,32 +135,7 @@ class ReaderTask:
             self._on_checkpoint_event,
             poll_interval=config.checkpoint_poll_seconds,
         )
-        handoff = HandoffQueue(capacity=4)
-        # A retried attempt first restores the splits its predecessor held (new epoch).
-        restored = store.reclaim(config.run_id, self._subtask, config.lease_seconds)
-        router = FormatRouter(
-            record_schema(plan.source),
-            max_line_bytes=config.max_line_bytes,
-            dsn=config.asyncpg_dsn,
-            block_bytes=config.block_bytes,
-            landing=None
-            if config.landing_root is None
-            else LandingRoot(config.landing_root, config.follow_symlinks),
-        )
-        fetcher = SplitFetcher(
-            router,
-            handoff,
-            lambda: store.pull_next(config.run_id, self._subtask, config.lease_seconds),
-            restored,
-            name=f"split-fetcher-{self._subtask}",
-            poll_interval=config.continuous_poll_seconds if config.continuous else None,
-            idle_exit=config.continuous_idle_seconds,
-        )
-        emitter = RecordEmitter(
-            out_of_orderness=plan.source.out_of_orderness,
-            idle_timeout=plan.source.idle_timeout,
-        )
-        self._reader = SourceReaderBase(fetcher, handoff, emitter)
+        self._reader = open_source_reader(config, self._subtask, store)
         await self._chain.open()
         await self._listener.open()
         self._reader.start()

@@ -1,0 +1,65 @@
+"""The subtask's source side: the split fetcher, its record emitter and the reader over them.
+
+Built on the mailbox thread before the loop starts; the fetcher's thread starts with
+:meth:`SourceReaderBase.start`. A retried attempt first restores the splits its predecessor
+held (``SplitStore.reclaim``: a new fencing epoch), then pulls more as it runs out.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from enumerator_service import LandingRoot, SplitStore
+from spark_jobs.jobs._task_config import TaskConfig
+from spark_jobs.pipeline._plan import SourcePlan
+from spark_jobs.source import (
+    FormatRouter,
+    HandoffQueue,
+    RecordEmitter,
+    SourceReaderBase,
+    SplitFetcher,
+)
+from spark_jobs.source._batch import RecordSchema
+
+__all__ = ["open_source_reader", "record_schema"]
+
+#: Parsed blocks waiting for the mailbox thread: the fetcher blocks (wakeably) beyond this.
+_HANDOFF_CAPACITY = 4
+
+
+def record_schema(source: SourcePlan) -> RecordSchema:
+    """What the pipeline's source emits."""
+    return RecordSchema(
+        tuple(pa.field(c.name, c.type) for c in source.columns),
+        source.required,
+        source.event_time,
+    )
+
+
+def open_source_reader(config: TaskConfig, subtask: int, store: SplitStore) -> SourceReaderBase:
+    """The reader of ``subtask`` (not started): the splits a dead attempt of it held first."""
+    source = config.plan.source
+    handoff = HandoffQueue(capacity=_HANDOFF_CAPACITY)
+    restored = store.reclaim(config.run_id, subtask, config.lease_seconds)
+    router = FormatRouter(
+        record_schema(source),
+        max_line_bytes=config.max_line_bytes,
+        dsn=config.asyncpg_dsn,
+        block_bytes=config.block_bytes,
+        landing=None
+        if config.landing_root is None
+        else LandingRoot(config.landing_root, config.follow_symlinks),
+    )
+    fetcher = SplitFetcher(
+        router,
+        handoff,
+        lambda: store.pull_next(config.run_id, subtask, config.lease_seconds),
+        restored,
+        name=f"split-fetcher-{subtask}",
+        poll_interval=config.continuous_poll_seconds if config.continuous else None,
+        idle_exit=config.continuous_idle_seconds,
+    )
+    emitter = RecordEmitter(
+        out_of_orderness=source.out_of_orderness, idle_timeout=source.idle_timeout
+    )
+    return SourceReaderBase(fetcher, handoff, emitter)
