@@ -11,7 +11,8 @@ each (a new ``sluice run PIPELINE`` after every dead driver).
 - ``orders`` (CSV → lookups ``crm.customers`` and ``ref.fx_rates`` → Map → Filter → Postgres
   upsert): smaller batches (its sink is slower); ``analytics.orders_enriched`` must equal the
   landing CSVs joined in SQL with the reference tables, and its committed sink transactions
-  must count every row, dropped row and dead letter exactly once (EXACTLY_ONCE).
+  must count every row, dropped row and dead letter exactly once (EXACTLY_ONCE); its
+  completed days are reported exactly once too.
 
 Runs go through the ``sluice`` CLI in subprocesses against a Postgres server of the test's
 own (one database per run). The seed is printed; ``SLUICE_FAULTS_SEED=<n>`` replays a schedule
@@ -229,15 +230,19 @@ def _fault_run(
     assert verdict.missing == 0 and verdict.unexpected == 0
     assert verdict.wrong == 0
     assert verdict.dead_letters == verdict.malformed
-    # Every completed day (and generation) is reported to Dagster exactly once, none is left
-    # unreported, and every day with output is complete once the stream drained.
-    reporting = report_completions_once(env, CLICKSTREAM)
+    _assert_reported_once(env, CLICKSTREAM)
+    return verdict
+
+
+def _assert_reported_once(env: dict[str, str], source: str) -> None:
+    """Every completed day (and generation) is reported to Dagster exactly once, none is left
+    unreported, and every day with output is complete once the stream drained."""
+    reporting = report_completions_once(env, source)
     log(reporting.line())
     assert reporting.completed
     assert dict(reporting.materialized) == dict.fromkeys(reporting.completed, 1)
     assert reporting.unreported == 0 and reporting.reported_again == 0
     assert reporting.open_days == []
-    return verdict
 
 
 def test_exactly_once_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
@@ -315,6 +320,7 @@ def _orders_fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) 
     assert verdict.dead_letters == verdict.expected_dead_letters
     # No staged row is left behind: every one was moved by its commit or removed by recovery.
     assert verdict.staged_left == 0
+    _assert_reported_once(env, ORDERS)
     return verdict
 
 
