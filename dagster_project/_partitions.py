@@ -1,11 +1,13 @@
 """Dynamic partitions of a pipeline's output kept in step with what was discovered.
 
-With ``SLUICE_DAGSTER_PARTITIONS=discovered`` the output's partitions are the days that have
-input: every ``partition_key`` of the pipeline's splits (whoever registered them: a sensor,
-``sluice discover``, a run's own discovery) and every completed day. Postgres is the source
-of truth; :func:`sync_partitions` adds to Dagster the days it does not know yet, in date
-order within one call (Dagster orders dynamic partitions by when they were added, so a day
-discovered after a later one is listed after it).
+With ``SLUICE_DAGSTER_PARTITIONS=discovered`` (the default) the output's partitions are the
+days that have input or output: the ``dt=`` folders of the landing folder that hold a data
+file (so a day can be launched or backfilled before anything registered its files), every
+``partition_key`` of the pipeline's splits (whoever registered them: a sensor, ``sluice
+discover``, a run's own discovery) and every completed day (an event day may have no landing
+folder of its own). :func:`sync_partitions` adds to Dagster the days it does not know yet, in
+date order within one call (Dagster orders dynamic partitions by when they were added, so a
+day discovered after a later one is listed after it); it never removes one.
 
 Called by ``<pipeline>_report_completions`` before it reports (a completed day must exist as
 a partition before its materialisation shows in the partition status). Opens its own
@@ -20,6 +22,7 @@ import sqlalchemy as sa
 from dagster import DagsterInstance, DynamicPartitionsDefinition, PartitionsDefinition
 
 from enumerator_service._completions import completions_table_exists, partition_completions
+from enumerator_service._landing import LandingRoot, landing_days
 from enumerator_service._schema import splits
 
 __all__ = ["sync_partitions"]
@@ -30,9 +33,11 @@ def sync_partitions(
     partitions: PartitionsDefinition | None,
     engine: sa.Engine,
     source: str,
+    landing: LandingRoot | None = None,
 ) -> list[str]:
     """Add ``source``'s days that Dagster does not have to ``partitions`` (dynamic ones
-    only: a daily or no partitioning has nothing to add); the keys added."""
+    only: a daily or no partitioning has nothing to add); the keys added. ``landing``: a
+    file source's landing folder, whose days with data files count too."""
     if not isinstance(partitions, DynamicPartitionsDefinition) or partitions.name is None:
         return []
     query: sa.Select[tuple[object]] | sa.CompoundSelect[tuple[object]] = (
@@ -49,6 +54,8 @@ def sync_partitions(
         )
     with engine.connect() as conn:
         days = {str(day) for day in conn.execute(query).scalars()}
+    if landing is not None:
+        days |= {str(day) for day in landing_days(landing.path, landing)}
     known = set(instance.get_dynamic_partitions(partitions.name))
     new = sorted(days - known)
     if new:

@@ -11,7 +11,6 @@ everything discovered.
 import warnings
 from collections.abc import Sequence
 from datetime import UTC, date, datetime
-from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -30,7 +29,7 @@ from dagster import (
 from dagster_project._runs import describe_run, discover_and_run, sluice_run_id, summary_metadata
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings
-from enumerator_service._landing import _PARTITION_DIR
+from enumerator_service._landing import LandingRoot, landing_days
 from enumerator_service._safe_paths import partition_date
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._paths import landing_path, output_path
@@ -50,16 +49,11 @@ DayPartitions = DailyPartitionsDefinition | DynamicPartitionsDefinition
 _PARTITIONS: dict[str, DailyPartitionsDefinition] = {}
 
 
-def _earliest_day(landing: Path) -> date | None:
-    """The earliest ``dt=YYYY-MM-DD`` folder in ``landing`` (None without one)."""
-    if not landing.is_dir():
-        return None
-    days = [
-        date.fromisoformat(match.group(1))
-        for entry in landing.iterdir()
-        if (match := _PARTITION_DIR.match(entry.name)) and entry.is_dir()
-    ]
-    return min(days, default=None)
+def _earliest_day(pipeline: Pipeline, settings: Settings) -> date | None:
+    """The earliest ``dt=YYYY-MM-DD`` landing folder holding a data file (None without one)."""
+    landing = landing_path(pipeline, settings)
+    root = LandingRoot.of(landing, follow_symlinks=settings.follow_symlinks)
+    return min(landing_days(landing, root), default=None)
 
 
 def partitions_name(pipeline: Pipeline) -> str:
@@ -71,11 +65,12 @@ def partitions_of(pipeline: Pipeline, settings: Settings) -> DayPartitions | Non
     """The partitions of a day-partitioned pipeline (None otherwise), the same object for
     every asset of the pipeline.
 
-    ``SLUICE_DAGSTER_PARTITIONS=daily`` (default): daily from its ``start_date``, else from
-    the earliest ``dt=`` folder of its landing folder when the code location loads, else today.
-    ``discovered``: dynamic partitions ``<pipeline>_days``, the days that have splits (added by
+    ``SLUICE_DAGSTER_PARTITIONS=discovered`` (default): dynamic partitions
+    ``<pipeline>_days``, the days that have input or output (added by
     ``<pipeline>_report_completions``, see ``_partitions.sync_partitions``): the UI offers
-    the days the data has, not every day since a start date.
+    the days the data has, not every day since a start date. ``daily``: daily from its
+    ``start_date``, else from the earliest ``dt=`` folder of its landing folder when the code
+    location loads, else today.
     """
     if not pipeline.plan.source.partitioned:
         return None
@@ -83,7 +78,7 @@ def partitions_of(pipeline: Pipeline, settings: Settings) -> DayPartitions | Non
         return DynamicPartitionsDefinition(name=partitions_name(pipeline))
     known = _PARTITIONS.get(pipeline.name)
     if known is None:
-        start = pipeline.plan.source.start_date or _earliest_day(landing_path(pipeline, settings))
+        start = pipeline.plan.source.start_date or _earliest_day(pipeline, settings)
         start = start or datetime.now(UTC).date()
         known = _PARTITIONS[pipeline.name] = DailyPartitionsDefinition(start_date=start.isoformat())
     return known

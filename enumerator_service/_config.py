@@ -138,10 +138,11 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="Abort a checkpoint not acknowledged by then."
     )
     dagster_partitions: Literal["daily", "discovered"] = Field(
-        default="daily",
-        description="The partitions Dagster offers for a day-partitioned output: daily from "
-        "the pipeline's start_date (else its earliest landing day), or discovered: the days "
-        "that have input (dynamic partitions, added as files are discovered).",
+        default="discovered",
+        description="The partitions Dagster offers for a day-partitioned output: discovered: "
+        "the days that have input or output (dynamic partitions, added by the "
+        "<pipeline>_report_completions sensor), or daily: every day from the pipeline's "
+        "start_date (else its earliest landing day) to today.",
     )
     checkpointing_mode: Literal["EXACTLY_ONCE", "AT_LEAST_ONCE"] = Field(
         default="EXACTLY_ONCE",

@@ -30,7 +30,7 @@ from datetime import date
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["LandingRoot", "OutsideLandingError", "data_files"]
+__all__ = ["LandingRoot", "OutsideLandingError", "data_files", "landing_days"]
 
 _log = logging.getLogger(__name__)
 
@@ -93,6 +93,23 @@ def data_files(
             if dates is not None and day not in dates:
                 continue
             yield from _folder_files(entry.path, day, root, skipped)
+
+
+def landing_days(landing: str | Path, root: LandingRoot) -> set[date]:
+    """The days of ``landing``'s ``dt=`` folders that hold a data file discovery would list
+    (one file found is enough: no stat of the others). None yet: an empty set."""
+    if not os.path.isdir(landing):
+        return set()
+    days: set[date] = set()
+    skipped: list[str] = []
+    with os.scandir(landing) as partitions:
+        for entry in partitions:
+            match = _PARTITION_DIR.match(entry.name)
+            if not match or not _is(entry, True, root, skipped):
+                continue
+            if next(_folder_files(entry.path, None, root, skipped), None) is not None:
+                days.add(date.fromisoformat(match.group(1)))
+    return days
 
 
 def _is(entry: os.DirEntry[str], folder: bool, root: LandingRoot, skipped: list[str]) -> bool:

@@ -436,6 +436,8 @@ def revenue_asset() -> Iterator[AssetsDefinition]:
     import examples.clickstream_revenue as module
 
     with pytest.MonkeyPatch.context() as patch:
+        # The module reads the settings when it is imported: daily, like the tests' settings.
+        patch.setenv("SLUICE_DAGSTER_PARTITIONS", "daily")
         patch.setitem(
             importlib.import_module("dagster_project.assets")._PARTITIONS,
             clickstream.name,

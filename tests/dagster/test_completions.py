@@ -299,13 +299,23 @@ def test_discovered_partitions_are_the_days_with_input(make_settings: MakeSettin
                     for day in (DAYS[2], DAYS[0])
                 ]
             )
+            # A landing folder with a data file nothing registered yet is a day too (it can
+            # be launched); an empty one is not.
+            (folder / "dt=2026-01-09").mkdir(parents=True)
+            (folder / "dt=2026-01-08").mkdir()
+            (folder / "dt=2026-01-08" / "b.jsonl").write_text("{}\n")
             assert reporting.tick() == []
-            assert instance.get_dynamic_partitions(partitions.name) == ["2026-01-01", "2026-01-03"]
+            assert instance.get_dynamic_partitions(partitions.name) == [
+                "2026-01-01",
+                "2026-01-03",
+                "2026-01-08",
+            ]
             reporting.complete(DAYS[1])  # a day completed with no split left (e.g. pruned)
             requests = reporting.tick()
             assert instance.get_dynamic_partitions(partitions.name) == [
                 "2026-01-01",
                 "2026-01-03",
+                "2026-01-08",
                 "2026-01-02",
             ]
             assert instance.get_materialized_partitions(reporting.key) == {"2026-01-02"}
@@ -315,7 +325,8 @@ def test_discovered_partitions_are_the_days_with_input(make_settings: MakeSettin
         platform.close()
 
 
-def test_daily_partitions_stay_the_default(reporting: Reporting) -> None:
+def test_daily_partitions_start_at_the_pipelines_start_date(reporting: Reporting) -> None:
+    """``SLUICE_DAGSTER_PARTITIONS=daily`` (the tests' setting, see conftest)."""
     assert isinstance(reporting.built.partitions, DailyPartitionsDefinition)
     assert reporting.built.partitions.get_first_partition_key() == "2026-01-01"
 

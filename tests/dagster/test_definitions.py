@@ -148,12 +148,16 @@ def test_every_registered_pipeline_gets_its_asset_jobs_sensors_and_schedule(
 def test_partitions_start_at_the_earliest_landing_day(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Without a ``start_date`` the first partition is the earliest ``dt=`` folder found when
-    the code location loads (each pipeline its own), else today."""
+    """``SLUICE_DAGSTER_PARTITIONS=daily`` without a ``start_date``: the first partition is
+    the earliest ``dt=`` folder holding a data file when the code location loads (each
+    pipeline its own), else today."""
     monkeypatch.setattr("dagster_project.assets._PARTITIONS", {})
+    monkeypatch.setenv("SLUICE_DAGSTER_PARTITIONS", "daily")
     landing = tmp_path / "data" / "landing"
     for day in ("2026-03-04", "2026-02-11", "2026-05-01"):
         (landing / "events" / f"dt={day}").mkdir(parents=True)
+        (landing / "events" / f"dt={day}" / "part-0.jsonl").write_text("{}\n")
+    (landing / "events" / "dt=2026-01-20").mkdir()  # no data file yet
     (landing / "events" / "not-a-day").mkdir()
     defs = load_examples(monkeypatch, tmp_path / "data")
     first = defs.resolve_assets_def("clickstream").partitions_def

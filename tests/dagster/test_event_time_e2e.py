@@ -43,7 +43,7 @@ from dagster import (
     SensorResult,
     materialize,
 )
-from dagster_support import sensor_named, sensor_tick, with_start_date
+from dagster_support import sensor_named, sensor_tick
 from demo_platform import demo_pipeline, prepare_demo
 from sluice_resource import resource_for
 
@@ -151,7 +151,8 @@ def test_three_days_landing_out_of_order_complete_once_each_and_are_reported(
         "SLUICE_READ_BLOCK_BYTES": str(4 << 10),
     }.items():
         monkeypatch.setenv(name, value)
-    settings = make_settings(demo_events=1200, demo_users=300)
+    # The shipped default: the partitions are the days discovered (added by the reporter).
+    settings = make_settings(demo_events=1200, demo_users=300, dagster_partitions="discovered")
     platform = open_platform(settings)
     observer = Observer(platform.engine, settings.source_name)
     try:
@@ -159,7 +160,7 @@ def test_three_days_landing_out_of_order_complete_once_each_and_are_reported(
         pipeline = demo_pipeline(settings)
         source = dataclasses.replace(pipeline.source, late_records="dead_letter")
         pipeline = dataclasses.replace(pipeline, source=source)
-        built = pipeline_definitions(with_start_date(pipeline, settings), settings)
+        built = pipeline_definitions(pipeline, settings)
         name, sluice = pipeline.name, resource_for(settings)
         continuous, reporter = (
             sensor_named(built, "continuous"),

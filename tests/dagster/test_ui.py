@@ -2,11 +2,15 @@
 
 Starts ``dagster dev`` (webserver, daemon and code server) on 127.0.0.1 with a temporary
 ``DAGSTER_HOME`` and a pipeline module of the test's own registered with ``SLUICE_PIPELINES``
-(the clickstream example under the test's name, folders and users table), launches a
-backfill of two partitions of the pipeline's asset with the GraphQL mutation the UI sends,
-waits for it to succeed, then loads the asset page in Debian's headless ``chromium`` and
-saves a screenshot. The backfill test needs no browser; the page test skips with a clear
-reason where ``chromium`` is absent.
+(the clickstream example under the test's name, folders and users table), on the shipped
+defaults: the asset's partitions are the days discovered (the daemon's tick of
+``<pipeline>_report_completions`` adds the two landing days: two partitions, not every day
+since the start date). It launches a backfill of those partitions with the GraphQL mutation
+the UI sends and waits for it to succeed; then a third day processed by the CLI, outside
+Dagster, shows in the asset's partition status once the daemon's reporter tick has reported
+its completion. Finally it loads the asset page in Debian's headless ``chromium`` and saves a
+screenshot. The GraphQL tests need no browser; the page tests skip with a clear reason where
+``chromium`` is absent.
 
 Everything the runs need reaches ``dagster dev`` (and, through it, the code server and the run
 workers) as environment variables: ``SLUICE_*`` and ``PYTHONPATH`` (where the pipeline module
@@ -45,7 +49,11 @@ from examples._clickstream_data import DemoSpec, generate_events, load_users
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = ["2026-01-01", "2026-01-02"]
+#: The day the CLI processes outside Dagster.
+CLI_DAY = "2026-01-03"
 STARTUP_TIMEOUT = 120.0
+#: The reporter sensor ticks every 30 s under the daemon.
+REPORT_TIMEOUT = 180.0
 BACKFILL_TIMEOUT = 360.0
 BROWSER_TIMEOUT = 120.0
 
@@ -211,6 +219,8 @@ class DagsterDev:
     #: The test's pipeline: its name (the asset) and its output folder.
     asset: str
     output: Path
+    #: The environment of the deployment (the CLI runs with it too).
+    env: dict[str, str]
 
     @property
     def url(self) -> str:
@@ -403,6 +413,7 @@ def dagster_dev(tmp_path_factory: pytest.TempPathFactory, db_url: str) -> Iterat
         workdir=workdir,
         asset=name,
         output=settings.warehouse_path / f"enriched_{name}",
+        env=env,
     )
     try:
         wait_until_loaded(dev)
@@ -426,10 +437,38 @@ SUCCEEDED = {"COMPLETED", "COMPLETED_SUCCESS"}
 FINISHED = SUCCEEDED | {"COMPLETED_FAILED", "FAILED", "CANCELED"}
 
 
+def asset_state(dev: DagsterDev, partitions: list[str]) -> dict[str, Any]:
+    """The asset's partition status and its materialisations of ``partitions``."""
+    return graphql(
+        dev.port, ASSET_STATE, {"assetKey": {"path": [dev.asset]}, "partitions": partitions}
+    )
+
+
+def wait_for_stats(dev: DagsterDev, partitions: list[str], materialized: int) -> dict[str, Any]:
+    """Poll until the asset offers exactly ``partitions`` and ``materialized`` of them are
+    materialised (the daemon's reporter tick adds and reports them)."""
+    deadline = time.monotonic() + REPORT_TIMEOUT
+    state: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if dev.process.poll() is not None:
+            dev.fail(f"dagster dev exited with code {dev.process.returncode}")
+        state = asset_state(dev, partitions)
+        stats = state["assetNodeOrError"]["partitionStats"]
+        if stats and (stats["numPartitions"], stats["numMaterialized"]) == (
+            len(partitions),
+            materialized,
+        ):
+            return state
+        time.sleep(2)
+    dev.fail(f"not {len(partitions)} partitions, {materialized} materialised: {state}")
+
+
 @pytest.fixture(scope="module")
 def backfill(dagster_dev: DagsterDev) -> Backfill:
     """A backfill of the two partitions launched as the UI does, polled until it finishes."""
     dev = dagster_dev
+    # The partitions offered are the two landing days, added by the reporter's first tick.
+    wait_for_stats(dev, PARTITIONS, materialized=0)
     params = {
         "partitionNames": PARTITIONS,
         "assetSelection": [{"path": [dev.asset]}],
@@ -511,11 +550,9 @@ def test_backfill_of_two_partitions_succeeds(dagster_dev: DagsterDev, backfill: 
 
     # Dagster recorded a materialization of each partition, by a run of this backfill, with
     # the pipeline's metadata.
-    state = graphql(
-        dev.port, ASSET_STATE, {"assetKey": {"path": [dev.asset]}, "partitions": PARTITIONS}
-    )
+    state = asset_state(dev, PARTITIONS)
     stats = state["assetNodeOrError"]["partitionStats"]
-    assert stats["numMaterialized"] == len(PARTITIONS), stats
+    assert stats["numMaterialized"] == stats["numPartitions"] == len(PARTITIONS), stats
     assert stats["numFailed"] == 0, stats
     materializations = state["assetOrError"]["assetMaterializations"]
     assert sorted(m["partition"] for m in materializations) == PARTITIONS
@@ -539,6 +576,56 @@ def test_backfill_of_two_partitions_succeeds(dagster_dev: DagsterDev, backfill: 
     }
     assert all(count > 0 for count in rows.values()), rows
     print(f"\nrows per partition: {rows}; {len(runs)} run(s), {backfill.seconds:.0f}s")
+
+
+def test_a_day_the_cli_processed_shows_in_the_partition_status(
+    dagster_dev: DagsterDev, backfill: Backfill
+) -> None:
+    """Issue 14's story: a day processed by the CLI — not by Dagster — is a partition
+    the UI offers and shows materialised, reported once by the daemon's reporter tick, with
+    the completion's counts; the backfill's days keep their own materialisations."""
+    dev = dagster_dev
+    settings = dev.settings
+    spec = DemoSpec(
+        events=1000,
+        days=1,
+        files_per_day=1,
+        users=settings.demo_users,
+        start_date=date.fromisoformat(CLI_DAY),
+        seed=3,
+    )
+    generate_events(settings.data_path / "landing" / dev.asset, spec)
+    for command in ("discover", "run"):
+        ran = subprocess.run(
+            [str(Path(sys.executable).parent / "sluice"), command, dev.asset],
+            cwd=REPO,
+            env=dev.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert "Nothing new" not in ran.stdout, ran.stdout
+    days = [*PARTITIONS, CLI_DAY]
+    state = wait_for_stats(dev, days, materialized=len(days))
+    by_day: dict[str, list[dict[str, Any]]] = {}
+    for materialization in state["assetOrError"]["assetMaterializations"]:
+        by_day.setdefault(materialization["partition"], []).append(materialization)
+    assert sorted(by_day) == days and all(len(m) == 1 for m in by_day.values()), by_day
+    (reported,) = by_day[CLI_DAY]
+    assert reported["runId"] not in {
+        run["runId"] for run in backfill_runs(dev.port, backfill.backfill_id)
+    }
+    metadata = {
+        entry["label"]: entry.get("intValue", entry.get("boolValue"))
+        for entry in reported["metadataEntries"]
+    }
+    rows = sum(
+        pq.ParquetFile(f).metadata.num_rows
+        for f in (dev.output / f"dt={CLI_DAY}").rglob("*.parquet")
+    )
+    assert metadata["rows"] == rows > 0, metadata
+    assert metadata["generation"] == 1, metadata
 
 
 #: The title of dagster-webserver's first-visit dialog (shown over any page on 127.0.0.1).
@@ -686,8 +773,12 @@ def test_asset_page_renders_in_headless_chromium(
     (dev.workdir / f"{dev.asset}.html").write_text(html)
     # The asset page itself, showing the backfill's materialization and its metadata (not the
     # loading spinner or an "asset not found" page).
-    for text in (dev.asset, "Latest materialization", "rows_out", PARTITIONS[-1]):
+    for text in (dev.asset, "Latest materialization"):
         assert text in html, f"{text!r} missing from the rendered page (saved next to the log)"
+    # The latest materialisation, its day and its metadata: the backfill's (rows_out), or the
+    # reported completion of the CLI's day (late_records) when that test ran before.
+    assert PARTITIONS[-1] in html or CLI_DAY in html, "no materialised day shown"
+    assert "rows_out" in html or "late_records" in html, "no materialisation metadata shown"
     assert NUX_DIALOG not in html, "the first-visit dialog is over the page"
 
     screenshot = dev.workdir / f"{dev.asset}.png"

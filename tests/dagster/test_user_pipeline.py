@@ -473,6 +473,7 @@ def test_the_module_registers_its_pipeline(
     """``SLUICE_PIPELINES=<this module>``: the code location holds the pipeline's asset, its
     inputs (the landing folder, the warehouses table), checks, jobs, sensors, schedule."""
     monkeypatch.setenv("SLUICE_PIPELINES", __name__)
+    monkeypatch.setenv("SLUICE_DAGSTER_PARTITIONS", "daily")  # the partitions from start_date
     monkeypatch.setenv("SLUICE_DATA_DIR", str(platform.settings.data_dir))
     defs = pipelines_definitions(local_resources())
     graph = defs.resolve_asset_graph()

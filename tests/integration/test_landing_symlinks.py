@@ -23,6 +23,7 @@ import pytest
 from conftest import TestSettings
 
 from enumerator_service import FileSplit, LandingRoot, OutsideLandingError
+from enumerator_service._landing import landing_days
 from enumerator_service._operations import FileDiscovery, discover, open_platform
 from spark_jobs import FileSource, ParquetSink, Pipeline
 from spark_jobs.jobs import run_pipeline
@@ -112,6 +113,28 @@ def test_discovery_skips_links_out_of_the_landing_folder(
     else:
         assert registered == inside
         assert found.skipped_links == broken + 2 + 1  # two files out, one dt= folder out
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_the_landing_days_are_the_dt_folders_discovery_would_read(
+    tmp_path: Path, follow: bool
+) -> None:
+    """The days Dagster offers (``SLUICE_DAGSTER_PARTITIONS=discovered``) from a listing: a
+    ``dt=`` folder counts when it holds a data file discovery would register — not when it is
+    empty, holds only hidden or in-flight files, or is a link out of the folder (unless
+    followed); a missing landing folder has none."""
+    landing, _ = _landing(tmp_path)
+    (landing / "dt=2026-01-04").mkdir()  # empty
+    (landing / "dt=2026-01-05").mkdir()
+    (landing / "dt=2026-01-05" / ".part-0.jsonl.tmp").write_text("{}\n")  # being written
+    (landing / "dt=2026-01-05" / "_SUCCESS").write_text("")
+    (landing / "dt=2026-01-05" / "notes.txt").write_text("not data")
+    (landing / "dt=2026-1-6").mkdir()  # not a day
+    _jsonl(landing / "dt=2026-1-6" / "a.jsonl", range(1))
+    days = landing_days(landing, LandingRoot.of(landing, follow_symlinks=follow))
+    expected = {DAY, IN_DAY} | ({OUT_DAY} if follow else set())
+    assert days == {date_of(d) for d in expected}
+    assert landing_days(tmp_path / "absent", LandingRoot.of(tmp_path / "absent")) == set()
 
 
 def date_of(folder: str) -> Any:

@@ -25,11 +25,11 @@ def test_a_bad_value_names_its_setting(overrides: dict[str, object], setting: st
 def test_defaults() -> None:
     settings = load_settings()
     assert settings.max_watermark_lag_seconds == 3600.0
-    assert settings.dagster_partitions == "daily"
+    assert settings.dagster_partitions == "discovered"
 
 
 def test_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLUICE_MAX_WATERMARK_LAG_SECONDS", "90")
-    monkeypatch.setenv("SLUICE_DAGSTER_PARTITIONS", "discovered")
+    monkeypatch.setenv("SLUICE_DAGSTER_PARTITIONS", "daily")
     settings = load_settings()
-    assert (settings.max_watermark_lag_seconds, settings.dagster_partitions) == (90.0, "discovered")
+    assert (settings.max_watermark_lag_seconds, settings.dagster_partitions) == (90.0, "daily")
