@@ -66,6 +66,7 @@ from enumerator_service._schema import (
     sink_transactions,
 )
 from enumerator_service._split_store import SplitStore
+from enumerator_service._task_watermarks import committed_acks
 
 __all__ = [
     "CHECKPOINT_CHANNEL",
@@ -289,22 +290,8 @@ class CheckpointStore:
         subtask's work is committed, and a retried attempt of it has nothing left to do."""
         with self._engine.connect() as conn:
             found = conn.execute(
-                sa.select(sa.literal(1))
-                .select_from(
-                    checkpoint_acks.join(
-                        checkpoints,
-                        sa.and_(
-                            checkpoints.c.run_id == checkpoint_acks.c.run_id,
-                            checkpoints.c.checkpoint_id == checkpoint_acks.c.checkpoint_id,
-                        ),
-                    )
-                )
-                .where(
-                    checkpoint_acks.c.run_id == self._run_id,
-                    checkpoint_acks.c.subtask == subtask,
-                    checkpoint_acks.c.final,
-                    checkpoints.c.status == CheckpointStatus.COMPLETED,
-                )
+                committed_acks(self._run_id, subtask, sa.literal(1))
+                .where(checkpoint_acks.c.final)
                 .limit(1)
             ).first()
         return found is not None
