@@ -74,7 +74,7 @@ NO_WATERMARK = datetime.min.replace(tzinfo=UTC)
 
 #: The counters of one partition in ``Acknowledgement.partitions`` / ``partition_counts``:
 #: rows written, dead letters, late records, and the rows that came from files of another
-#: landing day (``foreign_rows``: a rebuild by landing day cannot reproduce those).
+#: landing day (``foreign_rows``).
 COUNTERS = ("rows", "dead_letters", "late_records", "foreign_rows")
 
 #: The key of ``partition_counts`` (beside the days) with what rebuilds by event day need,

@@ -12,20 +12,27 @@ and writes only its records of D (``splits.rebuild_day``): its rows of other day
 their partitions (counted as dropped), its dead letters of other days stay as first written
 (not written again, so never twice; a reader's dead letter counts on its landing day). A
 member is *reset* (its offsets start over under a new epoch), not copied: at the swap it is
-COMPLETED again with its other days' output untouched, which is why every member must
-have been read to the end before (else its unread rows of other days would never be
-written), and why no other split of the source may be unread when the rebuild starts, nor
-join before the swap (it could write rows of D into the folder being replaced): both are
-refused with :class:`CrossDayRebuildError` (one line), and files registered meanwhile are
-HELD. Two days rebuilt in one run must not share a file (refused the same way).
+COMPLETED again with its other days' output untouched. So every member must have been read to
+the end before (else its unread rows of other days would never be written) — except a
+*fresh* one (``splits.rebuild_fresh``: a file of D that no run had read), which writes its
+other days' records as any first reading does. And no other split of the source may write
+rows of D before the swap (they would be lost with the folder replaced): files no run has
+read yet are HELD when the rebuild starts, as are files registered meanwhile (read by the
+next run, after the swap); a half-read one is refused. Refusals raise
+:class:`CrossDayRebuildError` (one line) before anything changed; so do two days rebuilt in
+one run that share a file (a split belongs to one rebuild, which writes one day).
+
+Without event-day partitions every row of D comes from D's files: the members are those
+files, nothing else is held or checked.
 
 Lifecycle of one rebuild (this module is its Postgres side; the folder swap is the sink's):
 
 1. ``start`` (one transaction, the source's rebuild lock held exclusively): every member of
    D starts over — progress and pending inputs — under a new fencing epoch (a zombie of the
    previous generation can no longer commit), assigned to the starting run as a *member*
-   of the rebuild (``splits.rebuild_id``, ``rebuild_day``). Files registered while the
-   rebuild runs are HELD (for an event-day source: every file of the source).
+   of the rebuild (``splits.rebuild_id``, ``rebuild_day``, ``rebuild_fresh``). Files
+   registered while the rebuild runs are HELD (for an event-day source: every file of the
+   source, and the unread ones already registered).
 2. Members are processed like any split (by the starting run, or by any later run if it
    dies); their output of D is published into the rebuild's folder, and their counts of D
    (rows, dead letters, foreign rows) add up in ``partition_rebuilds`` with the checkpoint

@@ -157,7 +157,8 @@ splits = Table(
     Column("failed_epoch", BigInteger),
     Column("failed_at", DateTime(timezone=True)),
     UniqueConstraint("source", "uri", "start_offset"),
-    # HELD: registered while its partition is being rebuilt; released when the rebuild swaps.
+    # HELD: registered while its partition is being rebuilt (an event-day source: while any
+    # of its days is, or not read yet when the rebuild started); released by the swap.
     CheckConstraint(f"status IN {SPLIT_STATUSES!r}", name="status"),
     Index(None, "source", "status", "partition_key"),
     # Serves pull_next: the run's next ASSIGNED split in (partition_key, id) order, read off
