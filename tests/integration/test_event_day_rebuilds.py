@@ -419,3 +419,42 @@ def test_a_rebuild_whose_run_died_keeps_the_old_day_live_until_the_next_run_swap
     assert _folder_bytes(settings, d2) == bytes_d2
     run_pipeline(settings, pipeline)  # nothing left: no third generation
     assert [c.generation for c in _state(platform, d1)["completions"]] == [1, 2]
+
+
+def test_a_rebuild_started_by_a_run_that_died_at_once_is_finished_by_the_next_run(
+    cross_day: tuple[Settings, Platform, Pipeline],
+) -> None:
+    """The members (cross-a, landing on d2, among them) are assigned to a run that dies at
+    once (its leases expire): the next incremental run reads them for d1 and swaps d1."""
+    settings, platform, pipeline = cross_day
+    d1 = settings.demo_start_date
+    d2 = d1 + timedelta(days=1)
+    before = _state(platform, d1)
+    bytes_d1, bytes_d2 = _folder_bytes(settings, d1), _folder_bytes(settings, d2)
+    RebuildStore(platform.engine).start(
+        settings.source_name, [d1], "dead-run", lease_seconds=0, event_days=True
+    )
+    assert _folder_bytes(settings, d1) == bytes_d1  # the old generation stays live
+    run_pipeline(settings, pipeline)
+    expected, _ = expected_events(Path(settings.landing_path))
+    resolved = {"cross-a-2"}  # still a lookup miss: a dead letter of d1, as before
+    oracle = sorted(
+        e["event_id"]
+        for e in expected
+        if e["event_time"].date() == d1 and e["event_id"] not in resolved
+    )
+    assert sorted(r["event_id"] for r in _day_rows(settings, d1)) == oracle
+    after = _state(platform, d1)
+    assert after["letters"] == before["letters"]  # re-rejected in place: same rows, not twice
+    assert after["stats"]["rows"] == before["stats"]["rows"] == len(oracle)
+    assert len(after["completions"]) == len(before["completions"]) + 1
+    assert _folder_bytes(settings, d2) == bytes_d2
+    with platform.engine.connect() as conn:
+        assert (
+            conn.execute(
+                sa.select(partition_rebuilds.c.status).where(
+                    partition_rebuilds.c.source == settings.source_name
+                )
+            ).scalar_one()
+            == "DONE"
+        )
