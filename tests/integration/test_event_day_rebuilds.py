@@ -458,3 +458,26 @@ def test_a_rebuild_started_by_a_run_that_died_at_once_is_finished_by_the_next_ru
             ).scalar_one()
             == "DONE"
         )
+
+
+def test_two_days_sharing_a_file_are_not_rebuilt_in_one_run(
+    cross_day: tuple[Settings, Platform, Pipeline],
+) -> None:
+    """cross-a (landing on d2) fed d1 and d2: one split re-read for one day, so rebuilding
+    both in one run is refused in one line, nothing changed."""
+    settings, platform, _pipeline = cross_day
+    d1 = settings.demo_start_date
+    d2 = d1 + timedelta(days=1)
+    with pytest.raises(CrossDayRebuildError, match="re-materialise them in separate runs"):
+        RebuildStore(platform.engine).start(
+            settings.source_name, [d1, d2], "rebuilder", lease_seconds=60, event_days=True
+        )
+    with platform.engine.connect() as conn:
+        source = settings.source_name
+        assert not conn.execute(
+            sa.select(partition_rebuilds.c.id).where(partition_rebuilds.c.source == source)
+        ).first()
+        statuses = set(
+            conn.execute(sa.select(splits.c.status).where(splits.c.source == source)).scalars()
+        )
+    assert statuses == {"COMPLETED"}
