@@ -120,9 +120,11 @@ def discover_and_run(
 
     ``run_id`` names the Sluice run (``dagster-<Dagster run id>`` from Dagster, so the
     failed-run sensor can give a dead run's splits back). ``rebuild``: days of ``dates`` that
-    were processed before are processed again and their output replaced. The run starts by
-    migrating the platform database (:func:`start_run`). A rebuild of a day that holds rows
-    of other days' files fails as a :class:`dagster.Failure` (not retried) naming the day.
+    were processed before are processed again and their output replaced (by event day: every
+    file that fed the day is re-read, see ``enumerator_service._rebuilds``). The run starts by
+    migrating the platform database (:func:`start_run`). A rebuild that cannot start because
+    a file feeding the day is not read to the end fails as a :class:`dagster.Failure` (not
+    retried) naming the day.
     """
     start_run(settings)
     # Days asked for must have their folders; "all new input" may have none yet.
@@ -146,7 +148,7 @@ def discover_and_run(
         # Refused before anything moved; a retry would be refused the same way.
         raise Failure(
             description=f"cannot re-materialise: {exc}",
-            metadata={"partition": str(exc.partition_key), "foreign_rows": exc.foreign_rows},
+            metadata={"partition": str(exc.partition_key)},
             allow_retries=False,
         ) from exc
     return discovery, summary

@@ -244,9 +244,10 @@ class Acknowledgement:
     source: str | None = None
     #: The interval's counts per output partition (an event day):
     #: ``{"YYYY-MM-DD": {"rows": n, "dead_letters": n, "late_records": n,
-    #: "foreign_rows": n}}`` (a missing counter is 0); they reach
-    #: ``partition_stats`` when the output commits. None: not reported.
-    partitions: Mapping[str, Mapping[str, int]] | None = None
+    #: "foreign_rows": n}}`` (a missing counter is 0), and optionally ``DETAIL`` (see
+    #: ``_completeness``); they reach ``partition_stats`` when the output commits. None: not
+    #: reported.
+    partitions: Mapping[str, Mapping[str, Any]] | None = None
 
     @property
     def has_output(self) -> bool:

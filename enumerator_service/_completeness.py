@@ -41,15 +41,20 @@ from sqlalchemy.engine import Connection, Row
 
 from enumerator_service._schema import (
     SplitStatus,
+    dead_letters,
     partition_completions,
+    partition_rebuilds,
     partition_stats,
     run_watermarks,
+    split_partitions,
     splits,
 )
 
 __all__ = [
+    "DETAIL",
     "END_OF_INPUT",
     "NO_WATERMARK",
+    "UNFINISHED",
     "PartitionCompletion",
     "add_partition_counts",
     "complete_partitions",
@@ -69,11 +74,19 @@ NO_WATERMARK = datetime.min.replace(tzinfo=UTC)
 
 #: The counters of one partition in ``Acknowledgement.partitions`` / ``partition_counts``:
 #: rows written, dead letters, late records, and the rows that came from files of another
-#: landing day (``foreign_rows``: a rebuild by landing day cannot reproduce those).
+#: landing day (``foreign_rows``).
 COUNTERS = ("rows", "dead_letters", "late_records", "foreign_rows")
 
-# Splits that may still produce records for a day: not yet read to the end and committed.
-_UNFINISHED = (
+#: The key of ``partition_counts`` (beside the days) with what rebuilds by event day need,
+#: committed with the counts: ``{"splits": {day: [split id]}`` (the splits that fed each day),
+#: ``"rebuilds": {rebuild id: {"rows", "dead_letters", "foreign_rows"}}`` (a rebuild's
+#: members' counts for its day, not in ``partition_stats``), ``"dead_letters": [[split id,
+#: offset, day]]`` (the partition each dead letter counts on)``}``.
+DETAIL = "detail"
+_REBUILD_COUNTERS = ("rows", "dead_letters", "foreign_rows")
+
+#: Splits that may still produce records for a day: not yet read to the end and committed.
+UNFINISHED = (
     SplitStatus.UNASSIGNED,
     SplitStatus.ASSIGNED,
     SplitStatus.READING,
@@ -148,11 +161,14 @@ def run_watermark(subtasks: Iterable[datetime | None]) -> datetime:
 
 
 def merge_partition_counts(
-    into: dict[str, dict[str, int]], counts: Mapping[str, Mapping[str, int]] | None
-) -> dict[str, dict[str, int]]:
-    """Adds ``counts`` (``{"YYYY-MM-DD": {counter: n}}``, counters :data:`COUNTERS`) into
-    ``into`` and returns it (missing counters are 0)."""
+    into: dict[str, dict[str, Any]], counts: Mapping[str, Mapping[str, Any]] | None
+) -> dict[str, dict[str, Any]]:
+    """Adds ``counts`` (``{"YYYY-MM-DD": {counter: n}}``, counters :data:`COUNTERS`, and
+    optionally :data:`DETAIL`) into ``into`` and returns it (missing counters are 0)."""
     for day, values in (counts or {}).items():
+        if day == DETAIL:
+            _merge_detail(into.setdefault(DETAIL, {}), values)
+            continue
         date.fromisoformat(day)  # a malformed key fails here, not inside SQL
         total = into.setdefault(day, dict.fromkeys(COUNTERS, 0))
         for name in COUNTERS:
@@ -160,10 +176,24 @@ def merge_partition_counts(
     return into
 
 
+def _merge_detail(into: dict[str, Any], detail: Mapping[str, Any]) -> None:
+    fed: dict[str, list[int]] = into.setdefault("splits", {})
+    for day, ids in detail.get("splits", {}).items():
+        fed[day] = sorted({*fed.get(day, ()), *ids})
+    tallies: dict[str, dict[str, int]] = into.setdefault("rebuilds", {})
+    for rebuild_id, values in detail.get("rebuilds", {}).items():
+        total = tallies.setdefault(str(rebuild_id), dict.fromkeys(_REBUILD_COUNTERS, 0))
+        for name in _REBUILD_COUNTERS:
+            total[name] += int(values.get(name, 0))
+    into.setdefault("dead_letters", []).extend(detail.get("dead_letters", ()))
+
+
 def add_partition_counts(
-    conn: Connection, source: str, counts: Mapping[str, Mapping[str, int]]
+    conn: Connection, source: str, counts: Mapping[str, Mapping[str, Any]]
 ) -> None:
-    """Inside the transaction that commits the output: add its counts to ``partition_stats``.
+    """Inside the transaction that commits the output: add its counts to ``partition_stats``
+    (and its :data:`DETAIL` to ``split_partitions``, the rebuilds' counts and the dead
+    letters' partitions: call it after the dead letters were inserted).
 
     A partition with written rows is (re)opened: a completed partition that gets rows again
     (late records under ``reopen``) needs a new completion. Dead letters alone open only a
@@ -171,6 +201,8 @@ def add_partition_counts(
     """
     lock_source(conn, source)
     for day, values in sorted(counts.items()):
+        if day == DETAIL:
+            continue
         rows, dead, late, foreign = (int(values.get(name, 0)) for name in COUNTERS)
         stmt = insert(partition_stats).values(
             source=source,
@@ -193,6 +225,42 @@ def add_partition_counts(
                     "updated_at": sa.func.now(),
                 },
             )
+        )
+    if DETAIL in counts:
+        _add_detail(conn, counts[DETAIL])
+
+
+def _add_detail(conn: Connection, detail: Mapping[str, Any]) -> None:
+    fed = [
+        {"split_id": int(split_id), "partition_key": date.fromisoformat(day)}
+        for day, ids in sorted(detail.get("splits", {}).items())
+        for split_id in ids
+    ]
+    if fed:
+        conn.execute(insert(split_partitions).values(fed).on_conflict_do_nothing())
+    for rebuild_id, values in sorted(detail.get("rebuilds", {}).items()):
+        table = partition_rebuilds
+        conn.execute(
+            sa.update(table)
+            .where(table.c.id == int(rebuild_id))
+            .values({name: table.c[name] + int(values.get(name, 0)) for name in _REBUILD_COUNTERS})
+        )
+    # The dead letters of this commit were inserted before: tag each with its partition.
+    letters = detail.get("dead_letters", ())
+    if letters:
+        keys = sa.values(
+            sa.column("split_id", sa.BigInteger),
+            sa.column("offset", sa.BigInteger),
+            sa.column("day", sa.Date),
+            name="d",
+        ).data([(int(s), int(o), date.fromisoformat(d)) for s, o, d in letters])
+        conn.execute(
+            sa.update(dead_letters)
+            .where(
+                dead_letters.c.split_id == keys.c.split_id,
+                dead_letters.c.offset == keys.c.offset,
+            )
+            .values(partition_key=keys.c.day)
         )
 
 
@@ -263,7 +331,7 @@ def complete_partitions(
         .where(
             splits.c.source == source,
             splits.c.partition_key <= stats.c.partition_key,
-            splits.c.status.in_([status.value for status in _UNFINISHED]),
+            splits.c.status.in_([status.value for status in UNFINISHED]),
         )
         .exists()
     )

@@ -48,6 +48,7 @@ __all__ = [
     "partition_stats",
     "run_watermarks",
     "sink_transactions",
+    "split_partitions",
     "splits",
 ]
 
@@ -141,6 +142,12 @@ splits = Table(
     # The partition rebuild this split is being re-read for (NULL: none). Its output goes to
     # the rebuild's folder, which replaces the partition's folder once every member completed.
     Column("rebuild_id", BigInteger),
+    # The partition (event day) that rebuild replaces: a member writes only that day's rows
+    # (a landing file may feed several days). NULL exactly when rebuild_id is.
+    Column("rebuild_day", Date),
+    # A member no run had read before the rebuild (a new file of the day): its records of
+    # other days are written as a first reading's, not dropped.
+    Column("rebuild_fresh", Boolean, nullable=False, server_default="false"),
     # Poison splits (quarantine): attempts that failed on the split's own content (counted
     # when the checkpoint carrying the failure commits), what went wrong the last time, and
     # the fencing epoch of the attempt last counted (a repeated commit of it counts once).
@@ -150,7 +157,8 @@ splits = Table(
     Column("failed_epoch", BigInteger),
     Column("failed_at", DateTime(timezone=True)),
     UniqueConstraint("source", "uri", "start_offset"),
-    # HELD: registered while its partition is being rebuilt; released when the rebuild swaps.
+    # HELD: registered while its partition is being rebuilt (an event-day source: while any
+    # of its days is, or not read yet when the rebuild started); released by the swap.
     CheckConstraint(f"status IN {SPLIT_STATUSES!r}", name="status"),
     Index(None, "source", "status", "partition_key"),
     # Serves pull_next: the run's next ASSIGNED split in (partition_key, id) order, read off
@@ -254,6 +262,9 @@ dead_letters = Table(
     # The rebuild that (re-)rejected the line (NULL: incremental processing). A rebuild's swap
     # deletes the partition's dead letters of earlier generations.
     Column("rebuild_id", BigInteger),
+    # The output partition the dead letter counts on (a step's: the record's event day; a
+    # reader's: the split's landing day): a rebuild of that day replaces it.
+    Column("partition_key", Date),
     # A split re-read after a crash re-rejects the same lines; this keeps them once.
     UniqueConstraint("split_id", "offset"),
 )
@@ -270,6 +281,14 @@ partition_rebuilds = Table(
     Column("status", Text, nullable=False, server_default="BUILDING"),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("swapped_at", DateTime(timezone=True)),
+    # Partitions by event day: any file of the source may feed the day, so files registered
+    # while it rebuilds are HELD whatever their landing day (not only the day's own).
+    Column("event_days", Boolean, nullable=False, server_default="false"),
+    # The members' committed counts for the day (their rows of other days are not written):
+    # the partition's ``partition_stats`` once the rebuild swaps.
+    Column("rows", BigInteger, nullable=False, server_default="0"),
+    Column("dead_letters", BigInteger, nullable=False, server_default="0"),
+    Column("foreign_rows", BigInteger, nullable=False, server_default="0"),
     CheckConstraint("status IN ('BUILDING', 'SWAPPING', 'DONE', 'ABANDONED')", name="status"),
     # At most one rebuild in progress per partition.
     Index(
@@ -291,8 +310,7 @@ partition_stats = Table(
     Column("rows", BigInteger, nullable=False, server_default="0"),
     Column("dead_letters", BigInteger, nullable=False, server_default="0"),
     Column("late_records", BigInteger, nullable=False, server_default="0"),
-    # Rows written from files of another landing day (event-day partitions): a rebuild by
-    # landing day would drop them, so it is refused while there are any.
+    # Rows written from files of another landing day (event-day partitions).
     Column("foreign_rows", BigInteger, nullable=False, server_default="0"),
     # The generation of its latest completion (0: never completed).
     Column("generation", Integer, nullable=False, server_default="0"),
@@ -324,6 +342,17 @@ partition_completions = Table(
     # Set by the reporter once Dagster has recorded the materialisation.
     Column("reported_at", DateTime(timezone=True)),
     Index(None, "reported_at", "completed_at"),
+)
+
+split_partitions = Table(
+    "split_partitions",
+    metadata,
+    # Which output partitions each split fed (rows or dead letters), recorded with the
+    # checkpoint that committed them: a rebuild of a day re-reads exactly these splits (plus
+    # the day's own files), since a landing file may feed several event days.
+    Column("split_id", BigInteger, ForeignKey("splits.id", ondelete="CASCADE"), primary_key=True),
+    Column("partition_key", Date, primary_key=True),
+    Index(None, "partition_key"),
 )
 
 run_watermarks = Table(

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Engine, Row
 
-from enumerator_service._rebuild_lock import ACTIVE_REBUILD, lock_rebuilds
-from enumerator_service._schema import ACTIVE_SPLIT, SplitStatus, partition_rebuilds, splits
+from enumerator_service._rebuild_lock import holds, lock_rebuilds
+from enumerator_service._schema import ACTIVE_SPLIT, SplitStatus, splits
 from enumerator_service._splits import FileSplit, Split, SplitAssignment, TableRangeSplit
 
 __all__ = ["FencedError", "SplitStore"]
@@ -64,6 +64,8 @@ def _to_assignment(row: Row[tuple[object, ...]]) -> SplitAssignment:
         resume_offset=offset,
         pending=tuple(m["pending"] or ()),
         rebuild_id=m["rebuild_id"],
+        rebuild_day=m["rebuild_day"],
+        rebuild_fresh=m["rebuild_fresh"],
         committed_watermark=m["committed_watermark"],
     )
 
@@ -79,8 +81,9 @@ class SplitStore:
     def register(self, new_splits: Iterable[Split], *, batch_size: int = 5000) -> int:
         """Insert splits not yet known; returns how many were new. Idempotent.
 
-        A split of a partition being rebuilt is registered HELD: it joins the partition when
-        the rebuild's swap releases it (see ``enumerator_service._rebuilds``).
+        A split of a partition being rebuilt (any split of a source rebuilding an event day)
+        is registered HELD: it joins the pool when the rebuild's swap releases it (see
+        ``enumerator_service._rebuilds``).
         """
         added = 0
         batch: list[dict[str, object]] = []
@@ -122,11 +125,7 @@ class SplitStore:
             )
         )
         values = arrays.table_valued(*columns).render_derived(name="v")
-        rebuilding = sa.exists().where(
-            partition_rebuilds.c.source == values.c.source,
-            partition_rebuilds.c.partition_key == values.c.partition_key,
-            partition_rebuilds.c.status.in_(ACTIVE_REBUILD),
-        )
+        rebuilding = holds(values.c.source, values.c.partition_key)
         status = sa.case(
             (rebuilding, sa.literal(SplitStatus.HELD.value)),
             else_=sa.literal(SplitStatus.UNASSIGNED.value),

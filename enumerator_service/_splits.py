@@ -104,6 +104,10 @@ class SplitAssignment:
     #: The partition rebuild the split is re-read for (its output goes to the rebuild's
     #: folder), or None.
     rebuild_id: int | None = None
+    #: The partition (day) that rebuild replaces: the split writes only its records of it.
+    rebuild_day: date | None = None
+    #: A member no run had read before (see ``splits.rebuild_fresh``).
+    rebuild_fresh: bool = False
     #: The split's watermark at the committed checkpoint (``splits.committed_watermark``):
     #: a restored split resumes it, so its event time never moves backwards after recovery.
     committed_watermark: datetime | None = None

@@ -202,10 +202,15 @@ class ReaderRun:
     def _assign(self) -> tuple[list[Rebuild], int]:
         settings, store = self.settings, SplitStore(self._engine)
         self._rebuilds = rebuilds = RebuildStore(self._engine)
-        # Rebuilt days: every split is assigned to this run again, as a rebuild member.
+        # Rebuilt days: every split that fed them is assigned to this run again, as a
+        # rebuild member.
         replacing = (
             rebuilds.start(
-                self.source, self.dates or [], self.run_id, lease_seconds=settings.lease_seconds
+                self.source,
+                self.dates or [],
+                self.run_id,
+                lease_seconds=settings.lease_seconds,
+                event_days=self.pipeline.plan.source.event_day_partitions,
             )
             if self.rebuild
             else []

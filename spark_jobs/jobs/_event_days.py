@@ -17,15 +17,20 @@ and the counts per output partition that a checkpoint acknowledgement carries.
   partition is reopened the same way: nothing is lost or counted twice. A record re-read
   after a restore is judged again; only one judgement ever commits (the first one's output
   was never committed).
-- Rebuild members (``--replace``) are never late: rewriting a complete day is their purpose.
-  Their output is not counted either (it replaces rows already counted), so a rebuild neither
-  changes ``partition_stats`` nor reopens the day (first pass: see the hand-over notes).
+- Rebuild members (``--replace`` of day D, see ``enumerator_service._rebuilds``) are never
+  late: rewriting a complete day is their purpose. A member writes only its records of D,
+  and only its dead letters of D; its other days' rows and dead letters stay where the first
+  processing put them (rows counted as dropped, dead letters not written again, so never
+  twice). Its counts of D go to the rebuild's tally, not to ``partition_stats``: they replace
+  the day's counts when the rebuild swaps. A *fresh* member (a file of D no run had read)
+  writes and counts its other days' records as any first reading does.
 - Dead letters count on the record's event day when it is known (a step's dead letter keeps
   the record, event time included), else on the split's landing day (a reader's dead letter:
   the input did not parse, so it has no event time).
-- Counts (rows, dead letters, late records per partition) accumulate on the mailbox thread
-  between two barriers and are taken by the checkpoint trigger, so they describe exactly the
-  staged output of that interval and commit with it.
+- Counts (rows, dead letters, late records per partition), which splits fed which day, the
+  rebuilds' tallies and each dead letter's day accumulate on the mailbox thread between two
+  barriers and are taken by the checkpoint trigger, so they describe exactly the staged
+  output of that interval and commit with it.
 
 Threading: mailbox thread only, except :meth:`EventDays.refresh`'s argument, built elsewhere
 and handed over whole.
@@ -44,7 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
 
-from enumerator_service._completeness import COUNTERS, completed_partitions
+from enumerator_service._completeness import COUNTERS, DETAIL, completed_partitions
 from spark_jobs.runtime import MailboxClosedError, MailboxExecutor
 from spark_jobs.source._batch import OFFSET, user_rows
 
@@ -53,6 +58,7 @@ __all__ = ["LATE", "EventDays", "PartitionSink", "load_completed", "refresh_in_b
 #: The dead-letter reason of a late record under ``late_records="dead_letter"``.
 LATE = "late"
 _RAW_LIMIT = 4096
+_TALLY = ("rows", "dead_letters", "foreign_rows")
 
 
 class PartitionSink(Protocol):
@@ -80,12 +86,30 @@ class EventDays:
         self._policy = policy
         self._completed = completed
         self._counts: dict[str, dict[str, int]] = {}
-        # split → (landing day, rebuild id), kept after the split (its records may still be
-        # in the chain).
-        self._splits: dict[int, tuple[date | None, int | None]] = {}
+        # The interval's DETAIL: the splits that fed each day, the rebuilds' tallies, the
+        # day of each dead letter.
+        self._fed: dict[str, set[int]] = {}
+        self._tallies: dict[int, dict[str, int]] = {}
+        self._dead_days: list[tuple[int, int, str]] = []
+        # split → (landing day, rebuild id, rebuild day, fresh), kept after the split (its
+        # records may still be in the chain).
+        self._splits: dict[int, tuple[date | None, int | None, date | None, bool]] = {}
 
-    def split_added(self, split_id: int, landing_day: date | None, rebuild_id: int | None) -> None:
-        self._splits[split_id] = (landing_day, rebuild_id)
+    def split_added(
+        self,
+        split_id: int,
+        landing_day: date | None,
+        rebuild_id: int | None,
+        rebuild_day: date | None = None,
+        *,
+        fresh: bool = False,
+    ) -> None:
+        """``rebuild_day``: the day a rebuild member replaces (default: its landing day).
+        ``fresh``: a member no run had read before: its records of other days are written
+        and counted as a first reading's (only its rebuild day's go to the rebuild)."""
+        if rebuild_id is not None and rebuild_day is None:
+            rebuild_day = landing_day
+        self._splits[split_id] = (landing_day, rebuild_id, rebuild_day, fresh)
 
     @property
     def completed(self) -> frozenset[date]:
@@ -103,23 +127,34 @@ class EventDays:
         output commits with the next checkpoint, after every completion this task knows of.
         A rebuild member writes only the rows of its rebuild's day; its rows of other days
         stay where the first processing wrote them, and are counted as dropped (rows in =
-        rows + dropped + dead letters still holds).
+        rows + dropped + dead letters still holds) — unless it is *fresh* (never read before):
+        then they are written and counted as usual.
         """
-        landing_day, rebuild_id = self._splits[split_id]
+        landing_day, rebuild_id, rebuild_day, fresh = self._splits[split_id]
+        only = rebuild_day if rebuild_id is not None and not fresh else None
         late = self.late_rows(rows, rebuild=rebuild_id is not None)
         if late is not None and self._event_time is not None:
             for record in rows.filter(late).to_pylist():
                 offset = int(record.pop(OFFSET))
                 raw = orjson.dumps(record, default=str)[:_RAW_LIMIT]
                 sink.dead_letter(split_id, offset, raw, LATE)
-                self.count_late_dead_letter(record[self._event_time].astimezone(UTC).date())
+                day = record[self._event_time].astimezone(UTC).date()
+                self.count_late_dead_letter(day)
+                self._fed_by(split_id, day, offset)
             rows = rows.filter(pc.invert(late))
-        only = landing_day if rebuild_id is not None else None
         written = 0
-        for day, part in self.partitions(rows, landing_day, only=only):
+        uncounted = rebuild_day if rebuild_id is not None else None
+        for day, part in self.partitions(rows, landing_day, only=only, uncounted=uncounted):
             if part.num_rows:
-                sink.write_batch(sink.output_partition(day, rebuild_id), user_rows(part))
+                rebuilt = rebuild_id is not None and day == rebuild_day
+                target = rebuild_id if rebuilt else None
+                sink.write_batch(sink.output_partition(day, target), user_rows(part))
                 written += part.num_rows
+                if day is not None:
+                    self._fed_by(split_id, day)
+                if rebuild_id is not None and rebuilt:
+                    foreign = part.num_rows if landing_day not in (None, day) else 0
+                    self._tally(rebuild_id, rows=part.num_rows, foreign_rows=foreign)
         if written < rows.num_rows:
             sink.count_dropped(rows.num_rows - written)
 
@@ -139,11 +174,17 @@ class EventDays:
         self._add(day.isoformat(), dead_letters=1, late_records=1)
 
     def partitions(
-        self, rows: pa.RecordBatch, landing_day: date | None, *, only: date | None = None
+        self,
+        rows: pa.RecordBatch,
+        landing_day: date | None,
+        *,
+        only: date | None = None,
+        uncounted: date | None = None,
     ) -> Iterator[tuple[date | None, pa.RecordBatch]]:
         """``rows`` split by output partition, counted (rows, and late rows written under
         ``reopen``). ``only``: a rebuild member keeps just the rows of its rebuild's day (its
-        rows of other days are in those partitions already)."""
+        rows of other days are in those partitions already). ``uncounted``: a rebuild's day,
+        whose rows a rebuild tallies apart (they replace rows already counted)."""
         if self._event_time is None or not rows.num_rows:
             groups: list[tuple[date | None, pa.RecordBatch]] = [(landing_day, rows)]
         else:
@@ -157,7 +198,7 @@ class EventDays:
         for day, part in sorted(groups, key=lambda g: (g[0] is None, g[0] or date.min)):
             if only is not None and day != only:
                 continue
-            if day is not None and part.num_rows and only is None:
+            if day is not None and part.num_rows and only is None and day != uncounted:
                 # Written to a complete partition (``reopen``): counted late. A rebuild's rows
                 # are not counted: they replace rows already counted (see the module notes).
                 late = part.num_rows if day in self._completed else 0
@@ -167,19 +208,26 @@ class EventDays:
                 )
             yield day, part
 
-    def count_dead_letter(self, split_id: int, raw: bytes | None = None) -> None:
-        """A record of the split rejected, counted on its output partition: the UTC day of
-        its event time when that is known — a step's dead letter (``raw``: the record as a
-        JSON object, as the per-record and lookup steps keep it) with a valid event time —
-        else the split's landing day (a reader's dead letter: the input did not parse). A
-        rebuild's dead letters replace counted ones: not counted."""
-        landing_day, rebuild_id = self._splits[split_id]
-        if rebuild_id is not None:
-            return
+    def count_dead_letter(self, split_id: int, offset: int, raw: bytes | None = None) -> bool:
+        """A record of the split rejected: whether to write the dead letter, counted on its
+        output partition: the UTC day of its event time when that is known — a step's dead
+        letter (``raw``: the record as a JSON object, as the per-record and lookup steps keep
+        it) with a valid event time — else the split's landing day (a reader's dead letter:
+        the input did not parse). A rebuild member keeps only the dead letters of its
+        rebuild's day (into the rebuild's tally); the others were written by the first
+        processing and stay (False: not written twice) — a fresh member's are its first."""
+        landing_day, rebuild_id, rebuild_day, fresh = self._splits[split_id]
         day = self.event_day(raw) if raw is not None else None
         day = day or landing_day
-        if day is not None:
+        if rebuild_id is not None and day == rebuild_day:
+            self._tally(rebuild_id, dead_letters=1)
+        elif rebuild_id is not None and not fresh:
+            return False
+        elif day is not None:
             self._add(day.isoformat(), dead_letters=1)
+        if day is not None:
+            self._fed_by(split_id, day, offset)
+        return True
 
     def event_day(self, raw: bytes) -> date | None:
         """The UTC event day of a dead-lettered record kept as JSON; None without event-day
@@ -199,7 +247,7 @@ class EventDays:
     def touch(self, split_id: int) -> None:
         """The split finished: without event-day partitions its landing day's partition
         exists even if nothing was written (an empty file, everything filtered)."""
-        day, rebuild_id = self._splits[split_id]
+        day, rebuild_id, _, _ = self._splits[split_id]
         if day is not None and rebuild_id is None and self._event_time is None:
             self._add(day.isoformat())
 
@@ -209,6 +257,39 @@ class EventDays:
         """The counts since the last barrier (and start counting anew)."""
         counts, self._counts = self._counts, {}
         return counts
+
+    def take_detail(self) -> dict[str, object]:
+        """The interval's :data:`DETAIL` (empty: nothing to record), and start anew."""
+        detail: dict[str, object] = {}
+        if self._fed:
+            detail["splits"] = {day: sorted(ids) for day, ids in sorted(self._fed.items())}
+        if self._tallies:
+            detail["rebuilds"] = {str(r): tally for r, tally in sorted(self._tallies.items())}
+        if self._dead_days:
+            detail["dead_letters"] = [list(letter) for letter in self._dead_days]
+        self._fed, self._tallies, self._dead_days = {}, {}, []
+        return detail
+
+    def take(self) -> dict[str, dict[str, object]]:
+        """:meth:`take_counts` with :meth:`take_detail` under :data:`DETAIL` (when any): what
+        an acknowledgement carries as ``partitions``."""
+        counts: dict[str, dict[str, object]] = {
+            day: dict(values) for day, values in self.take_counts().items()
+        }
+        detail = self.take_detail()
+        if detail:
+            counts[DETAIL] = detail
+        return counts
+
+    def _fed_by(self, split_id: int, day: date, dead_letter: int | None = None) -> None:
+        self._fed.setdefault(day.isoformat(), set()).add(split_id)
+        if dead_letter is not None:
+            self._dead_days.append((split_id, dead_letter, day.isoformat()))
+
+    def _tally(self, rebuild_id: int, **values: int) -> None:
+        total = self._tallies.setdefault(rebuild_id, dict.fromkeys(_TALLY, 0))
+        for name, value in values.items():
+            total[name] += value
 
     def _add(self, day: str, **values: int) -> None:
         total = self._counts.setdefault(day, dict.fromkeys(COUNTERS, 0))

@@ -206,11 +206,16 @@ class ReaderTask:
         ranges = decode_pending(split_id, assignment.pending)
         held.replay = dict(enumerate(ranges))
         # (Also checks that the sink can take the split, e.g. a rebuild needs an upsert key.)
+        landing_day = assignment.split.partition_key
         self._partitions[split_id] = self._sink.output_partition(
-            assignment.split.partition_key, assignment.rebuild_id
+            assignment.rebuild_day or landing_day, assignment.rebuild_id
         )
         self._event_days.split_added(
-            split_id, assignment.split.partition_key, assignment.rebuild_id
+            split_id,
+            landing_day,
+            assignment.rebuild_id,
+            assignment.rebuild_day,
+            fresh=assignment.rebuild_fresh,
         )
 
     def collect_block(self, block: ParsedBlock) -> None:
@@ -229,8 +234,7 @@ class ReaderTask:
             self._chain.push(Batch(block.split_id, rows, (block.start, block.end), only=only))
 
     def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
-        self._sink.dead_letter(split_id, offset, raw, reason)
-        self._event_days.count_dead_letter(split_id)
+        self._dead_letter(split_id, offset, raw, reason, step=False)
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
         held = self._splits[split_id]
@@ -255,8 +259,17 @@ class ReaderTask:
 
     def dead_letters(self, split_id: int, dead: list[DeadLetter]) -> None:
         for offset, raw, reason in dead:
+            self._dead_letter(split_id, offset, raw, reason, step=True)
+
+    def _dead_letter(
+        self, split_id: int, offset: int, raw: bytes, reason: str, *, step: bool
+    ) -> None:
+        # A step's dead letter counts on the record's event day, a reader's on the landing
+        # day. A rebuild member's dead letter of another day stays as first written: dropped.
+        if self._event_days.count_dead_letter(split_id, offset, raw if step else None):
             self._sink.dead_letter(split_id, offset, raw, reason)
-            self._event_days.count_dead_letter(split_id, raw)  # a step's: the record's day
+        else:
+            self._sink.count_dropped(1)
 
     def count_dropped(self, records: int) -> None:
         self._sink.count_dropped(records)
@@ -291,7 +304,7 @@ class ReaderTask:
         # writes the acknowledgement (asynchronous part, off the mailbox thread).
         staged = self._sink.pre_commit()
         # The interval's counts per output partition: exactly what this pre-commit staged.
-        partitions = self._event_days.take_counts()
+        partitions = self._event_days.take()
         if final:
             self._final_acks.add(checkpoint_id)
         # "watermark" (the sink-side task watermark), "finished" and "idle" are what partition
@@ -318,7 +331,7 @@ class ReaderTask:
         final: bool,
         snapshot: dict[str, Any],
         staged: Future[StagedOutput],
-        partitions: dict[str, dict[str, int]],
+        partitions: dict[str, dict[str, object]],
     ) -> None:
         """Writer thread."""
         config = self._config

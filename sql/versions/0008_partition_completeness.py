@@ -1,4 +1,5 @@
-"""event time: run watermarks, committed counts per output partition, partition completions
+"""event time: run watermarks, committed counts per output partition, partition completions,
+rebuilds by event day (which partitions each split fed, the rebuild's counts)
 
 Revision ID: 0008
 Revises: 0007
@@ -21,7 +22,44 @@ def _now() -> sa.TextClause:
     return sa.text("now()")
 
 
+def _big(name: str) -> sa.Column[int]:
+    return sa.Column(name, sa.BigInteger(), server_default="0", nullable=False)
+
+
 def upgrade() -> None:
+    op.add_column("splits", sa.Column("rebuild_day", sa.Date()), schema="sluice")
+    op.add_column(
+        "splits",
+        sa.Column("rebuild_fresh", sa.Boolean(), server_default="false", nullable=False),
+        schema="sluice",
+    )
+    op.add_column("dead_letters", sa.Column("partition_key", sa.Date()), schema="sluice")
+    op.add_column(
+        "partition_rebuilds",
+        sa.Column("event_days", sa.Boolean(), server_default="false", nullable=False),
+        schema="sluice",
+    )
+    for name in ("rows", "dead_letters", "foreign_rows"):
+        op.add_column("partition_rebuilds", _big(name), schema="sluice")
+    op.create_table(
+        "split_partitions",
+        sa.Column("split_id", sa.BigInteger(), nullable=False),
+        sa.Column("partition_key", sa.Date(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["split_id"],
+            ["sluice.splits.id"],
+            name=op.f("fk_split_partitions_split_id_splits"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("split_id", "partition_key", name=op.f("pk_split_partitions")),
+        schema="sluice",
+    )
+    op.create_index(
+        op.f("ix_split_partitions_partition_key"),
+        "split_partitions",
+        ["partition_key"],
+        schema="sluice",
+    )
     op.add_column(
         "sink_transactions",
         sa.Column("partition_counts", postgresql.JSONB(astext_type=sa.Text())),
@@ -87,6 +125,15 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index(
+        op.f("ix_split_partitions_partition_key"), table_name="split_partitions", schema="sluice"
+    )
+    op.drop_table("split_partitions", schema="sluice")
+    for name in ("foreign_rows", "dead_letters", "rows", "event_days"):
+        op.drop_column("partition_rebuilds", name, schema="sluice")
+    op.drop_column("dead_letters", "partition_key", schema="sluice")
+    op.drop_column("splits", "rebuild_fresh", schema="sluice")
+    op.drop_column("splits", "rebuild_day", schema="sluice")
     op.drop_table("run_watermarks", schema="sluice")
     op.drop_index(
         op.f("ix_partition_completions_reported_at_completed_at"),

@@ -831,38 +831,47 @@ def test_checks_of_a_table_sink_per_day(db_url: str, tmp_path: Path, upsert: boo
 # --------------------------------------------------------------------------- refused rebuild
 
 
-def test_re_materialising_a_day_holding_other_days_rows_fails_clearly(
+def test_re_materialising_a_day_fed_by_a_half_read_file_fails_clearly(
     db_url: str, tmp_path: Path
 ) -> None:
-    """A day whose output holds rows of other days' files (event-day partitions) cannot be
-    rebuilt yet: the run fails with a Failure naming the day, not retried, before anything
-    moved (no Spark session is started)."""
+    """A day that a file of another landing day fed, while that file is not read to the end
+    (a rebuild re-reads it for the day only, so its other days' rows must all be written),
+    cannot be re-materialised: the run fails with a Failure naming the day, not retried,
+    before anything moved (no Spark session is started)."""
     from dagster_project._runs import discover_once, start_run
-    from enumerator_service._schema import SplitStatus, partition_stats, splits
+    from enumerator_service._schema import SplitStatus, split_partitions, splits
 
-    settings = base_settings(db_url, tmp_path, demo_days=1, demo_files_per_day=1)
+    settings = base_settings(db_url, tmp_path, demo_days=2, demo_files_per_day=1)
     plain = dataclasses.replace(
         demo_pipeline(settings), steps=[], sink=ParquetSink(f"plain_{settings.source_name}")
     )
     pipeline = with_start_date(plain, settings)
     built = pipeline_definitions(pipeline, settings)
     generate_events(settings.landing_path, DemoSpec.from_settings(settings))
-    day = date(2026, 1, 1)
+    day, other = date(2026, 1, 1), date(2026, 1, 2)
     start_run(settings)
-    assert discover_once(settings, pipeline, [day]).splits_registered
+    assert discover_once(settings, pipeline, [day, other]).splits_registered
     engine = sa.create_engine(db_url)
     try:
-        with engine.begin() as conn:  # as if processed, with a 2026-01-02 file's row in it
-            of_source = splits.c.source == pipeline.name
-            conn.execute(sa.update(splits).where(of_source).values(status=SplitStatus.COMPLETED))
+        with engine.begin() as conn:  # day's file read; other's fed day, then its run died
+            ids = dict(
+                conn.execute(
+                    sa.select(splits.c.partition_key, splits.c.id).where(
+                        splits.c.source == pipeline.name
+                    )
+                ).all()
+            )
             conn.execute(
-                sa.insert(partition_stats).values(
-                    source=pipeline.name,
-                    partition_key=day,
-                    rows=5,
-                    dead_letters=0,
-                    late_records=0,
-                    foreign_rows=2,
+                sa.update(splits)
+                .where(splits.c.id == ids[day])
+                .values(status=SplitStatus.COMPLETED)
+            )
+            conn.execute(
+                sa.update(splits).where(splits.c.id == ids[other]).values(committed_offset=100)
+            )
+            conn.execute(
+                sa.insert(split_partitions).values(
+                    [{"split_id": ids[d], "partition_key": day} for d in (day, other)]
                 )
             )
         with DagsterInstance.ephemeral() as instance:
@@ -877,20 +886,25 @@ def test_re_materialising_a_day_holding_other_days_rows_fails_clearly(
             (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
             data = failure.step_failure_data
             assert data.user_failure_data is not None  # a Failure, not a crash
-            assert data.user_failure_data.description == (
-                f"cannot re-materialise: partition {day} of {pipeline.name!r} holds 2 rows "
-                "from files of other days, which a rebuild does not re-read: re-materialising "
-                "it is not supported yet"
+            description = data.user_failure_data.description
+            assert description.startswith(
+                f"cannot re-materialise: partition {day} of {pipeline.name!r}: file "
             )
-            assert values(data.user_failure_data.metadata) == {
-                "partition": str(day),
-                "foreign_rows": 2,
-            }
+            assert description.endswith(
+                f"(landing day {other}, unassigned) is not read to the end and may hold rows "
+                "of it: process it first"
+            )
+            assert values(data.user_failure_data.metadata) == {"partition": str(day)}
             assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
-        with engine.connect() as conn:  # nothing started, nothing reset
-            rebuilt = conn.execute(
-                sa.select(splits.c.rebuild_id).where(splits.c.source == pipeline.name)
-            ).scalars()
-            assert set(rebuilt) == {None}
+        with engine.connect() as conn:  # nothing started, nothing reset, nothing held
+            rows = conn.execute(
+                sa.select(splits.c.status, splits.c.rebuild_id)
+                .where(splits.c.source == pipeline.name)
+                .order_by(splits.c.partition_key)
+            ).all()
+            assert [tuple(row) for row in rows] == [
+                (SplitStatus.COMPLETED, None),
+                (SplitStatus.UNASSIGNED, None),
+            ]
     finally:
         engine.dispose()

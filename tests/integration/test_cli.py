@@ -222,54 +222,69 @@ def test_discover_skips_and_counts_links_out_of_the_landing_folder(
     assert "1 new splits registered" in follow.stdout and "skipped" not in follow.stdout
 
 
-def test_replacing_a_day_holding_other_days_rows_is_one_line_and_exit_2(
+def test_replacing_a_day_fed_by_a_half_read_file_is_one_line_and_exit_2(
     db_url: str, tmp_path: Path
 ) -> None:
-    """``--replace`` of a day whose output holds rows of other days' files (event-day
-    partitions) is refused before anything moves: one line, exit 2, no traceback."""
+    """``--replace`` of a day that a file of another landing day fed, while that file is not
+    read to the end (event-day partitions: re-read for the day, it would write only the
+    day's rows), is refused before anything moves: one line, exit 2, no traceback."""
     import secrets
 
     import sqlalchemy as sa
 
-    from enumerator_service._schema import SplitStatus, partition_stats, splits
+    from enumerator_service._schema import SplitStatus, split_partitions, splits
 
     name = f"cli_events_{secrets.token_hex(3)}"  # splits and stats of its own
     landing = tmp_path / "landing"
-    (landing / "dt=2026-01-01").mkdir(parents=True)
-    (landing / "dt=2026-01-01" / "part-0.jsonl").write_text('{"x": 1}\n')
-    module = MODULE.replace('name="cli_events"', f'name="{name}"')
+    for day in ("2026-01-01", "2026-01-02"):
+        (landing / f"dt={day}").mkdir(parents=True)
+        (landing / f"dt={day}" / "part-0.jsonl").write_text('{"x": 1}\n')
+    module = MODULE.replace('name="cli_events"', f'name="{name}"').replace(
+        'schema={{"x": "int64", "name": "string"}}',
+        'schema={{"x": "int64", "ts": "timestamp"}}, event_time="ts"',
+    )
     env = {**_module(tmp_path, landing, module), "SLUICE_DATABASE_URL": db_url}
     assert _run(["discover", name], env, tmp_path).returncode == 0
     engine = sa.create_engine(db_url)
     try:
-        with engine.begin() as conn:  # as if processed, with a 2026-01-02 file's row in it
-            conn.execute(
-                sa.update(splits)
-                .where(splits.c.source == name)
-                .values(status=SplitStatus.COMPLETED)
+        with engine.begin() as conn:  # d1's file read; d2's fed d1, then its run died
+            ids = dict(
+                conn.execute(
+                    sa.select(splits.c.partition_key, splits.c.id).where(splits.c.source == name)
+                ).all()
             )
+            d1, d2 = date(2026, 1, 1), date(2026, 1, 2)
+            conn.execute(sa.update(splits).where(splits.c.id == ids[d1]).values(status="COMPLETED"))
+            conn.execute(sa.update(splits).where(splits.c.id == ids[d2]).values(committed_offset=3))
             conn.execute(
-                sa.insert(partition_stats).values(
-                    source=name,
-                    partition_key=date(2026, 1, 1),
-                    rows=2,
-                    dead_letters=0,
-                    late_records=0,
-                    foreign_rows=1,
+                sa.insert(split_partitions).values(
+                    [
+                        {"split_id": ids[d1], "partition_key": d1},
+                        {"split_id": ids[d2], "partition_key": d1},
+                    ]
                 )
             )
         result = _run(["run", name, "--date", "2026-01-01", "--replace"], env, tmp_path)
         assert result.returncode == 2, result.stdout + result.stderr
         assert "Traceback" not in result.stderr
         lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith(
-            f"sluice: cannot replace: partition 2026-01-01 of {name!r} holds 1 rows from "
-            "files of other days"
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith(
+            f"sluice: cannot replace: partition 2026-01-01 of {name!r}: file "
+        ), result.stderr
+        assert lines[0].endswith(
+            "dt=2026-01-02/part-0.jsonl (landing day 2026-01-02, unassigned) is not read to "
+            "the end and may hold rows of it: process it first"
         ), result.stderr
         with engine.connect() as conn:  # nothing started, nothing reset
             statuses = conn.execute(
-                sa.select(splits.c.status, splits.c.rebuild_id).where(splits.c.source == name)
+                sa.select(splits.c.status, splits.c.rebuild_id)
+                .where(splits.c.source == name)
+                .order_by(splits.c.partition_key)
             ).all()
-        assert [tuple(row) for row in statuses] == [(SplitStatus.COMPLETED, None)]
+        assert [tuple(row) for row in statuses] == [
+            (SplitStatus.COMPLETED, None),
+            (SplitStatus.UNASSIGNED, None),
+        ]
     finally:
         engine.dispose()

@@ -21,7 +21,6 @@ from demo_platform import demo_discover, demo_pipeline, prepare_demo
 from landing_oracle import expected_events
 
 from enumerator_service._operations import Platform, open_platform
-from enumerator_service._rebuilds import CrossDayRebuildError, RebuildStore
 from enumerator_service._schema import (
     dead_letters,
     partition_completions,
@@ -146,20 +145,33 @@ def test_a_bounded_run_completes_each_event_day_once_and_late_files_follow_the_p
     assert {str(r["dt"]) for r in rows if r["event_id"].startswith("late-late-b")} == {str(d1)}
     assert len(rows) == len(expected) + 1 + 2
 
-    # A d1 event in a d2 file: d1 now holds a row a rebuild of d1 (its own files) would drop.
+    # A d1 event in a d2 file, then d1 re-materialised: the rebuild re-reads the d2 file
+    # too, and (never late) writes every d1 record of every file, late ones included.
     _late_file(settings, d2, "late-c", [noon + timedelta(hours=3)])
     demo_discover(platform)
     run_pipeline(settings, _pipeline(settings, "reopen"))
-    with pytest.raises(CrossDayRebuildError, match=f"partition {d1} .* holds 1 rows from files"):
-        RebuildStore(platform.engine).start(
-            settings.source_name, [d1], "rebuilder", lease_seconds=60
-        )
+    summary = run_pipeline(settings, _pipeline(settings, "reopen"), dates=[d1], rebuild=True)
+    assert summary.rebuilt == (d1.isoformat(),)
+    d1_rows = [r for r in _output(settings) if str(r["dt"]) == str(d1)]
+    assert len(d1_rows) == per_day[d1] + 2 + 2 + 1  # late-a's two d1 records now written
     with platform.engine.connect() as conn:
-        assert not conn.execute(
-            sa.select(partition_rebuilds.c.id).where(
-                partition_rebuilds.c.source == settings.source_name
+        assert not conn.execute(  # late-a's late dead letters went with the old generation
+            sa.select(dead_letters.c.id).where(
+                dead_letters.c.source == settings.source_name, dead_letters.c.reason == "late"
             )
         ).first()
+        assert (
+            conn.execute(
+                sa.select(partition_rebuilds.c.status).where(
+                    partition_rebuilds.c.source == settings.source_name
+                )
+            ).scalar_one()
+            == "DONE"
+        )
+    # late-c reopened d1 (generation 3); the swap records generation 4 with the new counts.
+    final = [c for c in _completions(platform) if c.partition_key == d1]
+    assert [c.generation for c in final] == [1, 2, 3, 4]
+    assert (final[3].rows, final[3].late_records) == (len(d1_rows), 0)
 
 
 def test_a_restored_range_judges_its_late_records_once(make_settings: Any) -> None:

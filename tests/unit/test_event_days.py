@@ -102,7 +102,7 @@ def test_dead_letters_and_finished_splits_count_on_their_landing_day() -> None:
     days.split_added(3, D3, None)
     days.split_added(4, D1, 77)  # a rebuild member replaces counted output: not counted
     for split_id in (1, 2, 4):
-        days.count_dead_letter(split_id)
+        assert days.count_dead_letter(split_id, 0)  # 4's: a reader's, of its rebuild's day
     for split_id in (3, 4):
         days.touch(split_id)
     assert days.take_counts() == {
@@ -235,16 +235,16 @@ def test_a_step_dead_letter_counts_on_the_records_event_day() -> None:
     days.split_added(7, D2, None)
     # As the per-record and lookup steps keep a rejected record (orjson, 4 KiB at most).
     record = {"ts": datetime(2026, 1, 1, 22, 30, tzinfo=timezone(timedelta(hours=-5))), "n": 1}
-    days.count_dead_letter(7, orjson.dumps(record, default=str)[:4096])  # UTC: D2 03:30
-    days.count_dead_letter(7, orjson.dumps({"ts": _at(D3, 1), "n": 2}))
-    days.count_dead_letter(7)  # the reader's: the input did not parse
+    days.count_dead_letter(7, 0, orjson.dumps(record, default=str)[:4096])  # UTC: D2 03:30
+    days.count_dead_letter(7, 0, orjson.dumps({"ts": _at(D3, 1), "n": 2}))
+    days.count_dead_letter(7, 0)  # the reader's: the input did not parse
     for raw in (b'{"ts": null}', b'{"ts": "2026-01-01T01:00:00"}', b'{"ts": "bad"}', b"[1]"):
-        days.count_dead_letter(7, raw)
-    days.count_dead_letter(7, orjson.dumps({"ts": _at(D1, 5), "pad": "x" * 5000})[:4096])
+        days.count_dead_letter(7, 0, raw)
+    days.count_dead_letter(7, 0, orjson.dumps({"ts": _at(D1, 5), "pad": "x" * 5000})[:4096])
     counts = {day: values["dead_letters"] for day, values in days.take_counts().items()}
     assert counts == {"2026-01-02": 7, "2026-01-03": 1}
     # Day D1 only in the untruncated record: counted there.
-    days.count_dead_letter(7, orjson.dumps({"ts": _at(D1, 5), "n": 3}))
+    days.count_dead_letter(7, 0, orjson.dumps({"ts": _at(D1, 5), "n": 3}))
     assert days.take_counts()["2026-01-01"]["dead_letters"] == 1
 
 
@@ -252,8 +252,67 @@ def test_dead_letters_without_event_day_partitions_count_on_the_landing_day() ->
     days = EventDays("ts", by_event_day=False, policy="reopen")
     days.split_added(7, D2, None)
     days.split_added(8, D2, 41)  # a rebuild member: replaces counted dead letters
-    days.count_dead_letter(7, orjson.dumps({"ts": _at(D3, 1)}))
-    days.count_dead_letter(8, orjson.dumps({"ts": _at(D3, 1)}))
+    days.count_dead_letter(7, 0, orjson.dumps({"ts": _at(D3, 1)}))
+    days.count_dead_letter(8, 0, orjson.dumps({"ts": _at(D3, 1)}))
     assert days.take_counts() == {
         "2026-01-02": {"rows": 0, "dead_letters": 1, "late_records": 0, "foreign_rows": 0}
+    }
+
+
+def test_a_rebuild_member_of_another_landing_day_writes_and_tallies_only_its_rebuild_day() -> None:
+    """A file landing on D2 that fed D1: re-read for the rebuild of D1 it writes its D1 rows
+    into the rebuild's folder and tallies them for the rebuild (foreign), keeps only its dead
+    letters of D1, and counts nothing into the partitions' stats."""
+    days = EventDays("ts", by_event_day=True, policy="dead_letter", completed=frozenset({D1}))
+    days.split_added(6, D2, 9, D1)
+    sink = RecordingSink()
+    days.write(sink, _with_offsets(_rows([_at(D1, 9), _at(D2, 9), _at(D1, 10)])), 6)
+    assert sink.written == [("rebuild-9/dt=2026-01-01", [0, 2])]
+    assert (sink.dead, sink.dropped) == ([], 1)
+    assert days.count_dead_letter(6, 7, orjson.dumps({"ts": _at(D1, 3)}))  # a step's, of D1
+    assert not days.count_dead_letter(6, 8, orjson.dumps({"ts": _at(D2, 3)}))  # of D2: stays
+    assert not days.count_dead_letter(6, 9)  # a reader's: its landing day D2, stays
+    assert days.take_counts() == {}
+    assert days.take_detail() == {
+        "splits": {"2026-01-01": [6]},
+        "rebuilds": {"9": {"rows": 2, "dead_letters": 1, "foreign_rows": 2}},
+        "dead_letters": [[6, 7, "2026-01-01"]],
+    }
+    assert days.take_detail() == {}  # taken: the next interval starts empty
+
+
+def test_the_detail_records_which_splits_fed_which_day_and_each_dead_letters_day() -> None:
+    days = EventDays("ts", by_event_day=True, policy="dead_letter", completed=frozenset({D1}))
+    days.split_added(5, D2, None)
+    sink = RecordingSink()
+    days.write(sink, _with_offsets(_rows([_at(D1, 9), _at(D2, 9), _at(D3, 1)])), 5)
+    assert days.count_dead_letter(5, 50)  # a reader's: on the landing day
+    taken = days.take()
+    assert taken["detail"] == {
+        "splits": {"2026-01-01": [5], "2026-01-02": [5], "2026-01-03": [5]},
+        "dead_letters": [[5, 100, "2026-01-01"], [5, 50, "2026-01-02"]],
+    }
+    assert taken["2026-01-02"] == {
+        "rows": 1,
+        "dead_letters": 1,
+        "late_records": 0,
+        "foreign_rows": 0,
+    }
+
+
+def test_a_fresh_member_writes_and_counts_its_other_days_as_a_first_reading() -> None:
+    """A file of the rebuilt day that no run had read: its rows of the day go to the rebuild
+    (tallied), its rows and dead letters of other days are written and counted as usual."""
+    days = EventDays("ts", by_event_day=True, policy="reopen")
+    days.split_added(6, D1, 9, D1, fresh=True)
+    sink = RecordingSink()
+    days.write(sink, _with_offsets(_rows([_at(D1, 9), _at(D2, 9), _at(D1, 10)])), 6)
+    assert sink.written == [("rebuild-9/dt=2026-01-01", [0, 2]), ("dt=2026-01-02", [1])]
+    assert sink.dropped == 0
+    assert days.count_dead_letter(6, 8, orjson.dumps({"ts": _at(D2, 3)}))  # its first: kept
+    assert days.take_counts() == {
+        "2026-01-02": {"rows": 1, "dead_letters": 1, "late_records": 0, "foreign_rows": 1}
+    }
+    assert days.take_detail()["rebuilds"] == {
+        "9": {"rows": 2, "dead_letters": 0, "foreign_rows": 0}
     }

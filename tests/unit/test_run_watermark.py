@@ -5,12 +5,14 @@ watermark holding it at -infinity; and the end of an output partition (a UTC day
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from enumerator_service._completeness import (
+    DETAIL,
     END_OF_INPUT,
     NO_WATERMARK,
     merge_partition_counts,
@@ -121,3 +123,38 @@ def test_partition_counts_merge_by_day_and_counter() -> None:
     }
     with pytest.raises(ValueError, match="yesterday"):
         merge_partition_counts(total, {"yesterday": {"rows": 1}})
+
+
+def test_partition_counts_merge_their_detail_apart_from_the_days() -> None:
+    """The detail of several transactions (splits per day, rebuild tallies, dead letters'
+    days) merges into one, never into a day's counters."""
+    total: dict[str, dict[str, Any]] = {}
+    merge_partition_counts(
+        total,
+        {
+            "2026-01-01": {"rows": 1},
+            DETAIL: {
+                "splits": {"2026-01-01": [3, 1]},
+                "rebuilds": {"7": {"rows": 2, "dead_letters": 1}},
+                "dead_letters": [[3, 10, "2026-01-01"]],
+            },
+        },
+    )
+    merge_partition_counts(
+        total,
+        {
+            DETAIL: {
+                "splits": {"2026-01-01": [1, 2], "2026-01-02": [2]},
+                "rebuilds": {"7": {"rows": 3, "foreign_rows": 1}},
+                "dead_letters": [[2, 5, "2026-01-02"]],
+            }
+        },
+    )
+    assert total == {
+        "2026-01-01": {"rows": 1, "dead_letters": 0, "late_records": 0, "foreign_rows": 0},
+        DETAIL: {
+            "splits": {"2026-01-01": [1, 2, 3], "2026-01-02": [2]},
+            "rebuilds": {"7": {"rows": 5, "dead_letters": 1, "foreign_rows": 1}},
+            "dead_letters": [[3, 10, "2026-01-01"], [2, 5, "2026-01-02"]],
+        },
+    }

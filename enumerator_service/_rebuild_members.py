@@ -1,0 +1,212 @@
+"""Which splits a rebuild of a day re-reads, and when a rebuild cannot start (see
+``enumerator_service._rebuilds``, "Rebuilds by event day").
+
+The members of a rebuild of day D are the splits landing on D plus every split that fed D
+(``split_partitions``: rows or dead letters of D committed from it), plus the members of an
+unfinished rebuild of D that this one replaces. With event-day partitions the swap replaces
+D's whole folder, so every source of D's records must be a member, and no other split may
+still write to D before the swap.
+
+Threading: functions run inside the caller's transaction (the source's rebuild lock held).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from enumerator_service._schema import (
+    ACTIVE_SPLIT,
+    RebuildStatus,
+    SplitStatus,
+    partition_rebuilds,
+    split_partitions,
+    splits,
+)
+
+__all__ = [
+    "CrossDayRebuildError",
+    "PartitionBusyError",
+    "hold_unread",
+    "members",
+    "processed_days",
+]
+
+# Splits not read to the end yet: one of them may still write rows of the day being rebuilt.
+_UNREAD = (SplitStatus.UNASSIGNED, SplitStatus.ASSIGNED, SplitStatus.READING, SplitStatus.HELD)
+
+
+class PartitionBusyError(RuntimeError):
+    """A partition to rebuild is being read by another live run."""
+
+
+class CrossDayRebuildError(RuntimeError):
+    """A day to rebuild cannot be rebuilt now because of files of other landing days: two
+    requested days share a file, or a file that does (or may) feed the day is not read to
+    the end. Raised before anything changed; the message is one line."""
+
+    def __init__(self, source: str, partition_key: date, reason: str) -> None:
+        super().__init__(f"partition {partition_key} of {source!r}: {reason}")
+        self.source, self.partition_key = source, partition_key
+
+
+def _read_before() -> sa.ColumnElement[bool]:
+    # A split some run read (or began to): its output is in the old generation.
+    return sa.or_(
+        splits.c.status.not_in((SplitStatus.UNASSIGNED, SplitStatus.HELD)),
+        splits.c.committed_offset.is_not(None),
+        splits.c.rebuild_id.is_not(None),
+    )
+
+
+def processed_days(conn: Connection, source: str, days: Sequence[date]) -> list[date]:
+    """The days of ``days`` holding output (or a rebuild) of an earlier run: a landing split
+    that was read, or any split that fed them."""
+    landed = sa.select(splits.c.partition_key).where(
+        splits.c.source == source, splits.c.partition_key.in_(list(days)), _read_before()
+    )
+    fed = (
+        sa.select(split_partitions.c.partition_key)
+        .join(splits, splits.c.id == split_partitions.c.split_id)
+        .where(splits.c.source == source, split_partitions.c.partition_key.in_(list(days)))
+    )
+    return sorted(set(conn.execute(sa.union(landed, fed)).scalars()))
+
+
+def hold_unread(conn: Connection, source: str, days: Sequence[date]) -> None:
+    """Event-day sources: every split of the source that no run has read yet is HELD until
+    the swap (any of them may hold rows of the day; read after the swap, they add them to
+    the new generation, counted as usual) — except the files of the ``days`` rebuilt, which
+    are their rebuilds' *fresh* members."""
+    fed = sa.select(split_partitions.c.split_id)
+    conn.execute(
+        sa.update(splits)
+        .where(
+            splits.c.source == source,
+            splits.c.partition_key.not_in(list(days)),
+            splits.c.status == SplitStatus.UNASSIGNED,
+            ~_read_before(),
+            splits.c.id.not_in(fed),
+        )
+        .values(status=SplitStatus.HELD)
+    )
+
+
+def members(
+    conn: Connection, source: str, days: Sequence[date], run_id: str, *, event_days: bool
+) -> tuple[dict[date, list[int]], set[int]]:
+    """The member split ids of a rebuild of each of ``days`` (processed ones), after the
+    checks that nothing else reads them or may still write to the days; and which members
+    are fresh (event days: a file of the day no run had read)."""
+    out: dict[date, list[int]] = {}
+    owner: dict[int, date] = {}
+    for day in days:
+        replaced = sa.select(partition_rebuilds.c.id).where(
+            partition_rebuilds.c.source == source,
+            partition_rebuilds.c.partition_key == day,
+            partition_rebuilds.c.status == RebuildStatus.BUILDING,
+        )
+        fed = sa.select(split_partitions.c.split_id).where(split_partitions.c.partition_key == day)
+        ids = conn.execute(
+            sa.select(splits.c.id)
+            .where(
+                splits.c.source == source,
+                sa.or_(
+                    splits.c.partition_key == day,
+                    splits.c.id.in_(fed),
+                    splits.c.rebuild_id.in_(replaced),
+                ),
+            )
+            .order_by(splits.c.id)
+        ).scalars()
+        out[day] = list(ids)
+        for split_id in out[day]:
+            if split_id in owner:  # one rebuild per split: it writes one day's records
+                raise CrossDayRebuildError(
+                    source,
+                    owner[split_id],
+                    f"shares input (split {split_id}) with partition {day}: re-materialise "
+                    "them in separate runs",
+                )
+            owner[split_id] = day
+    _check_busy(conn, source, out, run_id)
+    if not event_days:
+        return out, set()
+    fresh = set(
+        conn.execute(
+            sa.select(splits.c.id).where(
+                splits.c.id.in_(list(owner)),
+                # Never read, so in no split_partitions: a member through its landing day.
+                splits.c.partition_key.in_(list(out)),
+                ~_read_before(),
+            )
+        ).scalars()
+    )
+    _check_other_days(conn, source, out, fresh)
+    return out, fresh
+
+
+def _check_busy(conn: Connection, source: str, out: dict[date, list[int]], run_id: str) -> None:
+    # Nobody else may be reading a member (an expired lease holds nothing).
+    for day, ids in out.items():
+        busy = conn.execute(
+            sa.select(splits.c.run_id)
+            .where(
+                splits.c.id.in_(ids),
+                splits.c.status.in_(ACTIVE_SPLIT),
+                splits.c.run_id != run_id,
+                splits.c.lease_expires_at > sa.func.now(),
+            )
+            .limit(1)
+        ).first()
+        if busy is not None:
+            raise PartitionBusyError(
+                f"partition {day} of {source!r} is being read by run {busy.run_id}; "
+                "re-materialise it once that run has ended"
+            )
+
+
+def _check_other_days(
+    conn: Connection, source: str, out: dict[date, list[int]], fresh: set[int]
+) -> None:
+    """Every member must be read to the end (COMPLETED, in no other rebuild) unless an
+    unfinished rebuild of the same day already holds it: re-read from scratch, a member
+    writes only the day's rows, so its other days' rows must all be written already. And no
+    other split may be half read (never-read ones are HELD): the swap replaces the day's
+    whole folder, so rows of the day such a split wrote before the swap would be lost."""
+    all_members = [split_id for ids in out.values() for split_id in ids]
+    for day, ids in out.items():
+        replaced = sa.select(partition_rebuilds.c.id).where(
+            partition_rebuilds.c.source == source,
+            partition_rebuilds.c.partition_key == day,
+            partition_rebuilds.c.status == RebuildStatus.BUILDING,
+        )
+        unread_member = sa.and_(
+            splits.c.id.in_(ids),
+            splits.c.id.not_in(list(fresh)),
+            sa.or_(splits.c.status != SplitStatus.COMPLETED, splits.c.rebuild_id.is_not(None)),
+            sa.or_(splits.c.rebuild_id.is_(None), splits.c.rebuild_id.not_in(replaced)),
+        )
+        unread_other = sa.and_(  # (never-read ones are HELD by now: hold_unread)
+            splits.c.source == source,
+            splits.c.id.not_in(all_members),
+            splits.c.status.in_(_UNREAD),
+            splits.c.status != SplitStatus.HELD,
+        )
+        blocking = conn.execute(
+            sa.select(splits.c.uri, splits.c.status, splits.c.partition_key)
+            .where(sa.or_(unread_member, unread_other))
+            .order_by(splits.c.id)
+            .limit(1)
+        ).first()
+        if blocking is not None:
+            raise CrossDayRebuildError(
+                source,
+                day,
+                f"file {blocking.uri} (landing day {blocking.partition_key}, "
+                f"{blocking.status.lower()}) is not read to the end and may hold rows of it: "
+                "process it first",
+            )
