@@ -30,22 +30,20 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from enumerator_service import (
-    Acknowledgement,
     CheckpointStore,
     SplitAssignment,
     SplitState,
     SplitStore,
-    acknowledge,
     committed_task_watermark,
 )
 from spark_jobs.async_io import Watermark
 from spark_jobs.checkpoint import CheckpointListener
+from spark_jobs.jobs._acknowledge import acknowledge_checkpoint
 from spark_jobs.jobs._build import build_stages
 from spark_jobs.jobs._chain import OperatorChain
 from spark_jobs.jobs._event_days import EventDays, load_completed, refresh_in_background
@@ -57,7 +55,7 @@ from spark_jobs.jobs._task_state import TaskSplit, decode_pending, snapshot_spli
 from spark_jobs.jobs._watermarks import TaskWatermarks
 from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension
 from spark_jobs.runtime._timers import AsyncioTimerService
-from spark_jobs.sink import StagedOutput, committer, open_sink_writer, publish_files
+from spark_jobs.sink import open_sink_writer
 from spark_jobs.source import InputStatus, ParsedBlock
 from spark_jobs.source._batch import OFFSET, Batch, DeadLetter
 from spark_jobs.source._poison import SplitFailure
@@ -317,48 +315,21 @@ class ReaderTask:
             "idle": self._reader.is_idle() and self._chain.in_flight() == 0,
         }
         done = self._io.submit(
-            self._acknowledge, checkpoint_id, final, snapshot, staged, partitions
+            acknowledge_checkpoint,
+            self._engine,
+            self._config,
+            self._subtask,
+            self._attempt,
+            checkpoint_id,
+            final,
+            snapshot,
+            staged,
+            partitions,
         )
         done.add_done_callback(
             lambda f: self._checkpoint_mails.execute(
                 lambda: self._acknowledged(f, checkpoint_id, final), "checkpoint acknowledged"
             )
-        )
-
-    def _acknowledge(
-        self,
-        checkpoint_id: int,
-        final: bool,
-        snapshot: dict[str, Any],
-        staged: Future[StagedOutput],
-        partitions: dict[str, dict[str, object]],
-    ) -> None:
-        """Writer thread."""
-        config = self._config
-        out = staged.result()
-        sink = config.plan.sink.kind
-        if not config.exactly_once and sink == "parquet":
-            publish_files(out.files)  # AT_LEAST_ONCE: visible before the offsets commit
-        acknowledge(
-            self._engine,
-            Acknowledgement(
-                run_id=config.run_id,
-                checkpoint_id=checkpoint_id,
-                subtask=self._subtask,
-                attempt=self._attempt,
-                final=final,
-                snapshot=snapshot,
-                sink=sink,
-                staged=out.files,
-                row_count=out.rows,
-                dead_letters=out.dead_letters,
-                dropped=out.dropped,
-                source=config.source,
-                partitions=partitions or None,
-            ),
-            two_phase=config.exactly_once,
-            # AT_LEAST_ONCE: table rows become visible with this subtask's split states.
-            sink=None if config.exactly_once else committer(sink),
         )
 
     def _acknowledged(self, future: Future[None], checkpoint_id: int, final: bool) -> None:
