@@ -25,6 +25,7 @@ is part of every snapshot.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -168,7 +169,14 @@ class ReaderTask:
         fetcher = SplitFetcher(
             router,
             handoff,
-            lambda: store.pull_next(config.run_id, self._subtask, config.lease_seconds),
+            functools.partial(
+                store.pull_splits,
+                config.run_id,
+                self._subtask,
+                config.lease_seconds,
+                max_splits=config.pull_max_splits,
+                max_bytes=config.pull_max_bytes,
+            ),
             restored,
             name=f"split-fetcher-{self._subtask}",
             poll_interval=config.continuous_poll_seconds if config.continuous else None,
