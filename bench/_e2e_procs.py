@@ -53,8 +53,11 @@ def _cmdline(pid: int) -> str:
 def _kind(pid: int, comm: str) -> str | None:
     if comm == "java":
         return "jvm"
-    if "pyspark.daemon" in _cmdline(pid) or "pyspark.worker" in _cmdline(pid):
+    command = _cmdline(pid)
+    if "pyspark.daemon" in command or "pyspark.worker" in command:
         return "worker"
+    if "multiprocessing.spawn" in command:
+        return "worker"  # a ceiling job's process (bench/_e2e_ceiling.py)
     return None
 
 

@@ -9,8 +9,11 @@ from _e2e_common import (
     MASTER,
     TARGET_MEMORY,
     TARGET_VS_BROADCAST,
+    TARGET_VS_LOOKUP_L0,
     TARGET_VS_NAIVE_L0,
     TARGET_VS_NAIVE_L1,
+    TARGET_VS_PLAIN_L0,
+    TARGET_VS_PLAIN_L1,
     Context,
     Result,
     mib,
@@ -34,11 +37,14 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
             "CPU s: this process + descendants (Spark JVM, Python workers), not Postgres. "
             "Worker MiB: peak RSS of the largest Python worker; driver MiB: JVM + Python "
             "driver (the JVM keeps heap from earlier variants). Ratios: rows/s over naive "
-            "Spark's and over pgbench one-row lookups/s at the same L (broadcast: L=0)."
+            "Spark's and over pgbench one-row lookups/s at the same L (broadcast: L=0), and "
+            "over the two ceilings of this invocation (no platform, measured once): 'ceiling' "
+            "= read, parse, write with no lookup; 'lookup ceiling' = the same plus one = ANY "
+            "query per block."
         ),
     )
     table.add_column("L", no_wrap=True)
-    table.add_column("variant")
+    table.add_column("variant", min_width=30)
     for column in (
         "rows",
         "rows/s",
@@ -48,9 +54,11 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
         "driver MiB",
         "vs naive",
         "vs pgbench 1-row",
+        "vs ceiling",
+        "vs lookup ceiling",
     ):
         table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("note")
+    table.add_column("note", min_width=40)
     groups = [r.latency_ms for r in results if r.latency_ms is not None]
     for latency in [*dict.fromkeys(groups), None]:
         rows = [r for r in results if r.latency_ms == latency]
@@ -58,6 +66,7 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
             continue
         naive = find("naive", 0.0 if latency is None else latency)
         ceiling = find("pgbench1", 0.0 if latency is None else latency)
+        plain, lookup = find("ceiling-plain", None), find("ceiling-lookup", None)
         for r in rows:
             wall = f"{r.seconds:,.1f}"
             if r.extrapolated_seconds is not None:
@@ -73,11 +82,13 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
                 mib(r.driver_mib),
                 f"{r.rate / naive.rate:,.1f}x" if naive else "-",
                 f"{r.rate / ceiling.rate:,.2f}x" if ceiling else "-",
+                f"{r.rate / plain.rate:,.2f}x" if plain else "-",
+                f"{r.rate / lookup.rate:,.2f}x" if lookup else "-",
                 r.note,
             )
         table.add_section()
     for reason in skipped:
-        table.add_row("", f"[dim]skipped: {reason}[/dim]", *[""] * 9)
+        table.add_row("", f"[dim]skipped: {reason}[/dim]", *[""] * 11)
     return table
 
 
@@ -95,7 +106,12 @@ def legend(args: argparse.Namespace) -> str:
         "Spark broadcast join: users through the JDBC source (2 partitions) broadcast-joined "
         "to the events -> Parquet by day.\n"
         f"pgbench: -M prepared -c {args.pgbench_clients} -j {CORES} -T {args.pgbench_seconds}, "
-        "L as \\sleep before each query; rows = lookups (tps x keys per query)."
+        "L as \\sleep before each query; rows = lookups (tps x keys per query).\n"
+        f"ceilings (no Spark, no checkpoints): {CORES} spawned processes, each over every "
+        f"{CORES}th file in 256 KiB blocks of whole lines -> pyarrow.json -> Parquet, with "
+        "or without one array_agg = ANY query per block (asyncpg, one connection per process); "
+        f"these and the Sluice clickstream rows are the median of {args.rounds} interleaved "
+        "rounds after one unmeasured run of each."
     )
 
 
@@ -112,6 +128,23 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
     sluice0, naive0, ceiling0 = find("sluice", 0.0), find("naive", 0.0), find("pgbench1", 0.0)
     sluice1, naive1 = find("sluice", 1.0), find("naive", 1.0)
     broadcast = find("broadcast", None)
+    plain, lookup = find("ceiling-plain", None), find("ceiling-lookup", None)
+    for sluice, ceiling, target, label in (
+        (sluice0, plain, TARGET_VS_PLAIN_L0, "L=0 vs the no-lookup ceiling"),
+        (sluice0, lookup, TARGET_VS_LOOKUP_L0, "L=0 vs the no-platform lookup job"),
+        (sluice1, plain, TARGET_VS_PLAIN_L1, "L=1 ms vs the no-lookup ceiling"),
+    ):
+        if sluice and ceiling:
+            ratio = sluice.rate / ceiling.rate
+            lines.append(
+                line(
+                    ratio >= target,
+                    f"{label}: Sluice {sluice.rate:,.0f} events/s = {ratio:.2f}x "
+                    f"{ceiling.rate:,.0f} (target >= {target:g}x; medians of this invocation)",
+                )
+            )
+        else:
+            lines.append(line(None, f"{label} (not measured)"))
     orders0 = find("orders", 0.0)
     if orders0 and naive0:
         lines.append(

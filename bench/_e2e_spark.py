@@ -8,6 +8,8 @@ import math
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -26,6 +28,7 @@ from _e2e_common import (
     USERS_TABLE,
     Context,
     Result,
+    console,
 )
 from _e2e_data import count_lines
 from _e2e_procs import timed_run
@@ -219,6 +222,33 @@ def run_broadcast(ctx: Context) -> Result:
     )
 
 
+JDBC_PACKAGE = "libpostgresql-jdbc-java"
+
+
+def ensure_jdbc_driver() -> str | None:
+    """Install Debian's JDBC driver if it is missing; None when present, else why not.
+
+    As ``.ci/run`` installs chromium: only as root with apt-get, non-interactively, without
+    recommended packages, with one ``apt-get update`` and retry if the first try fails. Blocks
+    (minutes at most).
+    """
+    if JDBC_JAR.exists():
+        return None
+    how = f"install Debian's {JDBC_PACKAGE} (apt-get install {JDBC_PACKAGE}) for {JDBC_JAR}"
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return f"broadcast join: no JDBC driver at {JDBC_JAR} and no root apt-get here: {how}"
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", JDBC_PACKAGE]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    console.print(f"Installing {JDBC_PACKAGE} for the broadcast-join row…")
+    for attempt in ([install], [["apt-get", "update", "-q"], install]):
+        done = [subprocess.run(c, env=env, capture_output=True, check=False) for c in attempt]
+        if JDBC_JAR.exists():
+            return None
+        error = done[-1].stderr.decode(errors="replace").strip().splitlines()
+    last = error[-1] if error else "no error output"
+    return f"broadcast join: could not install {JDBC_PACKAGE} ({last}); {how}"
+
+
 def start_spark(jdbc: bool) -> Any:
     from spark_jobs._spark import get_spark
 
@@ -226,6 +256,11 @@ def start_spark(jdbc: bool) -> Any:
         os.environ["PYSPARK_SUBMIT_ARGS"] = (
             f"--jars {JDBC_JAR} --driver-class-path {JDBC_JAR} pyspark-shell"
         )
+    from pyspark import cloudpickle
+
+    # The workers cannot import this module (bench/ is not on their path): ship naive
+    # Spark's partition function by value, as it was while it lived in the script.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark = get_spark(MASTER)
     # Start the Python daemon and one worker per core before anything is measured.
     spark.sparkContext.parallelize(range(CORES), CORES).map(lambda x: x).collect()

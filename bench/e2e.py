@@ -1,8 +1,8 @@
 """End-to-end benchmark: Sluice vs. naive Spark vs. a Spark broadcast join vs. the database.
 
     python bench/e2e.py [--events 1000000] [--files 50] [--users 1000000] [--quick]
-                        [--latencies 0,1] [--skip naive,broadcast,pgbench] [--memory-scaling]
-                        [--profile /tmp/sluice.svg]
+                        [--latencies 0,1] [--skip naive,broadcast,pgbench,ceiling]
+                        [--memory-scaling] [--rounds 3] [--profile /tmp/sluice.svg]
 
 Data (generated once, cached under ``<home>/bench/e2e``, regenerated only when a parameter
 changes): ``--events`` events in ``--files`` JSON Lines files (``dt=YYYY-MM-DD/`` folders, one
@@ -23,14 +23,23 @@ platform database (the embedded Postgres by default). Then, one after another on
    on a prefix of the files sized to ``--naive-seconds`` and its rate is extrapolated
    (labelled in the table);
 3. **Spark broadcast join**: the users table read through Spark's JDBC source (Debian's
-   ``libpostgresql-jdbc-java``, ``/usr/share/java/postgresql.jar``; skipped with the reason
-   when absent) and broadcast-joined to the events, Parquet output. The embedded server
-   listens on a Unix socket only and the JDBC driver cannot use one without junixsocket, so
-   the benchmark relays 127.0.0.1:<ephemeral port> to the socket (a few round trips; latency
-   does not apply, so it is measured once);
+   ``libpostgresql-jdbc-java``, ``/usr/share/java/postgresql.jar``, installed by the benchmark
+   with apt-get when it runs as root, as ``.ci/run`` installs chromium; otherwise skipped with
+   a reason that says how to get it) and broadcast-joined to the events, Parquet output. The
+   embedded server listens on a Unix socket only and the JDBC driver cannot use one without
+   junixsocket, so the benchmark relays 127.0.0.1:<ephemeral port> to the socket (a few round
+   trips; latency does not apply, so it is measured once);
 4. **the database ceiling**: ``pgbench -M prepared`` with a one-row primary-key lookup script
    and with a 100-key ``= ANY`` script (``--pgbench-clients`` clients, default 8 = Sluice's
-   2 tasks x 4 connections; L as ``\\sleep`` before each query).
+   2 tasks x 4 connections; L as ``\\sleep`` before each query);
+5. **the ceilings** (``bench/_e2e_ceiling.py``), on the same files without the platform (no
+   Spark, no checkpoints), ``CORES`` spawned processes: read → parse (pyarrow.json) → write
+   Parquet with no lookup, and the same with one ``= ANY`` lookup per block (asyncpg). Every
+   row shows its ratio to both.
+
+The ceilings and Sluice's clickstream rows are the median of ``--rounds`` (3) interleaved
+rounds (ceiling, lookup ceiling, Sluice at each L; then again), after one unmeasured run of
+each ceiling and one of Sluice, so that no variant pays another's start-up.
 
 Both Spark baselines read the files in >= 16 partitions (``spark.sql.files.maxPartitionBytes``)
 so that no straggler partition runs alone on one of the two cores.
@@ -53,17 +62,19 @@ so time in the cyclic GC is charged to the allocating Python frame).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _e2e_ceiling import Ceilings
 from _e2e_common import (
-    JDBC_JAR,
     VARIANTS,
     Context,
     Result,
@@ -74,9 +85,9 @@ from _e2e_data import count_lines, landing_files, prepare_events, prepare_orders
 from _e2e_pgbench import pgbench_binary, run_pgbench
 from _e2e_report import legend, report, verdicts
 from _e2e_sluice import profile_sluice, run_orders, run_sluice
-from _e2e_spark import run_broadcast, run_naive, start_spark
+from _e2e_spark import ensure_jdbc_driver, run_broadcast, run_naive, start_spark
 
-from enumerator_service import load_settings
+from enumerator_service import asyncpg_dsn, load_settings
 from enumerator_service._operations import open_platform
 
 
@@ -110,6 +121,12 @@ def main() -> None:
     parser.add_argument("--pgbench-clients", type=int, default=8)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument("--profile", type=Path, help="py-spy output of an extra Sluice run")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds of the ceilings and the Sluice rows (median reported)",
+    )
     parser.add_argument("--quick", action="store_true", help="100k events, short time boxes")
     args = parser.parse_args()
     if args.quick:
@@ -118,7 +135,7 @@ def main() -> None:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if unknown := skip - set(VARIANTS):
         parser.error(f"--skip: unknown {', '.join(sorted(unknown))}")
-    if min(args.events, args.files, args.users) < 1 or args.files > args.events:
+    if min(args.events, args.files, args.users, args.rounds) < 1 or args.files > args.events:
         parser.error("sizes must be positive, with at most one file per event")
 
     started = time.perf_counter()
@@ -143,19 +160,20 @@ def main() -> None:
         )
         if "orders" not in skip:
             ctx.orders = prepare_orders(settings, platform, args.events, args.files, args.users)
-        jdbc = "broadcast" not in skip and JDBC_JAR.exists()
-        if "broadcast" not in skip and not jdbc:
-            skipped.append(
-                f"broadcast join: no JDBC driver at {JDBC_JAR} (apt-get install "
-                "libpostgresql-jdbc-java)"
-            )
+        jdbc = False
+        if "broadcast" not in skip:
+            missing = ensure_jdbc_driver()
+            jdbc = missing is None
+            if missing is not None:
+                skipped.append(missing)
         with console.status("Starting Spark (session, Python daemon and workers)…"):
             ctx.spark = start_spark(jdbc)
 
-        def measure(label: str, fn: Callable[[], Result]) -> Result:
+        def measure(label: str, fn: Callable[[], Result], record: bool = True) -> Result:
             with console.status(f"{label}…"):
                 result = fn()
-            results.append(result)
+            if record:
+                results.append(result)
             console.print(
                 f"{label}: {result.rate:,.0f}/s, {result.seconds:,.1f} s, worker "
                 f"{mib(result.worker_mib)} MiB, driver {mib(result.driver_mib)} MiB; "
@@ -163,9 +181,35 @@ def main() -> None:
             )
             return result
 
+        # The ceilings and Sluice's clickstream rows: the median of --rounds interleaved
+        # rounds, after one unmeasured run of each (so that no variant pays another's start-up).
+        rounds: dict[str, list[Result]] = defaultdict(list)
+        plans: list[tuple[str, Callable[[], Result]]] = []
+        ceilings = None
+        if "ceiling" not in skip:
+            ceilings = Ceilings(ctx, asyncpg_dsn(platform.url))
+            plans += [
+                ("ceiling, no lookup", functools.partial(ceilings.run, lookup=False)),
+                ("ceiling, = ANY lookup", functools.partial(ceilings.run, lookup=True)),
+            ]
         if "sluice" not in skip:
-            for latency in latencies:
-                measure(f"Sluice, L={latency:g} ms", functools.partial(run_sluice, ctx, latency))
+            plans += [
+                (f"Sluice, L={latency:g} ms", functools.partial(run_sluice, ctx, latency))
+                for latency in latencies
+            ]
+        try:
+            sluice_plans = [plan for plan in plans if plan[0].startswith("Sluice")]
+            warm_ups = [plan for plan in plans if plan not in sluice_plans] + sluice_plans[:1]
+            for label, fn in warm_ups:
+                measure(f"warm-up: {label} (not measured)", fn, record=False)
+            for round_no in range(1, args.rounds + 1):
+                for label, fn in plans:
+                    rounds[label].append(measure(f"round {round_no}: {label}", fn, record=False))
+        finally:
+            if ceilings is not None:
+                ceilings.close()
+        results.extend(median_of(runs) for runs in rounds.values())
+        if "sluice" not in skip:
             if "orders" not in skip:
                 for latency in latencies:
                     measure(
@@ -237,6 +281,16 @@ def main() -> None:
         f"total {time.perf_counter() - started:,.0f} s; load average at the end: "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
+
+
+def median_of(runs: list[Result]) -> Result:
+    """The run of median rate (of an even count, the lower one), its note saying so."""
+    ordered = sorted(runs, key=lambda r: r.rate)
+    median = dataclasses.replace(ordered[(len(ordered) - 1) // 2])
+    if len(runs) > 1:
+        rates = " / ".join(f"{r.rate:,.0f}" for r in runs)
+        median.note = f"median of {len(runs)} rounds ({rates}/s); {median.note}"
+    return median
 
 
 if __name__ == "__main__":
