@@ -103,7 +103,8 @@ class SplitFetcher(threading.Thread):
         self._reader = reader
         self._handoff = handoff
         self._request = request_splits
-        self._unread: deque[SplitAssignment] = deque()  # pulled, not yet in the reader
+        # Pulled, not yet in the reader; touched by the fetcher thread only.
+        self._unread: deque[SplitAssignment] = deque()
         self._restored = restored
         self._stop_event = threading.Event()
         self._poll_interval = poll_interval
