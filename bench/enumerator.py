@@ -12,8 +12,10 @@ b. an initial ``ContinuousFileEnumerator.discover()`` makes those files known (t
    written with the newest mtimes and ONE incremental tick is timed. A second tick over another
    ``--new`` files runs under tracemalloc to show its peak Python memory, next to the memory of
    a set of every known path (what an unbounded cursor would hold), measured in this run;
-c. ``--pull`` splits are assigned to one run and ``--pullers`` threads call ``pull_next`` until
-   it returns None; every split must be handed out exactly once;
+c. ``--pull`` splits are assigned to one run and ``--pullers`` threads call ``pull_splits``
+   (``SLUICE_PULL_MAX_SPLITS`` small splits per request, as reader subtasks do) until it
+   returns none; every split must be handed out exactly once. The same over a second run of
+   the same size with one split per request (``pull_next``) is the baseline of this run;
 d. a first discovery over the whole landing folder as a backlog (a second source, nothing
    registered yet) with the per-tick cap (``--cap``, default SLUICE_DISCOVERY_MAX_FILES_PER_TICK):
    the time of each tick until the backlog is drained, and that every file was registered
@@ -24,11 +26,9 @@ d. a first discovery over the whole landing folder as a backlog (a second source
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import shutil
 import tempfile
-import threading
 import time
 import tracemalloc
 import uuid
@@ -41,11 +41,11 @@ from typing import TypeVar
 import sqlalchemy as sa
 from _backlog import backlog_rows  # bench/ is on sys.path when run as a script
 from _harness import timed
+from _pulls import pull_rows
 from rich.console import Console
 from rich.table import Table
 
 from enumerator_service import ContinuousFileEnumerator, FileSplit, SplitStore, load_settings
-from enumerator_service._database import connect_engine
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import enumerator_state, splits
 
@@ -57,7 +57,6 @@ LOOKBACK = 600.0  # the enumerator's default lookback window, seconds
 HISTORIC_SPACING = 60  # seconds between the mtimes of two historic files of one folder
 REGISTER_TARGET = 10.0  # seconds for --files splits
 TICK_TARGET = 2.0  # seconds for one incremental tick
-PULL_TARGET = 2_000.0  # splits/s
 
 
 @dataclass(frozen=True)
@@ -141,38 +140,6 @@ def traced(fn: Callable[[], T]) -> tuple[int, T]:
     finally:
         tracemalloc.stop()
     return peak, result
-
-
-def pull_all(platform: Platform, run_id: str, pullers: int) -> tuple[float, list[list[int]]]:
-    """``pullers`` threads call pull_next until None; returns seconds and ids per puller."""
-    # Each reader subtask would hold its own connection: one pooled connection per puller.
-    engine = connect_engine(platform.url, pool_size=pullers)
-    store = SplitStore(engine)
-    got: list[list[int]] = [[] for _ in range(pullers)]
-    errors: list[BaseException] = []
-    start_line = threading.Barrier(pullers + 1)
-
-    def pull(subtask: int) -> None:
-        mine = got[subtask]
-        start_line.wait()
-        try:
-            while (a := store.pull_next(run_id, subtask, 60.0)) is not None:
-                mine.append(a.split_id)
-        except BaseException as exc:  # reported after join
-            errors.append(exc)
-
-    threads = [threading.Thread(target=pull, args=(i,)) for i in range(pullers)]
-    for t in threads:
-        t.start()
-    start_line.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - start
-    engine.dispose()
-    if errors:
-        raise errors[0]
-    return seconds, got
 
 
 def verdict(ok: bool) -> str:
@@ -291,56 +258,18 @@ def run(args: argparse.Namespace, platform: Platform, root: Path, source: str) -
         verdict(cursor2 <= window2),
     )
 
-    # c. Assignment throughput: the target run, then a 10x smaller run (diagnostic: how the
-    # cost of one pull depends on the number of splits the run holds).
-    per_day = landing.files_per_day
-    big = landing.days[: -(-args.pull // per_day)]
-    small = landing.days[len(big) : len(big) + max(1, len(big) // 10)]
-    for label, days in (("c.", big), ("  ", small)):
-        if not days:
-            continue
-        run_id = f"{source}_run_{len(days)}d"
-        seconds, assigned = timed(
-            functools.partial(
-                store.assign_to_run, run_id, source, lease_seconds=600, partition_keys=days
-            )
-        )
-        with console.status(f"c. {args.pullers} pullers over {assigned:,} splits…"):
-            pull_seconds, got = pull_all(platform, run_id, args.pullers)
-        ids = [i for per in got for i in per]
-        assert len(ids) == assigned == len(set(ids)), "a split was lost or duplicated"
-        rate = assigned / pull_seconds
-        busy = sum(1 for per in got if per)
-        table.add_row(
-            f"   assign_to_run: {assigned:,} splits ({len(days)} days) to one run",
-            f"{seconds:.2f} s",
-            "",
-            "",
-            "",
-        )
-        if label == "c.":
-            table.add_row(
-                f"c. {args.pullers} pullers, pull_next until None, {assigned:,} splits in the run",
-                f"{rate:,.0f}/s ({pull_seconds:.2f} s)",
-                f">= {PULL_TARGET:,.0f}/s",
-                f"{rate / PULL_TARGET:.2f}x",
-                verdict(rate >= PULL_TARGET),
-            )
-        else:
-            table.add_row(
-                f"   same, {assigned:,} splits in the run (diagnostic: cost per pull vs run size)",
-                f"{rate:,.0f}/s ({pull_seconds:.2f} s)",
-                "",
-                "",
-                "",
-            )
-        table.add_row(
-            f"   handed out exactly once; {busy} pullers busy, "
-            f"{min(map(len, got)):,}-{max(map(len, got)):,} each",
-            f"{len(set(ids)):,} of {assigned:,}",
-            "",
-            "",
-            verdict(len(ids) == assigned == len(set(ids)) and busy == args.pullers),
+    # c. Assignment throughput (bench/_pulls.py).
+    with console.status(f"c. {args.pullers} pullers…"):
+        pull_rows(
+            table,
+            platform,
+            source,
+            landing.days,
+            landing.files_per_day,
+            pull=args.pull,
+            pullers=args.pullers,
+            max_splits=args.pull_max_splits,
+            max_bytes=args.pull_max_bytes,
         )
     backlog_rows(platform.engine, landing.root, source, table, cap=args.cap, uncapped=args.uncapped)
     return table
@@ -375,6 +304,8 @@ def main() -> None:
 
     settings = load_settings()
     args.cap = args.cap or settings.discovery_max_files_per_tick
+    args.pull_max_splits = settings.pull_max_splits
+    args.pull_max_bytes = settings.pull_max_bytes
     platform = open_platform(settings)
     source = f"bench_{uuid.uuid4().hex[:12]}"
     root = Path(tempfile.mkdtemp(prefix="sluice-bench-"))

@@ -170,6 +170,22 @@ class Settings(BaseSettings):
         ge=1024,
         description="JSON Lines are read, parsed and looked up in blocks of about this size.",
     )
+    # Issue 15: many small files must not make the split store the bottleneck. A reader
+    # subtask takes several small splits per request; the byte budget bounds the work one
+    # subtask can hold unread while others are idle: 1 MiB is ~0.1 s of reading, while one
+    # request costs a few ms, so only splits far smaller than the budget are worth batching.
+    pull_max_splits: int = Field(
+        default=16,
+        ge=1,
+        le=1000,
+        description="Most splits a reader subtask pulls in one request (1: one at a time).",
+    )
+    pull_max_bytes: int = Field(
+        default=1 << 20,
+        ge=0,
+        description="A request takes more than one split only while their byte sizes add up "
+        "to at most this; splits of unknown size (gzip, Parquet, tables) always go alone.",
+    )
     # Sizes for the pipelines' sample-data generators (``sluice demo-data``).
     demo_events: int = Field(default=200_000, ge=1, description="Sample records generated.")
     demo_users: int = Field(default=1_000_000, ge=1, description="Sample dimension rows generated.")

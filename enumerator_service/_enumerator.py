@@ -122,6 +122,18 @@ class SplitEnumerator(abc.ABC):
             return None
         return self._store.pull_next(self._require_run(), subtask, self._lease)
 
+    def handle_split_requests(
+        self, subtask: int, *, max_splits: int, max_bytes: int
+    ) -> list[SplitAssignment]:
+        """Up to ``max_splits`` small splits for a registered reader in one request (see
+        ``SplitStore.pull_splits``); [] when none is left or the reader has gone away. May block.
+        """
+        if subtask not in self._readers:
+            return []
+        return self._store.pull_splits(
+            self._require_run(), subtask, self._lease, max_splits=max_splits, max_bytes=max_bytes
+        )
+
     def add_splits_back(self, split_ids: Sequence[int], subtask: int) -> int:
         """Splits of a failed ``subtask`` that no completed checkpoint covers: back to the pool."""
         self._readers.discard(subtask)

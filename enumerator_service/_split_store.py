@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine, Row
 
 from enumerator_service._rebuild_lock import holds, lock_rebuilds
 from enumerator_service._schema import ACTIVE_SPLIT, SplitStatus, splits
+from enumerator_service._split_pull import pull_parameters, pull_statement
 from enumerator_service._splits import FileSplit, Split, SplitAssignment, TableRangeSplit
 
 __all__ = ["FencedError", "SplitStore"]
@@ -241,28 +242,45 @@ class SplitStore:
         return sorted((_to_assignment(r) for r in rows), key=lambda a: a.split_id)
 
     def pull_next(self, run_id: str, subtask: int, lease_seconds: float) -> SplitAssignment | None:
-        """Hand the next split of the run to ``subtask``; None when the run has none left."""
-        # The hottest control-path call (once per split, from every reader subtask), so it is
-        # kept lean: a fixed textual statement (no Core tree built and cache-keyed per call;
-        # psycopg prepares it after a few runs) executed as its own implicit transaction
-        # (AUTOCOMMIT: no BEGIN/COMMIT round trips). Unchanged semantics: atomically, the first
-        # split in (partition_key, id) order of the run that no concurrent puller holds moves
-        # to READING under a new fencing epoch and lease.
-        quote = self._engine.dialect.identifier_preparer
-        table = quote.format_table(splits)
-        columns = ", ".join(quote.quote(column.name) for column in splits.c)
-        stmt = sa.text(
-            f"UPDATE {table} SET status = 'READING', subtask = :subtask, epoch = epoch + 1,"
-            " attempts = attempts + 1,"
-            " lease_expires_at = now() + make_interval(secs => :lease_seconds)"
-            f" WHERE id = (SELECT id FROM {table} WHERE run_id = :run_id AND status = 'ASSIGNED'"
-            " ORDER BY partition_key, id LIMIT 1 FOR UPDATE SKIP LOCKED)"
-            f" RETURNING {columns}"
+        """Hand the next split of the run to ``subtask``; None when the run has none left.
+
+        May block (one database round trip).
+        """
+        pulled = self.pull_splits(run_id, subtask, lease_seconds, max_splits=1)
+        return pulled[0] if pulled else None
+
+    def pull_splits(
+        self,
+        run_id: str,
+        subtask: int,
+        lease_seconds: float,
+        *,
+        max_splits: int,
+        max_bytes: int = 0,
+    ) -> list[SplitAssignment]:
+        """Hand the next splits of the run to ``subtask`` in one transaction; [] when none left.
+
+        The first split in (partition_key, id) order that no concurrent puller holds is always
+        handed out. Up to ``max_splits - 1`` further ones follow only while they are *small*:
+        byte ranges of a line file (``jsonl``, ``csv``) whose sizes, the first split's
+        included, add up to at most ``max_bytes``. A split of unknown size (a whole gzip or
+        Parquet file, a table key range) is handed out only alone, so a batch can never keep
+        much work from idle pullers. Every split in the batch gets its own new fencing epoch
+        and lease, exactly as one ``pull_next`` each would; the list is in (partition_key, id)
+        order. May block (one database round trip).
+        """
+        params = pull_parameters(
+            run_id, subtask, lease_seconds, max_splits=max_splits, max_bytes=max_bytes
         )
-        params = {"run_id": run_id, "subtask": subtask, "lease_seconds": float(lease_seconds)}
+        # Its own implicit transaction (AUTOCOMMIT: no BEGIN/COMMIT round trips).
+        stmt = pull_statement(self._engine.dialect.identifier_preparer)
         with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            row = conn.execute(stmt, params).first()
-        return _to_assignment(row) if row is not None else None
+            rows = conn.execute(stmt, params).fetchall()
+        # RETURNING has no order; NULL partition keys sort last, as in the statement.
+        ordered = sorted(
+            rows, key=lambda r: (r.partition_key is None, r.partition_key or date.min, r.id)
+        )
+        return [_to_assignment(row) for row in ordered]
 
     @staticmethod
     def complete(

@@ -240,6 +240,8 @@ class ReaderRun:
             staging_root=str(self.staging_root),
             max_line_bytes=settings.max_line_bytes,
             block_bytes=settings.read_block_bytes,
+            pull_max_splits=settings.pull_max_splits,
+            pull_max_bytes=settings.pull_max_bytes,
             defaults=StepDefaults(
                 lookup_capacity=settings.lookup_capacity,
                 lookup_batch_size=settings.lookup_batch_size,

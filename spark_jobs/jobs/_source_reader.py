@@ -2,10 +2,14 @@
 
 Built on the mailbox thread before the loop starts; the fetcher's thread starts with
 :meth:`SourceReaderBase.start`. A retried attempt first restores the splits its predecessor
-held (``SplitStore.reclaim``: a new fencing epoch), then pulls more as it runs out.
+held (``SplitStore.reclaim``: a new fencing epoch), then pulls more as it runs out — several
+small splits per transaction (``SplitStore.pull_splits``, bounded by ``SLUICE_PULL_MAX_SPLITS``
+and ``SLUICE_PULL_MAX_BYTES``), each under its own epoch and lease.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pyarrow as pa
 
@@ -53,7 +57,14 @@ def open_source_reader(config: TaskConfig, subtask: int, store: SplitStore) -> S
     fetcher = SplitFetcher(
         router,
         handoff,
-        lambda: store.pull_next(config.run_id, subtask, config.lease_seconds),
+        functools.partial(
+            store.pull_splits,
+            config.run_id,
+            subtask,
+            config.lease_seconds,
+            max_splits=config.pull_max_splits,
+            max_bytes=config.pull_max_bytes,
+        ),
         restored,
         name=f"split-fetcher-{subtask}",
         poll_interval=config.continuous_poll_seconds if config.continuous else None,

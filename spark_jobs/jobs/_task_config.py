@@ -49,6 +49,9 @@ class TaskConfig:
     max_line_bytes: int
     #: Line files are read and parsed in blocks of about this many bytes (operator elements).
     block_bytes: int = 256 << 10
+    #: Most splits per request to the split store, and their byte budget (SLUICE_PULL_MAX_*).
+    pull_max_splits: int = 1
+    pull_max_bytes: int = 0
     defaults: StepDefaults = field(default_factory=StepDefaults)
     exactly_once: bool = True
     checkpoint_poll_seconds: float = 1.0

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 from enumerator_service import SplitAssignment
@@ -72,8 +72,15 @@ class HandoffQueue:
 class SplitFetcher(threading.Thread):
     """Runs the blocking side of a reader: asks for splits and fetches their blocks.
 
-    ``request_split`` may block (it queries the split store); it is called only when the split
-    reader has run out of splits, so assignment is lazy and idle subtasks pull more work.
+    ``request_splits`` may block (it queries the split store) and returns the next splits
+    handed to this subtask, in reading order (empty: none left). It is called only when the
+    split reader has run out of splits *and* the splits of the previous request are all read,
+    so assignment stays lazy, idle subtasks pull more work, and a subtask never holds more
+    unread splits than one request returned. The unread ones wait here, not in the split
+    reader: each joins the reader (and the mailbox's per-split state and watermarks) only
+    when the one before it is done, exactly as if it had been pulled on its own. They are
+    held in the split store all the same (READING, this subtask, their own epoch and
+    lease), so a failed attempt gives them back, or its retry reclaims them, like any other.
 
     Bounded (``poll_interval`` None): no split left means end of input. Continuous: the
     fetcher asks again every ``poll_interval`` seconds (splits keep arriving), and ends the
@@ -84,7 +91,7 @@ class SplitFetcher(threading.Thread):
         self,
         reader: SplitReader,
         handoff: HandoffQueue,
-        request_split: Callable[[], SplitAssignment | None],
+        request_splits: Callable[[], Sequence[SplitAssignment]],
         restored: list[SplitAssignment],
         *,
         name: str = "split-fetcher",
@@ -95,7 +102,9 @@ class SplitFetcher(threading.Thread):
         super().__init__(name=name, daemon=True)
         self._reader = reader
         self._handoff = handoff
-        self._request = request_split
+        self._request = request_splits
+        # Pulled, not yet in the reader; touched by the fetcher thread only.
+        self._unread: deque[SplitAssignment] = deque()
         self._restored = restored
         self._stop_event = threading.Event()
         self._poll_interval = poll_interval
@@ -104,11 +113,16 @@ class SplitFetcher(threading.Thread):
 
     def _next_split(self) -> SplitAssignment | None:
         """The next split; None at end of input (or when shut down while waiting)."""
+        if self._unread:
+            return self._unread.popleft()
         idle_since = self._clock()
         while not self._stop_event.is_set():
             requested = self._request()
-            if requested is not None or self._poll_interval is None:
-                return requested
+            if requested:
+                self._unread.extend(requested[1:])
+                return requested[0]
+            if self._poll_interval is None:
+                return None
             if self._idle_exit is not None and self._clock() - idle_since >= self._idle_exit:
                 return None
             self._stop_event.wait(self._poll_interval)

@@ -87,6 +87,20 @@ def test_a_requesting_reader_that_has_gone_away_gets_nothing(platform: Platform)
     assert enumerator.handle_split_request(4) is not None
 
 
+def test_a_reader_gets_several_small_discovered_files_in_one_request(platform: Platform) -> None:
+    landing = platform.settings.landing_path
+    for name in ("a.jsonl", "b.jsonl", "c.jsonl"):
+        _land(landing, "2026-01-01", name, 5)
+    enumerator = _continuous(platform)
+    enumerator.start("run-batch")
+    assert enumerator.assign_pending() == 3
+    assert enumerator.handle_split_requests(1, max_splits=8, max_bytes=1 << 20) == []  # unknown
+    enumerator.add_reader(1)
+    got = enumerator.handle_split_requests(1, max_splits=8, max_bytes=1 << 20)
+    assert [Path(a.split.path).name for a in got] == ["a.jsonl", "b.jsonl", "c.jsonl"]
+    assert enumerator.handle_split_requests(1, max_splits=8, max_bytes=1 << 20) == []
+
+
 def test_restore_gives_back_only_the_hand_outs_after_the_completed_checkpoint(
     platform: Platform,
 ) -> None:

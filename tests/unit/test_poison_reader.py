@@ -80,7 +80,7 @@ def read_all(assignments: list[SplitAssignment]) -> CollectFailures:
     router = FormatRouter(EVENTS, max_line_bytes=1 << 12, dsn="unused", block_bytes=4096)
     handoff = HandoffQueue(capacity=2)
     queue = list(assignments)
-    fetcher = SplitFetcher(router, handoff, lambda: queue.pop(0) if queue else None, [])
+    fetcher = SplitFetcher(router, handoff, lambda: [queue.pop(0)] if queue else [], [])
     reader = SourceReaderBase(fetcher, handoff, RecordEmitter())
     out = CollectFailures()
     reader.start()

@@ -262,7 +262,7 @@ def test_a_fetcher_thread_reads_splits_of_two_formats_to_the_end(tmp_path: Path)
     ]
     router = FormatRouter(ORDERS, max_line_bytes=1 << 10, dsn="unused", block_bytes=512)
     handoff = HandoffQueue(capacity=2)
-    fetcher = SplitFetcher(router, handoff, lambda: splits.pop(0) if splits else None, [])
+    fetcher = SplitFetcher(router, handoff, lambda: [splits.pop(0)] if splits else [], [])
     reader = SourceReaderBase(fetcher, handoff, RecordEmitter())
     out = Collect()
     reader.start()
@@ -283,3 +283,63 @@ def test_a_fetcher_thread_reads_splits_of_two_formats_to_the_end(tmp_path: Path)
         (2, csv.stat().st_size),
     ]
     assert [(split, reason[:12]) for split, _, _, reason in out.dead] == [(1, "invalid JSON")]
+
+
+class Timeline(Collect):
+    """Collect that also records the order of split starts and ends on the mailbox side."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    def split_added(self, assignment: SplitAssignment, state: SplitState) -> None:
+        super().split_added(assignment, state)
+        self.events.append(f"add {assignment.split_id}")
+
+    def split_finished(self, split_id: int, state: SplitState) -> None:
+        super().split_finished(split_id, state)
+        self.events.append(f"end {split_id}")
+
+
+def test_a_batch_of_pulled_splits_joins_the_reader_one_at_a_time(tmp_path: Path) -> None:
+    # One request hands out three splits (as SplitStore.pull_splits does for small files):
+    # each must start only after the one before it ended (per-split state and watermarks are
+    # exactly those of one-at-a-time pulls), and the split store is asked again only once
+    # all three are read.
+    files = []
+    for n in range(3):
+        path = tmp_path / f"{n}.jsonl"
+        path.write_bytes(
+            orjson.dumps(
+                {
+                    "region": "eu",
+                    "order_no": n,
+                    "placed_at": (T0 + timedelta(seconds=n)).isoformat(),
+                    "total": n,
+                }
+            )
+            + b"\n"
+        )
+        files.append(file_assignment(n + 1, str(path), 0, None))
+    batches = [files, []]
+    requests: list[int] = []
+
+    def request() -> list[SplitAssignment]:
+        requests.append(len(batches))
+        return batches.pop(0) if batches else []
+
+    router = FormatRouter(ORDERS, max_line_bytes=1 << 10, dsn="unused", block_bytes=512)
+    handoff = HandoffQueue(capacity=2)
+    reader = SourceReaderBase(SplitFetcher(router, handoff, request, []), handoff, RecordEmitter())
+    out = Timeline()
+    reader.start()
+    try:
+        while (status := reader.poll_next(out)) is not InputStatus.END_OF_INPUT:
+            if status is InputStatus.NOTHING_AVAILABLE:
+                reader.is_available().result(timeout=30)
+    finally:
+        reader.close()
+    assert out.events == ["add 1", "end 1", "add 2", "end 2", "add 3", "end 3"]
+    assert requests == [2, 1]  # the batch, then the empty answer that ends the input
+    rows = pa.concat_batches([b.rows for b in out.blocks]).to_pylist()
+    assert [r["order_no"] for r in rows] == [0, 1, 2]

@@ -1,0 +1,165 @@
+"""``bench/e2e.py``: CPU time and peak memory of this process and its descendants."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# -- processes: CPU time and peak memory of this process and its descendants --------------
+
+
+def _process_table() -> dict[int, tuple[int, str, int]]:
+    """pid → (ppid, comm, utime+stime+cutime+cstime ticks) of every process."""
+    table: dict[int, tuple[int, str, int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        table[int(entry.name)] = (int(fields[1]), comm, sum(int(f) for f in fields[11:15]))
+    return table
+
+
+def _descendants(table: dict[int, tuple[int, str, int]]) -> list[int]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for pid, (ppid, _comm, _ticks) in table.items():
+        children[ppid].append(pid)
+    found, todo = [], list(children[os.getpid()])
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children[pid])
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _kind(pid: int, comm: str) -> str | None:
+    if comm == "java":
+        return "jvm"
+    command = _cmdline(pid)
+    if "pyspark.daemon" in command or "pyspark.worker" in command:
+        return "worker"
+    if "multiprocessing.spawn" in command:
+        return "worker"  # a ceiling job's process (bench/_e2e_ceiling.py)
+    return None
+
+
+def _memory_kib(pid: int) -> tuple[int, int]:
+    """(VmHWM, VmRSS) of ``pid`` in KiB; zeros when it exited."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0, 0
+    values = dict(re.findall(r"^(VmHWM|VmRSS):\s+(\d+) kB", status, re.MULTILINE))
+    return int(values.get("VmHWM", 0)), int(values.get("VmRSS", 0))
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process, its waited-for children and all live descendants (the Spark
+    JVM, the Python daemon and its workers). Postgres is not included."""
+    table = _process_table()
+    ticks = sum(table[pid][2] for pid in _descendants(table) if pid in table)
+    own = os.times()
+    own_seconds = own.user + own.system + own.children_user + own.children_system
+    return own_seconds + ticks / os.sysconf("SC_CLK_TCK")
+
+
+class MemorySampler(threading.Thread):
+    """Peak RSS of the Python workers and of the driver (JVM + this process) while running.
+
+    On entry the high-water marks of this process and its descendants are reset (``5`` to
+    ``/proc/<pid>/clear_refs``); the thread then reads ``VmHWM`` every ``interval`` seconds,
+    so a peak between two samples is still seen, and a worker that exits early is too.
+    ``trace`` holds (seconds since entry, the largest worker's current RSS in KiB).
+    """
+
+    def __init__(self, interval: float = 0.25) -> None:
+        super().__init__(name="memory-sampler", daemon=True)
+        self._interval = interval
+        self._stop_event = threading.Event()
+        self._peaks: dict[int, tuple[str, int]] = {}
+        self._began = time.perf_counter()
+        self.trace: list[tuple[float, int]] = []
+
+    def __enter__(self) -> MemorySampler:
+        table = _process_table()
+        for pid in [os.getpid(), *_descendants(table)]:
+            # OSError: exited, or a kernel without it (peaks then include earlier variants).
+            with contextlib.suppress(OSError):
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+        self._began = time.perf_counter()
+        self._sample()
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop_event.set()
+        self.join()
+        self._sample()
+
+    def _sample(self) -> None:
+        table = _process_table()
+        pids = [(os.getpid(), "driver")]
+        for pid in _descendants(table):
+            kind = _kind(pid, table[pid][1]) if pid in table else None
+            if kind is not None:
+                pids.append((pid, kind))
+        worker_rss = 0
+        for pid, kind in pids:
+            hwm, rss = _memory_kib(pid)
+            if hwm > self._peaks.get(pid, (kind, 0))[1]:
+                self._peaks[pid] = (kind, hwm)
+            if kind == "worker":
+                worker_rss = max(worker_rss, rss)
+        self.trace.append((time.perf_counter() - self._began, worker_rss))
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._interval):
+            self._sample()
+
+    @property
+    def worker_mib(self) -> float | None:
+        peaks = [kib for kind, kib in self._peaks.values() if kind == "worker"]
+        return max(peaks) / 1024 if peaks else None
+
+    @property
+    def driver_mib(self) -> float:
+        return sum(kib for kind, kib in self._peaks.values() if kind in ("jvm", "driver")) / 1024
+
+    def worker_profile(self, points: int = 5) -> list[float]:
+        """The largest worker's RSS (MiB) at ``points`` evenly spaced moments of the run."""
+        if not self.trace:
+            return []
+        end = self.trace[-1][0]
+        picks = []
+        for i in range(points):
+            at = end * i / (points - 1)
+            picks.append(min(self.trace, key=lambda sample: abs(sample[0] - at))[1] / 1024)
+        return picks
+
+
+def timed_run(fn: Callable[[], Any]) -> tuple[float, float, MemorySampler, Any]:
+    """(wall seconds, CPU seconds, memory peaks, result) of ``fn()``."""
+    cpu = cpu_seconds()
+    with MemorySampler() as memory:
+        start = time.perf_counter()
+        result = fn()
+        wall = time.perf_counter() - start
+    return wall, cpu_seconds() - cpu, memory, result

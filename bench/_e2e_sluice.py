@@ -1,0 +1,187 @@
+"""``bench/e2e.py``: the Sluice runs (clickstream, orders) and the py-spy profile."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from _e2e_common import (
+    CORES,
+    MASTER,
+    USERS_TABLE,
+    Context,
+    Result,
+    console,
+)
+from _e2e_procs import MemorySampler, _cmdline, _descendants, _process_table, timed_run
+from _harness import clickstream_over, forget_source
+
+from enumerator_service import Settings, load_settings
+from enumerator_service._operations import Platform, discover
+
+# -- 1. Sluice -------------------------------------------------------------------------
+
+
+def sluice_settings(ctx: Context, latency_ms: float, source: str) -> Settings:
+    return load_settings(
+        spark_master=MASTER,
+        parallelism=CORES,
+        warehouse_dir=ctx.out_root / source,
+        checkpoint_interval_seconds=1.0,
+        checkpointing_mode="EXACTLY_ONCE",
+        lookup_injected_latency_ms=latency_ms,
+    )
+
+
+def clickstream_pipeline(landing: Path, source: str, cache_rows: int) -> Any:
+    """The clickstream example over the bench's files and users table (no cache by default:
+    with these uniformly random keys a cache hits ~9 % and costs more than it saves)."""
+    from spark_jobs import PartialCache
+
+    cache = PartialCache(cache_rows) if cache_rows else None
+    return clickstream_over(landing, source, USERS_TABLE, cache)
+
+
+def run_sluice(
+    ctx: Context,
+    latency_ms: float,
+    landing: Path | None = None,
+    label: str = "",
+    cache_rows: int | None = None,
+) -> Result:
+    landing = landing or ctx.landing
+    source = f"bench_e2e_{uuid.uuid4().hex[:10]}"
+    cache = ctx.args.cache_rows if cache_rows is None else cache_rows
+    settings = sluice_settings(ctx, latency_ms, source)
+    pipeline = clickstream_pipeline(landing, source, cache)
+    summary, wall, cpu, memory = _run_pipeline(ctx, settings, pipeline)
+    note = (
+        f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
+        f"{summary.lookup_queries:,} queries, {summary.cache_hit_rate:.0%} cache hits, "
+        f"{summary.dead_letters:,} dead letters"
+    )
+    return Result(
+        latency_ms,
+        "sluice" if cache_rows is None else "sluice-cached",
+        label or "Sluice",
+        summary.rows_in,
+        wall,
+        summary.rows_in / wall,
+        cpu,
+        memory.worker_mib,
+        memory.driver_mib,
+        note,
+        worker_rss=memory.worker_profile(),
+    )
+
+
+def _run_pipeline(
+    ctx: Context, settings: Settings, pipeline: Any
+) -> tuple[Any, float, float, MemorySampler]:
+    """(summary, wall, CPU, memory) of discovering and running ``pipeline``; its splits and
+    output are forgotten afterwards."""
+    from spark_jobs.jobs import run_pipeline
+    from spark_jobs.pipeline._paths import discovery_of
+
+    platform = Platform(settings, ctx.platform.url, ctx.platform.engine)
+
+    def run() -> Any:
+        found = discover(platform, discovery_of(pipeline, settings))
+        assert found.splits_registered > 0, "no splits registered"
+        return run_pipeline(settings, pipeline)
+
+    try:
+        wall, cpu, memory, summary = timed_run(run)
+    finally:
+        forget_source(ctx.platform.engine, pipeline.name)
+        shutil.rmtree(settings.warehouse_path, ignore_errors=True)
+    assert summary.fenced == 0 and summary.rows_in > 0, summary
+    return summary, wall, cpu, memory
+
+
+def run_orders(ctx: Context, latency_ms: float) -> Result:
+    """The orders example over the bench's orders files (rows in = orders read)."""
+    import sqlalchemy as sa
+
+    from examples.orders import orders
+    from spark_jobs import PostgresSink
+
+    assert ctx.orders is not None
+    source = f"bench_orders_{uuid.uuid4().hex[:10]}"
+    table = f"public.{source}"
+    settings = sluice_settings(ctx, latency_ms, source)
+    pipeline = dataclasses.replace(
+        orders,
+        name=source,
+        source=dataclasses.replace(orders.source, landing=ctx.orders),
+        sink=PostgresSink(table, upsert_key=["order_id"]),
+    )
+    try:
+        summary, wall, cpu, memory = _run_pipeline(ctx, settings, pipeline)
+    finally:
+        with ctx.platform.engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}, {table}__staged"))
+    note = (
+        f"{summary.checkpoints} ckpts, {summary.lookup_queries:,} queries, "
+        f"{summary.dropped:,} filtered, {summary.dead_letters:,} dead letters"
+    )
+    return Result(
+        latency_ms,
+        "orders",
+        "Sluice orders (CSV, 2 lookups, Map, Filter, Postgres upsert)",
+        summary.rows_in,
+        wall,
+        summary.rows_in / wall,
+        cpu,
+        memory.worker_mib,
+        memory.driver_mib,
+        note,
+    )
+
+
+# -- profile ---------------------------------------------------------------------------
+
+
+def profile_sluice(ctx: Context, path: Path) -> None:
+    """One unmeasured Sluice run at L=0 under ``py-spy record`` of the Python daemon and all
+    of its workers."""
+    py_spy = Path(sys.executable).with_name("py-spy")
+    table = _process_table()
+    daemons = [
+        pid
+        for pid in _descendants(table)
+        if "pyspark.daemon" in _cmdline(pid) and table[table[pid][0]][1] == "java"
+    ]
+    if not py_spy.exists() or not daemons:
+        console.print(f"profile skipped: py-spy {py_spy} or the Python daemon not found")
+        return
+    fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(path.suffix, "raw")
+    # Not --native: py-spy 0.4.3 segfaulted with --native --subprocesses over whole runs here
+    # (attach it to single workers for ~15 s instead to see GC and native frames).
+    command = [str(py_spy), "record", "-p", str(daemons[0]), "--subprocesses", "--threads"]
+    recorder = subprocess.Popen(
+        [*command, "-r", "100", "-f", fmt, "-o", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(1.0)
+    try:
+        result = run_sluice(ctx, 0.0, label="Sluice under py-spy (not measured)")
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        _out, err = recorder.communicate(timeout=120)
+    console.print(
+        f"profile: {path} ({result.rate:,.0f} events/s under py-spy, {result.seconds:.1f} s)"
+        + (
+            f"; py-spy exited with {recorder.returncode}: {err.decode(errors='replace')[-600:]}"
+            if recorder.returncode
+            else ""
+        )
+    )
