@@ -67,7 +67,8 @@ class _Pending:
 
 
 class CheckpointCoordinator(threading.Thread):
-    """Runs checkpoints for one run of ``subtasks`` reader subtasks until stopped.
+    """Runs checkpoints for one run of ``subtasks`` reader subtasks until stopped, or until
+    every subtask's final checkpoint completed.
 
     ``on_failure`` is called (from this thread) when the coordinator gives up — the database
     stayed unreachable for ``give_up_after`` seconds — so the driver can cancel the job
@@ -154,6 +155,11 @@ class CheckpointCoordinator(threading.Thread):
                 if self._pending is not None:
                     self._collect(self._pending)
                 failing_since = None
+                if not self._open and self._pending is None:
+                    # Every subtask's final checkpoint completed: no checkpoint can follow
+                    # (a restarted attempt of a finished subtask ends at once), so the thread
+                    # ends now instead of sleeping out a poll before stop() sees it.
+                    break
             except _DB_ERRORS as exc:
                 # Postgres restarting: keep the pending checkpoint, reconnect, resume.
                 _log.warning("checkpoint coordinator: database unavailable (%s)", exc)
