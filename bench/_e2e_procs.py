@@ -54,7 +54,7 @@ def _kind(pid: int, comm: str) -> str | None:
     if comm == "java":
         return "jvm"
     command = _cmdline(pid)
-    if "pyspark.daemon" in command or "pyspark.worker" in command:
+    if "-m spark_jobs._daemon" in command or "pyspark.worker" in command:
         return "worker"
     if "multiprocessing.spawn" in command:
         return "worker"  # a ceiling job's process (bench/_e2e_ceiling.py)

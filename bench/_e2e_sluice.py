@@ -157,7 +157,7 @@ def profile_sluice(ctx: Context, path: Path) -> None:
     daemons = [
         pid
         for pid in _descendants(table)
-        if "pyspark.daemon" in _cmdline(pid) and table[table[pid][0]][1] == "java"
+        if "-m spark_jobs._daemon" in _cmdline(pid) and table[table[pid][0]][1] == "java"
     ]
     if not py_spy.exists() or not daemons:
         console.print(f"profile skipped: py-spy {py_spy} or the Python daemon not found")

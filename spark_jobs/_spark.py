@@ -168,6 +168,8 @@ def get_spark(
         .config("spark.speculation", "false")
         .config("spark.task.maxFailures", str(task_attempts))
         .config("spark.python.worker.reuse", "true")
+        # Workers are forked from a daemon that imported the subtask's modules (see _daemon).
+        .config("spark.python.daemon.module", "spark_jobs._daemon")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_LOG4J.as_uri()}")
         # Gang scheduling (barrier stages): check for enough slots every second, give up after

@@ -201,10 +201,10 @@ class Run:
     def workers(self) -> list[psutil.Process]:
         """Spark Python workers of this run: children of the pyspark daemon (forked, same
         command line), or standalone pyspark.worker processes. Never the daemon itself, whose
-        command line (``-m pyspark.daemon pyspark.worker``) names the worker module too:
+        command line (``-m spark_jobs._daemon pyspark.worker``) names the worker module too:
         killing it would orphan its workers, which then outlive a dead driver."""
         procs = self.descendants()
-        daemons = {p.pid for p in procs if "pyspark.daemon" in _cmdline(p)}
+        daemons = {p.pid for p in procs if "-m spark_jobs._daemon" in _cmdline(p)}
         return sorted(
             (
                 p

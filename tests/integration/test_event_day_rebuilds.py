@@ -290,7 +290,7 @@ def _python_workers() -> list[psutil.Process]:
     daemons = set()
     for p in procs:
         with contextlib.suppress(psutil.Error):
-            if "pyspark.daemon" in " ".join(p.cmdline()):
+            if "-m spark_jobs._daemon" in " ".join(p.cmdline()):
                 daemons.add(p.pid)
     workers = []
     for p in procs:

@@ -199,7 +199,7 @@ def _python_workers() -> list[psutil.Process]:
     daemons = set()
     for p in procs:
         try:
-            if "pyspark.daemon" in " ".join(p.cmdline()):
+            if "-m spark_jobs._daemon" in " ".join(p.cmdline()):
                 daemons.add(p.pid)
         except psutil.Error:
             continue

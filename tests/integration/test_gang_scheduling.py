@@ -92,7 +92,7 @@ def _python_workers() -> list[psutil.Process]:
     """Spark's Python workers of this process's JVM: forked by the pyspark daemon, with its
     command line (the daemon itself is the JVM's child)."""
     procs = psutil.Process(os.getpid()).children(recursive=True)
-    daemons = {p.pid for p in procs if "pyspark.daemon" in _cmdline(p)}
+    daemons = {p.pid for p in procs if "-m spark_jobs._daemon" in _cmdline(p)}
     workers = []
     for p in procs:
         try:
