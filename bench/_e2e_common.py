@@ -20,7 +20,7 @@ USERS_TABLE = "bench_e2e_users"
 SEED = 7
 START = date(2026, 1, 1)
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
-VARIANTS = ("sluice", "orders", "naive", "broadcast", "pgbench", "ceiling")
+VARIANTS = ("sluice", "small", "orders", "naive", "broadcast", "pgbench", "ceiling")
 USER_COLUMNS = ("name", "country", "tier", "signup_time")
 EVENT_SCHEMA = (
     "event_id STRING, user_id BIGINT, event_time TIMESTAMP, event_type STRING, amount DOUBLE"

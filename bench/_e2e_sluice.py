@@ -55,6 +55,7 @@ def run_sluice(
     landing: Path | None = None,
     label: str = "",
     cache_rows: int | None = None,
+    kind: str | None = None,
 ) -> Result:
     landing = landing or ctx.landing
     source = f"bench_e2e_{uuid.uuid4().hex[:10]}"
@@ -69,7 +70,7 @@ def run_sluice(
     )
     return Result(
         latency_ms,
-        "sluice" if cache_rows is None else "sluice-cached",
+        kind or ("sluice" if cache_rows is None else "sluice-cached"),
         label or "Sluice",
         summary.rows_in,
         wall,

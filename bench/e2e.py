@@ -35,19 +35,25 @@ platform database (the embedded Postgres by default). Then, one after another on
 5. **the ceilings** (``bench/_e2e_ceiling.py``), on the same files without the platform (no
    Spark, no checkpoints), ``CORES`` spawned processes: read → parse (pyarrow.json) → write
    Parquet with no lookup, and the same with one ``= ANY`` lookup per block (asyncpg). Every
-   row shows its ratio to both.
+   row shows its ratio to both;
+6. **the small runs** (``bench/_e2e_small.py``, skip with ``small``): Sluice at L=0 over a
+   fifth of the events in a fifth of the files (its rate over the main Sluice row's, target
+   >= 0.5x; with ``--quick`` both runs are 10x smaller) and over one file of 1,000 events
+   (wall seconds of discover + run with the session up, target <= 3 s).
 
 The ceilings and Sluice's clickstream rows are the median of ``--rounds`` (3) interleaved
-rounds (ceiling, lookup ceiling, Sluice at each L; then again), after one unmeasured run of
-each ceiling and one of Sluice, so that no variant pays another's start-up.
+rounds (ceiling, lookup ceiling, Sluice at each L, the small runs; then again), after one
+unmeasured run of each ceiling, each small run and one of Sluice, so that no variant pays
+another's start-up.
 
 Both Spark baselines read the files in >= 16 partitions (``spark.sql.files.maxPartitionBytes``)
 so that no straggler partition runs alone on one of the two cores.
 
 Columns: rows/s (events, or lookups for pgbench), wall time, CPU seconds of this process and
 its descendants (Spark JVM, Python workers; not Postgres), peak RSS of a Python worker (the
-largest ``pyspark.daemon`` process; high-water marks are reset before each variant through
-``/proc/<pid>/clear_refs``, so a reused worker starts from its current RSS) and of the driver
+largest process forked by the Python daemon ``spark_jobs._daemon``; high-water marks are reset
+before each variant through ``/proc/<pid>/clear_refs``, so a reused worker starts from its
+current RSS) and of the driver
 (JVM + Python driver), and the ratios against naive Spark and against the pgbench one-row
 ceiling at the same L. Sluice's L is ``lookup_injected_latency_ms`` (a benchmark-only setting).
 
@@ -85,6 +91,7 @@ from _e2e_data import count_lines, landing_files, prepare_events, prepare_orders
 from _e2e_pgbench import pgbench_binary, run_pgbench
 from _e2e_report import legend, report, verdicts
 from _e2e_sluice import profile_sluice, run_orders, run_sluice
+from _e2e_small import small_plans, small_verdicts
 from _e2e_spark import ensure_jdbc_driver, run_broadcast, run_naive, start_spark
 
 from enumerator_service import asyncpg_dsn, load_settings
@@ -197,7 +204,11 @@ def main() -> None:
                 (f"Sluice, L={latency:g} ms", functools.partial(run_sluice, ctx, latency))
                 for latency in latencies
             ]
+            if "small" not in skip and 0.0 in latencies:
+                plans += small_plans(ctx, settings)
         try:
+            # (The small runs' labels start with "small": they read other files, so each has
+            # its own warm-up, like the ceilings.)
             sluice_plans = [plan for plan in plans if plan[0].startswith("Sluice")]
             warm_ups = [plan for plan in plans if plan not in sluice_plans] + sluice_plans[:1]
             for label, fn in warm_ups:
@@ -272,7 +283,7 @@ def main() -> None:
                     f"{mib(run.worker_mib)} MiB; largest worker's RSS at 0/25/50/75/100 % of "
                     f"the run: {' / '.join(f'{m:,.0f}' for m in run.worker_rss or [])} MiB"
                 )
-        for text in verdicts(results, memory):
+        for text in [*verdicts(results, memory), *small_verdicts(results, args.quick)]:
             console.print(text)
     finally:
         platform.close()
