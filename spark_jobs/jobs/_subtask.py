@@ -32,9 +32,14 @@ def run_reader_subtask(config: TaskConfig, subtask: int) -> SubtaskResult:
     """Entry point inside a Spark task: run subtask ``subtask`` of the run to completion."""
     thresholds = gc.get_threshold()
     # Objects alive before the task (imports, Spark's worker state) are never garbage:
-    # freezing them keeps every collection from walking them again.
+    # freezing them keeps every collection from walking them again. A worker forked from
+    # spark_jobs._daemon has the imports frozen already (for good: modules stay loaded), and
+    # the rest is small, so it only collects; unfreezing here would undo the daemon's freeze
+    # for every later task of this reused worker, each then walking every import again.
+    frozen_by_daemon = gc.get_freeze_count() > 0
     gc.collect()
-    gc.freeze()
+    if not frozen_by_daemon:
+        gc.freeze()
     gc.set_threshold(_GC_YOUNG_THRESHOLD, thresholds[1], thresholds[2])
     try:
         return run_task(ReaderTask(config, subtask).run)
@@ -42,7 +47,8 @@ def run_reader_subtask(config: TaskConfig, subtask: int) -> SubtaskResult:
         raise SubtaskFailed(_redacted(exc, config)) from None
     finally:
         gc.set_threshold(*thresholds)
-        gc.unfreeze()
+        if not frozen_by_daemon:
+            gc.unfreeze()
 
 
 def _redacted(exc: Exception, config: TaskConfig) -> str:
