@@ -4,10 +4,11 @@ gives; everything else goes the exact way, so dead letters (offset, raw bytes, r
 the exact path's.
 
 A piece of lines is *clean* when it has no ``"``, ``\\r`` or NUL byte (so Python's ``csv``
-and Arrow split every line at its commas alike, and no quoting rule is involved), no blank
-line and no line over the limit (so lines and rows pair one to one, in order), every line
-has the header's number of fields and is UTF-8 (else Arrow fails the piece), and every
-declared field's text is in a form whose Arrow cast equals the exact conversion:
+and Arrow split every line at its commas alike, and no quoting rule is involved), is UTF-8,
+has no blank line and no line over the limit (so lines and Arrow's rows pair one to one, in
+order). Arrow hands a line with another number of fields than the header to its
+``invalid_row_handler`` (checked to be that line), which skips it: a *suspect*. Every other
+line's declared fields must be in a form whose Arrow cast equals the exact conversion:
 
 - ``string``: any text; ``binary``: its UTF-8 bytes.
 - ``int8…int64``: ``-?[0-9]{1,18}``, then in the declared range.
@@ -174,9 +175,6 @@ class CsvBlockParser:
         self._names = [f"c{i}" for i in range(self._width)]
         wanted = sorted({i for _, i, _ in self._fields if i is not None})
         self._read = pacsv.ReadOptions(column_names=self._names, use_threads=False)
-        self._parse = pacsv.ParseOptions(
-            quote_char=False, double_quote=False, escape_char=False, ignore_empty_lines=False
-        )
         self._convert = pacsv.ConvertOptions(
             column_types={name: pa.string() for name in self._names},
             null_values=[""],
@@ -238,20 +236,43 @@ class CsvBlockParser:
             raise _Unclean  # a blank line is no record; a long one is a dead letter
         read = pacsv.ReadOptions(
             column_names=self._names, use_threads=False, block_size=max(len(data) + 1, 1 << 12)
+        )  # one block: Arrow numbers the rows it hands to the handler as lines of ``data``
+        skipped: list[int] = []  # lines with another number of fields: suspects
+        strange: list[bool] = []
+
+        def other_width(row: Any) -> str:
+            i = -1 if row.number is None else row.number - 1
+            if not 0 <= i < len(lines) or row.text.encode() != lines[i]:
+                strange.append(True)  # not the line we think: the piece is halved instead
+            skipped.append(i)
+            return "skip"
+
+        parse = pacsv.ParseOptions(
+            quote_char=False,
+            double_quote=False,
+            escape_char=False,
+            ignore_empty_lines=False,
+            invalid_row_handler=other_width,
         )
         table = pacsv.read_csv(
             pa.py_buffer(data),
             read_options=read,
-            parse_options=self._parse,
+            parse_options=parse,
             convert_options=self._convert,
         )
-        if table.num_rows != len(lines):
+        if strange or table.num_rows != len(lines) - len(skipped):
             raise _Unclean
+        line_starts = list(accumulate((n + 1 for n in lengths[:-1]), initial=offset))
+        starts = pa.array(line_starts, pa.int64())
+        line_no = pa.array(range(len(lines)), pa.int64())
+        if skipped:
+            kept = pc.invert(pc.is_in(line_no, pa.array(skipped, pa.int64())))
+            starts, line_no = starts.filter(kept), line_no.filter(kept)
         columns: list[Any] = []
         masks: list[pa.Array] = []
         for field, index, finish in self._fields:
             if index is None:
-                text = pa.nulls(len(lines), pa.string())
+                text = pa.nulls(table.num_rows, pa.string())
             else:
                 text = table.column(self._names[index]).combine_chunks()
             if text.null_count and field.name in self._required:
@@ -261,20 +282,23 @@ class CsvBlockParser:
             columns.append(column)
             if bad is not None:
                 masks.append(bad)
-        starts = pa.array(accumulate((n + 1 for n in lengths[:-1]), initial=offset), pa.int64())
         columns.append(starts)
         rows = pa.RecordBatch.from_arrays(columns, schema=self._nullable)
-        if not masks:
+        if not masks and not skipped:
             pieces.append(rows.cast(self._schema))
             return
-        suspect = masks[0]
-        for mask in masks[1:]:
-            suspect = pc.or_(suspect, mask)
-        exact: list[pa.RecordBatch] = [rows.filter(pc.invert(suspect))]
-        for i in pc.indices_nonzero(suspect).to_pylist():
-            line_rows, letters = self._exact(lines[i], starts[i].as_py())
-            exact.append(line_rows)
+        suspects = list(skipped)
+        if masks:
+            suspect = masks[0]
+            for mask in masks[1:]:
+                suspect = pc.or_(suspect, mask)
+            suspects += line_no.filter(suspect).to_pylist()
+            rows = rows.filter(pc.invert(suspect))
+        batches: list[pa.RecordBatch] = [rows]
+        for i in sorted(suspects):
+            line_rows, letters = self._exact(lines[i], line_starts[i])
+            batches.append(line_rows)
             dead.extend(letters)
-        merged = pa.Table.from_batches([b.cast(self._nullable) for b in exact])
+        merged = pa.Table.from_batches([b.cast(self._nullable) for b in batches])
         merged = merged.sort_by(OFFSET).combine_chunks()
         pieces.extend(b.cast(self._schema) for b in merged.to_batches())
