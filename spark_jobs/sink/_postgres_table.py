@@ -9,9 +9,11 @@ the pre-commit commits that transaction — durable, and invisible to readers of
 table. A task that dies mid-batch leaves nothing: its transaction rolls back. (That
 transaction stays open for one checkpoint interval; a server-side
 ``idle_in_transaction_session_timeout`` shorter than the interval fails the task.) Rows go
-over binary COPY, 8192 per hand-over, with the column types of ``postgres_type``; a
-``timestamp`` (UTC) field arrives time-zone aware for its ``timestamptz`` column, naive
-values taken as UTC, as in Parquet.
+over CSV COPY rendered by Arrow (``_copy_csv``: no Python work per row), 8192 per
+hand-over; an output with a ``binary`` field, which CSV cannot carry exactly, goes over
+binary COPY row by row with the column types of ``postgres_type``, a ``timestamp`` (UTC)
+field time-zone aware for its ``timestamptz`` column, naive values taken as UTC, as in
+Parquet. Both stage the same rows (tests/integration/test_table_sink_copy.py).
 
 The pre-commit's staged entry describes itself (table, columns, partitioning, upsert key), so
 the commit side (``_table_commit``) needs no pipeline. Leftovers of attempts that died after
@@ -31,6 +33,7 @@ from psycopg import sql
 
 from enumerator_service._checkpoint_store import encode_dead_letters
 from spark_jobs.pipeline._types import postgres_type
+from spark_jobs.sink._copy_csv import CSV_COPY_OPTIONS, CsvRows, csv_exact
 from spark_jobs.sink._staged import StagedOutput, conform_batch
 from spark_jobs.sink._table_layout import (
     KEY_COLUMNS,
@@ -79,7 +82,9 @@ class PostgresTableSinkWriter:
         run_id: str,
         subtask: int,
         attempt: str,
+        via_csv: bool = True,
     ) -> None:
+        """``via_csv=False`` forces binary COPY (tests compare the two paths)."""
         self._layout = TableLayout.build(
             schema_name, table, columns.names, partitioned=partitioned, upsert_key=upsert_key
         )
@@ -87,7 +92,11 @@ class PostgresTableSinkWriter:
         self._dsn = dsn
         self._schema = columns
         self._key = (run_id, subtask, attempt)
-        self._copy_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        self._csv = (
+            CsvRows(columns, partitioned=partitioned) if via_csv and csv_exact(columns) else None
+        )
+        options = CSV_COPY_OPTIONS if self._csv is not None else "(FORMAT BINARY)"
+        self._copy_sql = sql.SQL("COPY {} ({}) FROM STDIN " + options).format(
             self._layout.staging,
             column_list([n for n, _ in KEY_COLUMNS] + [SEQ_COLUMN, *self._layout.names]),
         )
@@ -176,17 +185,14 @@ class PostgresTableSinkWriter:
                 self._conn = psycopg.connect(self._dsn, application_name="sluice-sink")
             key, seq = (*self._key, self._batch), self._staged
             with self._conn.cursor() as cur, cur.copy(self._copy_sql) as copy:
-                copy.set_types(self._copy_types)
+                if self._csv is not None:
+                    payload, seq = self._csv.encode(batches, key, seq)
+                    copy.write(memoryview(payload))
+                else:
+                    seq = self._write_rows(copy, batches, key, seq)
+            if partitioned:
                 for partition, batch in batches:
-                    columns = [column.to_pylist() for column in batch.columns]
-                    for i in self._utc:
-                        columns[i] = _as_utc(columns[i])
-                    if partitioned:
-                        columns.append([date.fromisoformat(partition)] * batch.num_rows)
-                        counts[partition] = counts.get(partition, 0) + batch.num_rows
-                    for row in zip(*columns, strict=True):
-                        seq += 1
-                        copy.write_row((*key, seq, *row))
+                    counts[partition] = counts.get(partition, 0) + batch.num_rows
         except BaseException as exc:
             self._error = exc  # a failed COPY aborted the batch's transaction
             raise
@@ -194,6 +200,26 @@ class PostgresTableSinkWriter:
         self._staged = seq
         for partition, rows in counts.items():
             self._by_partition[partition] = self._by_partition.get(partition, 0) + rows
+
+    def _write_rows(
+        self,
+        copy: psycopg.Copy,
+        batches: list[tuple[str, pa.RecordBatch]],
+        key: tuple[str, int, str, int],
+        seq: int,
+    ) -> int:
+        """Binary COPY, one ``write_row`` per row; returns the last sequence number."""
+        copy.set_types(self._copy_types)
+        for partition, batch in batches:
+            columns = [column.to_pylist() for column in batch.columns]
+            for i in self._utc:
+                columns[i] = _as_utc(columns[i])
+            if self._layout.partitioned:
+                columns.append([date.fromisoformat(partition)] * batch.num_rows)
+            for row in zip(*columns, strict=True):
+                seq += 1
+                copy.write_row((*key, seq, *row))
+        return seq
 
     def _commit_batch(self, dead: list[tuple[int, int, bytes, str]], dropped: int) -> StagedOutput:
         if self._error is not None:

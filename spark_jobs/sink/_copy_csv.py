@@ -1,0 +1,80 @@
+"""The table sink's staged rows as ``COPY … FROM STDIN (FORMAT CSV)`` input, rendered by
+Arrow's CSV writer (C++) instead of one Python ``write_row`` per row: the staging key and
+sequence columns are added as Arrow arrays, so no Python loop runs per row.
+
+Why this is exact for every type but ``binary``: Arrow quotes every string value and writes
+a null as an empty unquoted field, which is Postgres' CSV rule for NULL vs ``''``; quotes
+are doubled and newlines stay inside quotes (backslash is not special in CSV). Floats are
+written as the shortest text that parses back to the same value (``nan``, ``inf``, ``-0``
+and subnormals included), decimals with their scale, booleans as ``true``/``false``, dates
+as ISO, ``timestamp("us")`` as ISO with microseconds, and ``timestamp("us", "UTC")`` the same
+with ``Z``. The payload is UTF-8 and the COPY says so, whatever the client encoding. A
+``binary`` field would be written as raw bytes, which ``bytea`` does not read: schemas with
+one keep binary COPY (``csv_exact``).
+
+Threading: pure functions and an immutable encoder, any thread.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+__all__ = ["CSV_COPY_OPTIONS", "CsvRows", "csv_exact"]
+
+#: The COPY options matching ``CsvRows``' output (NULL is an empty unquoted field).
+CSV_COPY_OPTIONS = "(FORMAT CSV, ENCODING 'UTF8')"
+
+_WRITE = pacsv.WriteOptions(include_header=False, quoting_style="needed")
+_KEY_TYPES = (pa.string(), pa.int32(), pa.string(), pa.int64())
+
+
+def csv_exact(schema: pa.Schema) -> bool:
+    """True when every field of ``schema`` goes through CSV COPY unchanged."""
+    return not any(pa.types.is_binary(f.type) for f in schema)
+
+
+class CsvRows:
+    """Renders batches of ``schema`` as staging rows: the key, the sequence, the fields,
+    then the partition date when ``partitioned`` (the staging COPY's column order)."""
+
+    def __init__(self, schema: pa.Schema, *, partitioned: bool) -> None:
+        if not csv_exact(schema):
+            raise ValueError(f"schema ({schema}) has a field CSV COPY cannot carry exactly")
+        self._partitioned = partitioned
+        fields = [pa.field(f"k{i}", kind) for i, kind in enumerate(_KEY_TYPES)]
+        fields.append(pa.field("seq", pa.int64()))
+        fields.extend(pa.field(f"c{i}", f.type) for i, f in enumerate(schema))
+        if partitioned:
+            fields.append(pa.field("dt", pa.date32()))
+        self._schema = pa.schema(fields)
+
+    def encode(
+        self,
+        batches: list[tuple[str, pa.RecordBatch]],
+        key: tuple[str, int, str, int],
+        seq: int,
+    ) -> tuple[pa.Buffer, int]:
+        """(CSV of ``batches``' rows with ``key`` and sequence numbers ``seq + 1`` …, the
+        last sequence number). A batch's partition is an ISO date, or ``""`` unpartitioned."""
+        out = pa.BufferOutputStream()
+        with pacsv.CSVWriter(out, self._schema, write_options=_WRITE) as writer:
+            for partition, batch in batches:
+                n = batch.num_rows
+                if not n:
+                    continue
+                columns = [
+                    pa.repeat(pa.scalar(v, t), n) for v, t in zip(key, _KEY_TYPES, strict=True)
+                ]
+                ones = pa.repeat(pa.scalar(1, pa.int64()), n)
+                columns.append(pc.add(pc.cumulative_sum(ones), pa.scalar(seq, pa.int64())))
+                columns.extend(batch.columns)
+                if self._partitioned:
+                    day = pa.scalar(date.fromisoformat(partition), pa.date32())
+                    columns.append(pa.repeat(day, n))
+                writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=self._schema))
+                seq += n
+        return out.getvalue(), seq

@@ -1,0 +1,202 @@
+"""The table sink's CSV COPY (Arrow-rendered) stages exactly the rows its binary COPY does.
+
+Real Postgres: one batch of every supported type, with the awkward values each can hold,
+staged by both paths under two run ids; the staging table must hold the same rows.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+
+from enumerator_service import asyncpg_dsn
+from enumerator_service._operations import Platform, open_platform
+from spark_jobs.sink import PostgresTableSinkWriter, ensure_tables
+
+_TS = [
+    datetime(1, 1, 1),
+    datetime(9999, 12, 31, 23, 59, 59, 999999),
+    None,
+    datetime(1969, 12, 31, 23, 59, 59, 500000),
+    datetime(2026, 3, 29, 1, 30, 0, 1),
+    datetime(1970, 1, 1),
+    datetime(2000, 2, 29, 12),
+    datetime(2024, 1, 1),
+]
+_VALUES: dict[str, tuple[pa.DataType, list[Any]]] = {
+    "s": (pa.string(), ["", None, 'say "hi"', "a,b\nc\r\nd", "é😀中", "\\N", " lead", "NULL"]),
+    "i8": (pa.int8(), [-128, 127, None, 0, 1, -1, 2, 3]),
+    "i16": (pa.int16(), [-32768, 32767, None, 0, 1, -1, 2, 3]),
+    "i32": (pa.int32(), [-(2**31), 2**31 - 1, None, 0, 1, -1, 2, 3]),
+    "i64": (pa.int64(), [-(2**63), 2**63 - 1, None, 0, 1, -1, 2, 3]),
+    "f32": (
+        pa.float32(),
+        [math.nan, math.inf, None, -0.0, 1.1, -math.inf, 3.4e38, 1e-45],
+    ),
+    "f64": (
+        pa.float64(),
+        [math.nan, -math.inf, None, -0.0, 0.1, math.inf, 1.7976931348623157e308, 5e-324],
+    ),
+    "ok": (pa.bool_(), [True, False, None, True, False, True, False, True]),
+    "amount": (
+        pa.decimal128(38, 10),
+        [
+            Decimal("1.20"),
+            Decimal("-9999999999999999999999999999.9999999999"),
+            None,
+            Decimal("0"),
+            Decimal("0.0000000001"),
+            Decimal("9999999999999999999999999999.9999999999"),
+            Decimal("-1"),
+            Decimal("12345.6789"),
+        ],
+    ),
+    "small": (pa.decimal128(3, 3), [Decimal("0.999"), None, None, Decimal("-0.5"), *[None] * 4]),
+    "day": (
+        pa.date32(),
+        [date(1, 1, 1), date(9999, 12, 31), None, date(1969, 12, 31), *[date(2000, 2, 29)] * 4],
+    ),
+    "at": (pa.timestamp("us", tz="UTC"), [t and t.replace(tzinfo=UTC) for t in _TS]),
+    "naive": (pa.timestamp("us"), _TS),
+}
+SCHEMA = pa.schema([(name, kind) for name, (kind, _) in _VALUES.items()])
+
+
+def _batch(rows: int = len(_TS)) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array((values * rows)[:rows], kind) for kind, values in _VALUES.values()],
+        schema=SCHEMA,
+    )
+
+
+@pytest.fixture
+def platform(make_settings: Any) -> Iterator[Platform]:
+    p = open_platform(make_settings())
+    yield p
+    p.close()
+
+
+def _stage(
+    platform: Platform,
+    table: str,
+    schema: pa.Schema,
+    batches: list[tuple[str, pa.RecordBatch]],
+    *,
+    via_csv: bool,
+    partitioned: bool,
+) -> str:
+    run_id = f"run-{secrets.token_hex(4)}"
+    io = ThreadPoolExecutor(1)
+    writer = PostgresTableSinkWriter(
+        io,
+        dsn=asyncpg_dsn(platform.url),
+        schema_name="public",
+        table=table,
+        columns=schema,
+        partitioned=partitioned,
+        upsert_key=None,
+        run_id=run_id,
+        subtask=3,
+        attempt='a\'1,"x"',
+        via_csv=via_csv,
+    )
+    assert (writer._csv is not None) == (via_csv and "raw" not in schema.names)
+    for partition, batch in batches:
+        writer.write_batch(partition, batch)
+    out = writer.pre_commit().result(timeout=60)
+    io.submit(writer.close).result(timeout=30)
+    io.shutdown()
+    assert out.rows == sum(b.num_rows for _, b in batches)
+    return run_id
+
+
+def _staged(platform: Platform, table: str, run_id: str, names: list[str]) -> list[Any]:
+    """The run's staged rows in sequence order, each column also as Postgres' own text (so
+    NaN compares equal, and NULL stays apart from '')."""
+    cols = ", ".join(f'"{n}", "{n}"::text' for n in names)
+    with platform.engine.connect() as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                sa.text(
+                    f'SELECT "__sluice_subtask", "__sluice_attempt", "__sluice_batch",'
+                    f' "__sluice_seq", {cols} FROM public."{table}__staged"'
+                    ' WHERE "__sluice_run_id" = :run ORDER BY "__sluice_seq"'
+                ),
+                {"run": run_id},
+            ).all()
+        ]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b) and type(a) is type(b)
+
+
+@pytest.mark.parametrize("partitioned", [True, False])
+def test_csv_and_binary_copy_stage_the_same_rows(platform: Platform, partitioned: bool) -> None:
+    table = f"copy_{secrets.token_hex(3)}"
+    ensure_tables(
+        platform.engine, "public", table, SCHEMA, partitioned=partitioned, upsert_key=None
+    )
+    day = "2026-01-02" if partitioned else ""
+    batches = [(day, _batch()), ("2026-01-03" if partitioned else "", _batch(9000))]
+    names = [*SCHEMA.names, *(["dt"] if partitioned else [])]
+    binary = _staged(
+        platform,
+        table,
+        _stage(platform, table, SCHEMA, batches, via_csv=False, partitioned=partitioned),
+        names,
+    )
+    csv = _staged(
+        platform,
+        table,
+        _stage(platform, table, SCHEMA, batches, via_csv=True, partitioned=partitioned),
+        names,
+    )
+    assert len(binary) == len(csv) == 9008
+    assert [r[:4] for r in csv] == [(3, 'a\'1,"x"', 1, i) for i in range(1, 9009)]
+    for b_row, c_row in zip(binary, csv, strict=True):
+        assert all(_same(x, y) for x, y in zip(b_row, c_row, strict=True)), (b_row, c_row)
+    # The binary path carries the values as given (the oracle of the comparison above).
+    first = {n: binary[0][4 + 2 * i] for i, n in enumerate(names)}
+    second = {n: binary[1][4 + 2 * i] for i, n in enumerate(names)}
+    assert (first["s"], second["s"]) == ("", None)
+    assert binary[2][4] == 'say "hi"' and binary[3][4] == "a,b\nc\r\nd"
+    assert math.isnan(first["f64"]) and math.isnan(first["f32"])
+    assert first["at"] == datetime(1, 1, 1, tzinfo=UTC)
+    assert second["naive"] == datetime(9999, 12, 31, 23, 59, 59, 999999)
+    assert second["amount"] == Decimal("-9999999999999999999999999999.9999999999")
+    if partitioned:
+        assert (first["dt"], binary[-1][-2]) == (date(2026, 1, 2), date(2026, 1, 3))
+
+
+def test_an_output_with_a_binary_field_keeps_binary_copy(platform: Platform) -> None:
+    schema = pa.schema([("id", pa.int64()), ("raw", pa.binary()), ("s", pa.string())])
+    table = f"copyb_{secrets.token_hex(3)}"
+    ensure_tables(platform.engine, "public", table, schema, partitioned=False, upsert_key=None)
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([1, 2, 3]),
+            pa.array([b'\x00\xff,"\n', b"", None], pa.binary()),
+            pa.array(["x", "", None]),
+        ],
+        schema=schema,
+    )
+    run_id = _stage(platform, table, schema, [("", batch)], via_csv=True, partitioned=False)
+    rows = _staged(platform, table, run_id, schema.names)
+    assert [(r[4], bytes(r[6]) if r[6] is not None else None, r[8]) for r in rows] == [
+        (1, b'\x00\xff,"\n', "x"),
+        (2, b"", ""),
+        (3, None, None),
+    ]
