@@ -6,7 +6,6 @@ they were; a rebuild that cannot be exact is refused before anything changes."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
@@ -19,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import pyarrow.dataset as ds
 import pytest
 import sqlalchemy as sa
 from conftest import TestSettings as Settings
 from demo_platform import demo_discover, demo_pipeline, prepare_demo
 from landing_oracle import expected_events
+from spark_workers import python_workers
 
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._rebuilds import CrossDayRebuildError, RebuildStore
@@ -284,22 +283,6 @@ def test_a_rebuild_refuses_while_a_file_that_fed_the_day_is_half_read(
 # -- crashes ------------------------------------------------------------------------------
 
 
-def _python_workers() -> list[psutil.Process]:
-    """Spark's Python workers of this process's JVM (forked by the pyspark daemon)."""
-    procs = psutil.Process(os.getpid()).children(recursive=True)
-    daemons = set()
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            if "-m spark_jobs._daemon" in " ".join(p.cmdline()):
-                daemons.add(p.pid)
-    workers = []
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            if p.pid in daemons and p.ppid() in daemons and p.status() != "zombie":
-                workers.append(p)
-    return workers
-
-
 def _tally(platform: Platform, source: str) -> int:
     with platform.engine.connect() as conn:
         return int(
@@ -357,7 +340,7 @@ def test_a_sigkilled_worker_mid_rebuild_restores_and_counts_each_row_once(
         killed = None
         deadline = time.monotonic() + RUN_LIMIT
         while killed is None and thread.is_alive() and time.monotonic() < deadline:
-            workers = _python_workers()
+            workers = python_workers()
             if _tally(platform, settings.source_name) > 0 and workers:
                 killed = workers[0].pid
                 os.kill(killed, signal.SIGKILL)

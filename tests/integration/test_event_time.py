@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 from conftest import TestSettings
 from demo_platform import demo_discover, demo_pipeline, prepare_demo
+from spark_workers import python_workers
 
 from enumerator_service._operations import Platform, discover, open_platform
 from spark_jobs import AsyncMap, CoroutineAsyncFunction, FileSource, Map, ParquetSink, Pipeline
@@ -192,27 +192,6 @@ def test_watermarks_reach_the_sink_after_the_records_they_bound(make_settings: A
 # -- restore after a SIGKILL -------------------------------------------------------------
 
 
-def _python_workers() -> list[psutil.Process]:
-    """Spark's Python workers of this process's JVM: forked by the pyspark daemon (as in
-    ``test_gang_scheduling``)."""
-    procs = psutil.Process(os.getpid()).children(recursive=True)
-    daemons = set()
-    for p in procs:
-        try:
-            if "-m spark_jobs._daemon" in " ".join(p.cmdline()):
-                daemons.add(p.pid)
-        except psutil.Error:
-            continue
-    workers = []
-    for p in procs:
-        try:
-            if p.pid in daemons and p.ppid() in daemons and p.status() != "zombie":
-                workers.append(p)
-        except psutil.Error:
-            continue
-    return workers
-
-
 def _split_marks(platform: Platform, source: str) -> dict[int, datetime]:
     with platform.engine.connect() as conn:
         rows = conn.execute(
@@ -273,7 +252,7 @@ def test_watermarks_never_move_back_after_a_sigkilled_worker(make_settings: Any)
                 a["snapshot"]["watermark"] is not None
                 for a in completed_acks(platform, settings.source_name)
             )
-            workers = _python_workers()
+            workers = python_workers()
             if reading and marked and len(workers) >= 2:
                 at_kill = _split_marks(platform, settings.source_name)
                 killed = workers[0].pid

@@ -13,13 +13,13 @@ import time
 from collections import Counter
 from typing import Any
 
-import psutil
 import pyarrow.dataset as ds
 import pytest
 import sqlalchemy as sa
 from conftest import TestSettings
 from demo_platform import demo_discover, demo_pipeline, prepare_demo
 from landing_oracle import expected_events
+from spark_workers import python_workers
 
 from enumerator_service import ConfigError
 from enumerator_service._operations import open_platform
@@ -88,28 +88,6 @@ def test_more_subtasks_than_task_slots_fail_fast_with_one_line(make_settings: An
         platform.close()
 
 
-def _python_workers() -> list[psutil.Process]:
-    """Spark's Python workers of this process's JVM: forked by the pyspark daemon, with its
-    command line (the daemon itself is the JVM's child)."""
-    procs = psutil.Process(os.getpid()).children(recursive=True)
-    daemons = {p.pid for p in procs if "-m spark_jobs._daemon" in _cmdline(p)}
-    workers = []
-    for p in procs:
-        try:
-            if p.pid in daemons and p.ppid() in daemons and p.status() != "zombie":
-                workers.append(p)
-        except psutil.Error:
-            continue
-    return workers
-
-
-def _cmdline(p: psutil.Process) -> str:
-    try:
-        return " ".join(p.cmdline())
-    except psutil.Error:
-        return ""
-
-
 def _completed(engine: sa.Engine, source: str) -> int:
     with engine.connect() as conn:
         return int(
@@ -159,7 +137,7 @@ def test_a_killed_worker_restarts_the_whole_stage_exactly_once(make_settings: An
         # Kill one Python worker once some splits are committed and some are not.
         while killed is None and thread.is_alive() and time.monotonic() < deadline:
             committed = _completed(platform.engine, settings.source_name)
-            workers = _python_workers()
+            workers = python_workers()
             if len(workers) >= 2 and 0 < committed < total:
                 killed = workers[0].pid
                 os.kill(killed, signal.SIGKILL)
