@@ -40,7 +40,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Row
 
 from enumerator_service._schema import (
-    SplitStatus,
+    UNREAD_SPLIT,
     dead_letters,
     partition_completions,
     partition_rebuilds,
@@ -54,7 +54,6 @@ __all__ = [
     "DETAIL",
     "END_OF_INPUT",
     "NO_WATERMARK",
-    "UNFINISHED",
     "PartitionCompletion",
     "add_partition_counts",
     "complete_partitions",
@@ -84,14 +83,6 @@ COUNTERS = ("rows", "dead_letters", "late_records", "foreign_rows")
 #: offset, day]]`` (the partition each dead letter counts on)``}``.
 DETAIL = "detail"
 _REBUILD_COUNTERS = ("rows", "dead_letters", "foreign_rows")
-
-#: Splits that may still produce records for a day: not yet read to the end and committed.
-UNFINISHED = (
-    SplitStatus.UNASSIGNED,
-    SplitStatus.ASSIGNED,
-    SplitStatus.READING,
-    SplitStatus.HELD,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +322,7 @@ def complete_partitions(
         .where(
             splits.c.source == source,
             splits.c.partition_key <= stats.c.partition_key,
-            splits.c.status.in_([status.value for status in UNFINISHED]),
+            splits.c.status.in_(UNREAD_SPLIT),
         )
         .exists()
     )

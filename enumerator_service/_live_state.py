@@ -23,23 +23,15 @@ import sqlalchemy as sa
 
 from enumerator_service._completeness import END_OF_INPUT
 from enumerator_service._schema import (
+    UNREAD_SPLIT,
     CheckpointStatus,
-    SplitStatus,
     checkpoints,
     run_watermarks,
     sink_transactions,
 )
 from enumerator_service._schema import splits as splits_table
 
-__all__ = ["BACKLOG_STATUSES", "LiveState", "live_state", "run_watermark"]
-
-#: Split states that are input not processed yet.
-BACKLOG_STATUSES = (
-    SplitStatus.UNASSIGNED,
-    SplitStatus.ASSIGNED,
-    SplitStatus.READING,
-    SplitStatus.HELD,
-)
+__all__ = ["LiveState", "live_state", "run_watermark"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +103,8 @@ def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
     ).first()
     backlog, oldest = conn.execute(
         sa.select(sa.func.count(), sa.func.min(s.c.registered_at)).where(
-            s.c.source == source, s.c.status.in_(BACKLOG_STATUSES)
+            s.c.source == source,
+            s.c.status.in_(UNREAD_SPLIT),  # input not processed yet
         )
     ).one()
     if last is None:

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from enumerator_service._schema import (
     ACTIVE_SPLIT,
+    UNREAD_SPLIT,
     RebuildStatus,
     SplitStatus,
     partition_rebuilds,
@@ -34,9 +35,6 @@ __all__ = [
     "members",
     "processed_days",
 ]
-
-# Splits not read to the end yet: one of them may still write rows of the day being rebuilt.
-_UNREAD = (SplitStatus.UNASSIGNED, SplitStatus.ASSIGNED, SplitStatus.READING, SplitStatus.HELD)
 
 
 class PartitionBusyError(RuntimeError):
@@ -193,7 +191,7 @@ def _check_other_days(
         unread_other = sa.and_(  # (never-read ones are HELD by now: hold_unread)
             splits.c.source == source,
             splits.c.id.not_in(all_members),
-            splits.c.status.in_(_UNREAD),
+            splits.c.status.in_(UNREAD_SPLIT),  # may still write rows of the day
             splits.c.status != SplitStatus.HELD,
         )
         blocking = conn.execute(

@@ -10,8 +10,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection
 
-from enumerator_service._completeness import UNFINISHED, lock_source
+from enumerator_service._completeness import lock_source
 from enumerator_service._schema import (
+    UNREAD_SPLIT,
     partition_completions,
     partition_rebuilds,
     partition_stats,
@@ -55,7 +56,7 @@ def replace_partition(conn: Connection, rebuild_id: int) -> bool:
             sa.exists().where(
                 splits.c.source == source,
                 splits.c.partition_key <= day,
-                splits.c.status.in_([status.value for status in UNFINISHED]),
+                splits.c.status.in_(UNREAD_SPLIT),
             )
         )
     ).scalar_one()

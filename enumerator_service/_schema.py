@@ -92,6 +92,13 @@ class RebuildStatus(StrEnum):
 
 #: A split in a run's hands (its lease is renewed, it may be pulled or is being read).
 ACTIVE_SPLIT = (SplitStatus.ASSIGNED, SplitStatus.READING)
+#: Splits not read to the end and committed yet: they may still produce records (of any day).
+UNREAD_SPLIT = (
+    SplitStatus.UNASSIGNED,
+    SplitStatus.ASSIGNED,
+    SplitStatus.READING,
+    SplitStatus.HELD,
+)
 SPLIT_STATUSES = tuple(status.value for status in SplitStatus)
 CHECKPOINT_STATUSES = tuple(status.value for status in CheckpointStatus)
 
