@@ -222,6 +222,7 @@ class Ceilings:
             memory.worker_mib,
             memory.driver_mib,
             f"{rows:,} rows out" + (f", {queries:,} queries" if lookup else ""),
+            postgres_cpu=memory.postgres_cpu,
         )
 
 

@@ -59,6 +59,7 @@ class Result:
     note: str = ""
     extrapolated_seconds: float | None = None  # naive prefix: the full input at this rate
     worker_rss: list[float] | None = None  # the largest worker's RSS at 0, 25, .., 100 %
+    postgres_cpu: float | None = None  # CPU seconds of the database server (when local)
 
 
 @dataclass

@@ -81,6 +81,44 @@ def cpu_seconds() -> float:
     return own_seconds + ticks / os.sysconf("SC_CLK_TCK")
 
 
+#: The postmaster of the benchmark's database when it runs on this machine (``watch_postgres``).
+_POSTMASTER: list[int] = []
+
+
+def backend_pid(engine: Any) -> int:
+    """The server process of one of ``engine``'s connections."""
+    import sqlalchemy as sa
+
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def watch_postgres(backend: int) -> bool:
+    """Measure Postgres' CPU from now on: ``backend`` is a backend of the benchmark's
+    database (``SELECT pg_backend_pid()``); its parent is the postmaster. False when that
+    process is not on this machine (a remote ``SLUICE_DATABASE_URL``)."""
+    table = _process_table()
+    if backend not in table or table[table[backend][0]][1] != "postgres":
+        return False
+    _POSTMASTER[:] = [table[backend][0]]
+    return True
+
+
+def postgres_cpu_seconds() -> float | None:
+    """CPU time of the watched Postgres: the postmaster's own and its reaped children's (every
+    backend that exited) plus its live children's (backends, WAL writer, checkpointer)."""
+    if not _POSTMASTER:
+        return None
+    (postmaster,) = _POSTMASTER
+    table = _process_table()
+    if postmaster not in table:
+        return None
+    ticks = table[postmaster][2] + sum(
+        t for pid, (ppid, _c, t) in table.items() if ppid == postmaster and pid != postmaster
+    )
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 class MemorySampler(threading.Thread):
     """Peak RSS of the Python workers and of the driver (JVM + this process) while running.
 
@@ -88,6 +126,8 @@ class MemorySampler(threading.Thread):
     ``/proc/<pid>/clear_refs``); the thread then reads ``VmHWM`` every ``interval`` seconds,
     so a peak between two samples is still seen, and a worker that exits early is too.
     ``trace`` holds (seconds since entry, the largest worker's current RSS in KiB).
+    ``postgres_cpu``: CPU seconds of the watched Postgres between entry and exit (None when
+    none is watched).
     """
 
     def __init__(self, interval: float = 0.25) -> None:
@@ -97,6 +137,8 @@ class MemorySampler(threading.Thread):
         self._peaks: dict[int, tuple[str, int]] = {}
         self._began = time.perf_counter()
         self.trace: list[tuple[float, int]] = []
+        self.postgres_cpu: float | None = None
+        self._postgres_began: float | None = None
 
     def __enter__(self) -> MemorySampler:
         table = _process_table()
@@ -105,6 +147,7 @@ class MemorySampler(threading.Thread):
             with contextlib.suppress(OSError):
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
         self._began = time.perf_counter()
+        self._postgres_began = postgres_cpu_seconds()
         self._sample()
         self.start()
         return self
@@ -113,6 +156,9 @@ class MemorySampler(threading.Thread):
         self._stop_event.set()
         self.join()
         self._sample()
+        ended = postgres_cpu_seconds()
+        if ended is not None and self._postgres_began is not None:
+            self.postgres_cpu = ended - self._postgres_began
 
     def _sample(self) -> None:
         table = _process_table()

@@ -34,7 +34,8 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
             "round trip"
         ),
         caption=(
-            "CPU s: this process + descendants (Spark JVM, Python workers), not Postgres. "
+            "CPU s: this process + descendants (Spark JVM, Python workers), not Postgres; "
+            "PG CPU s: the database server's (when it runs on this machine). "
             "Worker MiB: peak RSS of the largest Python worker; driver MiB: JVM + Python "
             "driver (the JVM keeps heap from earlier variants). Ratios: rows/s over naive "
             "Spark's and over pgbench one-row lookups/s at the same L (broadcast: L=0), and "
@@ -50,6 +51,7 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
         "rows/s",
         "wall s",
         "CPU s",
+        "PG CPU s",
         "worker MiB",
         "driver MiB",
         "vs naive",
@@ -78,6 +80,7 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
                 f"{r.rate:,.0f}",
                 wall,
                 "-" if r.cpu is None else f"{r.cpu:,.1f}",
+                "-" if r.postgres_cpu is None else f"{r.postgres_cpu:,.1f}",
                 mib(r.worker_mib),
                 mib(r.driver_mib),
                 f"{r.rate / naive.rate:,.1f}x" if naive else "-",
@@ -88,7 +91,7 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
             )
         table.add_section()
     for reason in skipped:
-        table.add_row("", f"[dim]skipped: {reason}[/dim]", *[""] * 11)
+        table.add_row("", f"[dim]skipped: {reason}[/dim]", *[""] * 12)
     return table
 
 

@@ -80,6 +80,7 @@ def run_sluice(
         memory.driver_mib,
         note,
         worker_rss=memory.worker_profile(),
+        postgres_cpu=memory.postgres_cpu,
     )
 
 
@@ -144,15 +145,16 @@ def run_orders(ctx: Context, latency_ms: float) -> Result:
         memory.worker_mib,
         memory.driver_mib,
         note,
+        postgres_cpu=memory.postgres_cpu,
     )
 
 
 # -- profile ---------------------------------------------------------------------------
 
 
-def profile_sluice(ctx: Context, path: Path) -> None:
-    """One unmeasured Sluice run at L=0 under ``py-spy record`` of the Python daemon and all
-    of its workers."""
+def profile_sluice(ctx: Context, path: Path, pipeline: str = "clickstream") -> None:
+    """One unmeasured run of ``pipeline`` (clickstream or orders) at L=0 under ``py-spy
+    record`` of the Python daemon and all of its workers."""
     py_spy = Path(sys.executable).with_name("py-spy")
     table = _process_table()
     daemons = [
@@ -174,12 +176,16 @@ def profile_sluice(ctx: Context, path: Path) -> None:
     )
     time.sleep(1.0)
     try:
-        result = run_sluice(ctx, 0.0, label="Sluice under py-spy (not measured)")
+        if pipeline == "orders":
+            result = run_orders(ctx, 0.0)
+        else:
+            result = run_sluice(ctx, 0.0, label="Sluice under py-spy (not measured)")
     finally:
         recorder.send_signal(signal.SIGINT)
         _out, err = recorder.communicate(timeout=120)
     console.print(
-        f"profile: {path} ({result.rate:,.0f} events/s under py-spy, {result.seconds:.1f} s)"
+        f"profile: {path} ({result.rate:,.0f} rows/s under py-spy, {result.seconds:.1f} s, "
+        f"Postgres {result.postgres_cpu or 0:.1f} CPU s)"
         + (
             f"; py-spy exited with {recorder.returncode}: {err.decode(errors='replace')[-600:]}"
             if recorder.returncode

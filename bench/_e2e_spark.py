@@ -110,6 +110,7 @@ def run_naive(ctx: Context, latency_ms: float, naive_l0: Result | None) -> Resul
         memory.worker_mib,
         memory.driver_mib,
         f"{partitions} partitions, {written:,} rows out",
+        postgres_cpu=memory.postgres_cpu,
     )
     if files != ctx.files:
         result.variant += " (prefix, extrapolated)"
@@ -219,6 +220,7 @@ def run_broadcast(ctx: Context) -> Result:
         memory.worker_mib,
         memory.driver_mib,
         f"{written:,} rows out; JDBC" + (" via the 127.0.0.1 relay" if relay else ""),
+        postgres_cpu=memory.postgres_cpu,
     )
 
 

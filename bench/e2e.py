@@ -50,7 +50,9 @@ Both Spark baselines read the files in >= 16 partitions (``spark.sql.files.maxPa
 so that no straggler partition runs alone on one of the two cores.
 
 Columns: rows/s (events, or lookups for pgbench), wall time, CPU seconds of this process and
-its descendants (Spark JVM, Python workers; not Postgres), peak RSS of a Python worker (the
+its descendants (Spark JVM, Python workers; not Postgres), CPU seconds of the database server
+(its postmaster, every backend that exited and the live ones; when it runs here), peak RSS
+of a Python worker (the
 largest process forked by the Python daemon ``spark_jobs._daemon``; high-water marks are reset
 before each variant through ``/proc/<pid>/clear_refs``, so a reused worker starts from its
 current RSS) and of the driver
@@ -60,7 +62,8 @@ ceiling at the same L. Sluice's L is ``lookup_injected_latency_ms`` (a benchmark
 ``--memory-scaling`` adds two Sluice runs at L=0, back to back in the same (reused) workers:
 the events once more, then 5x the events (same file count), and compares a worker's peak RSS;
 it also prints the largest worker's RSS at 0/25/50/75/100 % of each run. ``--profile PATH``
-records one extra, unmeasured Sluice run at L=0 with ``py-spy record --subprocesses`` (every
+records one extra, unmeasured Sluice run at L=0 (``--profile-pipeline orders``: of the orders
+example) with ``py-spy record --subprocesses`` (every
 worker; .svg flame graph, .txt collapsed stacks or .json speedscope; without ``--native``,
 so time in the cyclic GC is charged to the allocating Python frame).
 """
@@ -89,6 +92,7 @@ from _e2e_common import (
 )
 from _e2e_data import count_lines, landing_files, prepare_events, prepare_orders, prepare_users
 from _e2e_pgbench import pgbench_binary, run_pgbench
+from _e2e_procs import backend_pid, watch_postgres
 from _e2e_report import legend, report, verdicts
 from _e2e_sluice import profile_sluice, run_orders, run_sluice
 from _e2e_small import small_plans, small_verdicts
@@ -129,6 +133,12 @@ def main() -> None:
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument("--profile", type=Path, help="py-spy output of an extra Sluice run")
     parser.add_argument(
+        "--profile-pipeline",
+        choices=("clickstream", "orders"),
+        default="clickstream",
+        help="the pipeline --profile runs",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=3,
@@ -161,6 +171,8 @@ def main() -> None:
             else None
         )
         prepare_users(platform, args.users)
+        if not watch_postgres(backend_pid(platform.engine)):
+            console.print("PG CPU not measured: the database server is not on this machine")
         files = landing_files(landing)
         ctx = Context(
             args, platform, landing, files, count_lines(files), settings.home_path / "bench/e2e"
@@ -272,7 +284,7 @@ def main() -> None:
                             functools.partial(run_pgbench, ctx, binary, keys, latency),
                         )
         if args.profile is not None:
-            profile_sluice(ctx, args.profile)
+            profile_sluice(ctx, args.profile, args.profile_pipeline)
         console.print(report(ctx, results, skipped))
         console.print(legend(args))
         if memory is not None:

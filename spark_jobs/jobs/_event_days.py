@@ -132,7 +132,8 @@ class EventDays:
         """
         landing_day, rebuild_id, rebuild_day, fresh = self._splits[split_id]
         only = rebuild_day if rebuild_id is not None and not fresh else None
-        late = self.late_rows(rows, rebuild=rebuild_id is not None)
+        days = self._days_of(rows)
+        late = self.late_rows(rows, rebuild=rebuild_id is not None, days=days)
         if late is not None and self._event_time is not None:
             for record in rows.filter(late).to_pylist():
                 offset = int(record.pop(OFFSET))
@@ -141,10 +142,12 @@ class EventDays:
                 day = record[self._event_time].astimezone(UTC).date()
                 self.count_late_dead_letter(day)
                 self._fed_by(split_id, day, offset)
-            rows = rows.filter(pc.invert(late))
+            kept = pc.invert(late)
+            rows, days = rows.filter(kept), None if days is None else days.filter(kept)
         written = 0
         uncounted = rebuild_day if rebuild_id is not None else None
-        for day, part in self.partitions(rows, landing_day, only=only, uncounted=uncounted):
+        groups = self.partitions(rows, landing_day, only=only, uncounted=uncounted, days=days)
+        for day, part in groups:
             if part.num_rows:
                 rebuilt = rebuild_id is not None and day == rebuild_day
                 target = rebuild_id if rebuilt else None
@@ -158,15 +161,17 @@ class EventDays:
         if written < rows.num_rows:
             sink.count_dropped(rows.num_rows - written)
 
-    def late_rows(self, rows: pa.RecordBatch, *, rebuild: bool) -> pa.Array | None:
+    def late_rows(
+        self, rows: pa.RecordBatch, *, rebuild: bool, days: pa.Array | None = None
+    ) -> pa.Array | None:
         """A boolean mask of the late records of ``rows`` that the policy dead-letters, or
         None when there are none (always None under ``reopen``, for a rebuild member, and
-        without event-day partitions)."""
+        without event-day partitions). ``days``: :meth:`_days_of` of ``rows``, if known."""
         if self._policy != "dead_letter" or rebuild or not self._completed:
             return None
         if self._event_time is None or not rows.num_rows:
             return None
-        days = _days(rows.column(self._event_time))
+        days = self._days_of(rows) if days is None else days
         late = pc.fill_null(pc.is_in(days, pa.array(sorted(self._completed), pa.date32())), False)
         return late if pc.any(late).as_py() else None
 
@@ -180,21 +185,28 @@ class EventDays:
         *,
         only: date | None = None,
         uncounted: date | None = None,
+        days: pa.Array | None = None,
     ) -> Iterator[tuple[date | None, pa.RecordBatch]]:
         """``rows`` split by output partition, counted (rows, and late rows written under
         ``reopen``). ``only``: a rebuild member keeps just the rows of its rebuild's day (its
         rows of other days are in those partitions already). ``uncounted``: a rebuild's day,
-        whose rows a rebuild tallies apart (they replace rows already counted)."""
-        if self._event_time is None or not rows.num_rows:
+        whose rows a rebuild tallies apart (they replace rows already counted). ``days``:
+        :meth:`_days_of` of ``rows``, if known."""
+        days = self._days_of(rows) if days is None else days
+        if days is None:
             groups: list[tuple[date | None, pa.RecordBatch]] = [(landing_day, rows)]
         else:
-            days = _days(rows.column(self._event_time))
             if landing_day is not None:
                 days = pc.fill_null(days, pa.scalar(landing_day, pa.date32()))
-            groups = []
-            for day in pc.unique(days).to_pylist():
-                mask = pc.is_null(days) if day is None else pc.equal(days, day)
-                groups.append((day, rows.filter(pc.fill_null(mask, False))))
+            distinct = pc.unique(days).to_pylist()
+            if len(distinct) == 1:
+                # The usual block (one landing file, one day): no copy of its rows.
+                groups = [(distinct[0], rows)]
+            else:
+                groups = []
+                for day in distinct:
+                    mask = pc.is_null(days) if day is None else pc.equal(days, day)
+                    groups.append((day, rows.filter(pc.fill_null(mask, False))))
         for day, part in sorted(groups, key=lambda g: (g[0] is None, g[0] or date.min)):
             if only is not None and day != only:
                 continue
@@ -250,6 +262,12 @@ class EventDays:
         day, rebuild_id, _, _ = self._splits[split_id]
         if day is not None and rebuild_id is None and self._event_time is None:
             self._add(day.isoformat())
+
+    def _days_of(self, rows: pa.RecordBatch) -> pa.Array | None:
+        """The UTC event day of each row; None without event-day partitions (or rows)."""
+        if self._event_time is None or not rows.num_rows:
+            return None
+        return _days(rows.column(self._event_time))
 
     # -- checkpoint -----------------------------------------------------------------------
 

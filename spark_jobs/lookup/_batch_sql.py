@@ -6,7 +6,13 @@ them and builds the two statements, with quoted identifiers and bound parameters
 
 - the *query* of one chunk of distinct keys, one result row of arrays:
   one key part ``SELECT array_agg(k), array_agg(c)… FROM t WHERE k = ANY($1::<type>[])``;
-  a composite key ``… FROM unnest($1::t1[], $2::t2[]) AS _q(…) JOIN t AS _t ON …``;
+  a composite key ``… FROM unnest($1::t1[], $2::t2[]) AS _q(…) JOIN t AS _t ON …``, or,
+  when a btree index of the table begins with exactly the key's columns, the same keys
+  probed one by one through it (``CROSS JOIN LATERAL (… OFFSET 0)``: the fence keeps the
+  planner from turning the probes back into a join). Without it the planner hashed the
+  whole table for every chunk (a chunk's few thousand keys look cheaper to join than to
+  probe): 7.5 ms a chunk of 3,400 keys on a 100k-row table, growing with the table,
+  against 4.5 ms probing, whatever its size;
 - the *load* of the whole table (key and looked-up columns, rows with a null key part left
   out) for the full cache.
 
@@ -40,6 +46,17 @@ _CATALOG = """
 SELECT attname, format_type(atttypid, atttypmod)
 FROM pg_catalog.pg_attribute
 WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
+"""
+#: The leading columns of each valid, whole-table btree index (an expression column is null).
+_INDEXES = """
+SELECT array_agg(a.attname ORDER BY k.ord)
+FROM pg_catalog.pg_index AS i
+JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_catalog.pg_am AS am ON am.oid = c.relam
+CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+LEFT JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = $1 AND i.indisvalid AND i.indpred IS NULL AND am.amname = 'btree'
+GROUP BY i.indexrelid
 """
 
 #: Family → (join type, Postgres type the distinct keys are bound as).
@@ -127,9 +144,22 @@ async def read_shape(
         _value_column(plan, column, output, catalog[column], column_types.get(column))
         for column, output in plan.columns
     )
+    probed = len(keys) > 1 and _indexed(await conn.fetch(_INDEXES, oid), keys)
     return LookupShape(
-        keys, values, _query(qualified, keys, values), _load(qualified, keys, values)
+        keys,
+        values,
+        _query(qualified, keys, values, probe=probed),
+        _load(qualified, keys, values),
     )
+
+
+def _indexed(indexes: Sequence[asyncpg.Record], keys: Sequence[KeyPart]) -> bool:
+    """Whether one of ``indexes`` (their columns in order) begins with exactly the key's
+    columns, every one compared bare (a ``::text`` comparison cannot use it)."""
+    if any(k.as_text for k in keys):
+        return False
+    wanted = {k.column for k in keys}
+    return any(set(list(columns)[: len(keys)]) == wanted for (columns,) in indexes)
 
 
 def _key_part(
@@ -183,7 +213,13 @@ def _epoch_micros(expression: str) -> str:
     )
 
 
-def _query(qualified: str, keys: Sequence[KeyPart], values: Sequence[ValueColumn]) -> str:
+def _query(
+    qualified: str,
+    keys: Sequence[KeyPart],
+    values: Sequence[ValueColumn],
+    *,
+    probe: bool = False,
+) -> str:
     if len(keys) == 1:
         (key,) = keys
         column = f"_t.{quote(key.column)}"
@@ -202,7 +238,13 @@ def _query(qualified: str, keys: Sequence[KeyPart], values: Sequence[ValueColumn
     params = ", ".join(f"${i}::{k.param}[]" for i, k in enumerate(keys, start=1))
     aliases = ", ".join(quote(k.column) for k in keys)
     on = " AND ".join(f"{k.compared(f'_t.{quote(k.column)}')} = _q.{quote(k.column)}" for k in keys)
-    return f"SELECT {arrays} FROM unnest({params}) AS _q({aliases}) JOIN {qualified} AS _t ON {on}"
+    keys_of = f"SELECT {arrays} FROM unnest({params}) AS _q({aliases})"
+    if probe:
+        return (
+            f"{keys_of} CROSS JOIN LATERAL "
+            f"(SELECT * FROM {qualified} AS _t WHERE {on} OFFSET 0) AS _t"
+        )
+    return f"{keys_of} JOIN {qualified} AS _t ON {on}"
 
 
 def _load(qualified: str, keys: Sequence[KeyPart], values: Sequence[ValueColumn]) -> str:

@@ -153,11 +153,16 @@ def ensure_tables(
 def _ensure_staging(
     conn: Connection, layout: TableLayout, staged: list[tuple[str, str, bool]], setting: str
 ) -> None:
-    """Create the staging table, or rebuild one of another layout that holds no live rows."""
-    create = sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(
+    """Create the staging table, or rebuild one of another layout that holds no live rows.
+
+    No index: the table only holds the batches of checkpoints not yet completed (a commit
+    deletes what it moves, ``sweep_staged`` what dead runs left), so a commit's scan of it
+    is short, while an index (the staging key was a primary key until issue 15) cost the
+    COPY of every row half its Postgres time. The commit's row count (moved = staged)
+    catches a batch staged twice. A staging table created with the key keeps it."""
+    create = sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
         layout.staging,
         sql.SQL(", ").join(_definition(*column) for column in staged),
-        column_list([name for name, _ in KEY_COLUMNS] + [SEQ_COLUMN]),
     )
     execute(conn, create)
     name = staging_table(layout.table)

@@ -213,8 +213,13 @@ def test_daemon_restart_during_a_continuous_run(
         # The run ends after idling this long once everything is read (its output published).
         "SLUICE_CONTINUOUS_IDLE_SECONDS": "20",
         "SLUICE_TARGET_SPLIT_BYTES": str(64 << 10),
-        # Slow lookups keep the run busy with its splits when the kill comes.
+        # Slow lookups keep the run busy with its splits when the kill comes: blocks of 4 KiB,
+        # one in flight, 20 ms each make a batch of 20k events last ~7 s. (With the default
+        # 256 KiB blocks, 8 in flight, batched pulls read it in about a second: the run
+        # could finish batch 2 between two polls, and the kill would find nothing held.)
         "SLUICE_LOOKUP_INJECTED_LATENCY_MS": "20",
+        "SLUICE_READ_BLOCK_BYTES": "4096",
+        "SLUICE_LOOKUP_CAPACITY": "1",
     }
     env = {**sluice_env(settings, root), "DAGSTER_HOME": str(home)}
     landing = root / "data" / "landing" / "events"

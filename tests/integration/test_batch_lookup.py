@@ -415,6 +415,60 @@ def test_composite_keys_with_each_miss_policy(tables: Tables, on_miss: str) -> N
     assert 0 < metrics.p50_ms <= metrics.p99_ms
 
 
+def test_a_composite_key_is_probed_through_its_index_or_joined_without_one(
+    tables: Tables,
+) -> None:
+    """With a btree index beginning with the key's columns the keys are probed one by one
+    (the planner hashed the whole table per chunk otherwise); a table without one is joined.
+    Both give the same rows."""
+    bare = f"{tables.accounts}_bare"
+
+    async def setup() -> None:
+        conn = await asyncpg.connect(tables.dsn)
+        try:
+            await conn.execute(f"CREATE TABLE public.{bare} (LIKE public.{tables.accounts})")
+            await conn.execute(f"INSERT INTO public.{bare} SELECT * FROM public.{tables.accounts}")
+            # An index on the key's columns in another order serves the probes too; one that
+            # does not begin with them (id alone) does not.
+            await conn.execute(f"CREATE INDEX ON public.{bare} (id)")
+        finally:
+            await conn.close()
+
+    asyncio.run(setup())
+    outputs, queries = [], []
+    for table in (tables.accounts, bare):
+        lookup = make_lookup(tables, plan_of(account_step(table), ORDERS), ORDERS, ACCOUNT_TYPES)
+        (out,) = run_batches(lookup, batch(ORDERS, ORDER_ROWS))
+        outputs.append(rows_of(out))
+        assert lookup._shape is not None
+        queries.append(lookup._shape.query)
+    assert "CROSS JOIN LATERAL" in queries[0] and "OFFSET 0" in queries[0]
+    assert "LATERAL" not in queries[1] and " JOIN " in queries[1]
+    assert outputs[0] == outputs[1] == [enriched(row, 100 + i) for i, row in enumerate(ORDER_ROWS)]
+
+    async def reindex() -> None:
+        conn = await asyncpg.connect(tables.dsn)
+        try:
+            await conn.execute(f"CREATE UNIQUE INDEX ON public.{bare} (id, tenant_id)")
+        finally:
+            await conn.close()
+
+    asyncio.run(reindex())
+    lookup = make_lookup(tables, plan_of(account_step(bare), ORDERS), ORDERS, ACCOUNT_TYPES)
+    (out,) = run_batches(lookup, batch(ORDERS, ORDER_ROWS))
+    assert lookup._shape is not None and "CROSS JOIN LATERAL" in lookup._shape.query
+    assert rows_of(out) == outputs[0]
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(tables.dsn)
+        try:
+            await conn.execute(f"DROP TABLE public.{bare}")
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
 def test_a_text_key_with_numeric_uuid_date_and_timestamp_columns(tables: Tables) -> None:
     step = Lookup(
         f"public.{tables.codes}", on="code", columns=["rate", "label", "ref", "valid", "updated"]
