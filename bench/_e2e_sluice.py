@@ -131,7 +131,8 @@ def run_orders(ctx: Context, latency_ms: float) -> Result:
         with ctx.platform.engine.begin() as conn:
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}, {table}__staged"))
     note = (
-        f"{summary.checkpoints} ckpts, {summary.lookup_queries:,} queries, "
+        f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} / p99 "
+        f"{summary.checkpoint_p99_ms:.0f} ms), {summary.lookup_queries:,} queries, "
         f"{summary.dropped:,} filtered, {summary.dead_letters:,} dead letters"
     )
     return Result(
