@@ -91,7 +91,7 @@ class CsvRows:
 
 
 def _is_utc(kind: pa.DataType) -> bool:
-    return pa.types.is_timestamp(kind) and kind.tz == "UTC"
+    return bool(pa.types.is_timestamp(kind) and kind.tz == "UTC")
 
 
 def _utc_text(column: pa.Array) -> pa.Array:
