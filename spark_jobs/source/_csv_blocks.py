@@ -174,7 +174,6 @@ class CsvBlockParser:
         )
         self._names = [f"c{i}" for i in range(self._width)]
         wanted = sorted({i for _, i, _ in self._fields if i is not None})
-        self._read = pacsv.ReadOptions(column_names=self._names, use_threads=False)
         self._convert = pacsv.ConvertOptions(
             column_types={name: pa.string() for name in self._names},
             null_values=[""],
