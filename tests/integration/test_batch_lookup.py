@@ -423,50 +423,35 @@ def test_a_composite_key_is_probed_through_its_index_or_joined_without_one(
     Both give the same rows."""
     bare = f"{tables.accounts}_bare"
 
-    async def setup() -> None:
-        conn = await asyncpg.connect(tables.dsn)
-        try:
-            await conn.execute(f"CREATE TABLE public.{bare} (LIKE public.{tables.accounts})")
-            await conn.execute(f"INSERT INTO public.{bare} SELECT * FROM public.{tables.accounts}")
-            # An index on the key's columns in another order serves the probes too; one that
-            # does not begin with them (id alone) does not.
-            await conn.execute(f"CREATE INDEX ON public.{bare} (id)")
-        finally:
-            await conn.close()
-
-    asyncio.run(setup())
-    outputs, queries = [], []
-    for table in (tables.accounts, bare):
+    def looked_up(table: str) -> tuple[list[dict[str, Any]], str]:
+        """(the output rows of ORDER_ROWS looked up in ``table``, the lookup's query)."""
         lookup = make_lookup(tables, plan_of(account_step(table), ORDERS), ORDERS, ACCOUNT_TYPES)
         (out,) = run_batches(lookup, batch(ORDERS, ORDER_ROWS))
-        outputs.append(rows_of(out))
         assert lookup._shape is not None
-        queries.append(lookup._shape.query)
-    assert "CROSS JOIN LATERAL" in queries[0] and "OFFSET 0" in queries[0]
-    assert "LATERAL" not in queries[1] and " JOIN " in queries[1]
-    assert outputs[0] == outputs[1] == [enriched(row, 100 + i) for i, row in enumerate(ORDER_ROWS)]
+        return rows_of(out), lookup._shape.query
 
-    async def reindex() -> None:
-        conn = await asyncpg.connect(tables.dsn)
-        try:
-            await conn.execute(f"CREATE UNIQUE INDEX ON public.{bare} (id, tenant_id)")
-        finally:
-            await conn.close()
-
-    asyncio.run(reindex())
-    lookup = make_lookup(tables, plan_of(account_step(bare), ORDERS), ORDERS, ACCOUNT_TYPES)
-    (out,) = run_batches(lookup, batch(ORDERS, ORDER_ROWS))
-    assert lookup._shape is not None and "CROSS JOIN LATERAL" in lookup._shape.query
-    assert rows_of(out) == outputs[0]
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(tables.dsn)
-        try:
-            await conn.execute(f"DROP TABLE public.{bare}")
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
+    # An index that does not begin with the key's columns (id alone) does not serve probes.
+    asyncio.run(
+        execute(
+            tables,
+            f"CREATE TABLE public.{bare} (LIKE public.{tables.accounts});"
+            f"INSERT INTO public.{bare} SELECT * FROM public.{tables.accounts};"
+            f"CREATE INDEX ON public.{bare} (id)",
+        )
+    )
+    try:
+        indexed, probed = looked_up(tables.accounts)
+        unindexed, joined = looked_up(bare)
+        assert "CROSS JOIN LATERAL" in probed and "OFFSET 0" in probed
+        assert "LATERAL" not in joined and " JOIN " in joined
+        assert indexed == unindexed == [enriched(row, 100 + i) for i, row in enumerate(ORDER_ROWS)]
+        # An index on the key's columns in another order serves the probes too.
+        asyncio.run(execute(tables, f"CREATE UNIQUE INDEX ON public.{bare} (id, tenant_id)"))
+        reindexed, query = looked_up(bare)
+        assert "CROSS JOIN LATERAL" in query
+        assert reindexed == indexed
+    finally:
+        asyncio.run(execute(tables, f"DROP TABLE public.{bare}"))
 
 
 def test_a_text_key_with_numeric_uuid_date_and_timestamp_columns(tables: Tables) -> None:
