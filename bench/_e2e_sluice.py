@@ -164,7 +164,10 @@ def profile_sluice(ctx: Context, path: Path, pipeline: str = "clickstream") -> N
         if "-m spark_jobs._daemon" in _cmdline(pid) and table[table[pid][0]][1] == "java"
     ]
     if not py_spy.exists() or not daemons:
-        console.print(f"profile skipped: py-spy {py_spy} or the Python daemon not found")
+        console.print(
+            f"profile skipped: py-spy {py_spy} or the Python daemon not found "
+            "(py-spy: .venv/bin/pip install py-spy)"
+        )
         return
     fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(path.suffix, "raw")
     # Not --native: py-spy 0.4.3 segfaulted with --native --subprocesses over whole runs here

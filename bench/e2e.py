@@ -52,20 +52,19 @@ so that no straggler partition runs alone on one of the two cores.
 Columns: rows/s (events, or lookups for pgbench), wall time, CPU seconds of this process and
 its descendants (Spark JVM, Python workers; not Postgres), CPU seconds of the database server
 (its postmaster, every backend that exited and the live ones; when it runs here), peak RSS
-of a Python worker (the
-largest process forked by the Python daemon ``spark_jobs._daemon``; high-water marks are reset
-before each variant through ``/proc/<pid>/clear_refs``, so a reused worker starts from its
-current RSS) and of the driver
-(JVM + Python driver), and the ratios against naive Spark and against the pgbench one-row
-ceiling at the same L. Sluice's L is ``lookup_injected_latency_ms`` (a benchmark-only setting).
+of a Python worker (the largest process forked by the Python daemon ``spark_jobs._daemon``;
+high-water marks are reset before each variant through ``/proc/<pid>/clear_refs``, so a
+reused worker starts from its current RSS) and of the driver (JVM + Python driver), and the
+ratios against naive Spark and against the pgbench one-row ceiling at the same L. Sluice's L
+is ``lookup_injected_latency_ms`` (a benchmark-only setting).
 
 ``--memory-scaling`` adds two Sluice runs at L=0, back to back in the same (reused) workers:
 the events once more, then 5x the events (same file count), and compares a worker's peak RSS;
 it also prints the largest worker's RSS at 0/25/50/75/100 % of each run. ``--profile PATH``
 records one extra, unmeasured Sluice run at L=0 (``--profile-pipeline orders``: of the orders
-example) with ``py-spy record --subprocesses`` (every
-worker; .svg flame graph, .txt collapsed stacks or .json speedscope; without ``--native``,
-so time in the cyclic GC is charged to the allocating Python frame).
+example) with ``py-spy record --subprocesses`` (every worker; .svg flame graph, .txt
+collapsed stacks or .json speedscope; without ``--native``, so time in the cyclic GC is
+charged to the allocating Python frame).
 """
 
 from __future__ import annotations
