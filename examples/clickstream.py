@@ -94,7 +94,9 @@ clickstream = Pipeline(
 
 
 def dagster_assets() -> list[object]:
-    """Assets downstream of this pipeline, for the Dagster code location."""
-    from examples.clickstream_revenue import daily_revenue_by_country
+    """Assets downstream of this pipeline, for the Dagster code location (called when it
+    loads, so the settings are read then)."""
+    from enumerator_service import load_settings
+    from examples.clickstream_revenue import daily_revenue_asset
 
-    return [daily_revenue_by_country]
+    return [daily_revenue_asset(load_settings())]

@@ -1,5 +1,6 @@
 """Revenue by country and day, downstream of the clickstream pipeline (a Dagster asset the
-example adds to the code location through ``examples.clickstream.dagster_assets``).
+example adds to the code location through ``examples.clickstream.dagster_assets``, built by
+``daily_revenue_asset`` when the code location loads).
 
 Spark SQL over a day's enriched Parquet: revenue (sum of ``order`` amounts), orders and events
 per ``user_country``, written to ``<warehouse>/daily_revenue_by_country/dt=D/``; a re-run
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from dagster import (
     AssetExecutionContext,
+    AssetsDefinition,
     BackfillPolicy,
     BetaWarning,
     MaterializeResult,
@@ -24,14 +26,14 @@ from dagster import (
 )
 
 from dagster_project import SluiceResource, parquet_files, partition_days, partitions_of
-from enumerator_service import Settings, load_settings
+from enumerator_service import Settings
 from examples.clickstream import clickstream
 from spark_jobs.pipeline._paths import output_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["REVENUE_TABLE", "build_daily_revenue", "daily_revenue_by_country"]
+__all__ = ["REVENUE_TABLE", "build_daily_revenue", "daily_revenue_asset"]
 
 #: Folder of the aggregate under the warehouse root.
 REVENUE_TABLE = "daily_revenue_by_country"
@@ -125,41 +127,51 @@ def _preview(written: "dict[date, pa.Table]") -> str:
     return "\n".join(lines)
 
 
-# BackfillPolicy is a beta parameter of @asset in dagster 1.13: opting in is deliberate here.
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", BetaWarning)
+def daily_revenue_asset(settings: Settings) -> AssetsDefinition:
+    """The ``daily_revenue_by_country`` asset, with the partitions ``settings`` give the
+    clickstream pipeline (built when the code location loads: the settings are read then, not
+    when this module is imported)."""
+    # BackfillPolicy is a beta parameter of @asset in dagster 1.13: opting in is deliberate.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BetaWarning)
 
-    @asset(
-        partitions_def=partitions_of(clickstream, load_settings()),
-        backfill_policy=BackfillPolicy.single_run(),
-        deps=[clickstream.name],
-        group_name=clickstream.name,
-        kinds={"spark", "parquet"},
-    )
-    def daily_revenue_by_country(
-        context: AssetExecutionContext, sluice: SluiceResource
-    ) -> MaterializeResult[None]:
-        """Revenue (sum of order amounts), orders and events per user country and day."""
-        days = partition_days(context)
-        settings = sluice.settings()
-        written = build_daily_revenue(settings, days)
-        rows = sum(table.num_rows for table in written.values())
-        revenue = sum(_column_sum(table, "revenue") for table in written.values())
-        orders = sum(_column_sum(table, "orders") for table in written.values())
-        events = sum(_column_sum(table, "events") for table in written.values())
-        context.log.info(f"{days[0]}..{days[-1]}: {rows} rows, revenue {revenue:,.2f}")
-        output = settings.warehouse_path / REVENUE_TABLE
-        if len(days) == 1:
-            output = output / f"dt={days[0].isoformat()}"
-        return MaterializeResult(
-            metadata={
-                "row_count": MetadataValue.int(rows),
-                "revenue": MetadataValue.float(float(revenue)),
-                "orders": MetadataValue.int(int(orders)),
-                "events": MetadataValue.int(int(events)),
-                "preview": MetadataValue.md(_preview(written)),
-                "output_path": MetadataValue.path(str(output)),
-                "partitions": MetadataValue.int(len(days)),
-                "partition_range": MetadataValue.text(f"{days[0]}..{days[-1]}"),
-            }
+        @asset(
+            name=REVENUE_TABLE,
+            partitions_def=partitions_of(clickstream, settings),
+            backfill_policy=BackfillPolicy.single_run(),
+            deps=[clickstream.name],
+            group_name=clickstream.name,
+            kinds={"spark", "parquet"},
         )
+        def daily_revenue_by_country(
+            context: AssetExecutionContext, sluice: SluiceResource
+        ) -> MaterializeResult[None]:
+            """Revenue (sum of order amounts), orders and events per user country and day."""
+            return _materialize(context, sluice.settings())
+
+    return daily_revenue_by_country
+
+
+def _materialize(context: AssetExecutionContext, settings: Settings) -> MaterializeResult[None]:
+    days = partition_days(context)
+    written = build_daily_revenue(settings, days)
+    rows = sum(table.num_rows for table in written.values())
+    revenue = sum(_column_sum(table, "revenue") for table in written.values())
+    orders = sum(_column_sum(table, "orders") for table in written.values())
+    events = sum(_column_sum(table, "events") for table in written.values())
+    context.log.info(f"{days[0]}..{days[-1]}: {rows} rows, revenue {revenue:,.2f}")
+    output = settings.warehouse_path / REVENUE_TABLE
+    if len(days) == 1:
+        output = output / f"dt={days[0].isoformat()}"
+    return MaterializeResult(
+        metadata={
+            "row_count": MetadataValue.int(rows),
+            "revenue": MetadataValue.float(float(revenue)),
+            "orders": MetadataValue.int(int(orders)),
+            "events": MetadataValue.int(int(events)),
+            "preview": MetadataValue.md(_preview(written)),
+            "output_path": MetadataValue.path(str(output)),
+            "partitions": MetadataValue.int(len(days)),
+            "partition_range": MetadataValue.text(f"{days[0]}..{days[-1]}"),
+        }
+    )

@@ -427,23 +427,16 @@ def run_revenue(
 
 @pytest.fixture(scope="module")
 def revenue_asset() -> Iterator[AssetsDefinition]:
-    """The example's ``daily_revenue_by_country``, partitioned from ``DAYS[0]``.
-
-    Its partitions are the clickstream pipeline's, decided when its module is imported (from
-    the landing folder the code location sees); re-imported here with partitions that hold
-    the test's days.
-    """
-    import examples.clickstream_revenue as module
+    """The example's ``daily_revenue_by_country``, partitioned daily from ``DAYS[0]``."""
+    from examples.clickstream_revenue import daily_revenue_asset
 
     with pytest.MonkeyPatch.context() as patch:
-        # The module reads the settings when it is imported: daily, like the tests' settings.
-        patch.setenv("SLUICE_DAGSTER_PARTITIONS", "daily")
         patch.setitem(
             importlib.import_module("dagster_project.assets")._PARTITIONS,
             clickstream.name,
             DailyPartitionsDefinition(start_date=DAYS[0]),
         )
-        yield importlib.reload(module).daily_revenue_by_country
+        yield daily_revenue_asset(Settings(dagster_partitions="daily"))
 
 
 @pytest.fixture(scope="module")
