@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import sqlalchemy as sa
-from _harness import timed  # bench/ is on sys.path when run as a script
+from _harness import timed, verdict  # bench/ is on sys.path when run as a script
 from rich.console import Console
 from rich.table import Table
 
@@ -22,10 +22,6 @@ __all__ = ["CAPPED_TICK_TARGET", "backlog_rows"]
 console = Console(width=150)
 LOOKBACK = 600.0  # the enumerator's default lookback window, seconds
 CAPPED_TICK_TARGET = 15.0  # seconds for any capped tick: a quarter of Dagster's 60 s limit
-
-
-def verdict(ok: bool) -> str:
-    return "[green]ok[/green]" if ok else "[bold red]MISS[/bold red]"
 
 
 def backlog_rows(

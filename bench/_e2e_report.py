@@ -18,6 +18,7 @@ from _e2e_common import (
     Result,
     mib,
 )
+from _harness import verdict_line
 from rich.table import Table
 
 # -- report ----------------------------------------------------------------------------
@@ -122,11 +123,6 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
     def find(kind: str, latency: float | None) -> Result | None:
         return next((r for r in results if r.kind == kind and r.latency_ms == latency), None)
 
-    def line(ok: bool | None, text: str) -> str:
-        if ok is None:
-            return f"[yellow]n/a [/yellow] {text}"
-        return f"[green]ok  [/green] {text}" if ok else f"[bold red]MISS[/bold red] {text}"
-
     lines = []
     sluice0, naive0, ceiling0 = find("sluice", 0.0), find("naive", 0.0), find("pgbench1", 0.0)
     sluice1, naive1 = find("sluice", 1.0), find("naive", 1.0)
@@ -140,18 +136,18 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
         if sluice and ceiling:
             ratio = sluice.rate / ceiling.rate
             lines.append(
-                line(
+                verdict_line(
                     ratio >= target,
                     f"{label}: Sluice {sluice.rate:,.0f} events/s = {ratio:.2f}x "
                     f"{ceiling.rate:,.0f} (target >= {target:g}x; medians of this invocation)",
                 )
             )
         else:
-            lines.append(line(None, f"{label} (not measured)"))
+            lines.append(verdict_line(None, f"{label} (not measured)"))
     orders0 = find("orders", 0.0)
     if orders0 and naive0:
         lines.append(
-            line(
+            verdict_line(
                 None,
                 f"L=0: orders {orders0.rate:,.0f} rows/s = "
                 f"{orders0.rate / naive0.rate:,.1f}x naive Spark (informational: two lookups, a "
@@ -165,17 +161,17 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
         if sluice and naive:
             ratio = sluice.rate / naive.rate
             lines.append(
-                line(
+                verdict_line(
                     ratio >= target,
                     f"{label}: Sluice {ratio:,.1f}x naive Spark (target >= {target:g}x)"
                     + (" [naive rate from a prefix]" if naive.extrapolated_seconds else ""),
                 )
             )
         else:
-            lines.append(line(None, f"{label}: Sluice vs naive Spark (not measured)"))
+            lines.append(verdict_line(None, f"{label}: Sluice vs naive Spark (not measured)"))
     if sluice0 and ceiling0:
         lines.append(
-            line(
+            verdict_line(
                 sluice0.rate > ceiling0.rate,
                 f"L=0: Sluice {sluice0.rate:,.0f} events/s vs pgbench one-row ceiling "
                 f"{ceiling0.rate:,.0f} lookups/s ({sluice0.rate / ceiling0.rate:.2f}x, "
@@ -183,13 +179,15 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
             )
         )
     else:
-        lines.append(line(None, "L=0: Sluice vs the pgbench one-row ceiling (not measured)"))
+        lines.append(
+            verdict_line(None, "L=0: Sluice vs the pgbench one-row ceiling (not measured)")
+        )
     if broadcast:
         for sluice, label in ((sluice0, "L=0"), (sluice1, "L=1 ms")):
             if sluice:
                 ratio = sluice.seconds / broadcast.seconds
                 lines.append(
-                    line(
+                    verdict_line(
                         ratio <= TARGET_VS_BROADCAST,
                         f"{label}: Sluice wall {sluice.seconds:.1f} s = {ratio:.2f}x the "
                         f"broadcast join's {broadcast.seconds:.1f} s "
@@ -197,13 +195,13 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
                     )
                 )
     else:
-        lines.append(line(None, "Sluice vs the broadcast join's wall time (not measured)"))
+        lines.append(verdict_line(None, "Sluice vs the broadcast join's wall time (not measured)"))
     if memory:
         small, large = memory
         if small.worker_mib and large.worker_mib:
             ratio = large.worker_mib / small.worker_mib
             lines.append(
-                line(
+                verdict_line(
                     ratio <= TARGET_MEMORY,
                     f"Sluice worker peak RSS {small.worker_mib:,.0f} MiB at {small.events:,} "
                     f"events, {large.worker_mib:,.0f} MiB at {large.events:,} "
@@ -211,5 +209,7 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
                 )
             )
     else:
-        lines.append(line(None, "worker memory flat from 1x to 5x events (use --memory-scaling)"))
+        lines.append(
+            verdict_line(None, "worker memory flat from 1x to 5x events (use --memory-scaling)")
+        )
     return lines

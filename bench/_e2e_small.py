@@ -18,6 +18,7 @@ from pathlib import Path
 from _e2e_common import Context, Result
 from _e2e_data import prepare_events
 from _e2e_sluice import run_sluice
+from _harness import verdict_line
 
 from enumerator_service import Settings
 
@@ -60,7 +61,7 @@ def small_verdicts(results: list[Result], quick: bool) -> list[str]:
     if full and small:
         ratio = small.rate / full.rate
         lines.append(
-            _line(
+            verdict_line(
                 ratio >= TARGET_SMALL_RATE,
                 f"small run: {small.events:,} events at {small.rate:,.0f}/s = {ratio:.2f}x the "
                 f"{full.events:,}-event run's {full.rate:,.0f}/s (target >= "
@@ -68,21 +69,15 @@ def small_verdicts(results: list[Result], quick: bool) -> list[str]:
             )
         )
     else:
-        lines.append(_line(None, "small run vs the full run's rate (not measured)"))
+        lines.append(verdict_line(None, "small run vs the full run's rate (not measured)"))
     if one:
         lines.append(
-            _line(
+            verdict_line(
                 one.seconds <= TARGET_ONE_FILE_SECONDS,
                 f"one small file: {one.events:,} events in {one.seconds:.2f} s, session up "
                 f"(target <= {TARGET_ONE_FILE_SECONDS:g} s; median)",
             )
         )
     else:
-        lines.append(_line(None, "one small file's wall time (not measured)"))
+        lines.append(verdict_line(None, "one small file's wall time (not measured)"))
     return lines
-
-
-def _line(ok: bool | None, text: str) -> str:
-    if ok is None:
-        return f"[yellow]n/a [/yellow] {text}"
-    return f"[green]PASS[/green] {text}" if ok else f"[bold red]FAIL[/bold red] {text}"

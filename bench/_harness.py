@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: driving an AsyncWaitOperator over an input iterator."""
+"""Shared pieces of the benchmarks: driving an AsyncWaitOperator over an input iterator, timing,
+forgetting a source, and the words of a verdict."""
 
 from __future__ import annotations
 
@@ -19,9 +20,24 @@ from spark_jobs.async_io import (
 )
 from spark_jobs.runtime import MailboxController, MailboxProcessor
 
-__all__ = ["clickstream_over", "forget_source", "run_operator", "timed"]
+__all__ = ["clickstream_over", "forget_source", "run_operator", "timed", "verdict", "verdict_line"]
 
 T = TypeVar("T")
+
+
+_VERDICTS = {None: ("yellow", "n/a"), True: ("green", "ok"), False: ("bold red", "MISS")}
+
+
+def verdict(ok: bool | None) -> str:
+    """A target's verdict in a bench table: ok, MISS, or n/a (not measured)."""
+    style, word = _VERDICTS[ok]
+    return f"[{style}]{word}[/{style}]"
+
+
+def verdict_line(ok: bool | None, text: str) -> str:
+    """A line of the verdict list under a table: the verdict, padded, then ``text``."""
+    style, word = _VERDICTS[ok]
+    return f"[{style}]{word:<4}[/{style}] {text}"
 
 
 async def run_operator(

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from datetime import date
 
-from _harness import timed
+from _harness import timed, verdict
 from rich.table import Table
 
 from enumerator_service import SplitStore
@@ -62,10 +62,6 @@ def pull_all(
     if errors:
         raise errors[0]
     return seconds, got
-
-
-def _verdict(ok: bool) -> str:
-    return "[green]ok[/green]" if ok else "[bold red]MISS[/bold red]"
 
 
 def pull_rows(
@@ -119,7 +115,7 @@ def pull_rows(
                 measured,
                 f">= {PULL_TARGET:,.0f}/s",
                 f"{rate / PULL_TARGET:.2f}x",
-                _verdict(rate >= PULL_TARGET),
+                verdict(rate >= PULL_TARGET),
             )
         elif label == "baseline":
             ratio = f"{rates['c.'] / rate:.1f}x batched" if "c." in rates else ""
@@ -145,5 +141,5 @@ def pull_rows(
             f"{len(set(ids)):,} of {assigned:,}",
             "",
             "",
-            _verdict(len(ids) == assigned == len(set(ids)) and busy == pullers),
+            verdict(len(ids) == assigned == len(set(ids)) and busy == pullers),
         )

@@ -40,7 +40,7 @@ from typing import TypeVar
 
 import sqlalchemy as sa
 from _backlog import backlog_rows  # bench/ is on sys.path when run as a script
-from _harness import timed
+from _harness import timed, verdict
 from _pulls import pull_rows
 from rich.console import Console
 from rich.table import Table
@@ -140,10 +140,6 @@ def traced(fn: Callable[[], T]) -> tuple[int, T]:
     finally:
         tracemalloc.stop()
     return peak, result
-
-
-def verdict(ok: bool) -> str:
-    return "[green]ok[/green]" if ok else "[bold red]MISS[/bold red]"
 
 
 def mib(n: int) -> str:
