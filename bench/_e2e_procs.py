@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _e2e_pgcpu import StatementCpu  # bench/ is on sys.path when run as a script
+
 # -- processes: CPU time and peak memory of this process and its descendants --------------
 
 
@@ -81,8 +83,10 @@ def cpu_seconds() -> float:
     return own_seconds + ticks / os.sysconf("SC_CLK_TCK")
 
 
-#: The postmaster of the benchmark's database when it runs on this machine (``watch_postgres``).
+#: The postmaster of the benchmark's database when it runs on this machine, and an engine of
+#: that database (``watch_postgres``).
 _POSTMASTER: list[int] = []
+_ENGINE: list[Any] = []
 
 
 def backend_pid(engine: Any) -> int:
@@ -93,14 +97,16 @@ def backend_pid(engine: Any) -> int:
         return int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
 
 
-def watch_postgres(backend: int) -> bool:
-    """Measure Postgres' CPU from now on: ``backend`` is a backend of the benchmark's
-    database (``SELECT pg_backend_pid()``); its parent is the postmaster. False when that
-    process is not on this machine (a remote ``SLUICE_DATABASE_URL``)."""
+def watch_postgres(engine: Any) -> bool:
+    """Measure the CPU of ``engine``'s database server from now on (in total, and by
+    statement: ``_e2e_pgcpu``); the parent of one of its backends is the postmaster. False
+    when that process is not on this machine (a remote ``SLUICE_DATABASE_URL``)."""
+    backend = backend_pid(engine)
     table = _process_table()
     if backend not in table or table[table[backend][0]][1] != "postgres":
         return False
     _POSTMASTER[:] = [table[backend][0]]
+    _ENGINE[:] = [engine]
     return True
 
 
@@ -127,7 +133,7 @@ class MemorySampler(threading.Thread):
     so a peak between two samples is still seen, and a worker that exits early is too.
     ``trace`` holds (seconds since entry, the largest worker's current RSS in KiB).
     ``postgres_cpu``: CPU seconds of the watched Postgres between entry and exit (None when
-    none is watched).
+    none is watched); ``postgres_cpu_by``: the same by kind of statement (``_e2e_pgcpu``).
     """
 
     def __init__(self, interval: float = 0.25) -> None:
@@ -138,7 +144,9 @@ class MemorySampler(threading.Thread):
         self._began = time.perf_counter()
         self.trace: list[tuple[float, int]] = []
         self.postgres_cpu: float | None = None
+        self.postgres_cpu_by: dict[str, float] = {}
         self._postgres_began: float | None = None
+        self._statements = StatementCpu(_ENGINE[0]) if _ENGINE else None
 
     def __enter__(self) -> MemorySampler:
         table = _process_table()
@@ -148,6 +156,8 @@ class MemorySampler(threading.Thread):
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
         self._began = time.perf_counter()
         self._postgres_began = postgres_cpu_seconds()
+        if self._statements is not None:
+            self._statements.start()
         self._sample()
         self.start()
         return self
@@ -159,6 +169,8 @@ class MemorySampler(threading.Thread):
         ended = postgres_cpu_seconds()
         if ended is not None and self._postgres_began is not None:
             self.postgres_cpu = ended - self._postgres_began
+        if self._statements is not None:
+            self.postgres_cpu_by = self._statements.stop()
 
     def _sample(self) -> None:
         table = _process_table()

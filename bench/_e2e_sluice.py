@@ -20,6 +20,7 @@ from _e2e_common import (
     Result,
     console,
 )
+from _e2e_pgcpu import breakdown
 from _e2e_procs import MemorySampler, _cmdline, _descendants, _process_table, timed_run
 from _harness import clickstream_over, forget_source
 
@@ -66,7 +67,7 @@ def run_sluice(
     note = (
         f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
         f"{summary.lookup_queries:,} queries, {summary.cache_hit_rate:.0%} cache hits, "
-        f"{summary.dead_letters:,} dead letters"
+        f"{summary.dead_letters:,} dead letters; {breakdown(memory.postgres_cpu_by)}"
     )
     return Result(
         latency_ms,
@@ -133,7 +134,8 @@ def run_orders(ctx: Context, latency_ms: float) -> Result:
     note = (
         f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} / p99 "
         f"{summary.checkpoint_p99_ms:.0f} ms), {summary.lookup_queries:,} queries, "
-        f"{summary.dropped:,} filtered, {summary.dead_letters:,} dead letters"
+        f"{summary.dropped:,} filtered, {summary.dead_letters:,} dead letters; "
+        f"{breakdown(memory.postgres_cpu_by)}"
     )
     return Result(
         latency_ms,

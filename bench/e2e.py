@@ -91,7 +91,7 @@ from _e2e_common import (
 )
 from _e2e_data import count_lines, landing_files, prepare_events, prepare_orders, prepare_users
 from _e2e_pgbench import pgbench_binary, run_pgbench
-from _e2e_procs import backend_pid, watch_postgres
+from _e2e_procs import watch_postgres
 from _e2e_report import legend, report, verdicts
 from _e2e_sluice import profile_sluice, run_orders, run_sluice
 from _e2e_small import small_plans, small_verdicts
@@ -170,7 +170,7 @@ def main() -> None:
             else None
         )
         prepare_users(platform, args.users)
-        if not watch_postgres(backend_pid(platform.engine)):
+        if not watch_postgres(platform.engine):
             console.print("PG CPU not measured: the database server is not on this machine")
         files = landing_files(landing)
         ctx = Context(
