@@ -30,6 +30,7 @@ Threading: blocking database functions; call from the coordinator or a writer th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -41,7 +42,6 @@ from sqlalchemy.engine import Connection, Row
 
 from enumerator_service._schema import (
     UNREAD_SPLIT,
-    dead_letters,
     partition_completions,
     partition_rebuilds,
     partition_stats,
@@ -179,6 +179,18 @@ def _merge_detail(into: dict[str, Any], detail: Mapping[str, Any]) -> None:
     into.setdefault("dead_letters", []).extend(detail.get("dead_letters", ()))
 
 
+# One JSON parameter, not a VALUES list: SQLAlchemy compiles a VALUES clause of a few
+# thousand rows in ~0.15 s, on the completion's critical path (issue 15).
+_TAG_DEAD_LETTERS = sa.text(
+    """
+    UPDATE sluice.dead_letters AS d SET partition_key = l.day
+    FROM jsonb_to_recordset(CAST(:letters AS jsonb))
+         AS l(split_id bigint, "offset" bigint, day date)
+    WHERE d.split_id = l.split_id AND d."offset" = l."offset"
+    """
+)
+
+
 def add_partition_counts(
     conn: Connection, source: str, counts: Mapping[str, Mapping[str, Any]]
 ) -> None:
@@ -239,20 +251,11 @@ def _add_detail(conn: Connection, detail: Mapping[str, Any]) -> None:
     # The dead letters of this commit were inserted before: tag each with its partition.
     letters = detail.get("dead_letters", ())
     if letters:
-        keys = sa.values(
-            sa.column("split_id", sa.BigInteger),
-            sa.column("offset", sa.BigInteger),
-            sa.column("day", sa.Date),
-            name="d",
-        ).data([(int(s), int(o), date.fromisoformat(d)) for s, o, d in letters])
-        conn.execute(
-            sa.update(dead_letters)
-            .where(
-                dead_letters.c.split_id == keys.c.split_id,
-                dead_letters.c.offset == keys.c.offset,
-            )
-            .values(partition_key=keys.c.day)
-        )
+        tagged = [
+            {"split_id": int(s), "offset": int(o), "day": date.fromisoformat(d).isoformat()}
+            for s, o, d in letters
+        ]
+        conn.execute(_TAG_DEAD_LETTERS, {"letters": json.dumps(tagged)})
 
 
 def lock_source(conn: Connection, source: str) -> None:
