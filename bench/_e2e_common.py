@@ -37,6 +37,7 @@ TARGET_VS_NAIVE_L0 = 20.0  # issue 15 (was 7x)
 TARGET_VS_PLAIN_L0 = 0.30  # the no-lookup ceiling (read, parse, write), L = 0
 TARGET_VS_PLAIN_L1 = 0.25  # the same, L = 1 ms
 TARGET_VS_LOOKUP_L0 = 0.6  # the no-platform lookup job, L = 0
+TARGET_ORDERS_VS_CLICKSTREAM = 0.5  # the orders example at L=0 over the clickstream's rate
 TARGET_VS_NAIVE_L1 = 100.0
 TARGET_VS_BROADCAST = 1.5  # Sluice wall time / broadcast join wall time, at most
 TARGET_MEMORY = 1.2  # worker peak at 5x the events / at 1x, at most ("flat")

@@ -8,6 +8,7 @@ from _e2e_common import (
     CORES,
     MASTER,
     TARGET_MEMORY,
+    TARGET_ORDERS_VS_CLICKSTREAM,
     TARGET_VS_BROADCAST,
     TARGET_VS_LOOKUP_L0,
     TARGET_VS_NAIVE_L0,
@@ -145,6 +146,17 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
         else:
             lines.append(verdict_line(None, f"{label} (not measured)"))
     orders0 = find("orders", 0.0)
+    if orders0 and sluice0:
+        ratio = orders0.rate / sluice0.rate
+        lines.append(
+            verdict_line(
+                ratio >= TARGET_ORDERS_VS_CLICKSTREAM,
+                f"L=0: orders {orders0.rate:,.0f} rows/s = {ratio:.2f}x the clickstream's "
+                f"{sluice0.rate:,.0f} events/s (target >= {TARGET_ORDERS_VS_CLICKSTREAM:g}x)",
+            )
+        )
+    else:
+        lines.append(verdict_line(None, "L=0: orders vs the clickstream (not measured)"))
     if orders0 and naive0:
         lines.append(
             verdict_line(
