@@ -225,6 +225,56 @@ class Ceilings:
             postgres_cpu=memory.postgres_cpu,
         )
 
+    def run_orders(self) -> Result:
+        """One measured run of the orders ceiling (``_e2e_orders_ceiling``) over the orders
+        files: staged by the pool's processes, moved into a fresh target in one transaction."""
+        import sqlalchemy as sa
+        from _e2e_data import count_lines
+        from _e2e_orders_ceiling import OUTPUT, move_sql, orders_job, staging_sql
+        from _e2e_pgcpu import breakdown
+        from _e2e_procs import timed_run
+
+        ctx = self._ctx
+        assert ctx.orders is not None
+        files = sorted(str(f) for f in ctx.orders.glob("dt=*/*.csv"))
+        shares = [files[i::CORES] for i in range(CORES)]
+        name = f"bench_orders_ceiling_{uuid.uuid4().hex[:8]}"
+        target, staging = f"public.{name}", f"public.{name}__staged"
+        columns = ", ".join(f"{column} {kind}" for column, kind in OUTPUT)
+        engine = ctx.platform.engine
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE TABLE {target} ({columns})"))
+            conn.execute(sa.text(staging_sql(staging)))
+
+        def job() -> tuple[int, int, int]:
+            futures = [self._pool.submit(orders_job, share, staging, self._dsn) for share in shares]
+            done = [f.result() for f in futures]
+            with engine.begin() as conn:
+                moved = conn.execute(sa.text(move_sql(staging, target))).rowcount
+                conn.execute(sa.text(f"DROP TABLE {staging}"))
+            return sum(r for r, _ in done), sum(q for _, q in done), moved
+
+        try:
+            wall, cpu, memory, (staged, queries, moved) = timed_run(job)
+        finally:
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"DROP TABLE IF EXISTS {target}, {staging}"))
+        orders = count_lines([Path(path) for path in files]) - len(files)  # minus headers
+        return Result(
+            None,
+            "ceiling-orders",
+            f"orders ceiling: read CSV, 2 lookups, stage, one upsert, {CORES} processes",
+            orders,
+            wall,
+            orders / wall,
+            cpu,
+            memory.worker_mib,
+            memory.driver_mib,
+            f"{staged:,} rows staged, {moved:,} upserted, {queries:,} customer queries; "
+            f"{breakdown(memory.postgres_cpu_by)}",
+            postgres_cpu=memory.postgres_cpu,
+        )
+
 
 def warm_up(ceilings: Ceilings) -> float:
     """One unmeasured run of each job (process start-up, imports, the page cache)."""

@@ -34,8 +34,8 @@ def statement_kind(backend_type: str, query: str | None) -> str:
         return "lookups"
     if text.startswith("COPY"):
         return "sink staging"
-    if text.startswith("WITH moved AS (DELETE"):
-        return "sink commit"
+    if text.startswith("WITH moved AS (DELETE") or " SELECT DISTINCT ON " in text:
+        return "sink commit"  # Sluice's move, or the orders ceiling's one upsert
     if "sluice." in text or 'sluice".' in text:
         return "platform"
     return "other"

@@ -157,6 +157,16 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
         )
     else:
         lines.append(verdict_line(None, "L=0: orders vs the clickstream (not measured)"))
+    orders_ceiling = find("ceiling-orders", None)
+    if orders0 and orders_ceiling and sluice0:
+        lines.append(
+            verdict_line(
+                None,
+                f"L=0: orders {orders0.rate / orders_ceiling.rate:.2f}x the orders ceiling "
+                f"{orders_ceiling.rate:,.0f} rows/s (no platform), which is "
+                f"{orders_ceiling.rate / sluice0.rate:.2f}x the clickstream (informational)",
+            )
+        )
     if orders0 and naive0:
         lines.append(
             verdict_line(

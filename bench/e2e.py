@@ -35,14 +35,16 @@ platform database (the embedded Postgres by default). Then, one after another on
 5. **the ceilings** (``bench/_e2e_ceiling.py``), on the same files without the platform (no
    Spark, no checkpoints), ``CORES`` spawned processes: read → parse (pyarrow.json) → write
    Parquet with no lookup, and the same with one ``= ANY`` lookup per block (asyncpg). Every
-   row shows its ratio to both;
+   row shows its ratio to both. With the orders row, also the **orders ceiling**
+   (``bench/_e2e_orders_ceiling.py``): the orders example's lookups, map and filter in the
+   same processes, its output COPied into one staging table and upserted in one transaction;
 6. **the small runs** (``bench/_e2e_small.py``, skip with ``small``): Sluice at L=0 over a
    fifth of the events in a fifth of the files (its rate over the main Sluice row's, target
    >= 0.5x; with ``--quick`` both runs are 10x smaller) and over one file of 1,000 events
    (wall seconds of discover + run with the session up, target <= 3 s).
 
 The ceilings and Sluice's clickstream rows are the median of ``--rounds`` (3) interleaved
-rounds (ceiling, lookup ceiling, Sluice at each L, the small runs; then again), after one
+rounds (the ceilings, Sluice at each L, the small runs; then again), after one
 unmeasured run of each ceiling, each small run and one of Sluice, so that no variant pays
 another's start-up.
 
@@ -210,6 +212,8 @@ def main() -> None:
                 ("ceiling, no lookup", functools.partial(ceilings.run, lookup=False)),
                 ("ceiling, = ANY lookup", functools.partial(ceilings.run, lookup=True)),
             ]
+            if ctx.orders is not None:
+                plans.append(("ceiling, orders", ceilings.run_orders))
         if "sluice" not in skip:
             plans += [
                 (f"Sluice, L={latency:g} ms", functools.partial(run_sluice, ctx, latency))
