@@ -166,6 +166,10 @@ class MemorySampler(threading.Thread):
         self._stop_event.set()
         self.join()
         self._sample()
+        if self._postgres_began is not None:
+            # Backends whose clients just disconnected are still exiting: one that exits while
+            # /proc is read is neither a live child nor reaped yet, and its CPU would be lost.
+            time.sleep(0.3)
         ended = postgres_cpu_seconds()
         if ended is not None and self._postgres_began is not None:
             self.postgres_cpu = ended - self._postgres_began
