@@ -34,7 +34,7 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 from _e2e_common import CORES, USER_COLUMNS, USERS_TABLE, Context, Result
 
-__all__ = ["BLOCK_BYTES", "Ceilings"]
+__all__ = ["BLOCK_BYTES", "Ceilings", "line_blocks"]
 
 BLOCK_BYTES = 256 << 10
 _UTC = pa.timestamp("us", tz="UTC")
@@ -56,9 +56,11 @@ _QUERY = (
 _USER_TYPES = (pa.string(), pa.string(), pa.string(), _UTC)
 
 
-def _blocks(path: Path) -> Any:
-    """Blocks of about ``BLOCK_BYTES`` of whole lines."""
+def line_blocks(path: Path, *, header: bool = False) -> Any:
+    """Blocks of about ``BLOCK_BYTES`` of whole lines (after the first line when ``header``)."""
     with path.open("rb") as file:
+        if header:
+            file.readline()
         rest = b""
         while chunk := file.read(BLOCK_BYTES):
             chunk = rest + chunk
@@ -120,7 +122,7 @@ async def _lookup_files(files: list[str], out: str, dsn: str) -> tuple[int, int]
         for path in files:
             writer: pq.ParquetWriter | None = None
             try:
-                for block in _blocks(Path(path)):
+                for block in line_blocks(Path(path)):
                     table = _read(block)
                     if table is None:
                         continue
@@ -150,7 +152,7 @@ def plain_job(files: list[str], out: str) -> tuple[int, int]:
     for path in files:
         writer: pq.ParquetWriter | None = None
         try:
-            for block in _blocks(Path(path)):
+            for block in line_blocks(Path(path)):
                 table = _read(block)
                 if table is None:
                     continue

@@ -24,7 +24,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-from _e2e_ceiling import BLOCK_BYTES
+from _e2e_ceiling import line_blocks
+
+from examples.orders import add_amount_eur
 
 __all__ = ["OUTPUT", "move_sql", "orders_job", "staging_sql"]
 
@@ -83,21 +85,6 @@ def move_sql(staging: str, target: str) -> str:
     )
 
 
-def _blocks(path: Path) -> Any:
-    """Blocks of about ``BLOCK_BYTES`` of whole data lines (the header line skipped)."""
-    with path.open("rb") as file:
-        file.readline()
-        rest = b""
-        while chunk := file.read(BLOCK_BYTES):
-            chunk = rest + chunk
-            cut = chunk.rfind(b"\n") + 1
-            rest = chunk[cut:]
-            if cut:
-                yield chunk[:cut]
-        if rest:
-            yield rest + b"\n"
-
-
 #: Per column: the text a value must match to convert (checked column-wise, so that a bad value
 #: drops its row instead of failing the block — what Sluice dead-letters).
 _VALID = {
@@ -124,8 +111,6 @@ def _parse(block: bytes) -> pa.Table:
 
 
 def _enrich(table: pa.Table, found: Any, rates: pa.Table) -> pa.Table:
-    from examples.orders import add_amount_eur
-
     customers = pa.table(
         {
             "tenant_id": pa.array(found[0] or [], pa.int64()),
@@ -166,7 +151,7 @@ async def _run(files: list[str], staging: str, dsn: str) -> tuple[int, int]:
         columns = list(_NAMES)
         schema, table_name = staging.split(".")
         for path in files:
-            for block in _blocks(Path(path)):
+            for block in line_blocks(Path(path), header=True):
                 table = _parse(block)
                 if not table.num_rows:
                     continue
