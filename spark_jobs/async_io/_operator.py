@@ -51,8 +51,11 @@ class AsyncWaitOperator(Generic[IN, OUT]):
 
     ``timeout`` (seconds) bounds each element across all its attempts; on expiry the function's
     ``timeout()`` decides the outcome. ``retry`` needs a timeout. A failed element (exception,
-    or the default ``timeout()``) completes empty, input stops, and the failure is raised from
-    the mailbox once everything in flight was emitted — which fails the task.
+    retries exhausted, or the default ``timeout()``) fails the task at once, as Flink's
+    operator does: the failure is raised from the mail that delivered it, the element is never
+    completed nor emitted (it stays in the queue, so a snapshot still holds it and a restore
+    re-invokes it), and the operator refuses input and snapshots from then on. An error is
+    never turned into "no result" that a checkpoint could commit past.
     """
 
     def __init__(
@@ -179,8 +182,10 @@ class AsyncWaitOperator(Generic[IN, OUT]):
             self._drained.append(callback)
 
     def snapshot(self) -> list[Element]:
-        """Every element not yet emitted, completed or not, backlog included, in input order."""
-        self._check_thread()
+        """Every element not yet emitted, completed or not, backlog included, in input order.
+
+        Raises the failure of a failed operator: a failed task never acknowledges a snapshot."""
+        self._check()
         return [*self._queue.values(), *self._backlog]
 
     # -- internals (mailbox thread) ------------------------------------------------------
@@ -283,9 +288,12 @@ class AsyncWaitOperator(Generic[IN, OUT]):
                 self._schedule_retry(entry)
                 return False
         if error is not None:
+            # Fail now (inside a mail: this fails the task). The entry stays uncompleted in
+            # the queue: whatever snapshot could still be taken holds its input, so recovery
+            # re-invokes it; completing it empty would let a checkpoint commit past it.
             if self._failure is None:
                 self._failure = error
-            results = []
+            raise self._failure
         assert results is not None
         entry.results = results
         self.records_out += len(results)
@@ -366,9 +374,6 @@ class AsyncWaitOperator(Generic[IN, OUT]):
             callbacks, self._available = self._available, []
             for callback in callbacks:
                 callback()
-        if self._failure is not None and queue.is_empty():
-            self._backlog.clear()
-            raise self._failure  # in a mail: fails the task, after the queue drained
         if self._drained and self.in_flight() == 0:
             callbacks, self._drained = self._drained, []
             for callback in callbacks:

@@ -344,26 +344,31 @@ class LookupFailedError(Exception):
     pass
 
 
-def test_complete_exceptionally_fails_the_loop_once_the_queue_drained() -> None:
+def test_complete_exceptionally_fails_the_loop_at_once_and_keeps_the_element() -> None:
+    """Flink's rule: an error fails the task at once. Nothing after it is emitted, and the
+    failed element is never completed, so no snapshot can leave it out (issue 21, row 1: the
+    old operator completed it empty and a checkpoint taken before the queue drained committed
+    past it)."""
     fn = ManualFunction()
-    h = Harness(fn, [rec(1), rec(2), rec(3)], mode=OutputMode.ORDERED, capacity=2)
+    h = Harness(fn, [rec(1), rec(2), rec(3)], mode=OutputMode.UNORDERED, capacity=2)
     error = LookupFailedError("lookup failed for 2")
 
     async def drive(h: Harness) -> None:
         await h.wait_until(lambda: len(fn.pending) == 2 and h.idle())
         fn.take(2).complete_exceptionally(error)
-        await h.settle()
-        assert not h.operator.has_capacity()  # a failed operator takes no more input
-        assert fn.invoked == [1, 2]
-        fn.take(1).complete([10])  # the failure surfaces once nothing is in flight
+        await h.settle()  # the failure surfaces now, with element 1 still in flight
 
     with pytest.raises(LookupFailedError) as raised:
         h.run(drive)
     assert raised.value is error
-    assert h.out == [rec(10, 1)]  # the failed element itself emits nothing
+    assert h.out == []  # the failed element emits nothing, nor does anything after it
     assert fn.invoked == [1, 2]  # record 3 was never invoked
+    assert not h.operator.has_capacity()  # a failed operator takes no more input
     with pytest.raises(LookupFailedError):  # the operator stays failed
         h.operator.process_element(3, 3)
+    with pytest.raises(LookupFailedError):  # and never acknowledges a snapshot
+        h.operator.snapshot()
+    assert [e.value for e in h.operator._queue.values()] == [1, 2]  # the inputs are kept
 
 
 def test_operator_methods_check_the_mailbox_thread_in_debug_mode() -> None:
