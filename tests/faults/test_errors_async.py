@@ -12,7 +12,6 @@ block: ``test_an_async_map_that_raises_once_loses_nothing`` read 11,950 of 12,00
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import secrets
 import threading
@@ -136,13 +135,37 @@ def users_table(db_url: str) -> Iterator[str]:
         conn.execute(f"DROP TABLE IF EXISTS public.{table}")
 
 
-def hold_lock(db_url: str, table: str, seconds: float, locked: threading.Event) -> None:
-    # The "always" case ends the lock by terminating this backend.
-    with contextlib.suppress(psycopg.OperationalError), psycopg.connect(db_url) as conn:
-        conn.execute(f"LOCK TABLE public.{table} IN ACCESS EXCLUSIVE MODE")
-        locked.set()
-        conn.execute("SELECT pg_sleep(%s)", (seconds,))
-        conn.rollback()
+class TableLock(threading.Thread):
+    """Holds ACCESS EXCLUSIVE on a table until a lookup has waited on it for ``hold_after``
+    seconds (past the lookup's 1 s timeout: at least one element times out), or until
+    :meth:`release` when ``hold_after`` is None."""
+
+    def __init__(self, db_url: str, table: str, hold_after: float | None) -> None:
+        super().__init__(daemon=True)
+        self.db_url, self.table, self.hold_after = db_url, table, hold_after
+        self.locked, self.waited, self._release = (threading.Event() for _ in range(3))
+
+    def run(self) -> None:
+        with psycopg.connect(self.db_url) as conn, psycopg.connect(self.db_url) as probe:
+            conn.execute(f"LOCK TABLE public.{self.table} IN ACCESS EXCLUSIVE MODE")
+            self.locked.set()
+            while not self._release.is_set() and not self.waited.is_set():
+                waiting = probe.execute(
+                    "SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted",
+                    (f"public.{self.table}",),
+                ).fetchone()
+                probe.rollback()
+                if waiting and waiting[0]:
+                    self.waited.set()
+                self._release.wait(0.05)
+            if self.hold_after is not None:
+                self._release.wait(self.hold_after)
+            else:
+                self._release.wait(300)
+            conn.rollback()
+
+    def release(self) -> None:
+        self._release.set()
 
 
 def lookup_pipeline(name: str, table: str) -> Pipeline:
@@ -154,42 +177,39 @@ def lookup_pipeline(name: str, table: str) -> Pipeline:
     )
 
 
-@pytest.mark.parametrize("lock_seconds", [2.5, 60.0], ids=["once", "always"])
+@pytest.mark.parametrize("hold_after", [2.5, None], ids=["once", "always"])
 def test_a_locked_lookup_table_loses_nothing(
-    make_settings: Any, db_url: str, users_table: str, lock_seconds: float
+    make_settings: Any, users_table: str, db_url: str, hold_after: float | None
 ) -> None:
-    """Lookups time out after 1 s while an ACCESS EXCLUSIVE lock holds the table: briefly (the
-    stage restarts and completes) or past every stage attempt (the run fails; after the lock
-    is released a rerun completes exactly)."""
+    """Lookups time out after 1 s while an ACCESS EXCLUSIVE lock holds their table: for a
+    while (the stage restarts and completes) or past every stage attempt (the run fails;
+    once the lock is gone a rerun completes exactly)."""
     settings: TestSettings = make_settings(
         read_block_bytes=16_384, checkpoint_interval_seconds=0.2, lookup_retries=0
     )
     platform = open_platform(settings)
     name = f"alock_{secrets.token_hex(3)}"
-    locked = threading.Event()
-    holder = threading.Thread(target=hold_lock, args=(db_url, users_table, lock_seconds, locked))
+    lock = TableLock(db_url, users_table, hold_after)
     try:
         expected = write_landing(settings, name)
         pipeline = lookup_pipeline(name, users_table)
         discover(platform, discovery_of(pipeline, settings))
-        holder.start()
-        assert locked.wait(30)
-        if lock_seconds < 10:
+        lock.start()
+        assert lock.locked.wait(30)
+        if hold_after is not None:
             run_pipeline(settings, pipeline)
         else:
             with pytest.raises(Exception, match=r"(?i)time"):
                 run_pipeline(settings, pipeline)
             assert_no_loss_so_far(output_ids(pipeline, settings), expected)
-            with psycopg.connect(db_url, autocommit=True) as conn:  # release the lock
-                conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_locks"
-                    " WHERE relation = %s::regclass AND mode = 'AccessExclusiveLock'",
-                    (f"public.{users_table}",),
-                )
+            lock.release()
+            lock.join(30)
             run_pipeline(settings, pipeline)
+        assert lock.waited.is_set()  # a lookup really waited on the lock
         assert_exact(output_ids(pipeline, settings), expected)
     finally:
-        holder.join(120)
+        lock.release()
+        lock.join(30)
         platform.close()
 
 
