@@ -240,9 +240,9 @@ class PostgresTableSinkWriter:
         """Commit the open batch; raises (the snapshot is never acknowledged, the batch rolls
         back with the connection) when any COPY of it failed."""
         if self._error is not None:
+            why = next(iter(str(self._error).strip().splitlines()), type(self._error).__name__)
             raise RuntimeError(
-                f"staging rows into {self._layout.qualified} failed; the batch cannot commit:"
-                f" {self._error}"
+                f"staging rows into {self._layout.qualified} failed; the batch cannot commit: {why}"
             ) from self._error
         for copy in copies:  # all done (they ran before us on this thread), none failed
             copy.result()
