@@ -302,13 +302,17 @@ class ReaderRun:
             too_few = slot_error(exc, spark, parallelism, settings.spark_master)
             if too_few is not None:
                 raise too_few from None
+            if coordinator.error is not None:
+                # The job was cancelled because the coordinator failed (e.g. the sink's table
+                # refused the commit): its error is the cause, not the cancellation.
+                raise _coordinator_failed(coordinator.error) from coordinator.error
             raise
         finally:
             coordinator.stop()
             heartbeat.stop()
             self._give_back()
         if coordinator.error is not None:
-            raise RuntimeError("checkpoint coordinator failed") from coordinator.error
+            raise _coordinator_failed(coordinator.error) from coordinator.error
         return results, coordinator
 
     def _wrap_up(self, replacing: list[Rebuild]) -> None:
@@ -394,3 +398,11 @@ def _step_totals(results: list[SubtaskResult]) -> tuple[tuple[str, int, int], ..
             entry[1] += step.records_in
             entry[2] += step.records_out
     return tuple((w, i, o) for _, (w, i, o) in sorted(totals.items()))
+
+
+def _coordinator_failed(error: BaseException) -> RuntimeError:
+    """The run's error when its checkpoint coordinator gave up: the first line of the cause
+    (a database error's, without the SQL statement SQLAlchemy appends)."""
+    cause = getattr(error, "orig", None) or error
+    first = next(iter(str(cause).strip().splitlines()), type(cause).__name__)
+    return RuntimeError(f"checkpoint coordinator failed: {first}")

@@ -5,6 +5,7 @@ from spark_jobs.sink._parquet import (
     SINK_NAME,
     ParquetSink,
     ParquetSinkWriter,
+    StagedFileError,
     publish_files,
 )
 from spark_jobs.sink._postgres_table import PostgresTableSinkWriter
@@ -30,6 +31,7 @@ __all__ = [
     "PostgresTableSink",
     "PostgresTableSinkWriter",
     "SinkWriter",
+    "StagedFileError",
     "StagedOutput",
     "build_sinks",
     "committer",

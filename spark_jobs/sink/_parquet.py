@@ -7,10 +7,18 @@ them (durable, still invisible) and starts new ones. Commit side, :class:`Parque
 the checkpoint completed in Postgres the staged files are renamed to their final names —
 deterministic, so publishing twice (recovery after a crash) overwrites and never adds a
 second copy.
+
+Errors are never committed past: a failed background write (the disk full, the file system
+gone read-only) is kept and fails the next pre-commit, and every staged file is verified
+after it is closed — its footer read back and its row count compared with the rows written —
+before its pre-commit may be acknowledged. (pyarrow's ``close()`` succeeds after a write
+failed with ENOSPC and leaves a file without a footer.) A failed pre-commit fails the task:
+the stage restarts from the last completed checkpoint, and the file never commits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +40,7 @@ __all__ = [
     "SINK_NAME",
     "ParquetSink",
     "ParquetSinkWriter",
+    "StagedFileError",
     "StagedOutput",
     "publish_files",
 ]
@@ -40,6 +49,12 @@ SINK_NAME = "parquet"
 #: Arrow rows per hand-over to the writer thread (and per Parquet row group): big row groups
 #: cost less per row to encode and compress; a checkpoint's pre-commit flushes the rest.
 _BATCH_CHUNK = 65536
+
+
+class StagedFileError(OSError):
+    """A staged Parquet file that must never be published: a write into it failed, or it does
+    not read back with the rows written into it. An OSError: like the disk error behind it, a
+    transient fault (the task fails and its stage restarts from the last checkpoint)."""
 
 
 class ParquetSinkWriter:
@@ -79,7 +94,10 @@ class ParquetSinkWriter:
         self._batch_rows: dict[str, int] = {}
         self._dead: list[tuple[int, int, bytes, str]] = []
         self._dropped = 0
+        #: The background writes since the last pre-commit (their outcome is checked by it).
+        self._writes: list[Future[None]] = []
         # Writer thread only:
+        self._error: BaseException | None = None  # the first failed write of the attempt
         self._writers: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
         self._counts: dict[str, int] = {}
         self._sequence = 0
@@ -112,7 +130,14 @@ class ParquetSinkWriter:
         if self._batch_rows[partition] >= _BATCH_CHUNK:
             del self._batches[partition]
             self._batch_rows[partition] = 0
-            self._io.submit(self._write_batches, partition, batches)
+            self._submit_write(partition, batches)
+
+    def _submit_write(self, partition: str, batches: list[pa.RecordBatch]) -> None:
+        # A write that already failed fails the task now rather than at the next checkpoint
+        # (the failure is kept on the writer thread either way: the pre-commit re-checks it).
+        while self._writes and self._writes[0].done():
+            self._writes.pop(0).result()
+        self._writes.append(self._io.submit(self._write_batches, partition, batches))
 
     def count_dropped(self, n: int) -> None:
         """``n`` records the pipeline's steps removed (reported by the next pre-commit)."""
@@ -125,16 +150,25 @@ class ParquetSinkWriter:
         """Hand everything written so far to the writer thread, which closes the files."""
         for partition, batches in self._batches.items():
             if batches:
-                self._io.submit(self._write_batches, partition, batches)
+                self._submit_write(partition, batches)
         self._batches, self._batch_rows = {}, {}
         dead, self._dead = self._dead, []
         dropped, self._dropped = self._dropped, 0
-        return self._io.submit(self._close_files, dead, dropped)
+        writes, self._writes = self._writes, []
+        return self._io.submit(self._close_files, writes, dead, dropped)
 
     # -- writer thread --------------------------------------------------------------------
 
     def _write_batches(self, partition: str, batches: list[pa.RecordBatch]) -> None:
-        table = pa.Table.from_batches(batches, schema=self._schema)
+        if self._error is not None:
+            return  # the attempt's output is lost already; its pre-commit reports the error
+        try:
+            self._write_table(partition, pa.Table.from_batches(batches, schema=self._schema))
+        except BaseException as exc:
+            self._error = exc
+            raise
+
+    def _write_table(self, partition: str, table: pa.Table) -> None:
         entry = self._writers.get(partition)
         if entry is None:
             self._sequence += 1
@@ -153,22 +187,47 @@ class ParquetSinkWriter:
         self._counts[partition] += table.num_rows
         self.rows_written += table.num_rows
 
-    def _close_files(self, dead: list[tuple[int, int, bytes, str]], dropped: int) -> StagedOutput:
+    def _close_files(
+        self,
+        writes: list[Future[None]],
+        dead: list[tuple[int, int, bytes, str]],
+        dropped: int,
+    ) -> StagedOutput:
+        """Close, verify and fsync the interval's files. Raises (and the snapshot is never
+        acknowledged) when any write of the interval failed or a file does not verify; the
+        files stay for ``abort``."""
+        if self._error is not None:
+            raise StagedFileError(f"a staged Parquet write failed: {self._error}") from self._error
+        for write in writes:  # all done (they ran before us on this thread), none failed
+            write.result()
         out = StagedOutput(dead_letters=encode_dead_letters(dead), dropped=dropped)
+        folders: set[Path] = set()
         for partition, (writer, staged, final) in sorted(self._writers.items()):
-            writer.close()
-            fsync_path(staged)  # the acknowledgement promises the staged file survives a crash
             rows = self._counts[partition]
+            try:
+                writer.close()
+                _verify(staged, rows)
+                # The acknowledgement promises the staged file survives a crash: its content
+                # and its entry in the staging folder.
+                fsync_path(staged)
+            except BaseException as exc:
+                self._error = exc
+                raise
+            folders.add(staged.parent)
             out.files.append({"staged": str(staged), "final": str(final), "rows": rows})
             out.rows += rows
+        for folder in sorted(folders):
+            fsync_path(folder)
         self._writers = {}
         self._counts = {}
         return out
 
     def abort(self) -> None:
-        """Writer thread: drop the in-progress files (the task is failing)."""
+        """Writer thread: drop the in-progress files (the task is failing; closing a file
+        whose writes failed may fail again, which changes nothing)."""
         for writer, staged, _final in self._writers.values():
-            writer.close()
+            with contextlib.suppress(Exception):
+                writer.close()
             staged.unlink(missing_ok=True)
         self._writers = {}
 
@@ -176,8 +235,20 @@ class ParquetSinkWriter:
         """Writer thread: nothing is held open between pre-commits."""
 
 
+def _verify(staged: Path, rows: int) -> None:
+    """The closed file reads back: its footer parses and holds exactly ``rows`` rows."""
+    try:
+        found = pq.read_metadata(staged).num_rows
+    except (OSError, ValueError) as exc:  # pyarrow: ArrowInvalid is a ValueError
+        raise StagedFileError(f"staged Parquet file {staged} is unreadable: {exc}") from exc
+    if found != rows:
+        raise StagedFileError(f"staged Parquet file {staged} holds {found} rows, {rows} written")
+
+
 def publish_files(files: Sequence[dict[str, Any]]) -> None:
-    """Move staged files into place. Idempotent: an already published file is left alone."""
+    """Move staged files into place. Idempotent: an already published file is left alone.
+    The renames are made durable before returning (the caller then records them published)."""
+    folders: set[Path] = set()
     for entry in files:
         staged, final = Path(entry["staged"]), Path(entry["final"])
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +262,10 @@ def publish_files(files: Sequence[dict[str, Any]]) -> None:
                 raise FileNotFoundError(
                     f"committed output is lost: neither {staged} nor {final} exists"
                 ) from None
+        folders.add(final.parent)
+    for folder in sorted(folders):
+        if folder.is_dir():  # (a swept rebuild folder is gone)
+            fsync_path(folder)
 
 
 class ParquetSink:

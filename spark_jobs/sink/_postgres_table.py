@@ -113,6 +113,8 @@ class PostgresTableSinkWriter:
         self._pending_rows = 0
         self._dead: list[tuple[int, int, bytes, str]] = []
         self._dropped = 0
+        #: The COPYs since the last pre-commit (their outcome is checked by it).
+        self._copies: list[Future[None]] = []
         # Writer thread only:
         self._conn: psycopg.Connection[Any] | None = None
         self._batch = 1
@@ -155,7 +157,14 @@ class PostgresTableSinkWriter:
         self._pending_rows += batch.num_rows
         if self._pending_rows >= _CHUNK:
             pending, self._pending, self._pending_rows = self._pending, [], 0
-            self._io.submit(self._copy, pending)
+            self._submit_copy(pending)
+
+    def _submit_copy(self, batches: list[tuple[str, pa.RecordBatch]]) -> None:
+        # A COPY that already failed (the table refused the rows) fails the task now rather
+        # than at the next checkpoint; the pre-commit checks every one of them either way.
+        while self._copies and self._copies[0].done():
+            self._copies.pop(0).result()
+        self._copies.append(self._io.submit(self._copy, batches))
 
     def count_dropped(self, n: int) -> None:
         """``n`` records the pipeline's steps removed (reported by the next pre-commit)."""
@@ -167,11 +176,12 @@ class PostgresTableSinkWriter:
     def pre_commit(self) -> Future[StagedOutput]:
         """Hand everything written so far to the writer thread, which commits the batch."""
         if self._pending:
-            self._io.submit(self._copy, self._pending)
+            self._submit_copy(self._pending)
             self._pending, self._pending_rows = [], 0
         dead, self._dead = self._dead, []
         dropped, self._dropped = self._dropped, 0
-        return self._io.submit(self._commit_batch, dead, dropped)
+        copies, self._copies = self._copies, []
+        return self._io.submit(self._commit_batch, copies, dead, dropped)
 
     # -- writer thread --------------------------------------------------------------------
 
@@ -221,9 +231,21 @@ class PostgresTableSinkWriter:
                 copy.write_row((*key, seq, *row))
         return seq
 
-    def _commit_batch(self, dead: list[tuple[int, int, bytes, str]], dropped: int) -> StagedOutput:
+    def _commit_batch(
+        self,
+        copies: list[Future[None]],
+        dead: list[tuple[int, int, bytes, str]],
+        dropped: int,
+    ) -> StagedOutput:
+        """Commit the open batch; raises (the snapshot is never acknowledged, the batch rolls
+        back with the connection) when any COPY of it failed."""
         if self._error is not None:
-            raise RuntimeError("staging rows failed; the batch cannot commit") from self._error
+            why = next(iter(str(self._error).strip().splitlines()), type(self._error).__name__)
+            raise RuntimeError(
+                f"staging rows into {self._layout.qualified} failed; the batch cannot commit: {why}"
+            ) from self._error
+        for copy in copies:  # all done (they ran before us on this thread), none failed
+            copy.result()
         out = StagedOutput(dead_letters=encode_dead_letters(dead), dropped=dropped)
         if self._staged and self._conn is not None:
             self._conn.commit()  # durable from here on; the acknowledgement records it
