@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import abc
 import heapq
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -24,7 +25,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
+from enumerator_service._file_identity import ChangePolicy, FileIdentity, change_time
+from enumerator_service._file_versions import cut_splits, known_versions, register_version
 from enumerator_service._landing import LandingRoot, data_files
+from enumerator_service._quarantine import reread_refused
 from enumerator_service._schema import enumerator_state
 from enumerator_service._split_store import SplitStore
 from enumerator_service._splits import FileSplit, SplitAssignment
@@ -36,9 +40,8 @@ __all__ = [
     "StaticFileEnumerator",
 ]
 
-#: Kinds that can be cut into byte ranges (a record is one line). A gzip stream cannot be
-#: entered mid-way and is one whole-file split; Parquet is cut at row-group boundaries.
-_SPLITTABLE = frozenset({"jsonl", "csv"})
+#: A listed data file: (path, kind, partition date, identity).
+_Listed = tuple[str, str, date | None, FileIdentity]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,11 @@ class DiscoveryResult:
     backlog_files: int = 0
     #: Symbolic links skipped: leading out of the landing folder, broken, or loops.
     skipped_links: int = 0
+    #: Files changed within the settle time (still being written): left for a later tick.
+    unsettled_files: int = 0
+    #: Known files whose identity changed (replaced, re-created, grown): registered as a new
+    #: version, quarantined (policy ``refuse``) or to be read whole (``reprocess``).
+    changed_files: int = 0
 
     @property
     def complete(self) -> bool:
@@ -184,7 +192,11 @@ class SplitEnumerator(abc.ABC):
 class _FileEnumerator(SplitEnumerator):
     """Lists ``<landing>/dt=YYYY-MM-DD/*`` (``partitioned``) or ``<landing>/*`` and cuts
     large files into byte ranges. Symbolic links (files and ``dt=`` folders) are followed
-    only inside the landing folder unless ``follow_symlinks`` (see ``LandingRoot``)."""
+    only inside the landing folder unless ``follow_symlinks`` (see ``LandingRoot``).
+
+    A file is registered with its identity (see ``_file_identity``) once it has been quiet
+    for ``settle_seconds`` (by ``clock``); a known file listed with another identity is
+    registered again as a new version under ``change_policy`` (see ``_file_versions``)."""
 
     def __init__(
         self,
@@ -196,65 +208,71 @@ class _FileEnumerator(SplitEnumerator):
         target_split_bytes: int = 128 << 20,
         partitioned: bool = True,
         follow_symlinks: bool = False,
+        settle_seconds: float = 0.0,
+        change_policy: ChangePolicy = ChangePolicy.REFUSE,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(engine, source, lease_seconds=lease_seconds)
         if target_split_bytes < 1:
             raise ValueError("target_split_bytes must be positive")
+        if settle_seconds < 0:
+            raise ValueError("settle_seconds must not be negative")
         self._landing = landing
         self._target = target_split_bytes
         self._partitioned = partitioned
         self._root = LandingRoot.of(landing, follow_symlinks=follow_symlinks)
         self._skipped: list[str] = []  # links the current listing did not follow
+        self._settle = settle_seconds
+        self._policy = change_policy
+        self._clock = clock
 
-    def _files(
-        self, dates: frozenset[date] | None
-    ) -> Iterator[tuple[str, str, date | None, int, float]]:
-        """(path, kind, partition date, size, mtime) of every data file; the links not
+    def _files(self, dates: frozenset[date] | None) -> Iterator[_Listed]:
+        """(path, kind, partition date, identity) of every data file; the links not
         followed are collected in ``self._skipped`` (reset by each listing)."""
         self._skipped = []
         yield from data_files(
             self._landing, self._root, self._skipped, partitioned=self._partitioned, dates=dates
         )
 
-    def _splits_of(self, path: str, kind: str, day: date | None, size: int) -> list[FileSplit]:
-        if kind == "parquet" and size > self._target:
-            return self._row_group_splits(path, day)
-        if kind not in _SPLITTABLE:
-            return [FileSplit(self._source, kind, path, 0, None, day)]  # the whole file
-        if size <= self._target:
-            return [FileSplit(self._source, kind, path, 0, size, day)]
-        # Byte ranges; the reader applies the line rule at each boundary.
-        return [
-            FileSplit(self._source, kind, path, start, min(start + self._target, size), day)
-            for start in range(0, size, self._target)
-        ]
+    def _settled_before(self) -> float:
+        """Files that changed after this moment are still settling (not registered yet)."""
+        return self._clock() - self._settle
 
-    def _row_group_splits(self, path: str, day: date | None) -> list[FileSplit]:
-        """Row-group ranges ``[start, end)`` of about the target size, from the footer.
+    def _register_files(self, files: Sequence[_Listed]) -> tuple[int, int]:
+        """Register the splits of ``files``: a file not known yet as version 0, a known one
+        only if its identity changed (a new version, see ``_file_versions``). Returns (new
+        splits, changed files)."""
+        if self._policy is ChangePolicy.REPROCESS:
+            reread_refused(self._engine, self._source, target_split_bytes=self._target)
+        fresh: list[FileSplit] = []
+        changed = 0
+        with self._engine.begin() as conn:
+            known = known_versions(conn, self._source, (path for path, *_ in files))
+            for path, kind, day, identity in files:
+                version, recorded = known.get(path, (-1, None))
+                if version < 0:
+                    fresh.extend(self._cut(path, kind, day, identity, 0))
+                elif recorded is not None and not identity.same_as(recorded):
+                    changed += 1
+                    cut = self._cut(path, kind, day, identity, version + 1)
+                    register_version(
+                        conn, cut, policy=self._policy, change=identity.difference(recorded)
+                    )
+        return self._store.register(fresh), changed
 
-        A Parquet split's offsets are row indices while its bounds are row-group indices; a
-        range may start at group k only where the file's first row of group k is >= k, so a
-        fresh split's resume offset (k) can never be mistaken for a row inside it (only
-        files with empty row groups ever violate this; such groups join the range before).
-        """
-        import pyarrow.parquet as pq  # only discovery of large Parquet files needs it
-
-        with self._root.open(path) as file:  # the footer of the file that was checked
-            metadata = pq.ParquetFile(file).metadata
-        starts: list[int] = [0]
-        first_row = bytes_in_range = 0
-        for group in range(metadata.num_row_groups):
-            if group > 0 and bytes_in_range >= self._target and first_row >= group:
-                starts.append(group)
-                bytes_in_range = 0
-            row_group = metadata.row_group(group)
-            bytes_in_range += row_group.total_byte_size
-            first_row += row_group.num_rows
-        ends: list[int | None] = [*starts[1:], None]
-        return [
-            FileSplit(self._source, "parquet", path, start, end, day)
-            for start, end in zip(starts, ends, strict=True)
-        ]
+    def _cut(
+        self, path: str, kind: str, day: date | None, identity: FileIdentity, version: int
+    ) -> list[FileSplit]:
+        return cut_splits(
+            self._source,
+            path,
+            kind,
+            day,
+            identity,
+            target=self._target,
+            version=version,
+            open_file=self._root.open,
+        )
 
 
 class StaticFileEnumerator(_FileEnumerator):
@@ -271,6 +289,9 @@ class StaticFileEnumerator(_FileEnumerator):
         target_split_bytes: int = 128 << 20,
         partitioned: bool = True,
         follow_symlinks: bool = False,
+        settle_seconds: float = 0.0,
+        change_policy: ChangePolicy = ChangePolicy.REFUSE,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(
             engine,
@@ -280,32 +301,44 @@ class StaticFileEnumerator(_FileEnumerator):
             target_split_bytes=target_split_bytes,
             partitioned=partitioned,
             follow_symlinks=follow_symlinks,
+            settle_seconds=settle_seconds,
+            change_policy=change_policy,
+            clock=clock,
         )
         self._dates = frozenset(dates) if dates is not None else None
 
     def discover(self) -> DiscoveryResult:
-        found: list[FileSplit] = []
-        seen = 0
-        for path, kind, day, size, _mtime in self._files(self._dates):
-            seen += 1
-            found.extend(self._splits_of(path, kind, day, size))
-        registered = self._store.register(found)
-        return DiscoveryResult(seen, registered, {}, skipped_links=len(self._skipped))
+        listed = list(self._files(self._dates))
+        settled_before = self._settled_before()
+        settled = [file for file in listed if file[3].changed_at <= settled_before]
+        registered, changed = self._register_files(settled)
+        return DiscoveryResult(
+            len(listed),
+            registered,
+            {},
+            skipped_links=len(self._skipped),
+            unsettled_files=len(listed) - len(settled),
+            changed_files=changed,
+        )
 
 
 class ContinuousFileEnumerator(_FileEnumerator):
     """Continuous: each ``discover()`` registers the files that appeared since the last tick.
 
-    The cursor is bounded: a modification-time watermark plus the paths seen inside the last
+    The cursor is bounded: a change-time watermark (``mtime_watermark``: the later of mtime
+    and ctime, see ``_file_identity``) plus the paths seen inside the last
     ``lookback_seconds`` before it — never the set of every path ever seen (Flink's FileSource
-    runs out of memory that way). Files older than the window are assumed known; landing files
-    must be written under a hidden name and renamed into place (immutable once visible).
-    Registration is idempotent, so a file seen twice is still registered once.
+    runs out of memory that way). Files older than the window are known since an earlier
+    tick: a file appearing now has a change time of now whatever its mtime (rename and
+    ``utime`` set ctime), so it is inside the window. Registration is idempotent, so a file
+    seen twice is still registered once; a known file seen with another identity is a new
+    version (see ``_file_versions``).
 
     A tick registers at most ``max_files_per_tick`` new files (None: no cap): the oldest ones
-    in (mtime, path) order. The cursor then describes exactly that prefix of the order, so the
-    next tick continues at the first file not taken (see :meth:`discover`), and
-    ``DiscoveryResult.backlog_files`` says how many were left.
+    in (time, path) order (``file_time`` is the time rule: ``modification_time`` only for
+    synthetic folders whose made-up mtimes must order them). The cursor then describes
+    exactly that prefix of the order, so the next tick continues at the first file not taken
+    (see :meth:`discover`), and ``DiscoveryResult.backlog_files`` says how many were left.
     """
 
     def __init__(
@@ -320,6 +353,10 @@ class ContinuousFileEnumerator(_FileEnumerator):
         max_files_per_tick: int | None = None,
         partitioned: bool = True,
         follow_symlinks: bool = False,
+        settle_seconds: float = 0.0,
+        change_policy: ChangePolicy = ChangePolicy.REFUSE,
+        clock: Callable[[], float] = time.time,
+        file_time: Callable[[FileIdentity], float] = change_time,
     ) -> None:
         super().__init__(
             engine,
@@ -329,9 +366,15 @@ class ContinuousFileEnumerator(_FileEnumerator):
             target_split_bytes=target_split_bytes,
             partitioned=partitioned,
             follow_symlinks=follow_symlinks,
+            settle_seconds=settle_seconds,
+            change_policy=change_policy,
+            clock=clock,
         )
+        self._file_time = file_time
         if max_files_per_tick is not None and max_files_per_tick < 1:
             raise ValueError("max_files_per_tick must be positive (or None: no cap)")
+        if settle_seconds > lookback_seconds:
+            raise ValueError("settle_seconds must not exceed lookback_seconds")
         self._lookback = lookback_seconds
         self._max_files = max_files_per_tick
 
@@ -341,60 +384,73 @@ class ContinuousFileEnumerator(_FileEnumerator):
     def discover(self) -> DiscoveryResult:
         """One tick: register the unknown files (at most ``max_files_per_tick``, oldest first).
 
+        Files are ordered by *change time* (``FileIdentity.changed_at``: the later of mtime
+        and ctime), so a file moved in with an old mtime (``mv``, ``cp -p``, ``rsync -a``)
+        sorts at the moment it appeared, inside the window, and is never missed.
+
         Why a capped tick neither skips nor repeats a file: the candidates (files inside the
-        window and not among the cursor's recent paths) are taken in (mtime, path) order, a
+        window and not among the cursor's recent paths) are taken in (time, path) order, a
         total order, so what is taken is a prefix ending at some position P and what is left
         (the backlog) lies strictly after P. The new cursor is computed as if the listing held
-        only the known files and the prefix: its watermark W' is the newest of those mtimes
-        and its recent paths are those of them with mtime >= W' - lookback. A backlog file is
-        after P, so its mtime is >= W' whenever W' moved (and >= the old horizon otherwise),
+        only the known files and the prefix: its watermark W' is the newest of those times
+        and its recent paths are those of them with time >= W' - lookback. A backlog file is
+        after P, so its time is >= W' whenever W' moved (and >= the old horizon otherwise),
         and it is not a recent path: the next tick sees it as a candidate again, in the same
         order. Every taken file is either a recent path of the new cursor or older than its
-        horizon, so it is never a candidate again. Files sharing P's mtime are split by path
-        and the ones taken are recent paths, so a chunk boundary inside one mtime is exact.
+        horizon, so it is never a candidate again. Files sharing P's time are split by path
+        and the ones taken are recent paths, so a chunk boundary inside one time is exact.
+        Files still settling (changed after now - settle) are the newest of the order, a
+        suffix of it: they are left exactly like a backlog (settle <= lookback keeps them
+        inside the next tick's window).
         """
         cursor = self.cursor()
         watermark: float | None = cursor["mtime_watermark"]
         known = set(cursor["recent_paths"])
         horizon = float("-inf") if watermark is None else watermark - self._lookback
-        window: dict[str, float] = {}  # known files modified inside the lookback window
-        candidates: list[
-            tuple[float, str, str, date | None, int]
-        ] = []  # mtime, path, kind, day, size
+        window: dict[str, float] = {}  # known files changed inside the lookback window
+        candidates: list[tuple[float, str, str, date | None, FileIdentity]] = []
         seen = 0
-        for path, kind, day, size, mtime in self._files(None):
+        for path, kind, day, identity in self._files(None):
             seen += 1
-            if mtime < horizon:
+            changed_at = self._file_time(identity)
+            if changed_at < horizon:
                 continue  # older than the window: known since an earlier tick
             if path in known:
-                window[path] = mtime
+                window[path] = changed_at
             else:
-                candidates.append((mtime, path, kind, day, size))
+                candidates.append((changed_at, path, kind, day, identity))
+        settled_before = self._settled_before()
+        settled = [c for c in candidates if c[0] <= settled_before]
+        unsettled = len(candidates) - len(settled)
         backlog = 0
-        if self._max_files is not None and len(candidates) > self._max_files:
-            backlog = len(candidates) - self._max_files
-            # Paths are unique, so tuples never compare past (mtime, path): the total order.
-            candidates = heapq.nsmallest(self._max_files, candidates)
+        if self._max_files is not None and len(settled) > self._max_files:
+            backlog = len(settled) - self._max_files
+            # Paths are unique, so tuples never compare past (time, path): the total order.
+            settled = heapq.nsmallest(self._max_files, settled)
         else:
-            candidates.sort()  # registration (and split id) order follows the same order
-        fresh: list[FileSplit] = []
-        for mtime, path, kind, day, size in candidates:
-            fresh.extend(self._splits_of(path, kind, day, size))
-            window[path] = mtime
-        added = self._store.register(fresh)
+            settled.sort()  # registration (and split id) order follows the same order
+        added, changed = self._register_files([(p, k, d, i) for _, p, k, d, i in settled])
+        for changed_at, path, *_ in settled:
+            window[path] = changed_at
         if window:
             newest = max(window.values())
             watermark = newest if watermark is None else max(watermark, newest)
         keep_after = float("-inf") if watermark is None else watermark - self._lookback
         # Only paths inside the window are remembered: the cursor stays bounded.
-        recent = sorted(path for path, mtime in window.items() if mtime >= keep_after)
+        recent = sorted(path for path, changed_at in window.items() if changed_at >= keep_after)
         new_cursor: dict[str, Any] = {"mtime_watermark": watermark, "recent_paths": recent}
         if backlog:
             # Informational (the two keys above alone decide what the next tick takes).
-            last_mtime, last_path = candidates[-1][:2]
+            last_time, last_path = settled[-1][:2]
             new_cursor["backlog_files"] = backlog
-            new_cursor["resume_after"] = [last_mtime, last_path]
+            new_cursor["resume_after"] = [last_time, last_path]
         self._save_cursor(new_cursor)
         return DiscoveryResult(
-            seen, added, new_cursor, backlog_files=backlog, skipped_links=len(self._skipped)
+            seen,
+            added,
+            new_cursor,
+            backlog_files=backlog,
+            skipped_links=len(self._skipped),
+            unsettled_files=unsettled,
+            changed_files=changed,
         )
