@@ -242,10 +242,11 @@ class _FileEnumerator(SplitEnumerator):
         """Register the splits of ``files``: a file not known yet as version 0, a known one
         only if its identity changed (a new version, see ``_file_versions``). Returns (new
         splits, changed files)."""
-        if self._policy is ChangePolicy.REPROCESS:
-            reread_refused(self._engine, self._source, target_split_bytes=self._target)
-        fresh: list[FileSplit] = []
         changed = 0
+        if self._policy is ChangePolicy.REPROCESS:
+            # Files a reader refused as changed: registered again as they are now.
+            changed += reread_refused(self._engine, self._source, target_split_bytes=self._target)
+        fresh: list[FileSplit] = []
         with self._engine.begin() as conn:
             known = known_versions(conn, self._source, (path for path, *_ in files))
             for path, kind, day, identity in files:
