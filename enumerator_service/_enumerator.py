@@ -402,7 +402,10 @@ class ContinuousFileEnumerator(_FileEnumerator):
         and the ones taken are recent paths, so a chunk boundary inside one time is exact.
         Files still settling (changed after now - settle) are the newest of the order, a
         suffix of it: they are left exactly like a backlog (settle <= lookback keeps them
-        inside the next tick's window).
+        inside the next tick's window). A recent path that changed after the watermark
+        (replaced, re-created, appended to since the last tick) is a candidate again: its
+        registration compares its identity with the registered one (a new version, or
+        nothing when it is the same).
         """
         cursor = self.cursor()
         watermark: float | None = cursor["mtime_watermark"]
@@ -416,9 +419,9 @@ class ContinuousFileEnumerator(_FileEnumerator):
             changed_at = self._file_time(identity)
             if changed_at < horizon:
                 continue  # older than the window: known since an earlier tick
-            if path in known:
+            if path in known and watermark is not None and changed_at <= watermark:
                 window[path] = changed_at
-            else:
+            else:  # new, or a known file changed since the last tick (re-created, replaced)
                 candidates.append((changed_at, path, kind, day, identity))
         settled_before = self._settled_before()
         settled = [c for c in candidates if c[0] <= settled_before]

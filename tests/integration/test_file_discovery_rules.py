@@ -247,3 +247,25 @@ def test_retry_re_reads_a_quarantined_file_as_it_is_now(platform: Platform) -> N
     assert new["end_offset"] == new["file_size"] == _identity(path).size != before.size
     assert new["file_version"] == 1
     assert static.discover().splits_registered == 0  # the current version is known
+
+
+def test_a_recent_file_re_created_is_noticed_by_the_continuous_cursor(
+    platform: Platform,
+) -> None:
+    """A path the cursor remembers (inside the lookback window) that changes after a tick is
+    compared again: nothing when only its ctime moved, a new version when it was re-created."""
+    folder = _landing(platform)
+    path = _write(folder / "a.jsonl", 10)
+    enumerator = _continuous(platform)
+    assert enumerator.discover().splits_registered == 1
+    os.chmod(path, 0o640)  # the ctime moves, the file is the same
+    assert (enumerator.discover().splits_registered, enumerator.discover().changed_files) == (0, 0)
+    _recreate(path, 20)
+    tick = enumerator.discover()
+    assert (tick.splits_registered, tick.changed_files) == (0, 1)
+    assert [(r["status"], r["file_version"]) for r in _rows(platform)] == [
+        ("SUPERSEDED", 0),
+        ("FAILED", 1),
+    ]
+    assert enumerator.discover().changed_files == 0
+    assert str(path) in enumerator.cursor()["recent_paths"]
