@@ -27,12 +27,8 @@ from enumerator_service._database import (
     require_current_schema,
     upgrade_schema,
 )
-from enumerator_service._enumerator import (
-    ContinuousFileEnumerator,
-    DiscoveryResult,
-    SplitEnumerator,
-    StaticFileEnumerator,
-)
+from enumerator_service._enumerator import DiscoveryResult, SplitEnumerator
+from enumerator_service._file_enumerators import ContinuousFileEnumerator, StaticFileEnumerator
 from enumerator_service._file_identity import (
     ChangePolicy,
     FileChangedError,

@@ -269,3 +269,36 @@ def test_a_recent_file_re_created_is_noticed_by_the_continuous_cursor(
     ]
     assert enumerator.discover().changed_files == 0
     assert str(path) in enumerator.cursor()["recent_paths"]
+
+
+def test_a_rebuild_reads_only_the_current_version_of_a_changed_file(platform: Platform) -> None:
+    """``--replace`` of a day re-reads the files as they are now: never an older version's
+    splits (their reader would refuse them)."""
+    from datetime import date
+
+    from enumerator_service._rebuild_members import members
+
+    folder = _landing(platform)
+    path = _write(folder / "a.jsonl", 10)
+    s = platform.settings
+    store = SplitStore(platform.engine)
+    static = StaticFileEnumerator(
+        platform.engine, s.source_name, s.landing_path, change_policy=ChangePolicy.REPROCESS
+    )
+
+    def read_all(run: str) -> None:
+        store.assign_to_run(run, s.source_name, lease_seconds=60)
+        while (done := store.pull_next(run, 0, 60)) is not None:
+            with platform.engine.begin() as conn:
+                SplitStore.complete(conn, done, run, done.split.end or 0, None)
+
+    static.discover()
+    read_all("run-1")
+    _recreate(path, 30)
+    static.discover()
+    read_all("run-2")
+    old, new = _rows(platform)
+    assert (old["status"], new["status"]) == ("COMPLETED", "COMPLETED")
+    with platform.engine.begin() as conn:
+        found, _ = members(conn, s.source_name, [date(2026, 1, 1)], "run-3", event_days=False)
+    assert found == {date(2026, 1, 1): [new["id"]]}
