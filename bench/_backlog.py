@@ -14,7 +14,7 @@ from _harness import timed, verdict  # bench/ is on sys.path when run as a scrip
 from rich.console import Console
 from rich.table import Table
 
-from enumerator_service import ContinuousFileEnumerator, DiscoveryResult
+from enumerator_service import ContinuousFileEnumerator, DiscoveryResult, modification_time
 from enumerator_service._schema import splits
 
 __all__ = ["CAPPED_TICK_TARGET", "backlog_rows"]
@@ -36,6 +36,7 @@ def backlog_rows(
         root,
         lookback_seconds=LOOKBACK,
         max_files_per_tick=cap,
+        file_time=modification_time,  # made-up mtimes (utime sets the ctime to now)
     )
     ticks: list[tuple[float, DiscoveryResult]] = []
     while not ticks or not ticks[-1][1].complete:
@@ -83,7 +84,11 @@ def backlog_rows(
     )
     if uncapped:
         reference = ContinuousFileEnumerator(
-            engine, f"{source}_uncapped", root, lookback_seconds=LOOKBACK
+            engine,
+            f"{source}_uncapped",
+            root,
+            lookback_seconds=LOOKBACK,
+            file_time=modification_time,
         )
         with console.status("d. Uncapped first tick…"):
             seconds_all, result = timed(reference.discover)

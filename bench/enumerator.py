@@ -45,7 +45,13 @@ from _pulls import pull_rows
 from rich.console import Console
 from rich.table import Table
 
-from enumerator_service import ContinuousFileEnumerator, FileSplit, SplitStore, load_settings
+from enumerator_service import (
+    ContinuousFileEnumerator,
+    FileSplit,
+    SplitStore,
+    load_settings,
+    modification_time,
+)
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import enumerator_state, splits
 
@@ -190,8 +196,13 @@ def run(args: argparse.Namespace, platform: Platform, root: Path, source: str) -
     )
 
     # b. Discovery ticks.
+    # The historic files got made-up mtimes (utime sets their ctime to now): order by them.
     enumerator = ContinuousFileEnumerator(
-        platform.engine, source, landing.root, lookback_seconds=LOOKBACK
+        platform.engine,
+        source,
+        landing.root,
+        lookback_seconds=LOOKBACK,
+        file_time=modification_time,
     )
     with console.status("b. Initial discovery…"):
         seconds, initial = timed(enumerator.discover)

@@ -27,11 +27,14 @@ from enumerator_service._database import (
     require_current_schema,
     upgrade_schema,
 )
-from enumerator_service._enumerator import (
-    ContinuousFileEnumerator,
-    DiscoveryResult,
-    SplitEnumerator,
-    StaticFileEnumerator,
+from enumerator_service._enumerator import DiscoveryResult, SplitEnumerator
+from enumerator_service._file_enumerators import ContinuousFileEnumerator, StaticFileEnumerator
+from enumerator_service._file_identity import (
+    ChangePolicy,
+    FileChangedError,
+    FileIdentity,
+    change_time,
+    modification_time,
 )
 from enumerator_service._identifiers import qualified_name, quote_identifier
 from enumerator_service._landing import LandingRoot, OutsideLandingError
@@ -51,12 +54,15 @@ __all__ = [
     "NO_CHECKPOINT",
     "AbortCause",
     "Acknowledgement",
+    "ChangePolicy",
     "CheckpointStore",
     "CompletedCheckpoint",
     "ConfigError",
     "ContinuousFileEnumerator",
     "DiscoveryResult",
     "FencedError",
+    "FileChangedError",
+    "FileIdentity",
     "FileSplit",
     "LandingRoot",
     "OutsideLandingError",
@@ -75,10 +81,12 @@ __all__ = [
     "TransactionalSink",
     "acknowledge",
     "asyncpg_dsn",
+    "change_time",
     "committed_task_watermark",
     "connect_engine",
     "database_url",
     "load_settings",
+    "modification_time",
     "qualified_name",
     "quote_identifier",
     "read_password_file",

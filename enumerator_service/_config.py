@@ -204,6 +204,23 @@ class Settings(BaseSettings):
         "inside the landing folder are always followed.",
     )
 
+    # -- issue 21, files are immutable or detected ------------------------------------------
+    file_settle_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=600,
+        description="A landing file is registered only once it has been quiet this long (no "
+        "change to its mtime or ctime): a file still being written is left for a later "
+        "discovery (`sluice discover` waits for it up to three times this long).",
+    )
+    file_change_policy: Literal["refuse", "reprocess"] = Field(
+        default="refuse",
+        description="A file whose size, mtime or inode changed after it was registered "
+        "(replaced, re-created, appended to): `refuse` quarantines its splits with the change "
+        "as the reason (`sluice retry` reads it as it is then); `reprocess` reads it whole "
+        "again as a new version (its older output stays).",
+    )
+
     # -- issue 13, poison splits (quarantine) ----------------------------------------------
     split_max_attempts: int = Field(
         default=3,

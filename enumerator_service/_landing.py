@@ -30,6 +30,8 @@ from datetime import date
 from pathlib import Path
 from typing import BinaryIO
 
+from enumerator_service._file_identity import FileIdentity
+
 __all__ = ["LandingRoot", "OutsideLandingError", "data_files", "landing_days"]
 
 _log = logging.getLogger(__name__)
@@ -75,8 +77,8 @@ def data_files(
     *,
     partitioned: bool,
     dates: frozenset[date] | None,
-) -> Iterator[tuple[str, str, date | None, int, float]]:
-    """(path, kind, partition date, size, mtime) of the data files of ``landing``: in its
+) -> Iterator[tuple[str, str, date | None, FileIdentity]]:
+    """(path, kind, partition date, identity) of the data files of ``landing``: in its
     ``dt=YYYY-MM-DD`` folders (only ``dates`` if given) when ``partitioned``, else directly
     in it. A link that ``root`` does not follow is appended to ``skipped`` instead."""
     if not partitioned:
@@ -127,8 +129,8 @@ def _is(entry: os.DirEntry[str], folder: bool, root: LandingRoot, skipped: list[
 
 def _folder_files(
     folder: str | Path, day: date | None, root: LandingRoot, skipped: list[str]
-) -> Iterator[tuple[str, str, date | None, int, float]]:
-    """(path, kind, ``day``, size, mtime) of the data files directly in ``folder``; a link
+) -> Iterator[tuple[str, str, date | None, FileIdentity]]:
+    """(path, kind, ``day``, identity) of the data files directly in ``folder``; a link
     that may not be followed (see ``LandingRoot``) is appended to ``skipped`` instead."""
     with os.scandir(folder) as files:
         for file in files:
@@ -140,7 +142,7 @@ def _folder_files(
                 continue
             stat = file.stat()  # the target's, for a link
             # A link is registered under its own name: the reader checks it again at open.
-            yield os.path.abspath(file.path), kind, day, stat.st_size, stat.st_mtime
+            yield os.path.abspath(file.path), kind, day, FileIdentity.of(stat)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,9 @@ pipeline.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,9 @@ from enumerator_service._database import (
     require_current_schema,
     upgrade_schema,
 )
-from enumerator_service._enumerator import (
-    ContinuousFileEnumerator,
-    DiscoveryResult,
-    SplitEnumerator,
-    StaticFileEnumerator,
-)
+from enumerator_service._enumerator import DiscoveryResult, SplitEnumerator
+from enumerator_service._file_enumerators import ContinuousFileEnumerator, StaticFileEnumerator
+from enumerator_service._file_identity import ChangePolicy
 from enumerator_service._live_state import LiveState, live_state
 from enumerator_service._quarantine import QuarantinedSplit, quarantined
 from enumerator_service._schema import checkpoints, dead_letters, sink_transactions
@@ -112,13 +110,36 @@ def open_platform(settings: Settings, *, migrate: bool = True, pool_size: int = 
 
 
 def discover(
-    platform: Platform, spec: Discovery, *, dates: Sequence[date] | None = None
+    platform: Platform,
+    spec: Discovery,
+    *,
+    dates: Sequence[date] | None = None,
+    wait_settle: bool = False,
 ) -> DiscoveryResult:
     """One enumerator tick over the source (bounded to ``dates`` when given).
 
     Without ``dates`` a file tick registers at most ``discovery_max_files_per_tick`` files;
-    the result's ``backlog_files`` says how many the next tick will continue with.
+    the result's ``backlog_files`` says how many the next tick will continue with. Files
+    changed within ``file_settle_seconds`` are left for a later tick (``unsettled_files``);
+    with ``wait_settle`` (a command, not a sensor tick) the tick is repeated after the settle
+    time, at most three times, while such files are left.
     """
+    result = _discover_once(platform, spec, dates)
+    settle = platform.settings.file_settle_seconds
+    for _ in range(3 if wait_settle and settle > 0 else 0):
+        if not result.unsettled_files or not result.complete:
+            break
+        time.sleep(settle)  # a command waiting for files still being written
+        again = _discover_once(platform, spec, dates)
+        registered = result.splits_registered + again.splits_registered
+        changed = result.changed_files + again.changed_files
+        result = replace(again, splits_registered=registered, changed_files=changed)
+    return result
+
+
+def _discover_once(
+    platform: Platform, spec: Discovery, dates: Sequence[date] | None
+) -> DiscoveryResult:
     settings = platform.settings
     enumerator: SplitEnumerator
     if isinstance(spec, TableDiscovery):
@@ -144,6 +165,8 @@ def discover(
             target_split_bytes=settings.target_split_bytes,
             partitioned=spec.partitioned,
             follow_symlinks=settings.follow_symlinks,
+            settle_seconds=settings.file_settle_seconds,
+            change_policy=ChangePolicy(settings.file_change_policy),
         )
     else:
         # A tick of the sensor must stay short whatever the backlog: capped (a backfill's
@@ -157,6 +180,8 @@ def discover(
             max_files_per_tick=settings.discovery_max_files_per_tick,
             partitioned=spec.partitioned,
             follow_symlinks=settings.follow_symlinks,
+            settle_seconds=settings.file_settle_seconds,
+            change_policy=ChangePolicy(settings.file_change_policy),
         )
     return enumerator.discover()
 

@@ -6,22 +6,43 @@ without it. ``retry`` puts such splits back in the pool (UNASSIGNED) with their 
 reset; they resume at their committed offset, so records committed before the failure are
 not read twice.
 
+``retry`` re-reads a file *as it is now*: when the file under a retried split's path no longer
+has the identity its splits were registered for (its owner fixed it, it was replaced or
+grew), the file is registered again as a new version, cut from its current size, and the old
+version's unread splits are SUPERSEDED (see ``_file_versions``) — never a resume of the old
+byte ranges over the new content.
+
 Threading: every function blocks on the database.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
+from enumerator_service._file_identity import (
+    CHANGED_REASON,
+    ChangePolicy,
+    current,
+    recorded_identity,
+)
+from enumerator_service._file_versions import (
+    cut_splits,
+    known_versions,
+    register_version,
+    supersede,
+)
 from enumerator_service._schema import SplitStatus, splits
 
-__all__ = ["QuarantinedSplit", "quarantined", "retry_splits"]
+__all__ = ["QuarantinedSplit", "quarantined", "reread_refused", "retry_splits"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,20 +114,101 @@ def quarantined(
 
 
 def retry_splits(
-    engine: Engine, split_ids: Sequence[int] | None = None, *, source: str | None = None
+    engine: Engine,
+    split_ids: Sequence[int] | None = None,
+    *,
+    source: str | None = None,
+    target_split_bytes: int = 128 << 20,
 ) -> list[QuarantinedSplit]:
     """Put FAILED splits back in the pool: the given ones (None: every FAILED split, of
     ``source`` if given). Returns the splits put back (as they were); ids that are not FAILED
-    are left alone and missing from the result."""
+    are left alone and missing from the result. A split whose file changed since it was
+    registered is re-read as the file is now: a new version of the file, cut into splits of
+    ``target_split_bytes``, replaces it (see the module docstring)."""
     conditions = [splits.c.status == SplitStatus.FAILED]
     if split_ids is not None:
         conditions.append(splits.c.id.in_(list(split_ids)))
     if source is not None:
         conditions.append(splits.c.source == source)
-    old = sa.alias(splits, "old")
-    stmt = (
+    with engine.begin() as conn:
+        rows = conn.execute(sa.select(splits).where(*conditions).with_for_update()).all()
+        changed = _changed_files(rows)
+        for row in changed.values():
+            _reread(conn, row, target_split_bytes)
+        same = [r.id for r in rows if (r.source, r.uri) not in changed]
+        _put_back(conn, same)
+    return sorted((QuarantinedSplit.of(r) for r in rows), key=lambda s: s.id)
+
+
+def reread_refused(engine: Engine, source: str, *, target_split_bytes: int) -> int:
+    """Policy ``reprocess``: the splits a reader refused because their file changed are
+    retried — their file is read whole again as it is now. Returns how many were retried."""
+    stmt = sa.select(splits.c.id).where(
+        splits.c.source == source,
+        splits.c.status == SplitStatus.FAILED,
+        splits.c.failure_reason == CHANGED_REASON,
+    )
+    with engine.connect() as conn:
+        ids = list(conn.execute(stmt).scalars())
+    if not ids:
+        return 0
+    return len(retry_splits(engine, ids, target_split_bytes=target_split_bytes))
+
+
+def _changed_files(rows: Sequence[Any]) -> dict[tuple[str, str], Any]:
+    """One retried row per file whose identity now differs from the one recorded."""
+    changed: dict[tuple[str, str], Any] = {}
+    for row in rows:
+        recorded = recorded_identity(row._mapping)
+        if recorded is None or row.kind == "table" or (row.source, row.uri) in changed:
+            continue
+        now = current(row.uri)
+        if now is not None and not now.same_as(recorded):
+            changed[(row.source, row.uri)] = row
+    return changed
+
+
+def _reread(conn: Connection, row: Any, target_split_bytes: int) -> None:
+    """Register the file of ``row`` as it is now (unless its latest version already is it,
+    then that version's quarantined splits go back) and supersede the older versions."""
+    now = current(row.uri)
+    if now is None:
+        return
+    version, latest = known_versions(conn, row.source, [row.uri])[row.uri]
+    if latest is not None and now.same_as(latest):
+        # Discovery registered the current file already (quarantined under ``refuse``).
+        ids = conn.execute(
+            sa.select(splits.c.id).where(
+                splits.c.source == row.source,
+                splits.c.uri == row.uri,
+                splits.c.file_version == version,
+                splits.c.status == SplitStatus.FAILED,
+            )
+        ).scalars()
+        _put_back(conn, list(ids))
+        supersede(conn, row.source, row.uri, version)
+        return
+    recorded = recorded_identity(row._mapping)
+    change = now.difference(recorded) if recorded is not None else "changed"
+    new = cut_splits(
+        row.source,
+        row.uri,
+        row.kind,
+        row.partition_key,
+        now,
+        target=target_split_bytes,
+        version=version + 1,
+    )
+    register_version(conn, new, policy=ChangePolicy.REPROCESS, change=change)
+    _log.warning("retry: %s re-read as it is now (%s)", row.uri, change)
+
+
+def _put_back(conn: Connection, ids: Sequence[int]) -> None:
+    if not ids:
+        return
+    conn.execute(
         sa.update(splits)
-        .where(*conditions, old.c.id == splits.c.id)
+        .where(splits.c.id.in_(list(ids)), splits.c.status == SplitStatus.FAILED)
         .values(
             status=SplitStatus.UNASSIGNED,
             failures=0,
@@ -118,16 +220,4 @@ def retry_splits(
             lease_expires_at=None,
             assigned_checkpoint=None,
         )
-        .returning(
-            old.c.id,
-            old.c.source,
-            old.c.uri,
-            old.c.failures,
-            old.c.failure_reason,
-            old.c.last_error,
-            old.c.failed_at,
-        )
     )
-    with engine.begin() as conn:
-        rows = conn.execute(stmt).all()
-    return sorted((QuarantinedSplit.of(r) for r in rows), key=lambda s: s.id)

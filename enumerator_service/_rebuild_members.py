@@ -60,6 +60,20 @@ def _read_before() -> sa.ColumnElement[bool]:
     )
 
 
+def _current_version() -> sa.ColumnElement[bool]:
+    # A rebuild reads the files as they are now: never an older version of a changed file
+    # (its reader would refuse it; the swap drops that version's rows with the old folder).
+    newer = sa.alias(splits, "newer")
+    return sa.and_(
+        splits.c.status != SplitStatus.SUPERSEDED,
+        ~sa.exists().where(
+            newer.c.source == splits.c.source,
+            newer.c.uri == splits.c.uri,
+            newer.c.file_version > splits.c.file_version,
+        ),
+    )
+
+
 def processed_days(conn: Connection, source: str, days: Sequence[date]) -> list[date]:
     """The days of ``days`` holding output (or a rebuild) of an earlier run: a landing split
     that was read, or any split that fed them."""
@@ -117,6 +131,7 @@ def members(
                     splits.c.id.in_(fed),
                     splits.c.rebuild_id.in_(replaced),
                 ),
+                _current_version(),
             )
             .order_by(splits.c.id)
         ).scalars()

@@ -71,6 +71,9 @@ class SplitStatus(StrEnum):
     #: Quarantined: its content failed ``SLUICE_SPLIT_MAX_ATTEMPTS`` attempts (a poison file);
     #: kept out of every run until ``sluice retry`` puts it back.
     FAILED = "FAILED"
+    #: An older version's split of a file that changed and was registered again (see
+    #: ``enumerator_service._file_versions``): never read; kept for its history.
+    SUPERSEDED = "SUPERSEDED"
 
 
 class CheckpointStatus(StrEnum):
@@ -163,7 +166,15 @@ splits = Table(
     Column("last_error", Text),
     Column("failed_epoch", BigInteger),
     Column("failed_at", DateTime(timezone=True)),
-    UniqueConstraint("source", "uri", "start_offset"),
+    # The identity of the file version the split was cut from, taken at discovery (NULL: not
+    # recorded, table splits and splits of older versions): a reader refuses the split when
+    # the file under ``uri`` differs (see ``enumerator_service._file_identity``).
+    Column("file_size", BigInteger),
+    Column("file_mtime_ns", BigInteger),
+    Column("file_inode", BigInteger),
+    # 0 for a file's first registration, +1 for each new version of a changed file.
+    Column("file_version", Integer, nullable=False, server_default="0"),
+    UniqueConstraint("source", "uri", "start_offset", "file_version"),
     # HELD: registered while its partition is being rebuilt (an event-day source: while any
     # of its days is, or not read yet when the rebuild started); released by the swap.
     CheckConstraint(f"status IN {SPLIT_STATUSES!r}", name="status"),

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Engine, Row
 
+from enumerator_service._file_identity import recorded_identity
 from enumerator_service._rebuild_lock import holds, lock_rebuilds
 from enumerator_service._schema import ACTIVE_SPLIT, SplitStatus, splits
 from enumerator_service._split_pull import pull_parameters, pull_statement
@@ -56,6 +57,8 @@ def _to_assignment(row: Row[tuple[object, ...]]) -> SplitAssignment:
             start=m["start_offset"],
             end=m["end_offset"],
             partition_key=m["partition_key"],
+            file=recorded_identity(m),
+            version=m["file_version"],
         )
     offset = m["committed_offset"] if m["committed_offset"] is not None else m["start_offset"]
     return SplitAssignment(
@@ -69,6 +72,63 @@ def _to_assignment(row: Row[tuple[object, ...]]) -> SplitAssignment:
         rebuild_fresh=m["rebuild_fresh"],
         committed_watermark=m["committed_watermark"],
     )
+
+
+_COLUMNS = (
+    "source",
+    "kind",
+    "uri",
+    "start_offset",
+    "end_offset",
+    "partition_key",
+    "file_size",
+    "file_mtime_ns",
+    "file_inode",
+    "file_version",
+)
+
+
+def _row_of(split: Split) -> dict[str, object]:
+    file = split.file if isinstance(split, FileSplit) else None
+    return {
+        "source": split.source,
+        "kind": split.kind,
+        "uri": split.path,
+        "start_offset": split.start,
+        "end_offset": split.end,
+        "partition_key": split.partition_key,
+        "file_size": file.size if file is not None else None,
+        "file_mtime_ns": file.mtime_ns if file is not None else None,
+        "file_inode": file.inode if file is not None else None,
+        "file_version": split.version if isinstance(split, FileSplit) else 0,
+    }
+
+
+def _insert(conn: Connection, rows: list[dict[str, object]]) -> list[int]:
+    # One array parameter per column, expanded server-side by unnest(): a fixed statement
+    # (compiled once, cached) with one parameter per column, whatever the batch size. A
+    # multi-row VALUES list compiles a bind parameter per row and column, which dominated
+    # registration time.
+    arrays = sa.func.unnest(
+        *(sa.bindparam(f"{name}_array", type_=sa.ARRAY(splits.c[name].type)) for name in _COLUMNS)
+    )
+    values = arrays.table_valued(*_COLUMNS).render_derived(name="v")
+    rebuilding = holds(values.c.source, values.c.partition_key)
+    status = sa.case(
+        (rebuilding, sa.literal(SplitStatus.HELD.value)),
+        else_=sa.literal(SplitStatus.UNASSIGNED.value),
+    )
+    stmt = (
+        insert(splits)
+        .from_select(
+            (*_COLUMNS, "status"),
+            sa.select(*(values.c[name] for name in _COLUMNS), status),
+        )
+        .on_conflict_do_nothing(index_elements=["source", "uri", "start_offset", "file_version"])
+        .returning(splits.c.id)
+    )
+    params = {f"{name}_array": [row[name] for row in rows] for name in _COLUMNS}
+    return list(conn.execute(stmt, params).scalars())
 
 
 class SplitStore:
@@ -87,61 +147,25 @@ class SplitStore:
         ``enumerator_service._rebuilds``).
         """
         added = 0
-        batch: list[dict[str, object]] = []
+        batch: list[Split] = []
         with self._engine.begin() as conn:
-            # Shared with other registrations, exclusive with a rebuild's start and swap: a
-            # split is either seen by the swap's release or registered after it.
-            locked: set[str] = set()
             for split in new_splits:
-                if split.source not in locked:
-                    lock_rebuilds(conn, split.source, shared=True)
-                    locked.add(split.source)
-                batch.append(
-                    {
-                        "source": split.source,
-                        "kind": split.kind,
-                        "uri": split.path,
-                        "start_offset": split.start,
-                        "end_offset": split.end,
-                        "partition_key": split.partition_key,
-                    }
-                )
+                batch.append(split)
                 if len(batch) >= batch_size:
-                    added += self._insert(conn, batch)
+                    added += len(self.insert(conn, batch))
                     batch = []
             if batch:
-                added += self._insert(conn, batch)
+                added += len(self.insert(conn, batch))
         return added
 
     @staticmethod
-    def _insert(conn: Connection, rows: list[dict[str, object]]) -> int:
-        # One array parameter per column, expanded server-side by unnest(): a fixed statement
-        # (compiled once, cached) with six parameters, whatever the batch size. A multi-row
-        # VALUES list compiles 6 bind parameters per row, which dominated registration time.
-        columns = ("source", "kind", "uri", "start_offset", "end_offset", "partition_key")
-        arrays = sa.func.unnest(
-            *(
-                sa.bindparam(f"{name}_array", type_=sa.ARRAY(splits.c[name].type))
-                for name in columns
-            )
-        )
-        values = arrays.table_valued(*columns).render_derived(name="v")
-        rebuilding = holds(values.c.source, values.c.partition_key)
-        status = sa.case(
-            (rebuilding, sa.literal(SplitStatus.HELD.value)),
-            else_=sa.literal(SplitStatus.UNASSIGNED.value),
-        )
-        stmt = (
-            insert(splits)
-            .from_select(
-                (*columns, "status"),
-                sa.select(*(values.c[name] for name in columns), status),
-            )
-            .on_conflict_do_nothing(index_elements=["source", "uri", "start_offset"])
-            .returning(splits.c.id)
-        )
-        params = {f"{name}_array": [row[name] for row in rows] for name in columns}
-        return len(conn.execute(stmt, params).fetchall())
+    def insert(conn: Connection, new_splits: Sequence[Split]) -> list[int]:
+        """``register`` inside the caller's transaction: the ids of the splits that were new."""
+        # Shared with other registrations, exclusive with a rebuild's start and swap: a
+        # split is either seen by the swap's release or registered after it.
+        for source in sorted({split.source for split in new_splits}):
+            lock_rebuilds(conn, source, shared=True)
+        return _insert(conn, [_row_of(split) for split in new_splits]) if new_splits else []
 
     # -- level 1: assignment to a run ----------------------------------------------------
 

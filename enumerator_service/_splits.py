@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
+
+from enumerator_service._file_identity import FileIdentity
 
 __all__ = ["FileSplit", "Split", "SplitAssignment", "SplitState", "TableRangeSplit"]
 
@@ -24,6 +26,13 @@ class FileSplit:
     start: int
     end: int | None
     partition_key: date | None
+    #: The file version the split was cut from (size, mtime, inode at discovery): a reader
+    #: refuses the split when the file under ``path`` is no longer it. None: not recorded
+    #: (splits registered before identities were kept).
+    file: FileIdentity | None = field(default=None, compare=False)
+    #: 0 for a file's first registration, +1 for each new version of it (a changed file read
+    #: again, see ``enumerator_service._file_versions``).
+    version: int = field(default=0, compare=False)
 
     @property
     def identity(self) -> tuple[str, str, int]:

@@ -31,6 +31,10 @@ from enumerator_service._embedded import stop_embedded
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Tests write landing files and discover them at once: no settle time unless a test asks for
+# one (the settle rule has its own tests; subprocesses inherit this).
+os.environ.setdefault("SLUICE_FILE_SETTLE_SECONDS", "0")
+
 
 class TestSettings(Settings):
     """Settings plus what a test varies on its own: the split source (the name of the test's

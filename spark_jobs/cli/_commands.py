@@ -184,11 +184,12 @@ def _discover(platform: Platform, pipeline: Pipeline, dates: list[date] | None) 
     tick commits its chunk and cursor, so an interrupted command loses nothing.
     """
     spec = discovery_of(pipeline, platform.settings)
-    registered = ticks = skipped = 0
+    registered = ticks = skipped = changed = 0
     with console.status(f"Discovering {pipeline.name}…") as status:
         while True:
-            result = discover(platform, spec, dates=dates)
+            result = discover(platform, spec, dates=dates, wait_settle=True)
             registered += result.splits_registered
+            changed += result.changed_files
             skipped = max(skipped, result.skipped_links)  # each tick lists the whole folder
             ticks += 1
             if result.complete:
@@ -201,6 +202,23 @@ def _discover(platform: Platform, pipeline: Pipeline, dates: list[date] | None) 
         f"Discovery ({pipeline.name}): {result.files_seen} seen, "
         f"{registered} new splits registered{chunks}{links}"
     )
+    if result.unsettled_files:
+        console.print(
+            f"[yellow]{result.unsettled_files} file(s) still being written[/] (changed within "
+            f"the last {platform.settings.file_settle_seconds:g} s, SLUICE_FILE_SETTLE_SECONDS): "
+            "left for the next discovery"
+        )
+    if changed:
+        policy = platform.settings.file_change_policy
+        what = (
+            "quarantined (`sluice status` names them; `sluice retry` reads them as they are)"
+            if policy == "refuse"
+            else "to be read whole again as a new version"
+        )
+        console.print(
+            f"[yellow]{changed} processed file(s) changed since discovery[/] (replaced, "
+            f"re-created or grown): {what} (SLUICE_FILE_CHANGE_POLICY={policy})"
+        )
 
 
 @cli.command("discover")
@@ -313,7 +331,9 @@ def retry_cmd(
     platform = _open(settings)
     try:
         ids = None if split is None else [split]
-        retried = retry_splits(platform.engine, ids, source=source)
+        retried = retry_splits(
+            platform.engine, ids, source=source, target_split_bytes=settings.target_split_bytes
+        )
     finally:
         platform.close()
     if split is not None and not retried:

@@ -135,7 +135,7 @@ def snapshot_splits(
                 entry_state["failed"] = {
                     "reason": failure.reason,
                     "error": failure.error,
-                    "max_attempts": max_attempts,
+                    "max_attempts": 1 if failure.final else max_attempts,
                 }
                 if held.finished_in is None:
                     held.finished_in = checkpoint_id

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from enumerator_service import FileSplit, LandingRoot, SplitAssignment
+from enumerator_service._file_identity import check_unchanged
 from spark_jobs.source._batch import RecordSchema
 from spark_jobs.source._line_reader import LINE_KINDS, LineSplitReader, check_whole_file
 from spark_jobs.source._parquet_reader import ParquetSplitReader
@@ -136,6 +137,11 @@ class FormatRouter:
             reader = self._reader_for(read.split.kind)
             self._current = (read, reader)
             try:
+                if isinstance(read.split, FileSplit):
+                    # Never a mix of two versions: the file must still be the one its split
+                    # was cut from (size, mtime, inode at discovery), else the split is
+                    # refused (quarantined at once, see ``_poison``).
+                    check_unchanged(read.split.path, read.split.file)
                 reader.open(read)
             except Exception as exc:
                 return self._failed(batch, exc)

@@ -32,6 +32,7 @@ from spark_jobs.source._records import SplitRead
 
 __all__ = ["LINE_KINDS", "LineSplitReader", "check_whole_file"]
 
+_BOM = b"\xef\xbb\xbf"
 #: The split kinds read by :class:`LineSplitReader`.
 LINE_KINDS = frozenset({"jsonl", "jsonl.gz", "csv", "csv.gz"})
 
@@ -113,8 +114,13 @@ class LineSplitReader:
         bounds = run.bounds
         if bounds is None:
             return None, run.finished
-        if run.text:
-            rows, dead = self._parser.parse(run.text, run.text_at)
+        text = run.text
+        if run.text_at == 0 and text.startswith(_BOM) and self._parser is self._json:
+            # A UTF-8 byte order mark opening the file is not part of its first record (CSV
+            # drops it with the header): blanks keep every offset, and JSON skips them.
+            text = b"   " + text[len(_BOM) :]
+        if text:
+            rows, dead = self._parser.parse(text, run.text_at)
         else:
             rows, dead = self._converter.empty(), []
         for line in (run.long_before, run.long_after):

@@ -2,10 +2,12 @@
 
 A split *attempt fails* when reading it raises on the split's content: a truncated or corrupt
 gzip stream, an unreadable Parquet file (bad footer, too few row groups), an unusable CSV
-header, a file that is gone or unreadable. Such a failure is reported with the split (see
-:class:`SplitFailure`) instead of failing the task: the reader drops the split and goes on
-with its other splits; the failure is counted when the checkpoint carrying it commits, and
-after ``SLUICE_SPLIT_MAX_ATTEMPTS`` the split is quarantined (status FAILED).
+header, a file that is gone or unreadable, a file that changed since discovery (the last is
+*final*: quarantined at once, another attempt would read the same changed file). Such a
+failure is reported with the split (see :class:`SplitFailure`) instead of failing the task:
+the reader drops the split and goes on with its other splits; the failure is counted when
+the checkpoint carrying it commits, and after ``SLUICE_SPLIT_MAX_ATTEMPTS`` the split is
+quarantined (status FAILED).
 
 Everything else — a lost database connection, a killed worker (no exception at all), memory,
 a bug (TypeError, AttributeError …) and errors of table-range splits (database reads) — is
@@ -20,6 +22,7 @@ import zlib
 from dataclasses import dataclass
 
 from enumerator_service import redact_text
+from enumerator_service._file_identity import CHANGED_REASON, FileChangedError
 from enumerator_service._landing import OutsideLandingError
 from spark_jobs.source._csv import CsvHeaderError
 from spark_jobs.source._parquet_reader import ParquetSplitError
@@ -32,6 +35,7 @@ MAX_ERROR_CHARS = 500
 # Content errors by type, each with the short reason kept in ``splits.failure_reason``. Order
 # matters: the first matching type names the reason (CsvHeaderError is a ValueError).
 _CONTENT_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
+    (FileChangedError, CHANGED_REASON),
     (CsvHeaderError, "bad CSV header"),
     (ParquetSplitError, "unreadable Parquet file"),
     (gzip.BadGzipFile, "corrupt gzip stream"),
@@ -60,6 +64,8 @@ class SplitFailure:
     split_id: int
     reason: str
     error: str
+    #: Another attempt cannot succeed (the file changed since discovery): quarantined at once.
+    final: bool = False
 
 
 def content_failure(split_id: int, kind: str, exc: BaseException) -> SplitFailure | None:
@@ -69,5 +75,5 @@ def content_failure(split_id: int, kind: str, exc: BaseException) -> SplitFailur
     for error_type, reason in _CONTENT_ERRORS:
         if isinstance(exc, error_type):
             message = one_line(f"{type(exc).__name__}: {exc}")
-            return SplitFailure(split_id, reason, message)
+            return SplitFailure(split_id, reason, message, isinstance(exc, FileChangedError))
     return None

@@ -18,7 +18,13 @@ import pytest
 import sqlalchemy as sa
 from demo_platform import demo_discover
 
-from enumerator_service import ContinuousFileEnumerator, DiscoveryResult, Split, load_settings
+from enumerator_service import (
+    ContinuousFileEnumerator,
+    DiscoveryResult,
+    Split,
+    load_settings,
+    modification_time,
+)
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import splits
 
@@ -50,6 +56,8 @@ class Recorder:
             source,
             platform.settings.landing_path,
             max_files_per_tick=cap,
+            # The files get made-up mtimes (utime sets their ctime to now): order by those.
+            file_time=modification_time,
             **kw,
         )
         self.offered: list[list[str]] = []

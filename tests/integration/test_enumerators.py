@@ -13,7 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from enumerator_service import ContinuousFileEnumerator, Settings, StaticFileEnumerator
+from enumerator_service import (
+    ContinuousFileEnumerator,
+    Settings,
+    StaticFileEnumerator,
+    modification_time,
+)
 from enumerator_service._operations import Platform, open_platform
 from spark_jobs.source import FormatRouter, RecordSchema
 
@@ -128,7 +133,8 @@ def test_the_cursor_stays_bounded_by_the_lookback_window(platform: Platform) -> 
     landing = platform.settings.landing_path
     for i in range(20):
         _land(landing, "2026-01-03", f"old{i}.jsonl", 1, mtime=1_000_000.0 + i)
-    enumerator = _continuous(platform, lookback_seconds=5.0)
+    # Made-up mtimes (utime sets the ctime to now): the cursor orders by those here.
+    enumerator = _continuous(platform, lookback_seconds=5.0, file_time=modification_time)
     assert enumerator.discover().splits_registered == 20
     _land(landing, "2026-01-03", "new.jsonl", 1, mtime=2_000_000.0)
     tick = enumerator.discover()
