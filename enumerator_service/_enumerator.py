@@ -47,6 +47,7 @@ class DiscoveryResult:
 
     ``backlog_files``: new files this tick left for the next one (its per-tick cap was hit).
     ``skipped_links``: links in the landing folder that were not followed (``LandingRoot``).
+    ``skipped_names``: data files whose names are not UTF-8 (each logged once, escaped).
     """
 
     files_seen: int
@@ -55,6 +56,8 @@ class DiscoveryResult:
     backlog_files: int = 0
     #: Symbolic links skipped: leading out of the landing folder, broken, or loops.
     skipped_links: int = 0
+    #: Data files skipped because their names are not UTF-8.
+    skipped_names: int = 0
 
     @property
     def complete(self) -> bool:
@@ -205,15 +208,21 @@ class _FileEnumerator(SplitEnumerator):
         self._partitioned = partitioned
         self._root = LandingRoot.of(landing, follow_symlinks=follow_symlinks)
         self._skipped: list[str] = []  # links the current listing did not follow
+        self._bad_names: list[str] = []  # names (escaped) the current listing skipped
 
     def _files(
         self, dates: frozenset[date] | None
     ) -> Iterator[tuple[str, str, date | None, int, float]]:
         """(path, kind, partition date, size, mtime) of every data file; the links not
         followed are collected in ``self._skipped`` (reset by each listing)."""
-        self._skipped = []
+        self._skipped, self._bad_names = [], []
         yield from data_files(
-            self._landing, self._root, self._skipped, partitioned=self._partitioned, dates=dates
+            self._landing,
+            self._root,
+            self._skipped,
+            partitioned=self._partitioned,
+            dates=dates,
+            bad_names=self._bad_names,
         )
 
     def _splits_of(self, path: str, kind: str, day: date | None, size: int) -> list[FileSplit]:
@@ -290,7 +299,13 @@ class StaticFileEnumerator(_FileEnumerator):
             seen += 1
             found.extend(self._splits_of(path, kind, day, size))
         registered = self._store.register(found)
-        return DiscoveryResult(seen, registered, {}, skipped_links=len(self._skipped))
+        return DiscoveryResult(
+            seen,
+            registered,
+            {},
+            skipped_links=len(self._skipped),
+            skipped_names=len(self._bad_names),
+        )
 
 
 class ContinuousFileEnumerator(_FileEnumerator):
@@ -396,5 +411,10 @@ class ContinuousFileEnumerator(_FileEnumerator):
             new_cursor["resume_after"] = [last_mtime, last_path]
         self._save_cursor(new_cursor)
         return DiscoveryResult(
-            seen, added, new_cursor, backlog_files=backlog, skipped_links=len(self._skipped)
+            seen,
+            added,
+            new_cursor,
+            backlog_files=backlog,
+            skipped_links=len(self._skipped),
+            skipped_names=len(self._bad_names),
         )

@@ -184,12 +184,13 @@ def _discover(platform: Platform, pipeline: Pipeline, dates: list[date] | None) 
     tick commits its chunk and cursor, so an interrupted command loses nothing.
     """
     spec = discovery_of(pipeline, platform.settings)
-    registered = ticks = skipped = 0
+    registered = ticks = skipped = unnamed = 0
     with console.status(f"Discovering {pipeline.name}…") as status:
         while True:
             result = discover(platform, spec, dates=dates)
             registered += result.splits_registered
             skipped = max(skipped, result.skipped_links)  # each tick lists the whole folder
+            unnamed = max(unnamed, result.skipped_names)
             ticks += 1
             if result.complete:
                 break
@@ -197,9 +198,11 @@ def _discover(platform: Platform, pipeline: Pipeline, dates: list[date] | None) 
     chunks = f" in {ticks} ticks" if ticks > 1 else ""
     # Links out of the landing folder, broken links, loops (each logged once as a warning).
     links = f"; {skipped} symbolic link(s) skipped" if skipped else ""
+    # Each also logged once as a warning naming it (escaped).
+    names = f"; {unnamed} file(s) skipped: name not UTF-8" if unnamed else ""
     console.print(
         f"Discovery ({pipeline.name}): {result.files_seen} seen, "
-        f"{registered} new splits registered{chunks}{links}"
+        f"{registered} new splits registered{chunks}{links}{names}"
     )
 
 
