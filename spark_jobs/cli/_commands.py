@@ -17,6 +17,7 @@ from enumerator_service import ConfigError, Settings, asyncpg_dsn, load_settings
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
 from enumerator_service._quarantine import retry_splits
 from enumerator_service._safe_paths import partition_date
+from enumerator_service._secret_files import sweep_secret_files
 from spark_jobs.cli._db import db_status, db_stop
 from spark_jobs.cli._render import (
     describe_table,
@@ -74,6 +75,7 @@ def cli(ctx: click.Context) -> None:
     """Sluice: exactly-once pipelines over FLIP-27 sources, async lookups and Postgres."""
     settings = load_settings()
     logging.basicConfig(level=settings.log_level, format="%(levelname)s %(name)s: %(message)s")
+    sweep_secret_files(settings.home_path)  # password files of drivers that were killed
     ctx.obj = settings
 
 
