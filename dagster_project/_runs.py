@@ -182,6 +182,7 @@ def summary_metadata(
             "files_seen": MetadataValue.int(discovery.files_seen),
             "splits_registered": MetadataValue.int(discovery.splits_registered),
             "skipped_links": MetadataValue.int(discovery.skipped_links),
+            "skipped_names": MetadataValue.int(discovery.skipped_names),
         }
     )
     steps = "\n".join(

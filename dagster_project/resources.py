@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
-from enumerator_service import Settings, load_settings, redact_url
+from enumerator_service import ConfigError, Settings, load_settings, redact_url, sweep_secret_files
 
 __all__ = ["DatabaseResource", "PathsResource", "SluiceResource", "SparkResource"]
 
@@ -126,3 +126,12 @@ class SluiceResource(ConfigurableResource["SluiceResource"]):
     def settings(self) -> Settings:
         """Settings from the environment plus this resource's overrides; ConfigError if invalid."""
         return load_settings(**self.overrides())
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        """At each run's (and sensor tick's) start: remove the password files of killed
+        drivers. Invalid settings are reported where they are used, not here."""
+        try:
+            home = self.settings().home_path
+        except ConfigError:
+            return
+        sweep_secret_files(home)

@@ -38,6 +38,7 @@ from enumerator_service._file_identity import (
 )
 from enumerator_service._identifiers import qualified_name, quote_identifier
 from enumerator_service._landing import LandingRoot, OutsideLandingError
+from enumerator_service._secret_files import SECRETS_FOLDER, new_secret_file, sweep_secret_files
 from enumerator_service._secrets import redact_text, split_password, with_password
 from enumerator_service._split_store import FencedError, SplitStore
 from enumerator_service._splits import (
@@ -52,6 +53,7 @@ from enumerator_service._task_watermarks import committed_task_watermark
 
 __all__ = [
     "NO_CHECKPOINT",
+    "SECRETS_FOLDER",
     "AbortCause",
     "Acknowledgement",
     "ChangePolicy",
@@ -87,6 +89,7 @@ __all__ = [
     "database_url",
     "load_settings",
     "modification_time",
+    "new_secret_file",
     "qualified_name",
     "quote_identifier",
     "read_password_file",
@@ -95,6 +98,7 @@ __all__ = [
     "redact_url",
     "require_current_schema",
     "split_password",
+    "sweep_secret_files",
     "upgrade_schema",
     "validate_identifier",
     "with_password",

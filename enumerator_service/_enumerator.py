@@ -36,6 +36,7 @@ class DiscoveryResult:
 
     ``backlog_files``: new files this tick left for the next one (its per-tick cap was hit).
     ``skipped_links``: links in the landing folder that were not followed (``LandingRoot``).
+    ``skipped_names``: data files whose names are not UTF-8 (each logged once, escaped).
     """
 
     files_seen: int
@@ -49,6 +50,8 @@ class DiscoveryResult:
     #: Known files whose identity changed (replaced, re-created, grown): registered as a new
     #: version, quarantined (policy ``refuse``) or to be read whole (``reprocess``).
     changed_files: int = 0
+    #: Data files skipped because their names are not UTF-8.
+    skipped_names: int = 0
 
     @property
     def complete(self) -> bool:

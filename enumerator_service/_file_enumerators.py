@@ -63,6 +63,7 @@ class _FileEnumerator(SplitEnumerator):
         self._partitioned = partitioned
         self._root = LandingRoot.of(landing, follow_symlinks=follow_symlinks)
         self._skipped: list[str] = []  # links the current listing did not follow
+        self._bad_names: list[str] = []  # names (escaped) the current listing skipped
         self._settle = settle_seconds
         self._policy = change_policy
         self._clock = clock
@@ -70,9 +71,14 @@ class _FileEnumerator(SplitEnumerator):
     def _files(self, dates: frozenset[date] | None) -> Iterator[_Listed]:
         """(path, kind, partition date, identity) of every data file; the links not
         followed are collected in ``self._skipped`` (reset by each listing)."""
-        self._skipped = []
+        self._skipped, self._bad_names = [], []
         yield from data_files(
-            self._landing, self._root, self._skipped, partitioned=self._partitioned, dates=dates
+            self._landing,
+            self._root,
+            self._skipped,
+            partitioned=self._partitioned,
+            dates=dates,
+            bad_names=self._bad_names,
         )
 
     def _settled_before(self) -> float:
@@ -159,6 +165,7 @@ class StaticFileEnumerator(_FileEnumerator):
             registered,
             {},
             skipped_links=len(self._skipped),
+            skipped_names=len(self._bad_names),
             unsettled_files=len(listed) - len(settled),
             changed_files=changed,
         )
@@ -296,6 +303,7 @@ class ContinuousFileEnumerator(_FileEnumerator):
             new_cursor,
             backlog_files=backlog,
             skipped_links=len(self._skipped),
+            skipped_names=len(self._bad_names),
             unsettled_files=unsettled,
             changed_files=changed,
         )

@@ -8,6 +8,10 @@ leading out of it is skipped by discovery (logged once per link, counted in the 
 result) unless ``SLUICE_FOLLOW_SYMLINKS`` is on. A broken link or a link loop is skipped
 whatever the setting (there is nothing to read).
 
+A file whose name is not UTF-8 (Linux names are bytes; Python shows the undecodable bytes as
+surrogate escapes, which Postgres text refuses) is skipped too: logged once with its name
+escaped (``caf\\xe9.jsonl``), counted apart, and never stops the listing of the rest.
+
 Discovery's check is not enough on its own: a link can be swapped after the file was
 registered. :meth:`LandingRoot.open` therefore checks again at open time, on the file it
 actually opened: it opens the path, resolves the path, and accepts the open file only if the
@@ -77,12 +81,14 @@ def data_files(
     *,
     partitioned: bool,
     dates: frozenset[date] | None,
+    bad_names: list[str] | None = None,
 ) -> Iterator[tuple[str, str, date | None, FileIdentity]]:
     """(path, kind, partition date, identity) of the data files of ``landing``: in its
     ``dt=YYYY-MM-DD`` folders (only ``dates`` if given) when ``partitioned``, else directly
-    in it. A link that ``root`` does not follow is appended to ``skipped`` instead."""
+    in it. A link that ``root`` does not follow is appended to ``skipped`` instead, a file
+    whose name is not UTF-8 to ``bad_names`` (escaped)."""
     if not partitioned:
-        yield from _folder_files(landing, None, root, skipped)
+        yield from _folder_files(landing, None, root, skipped, bad_names)
         return
     with os.scandir(landing) as partitions:
         for entry in partitions:
@@ -94,7 +100,7 @@ def data_files(
             day = date.fromisoformat(match.group(1))
             if dates is not None and day not in dates:
                 continue
-            yield from _folder_files(entry.path, day, root, skipped)
+            yield from _folder_files(entry.path, day, root, skipped, bad_names)
 
 
 def landing_days(landing: str | Path, root: LandingRoot) -> set[date]:
@@ -127,22 +133,46 @@ def _is(entry: os.DirEntry[str], folder: bool, root: LandingRoot, skipped: list[
     return os.path.isdir(target) if folder else os.path.isfile(target)
 
 
+def _escaped(path: str) -> str:
+    """``path`` printable: bytes that are not UTF-8 (surrogate escapes) as ``\\xNN``."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _folder_files(
-    folder: str | Path, day: date | None, root: LandingRoot, skipped: list[str]
+    folder: str | Path,
+    day: date | None,
+    root: LandingRoot,
+    skipped: list[str],
+    bad_names: list[str] | None = None,
 ) -> Iterator[tuple[str, str, date | None, FileIdentity]]:
     """(path, kind, ``day``, identity) of the data files directly in ``folder``; a link
-    that may not be followed (see ``LandingRoot``) is appended to ``skipped`` instead."""
+    that may not be followed (see ``LandingRoot``) is appended to ``skipped`` instead, a
+    name that is not UTF-8 to ``bad_names`` (escaped)."""
     with os.scandir(folder) as files:
         for file in files:
             kind = _kind_of(file.name)
             # Hidden and "_" files are in-flight writes or markers, never data.
             if kind is None or file.name.startswith((".", "_")):
                 continue
+            if not file.path.isascii() and _not_utf8(file.path):
+                shown = _escaped(file.path)
+                LandingRoot._warn(shown, "has a name that is not UTF-8: skipped (rename it)")
+                if bad_names is not None:
+                    bad_names.append(shown)
+                continue
             if not _is(file, False, root, skipped):
                 continue
             stat = file.stat()  # the target's, for a link
             # A link is registered under its own name: the reader checks it again at open.
             yield os.path.abspath(file.path), kind, day, FileIdentity.of(stat)
+
+
+def _not_utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # a surrogate escape: the name's bytes are not UTF-8
+        return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)

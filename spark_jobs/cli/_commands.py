@@ -17,6 +17,7 @@ from enumerator_service import ConfigError, Settings, asyncpg_dsn, load_settings
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
 from enumerator_service._quarantine import retry_splits
 from enumerator_service._safe_paths import partition_date
+from enumerator_service._secret_files import sweep_secret_files
 from spark_jobs.cli._db import db_status, db_stop
 from spark_jobs.cli._render import (
     describe_table,
@@ -74,6 +75,7 @@ def cli(ctx: click.Context) -> None:
     """Sluice: exactly-once pipelines over FLIP-27 sources, async lookups and Postgres."""
     settings = load_settings()
     logging.basicConfig(level=settings.log_level, format="%(levelname)s %(name)s: %(message)s")
+    sweep_secret_files(settings.home_path)  # password files of drivers that were killed
     ctx.obj = settings
 
 
@@ -184,13 +186,14 @@ def _discover(platform: Platform, pipeline: Pipeline, dates: list[date] | None) 
     tick commits its chunk and cursor, so an interrupted command loses nothing.
     """
     spec = discovery_of(pipeline, platform.settings)
-    registered = ticks = skipped = changed = 0
+    registered = ticks = skipped = changed = unnamed = 0
     with console.status(f"Discovering {pipeline.name}…") as status:
         while True:
             result = discover(platform, spec, dates=dates, wait_settle=True)
             registered += result.splits_registered
             changed += result.changed_files
             skipped = max(skipped, result.skipped_links)  # each tick lists the whole folder
+            unnamed = max(unnamed, result.skipped_names)
             ticks += 1
             if result.complete:
                 break
@@ -198,9 +201,11 @@ def _discover(platform: Platform, pipeline: Pipeline, dates: list[date] | None) 
     chunks = f" in {ticks} ticks" if ticks > 1 else ""
     # Links out of the landing folder, broken links, loops (each logged once as a warning).
     links = f"; {skipped} symbolic link(s) skipped" if skipped else ""
+    # Each also logged once as a warning naming it (escaped).
+    names = f"; {unnamed} file(s) skipped: name not UTF-8" if unnamed else ""
     console.print(
         f"Discovery ({pipeline.name}): {result.files_seen} seen, "
-        f"{registered} new splits registered{chunks}{links}"
+        f"{registered} new splits registered{chunks}{links}{names}"
     )
     if result.unsettled_files:
         console.print(

@@ -19,15 +19,16 @@ Nothing is put in ``spark.executorEnv.*``: Spark shows its conf in the UI and ev
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from enumerator_service import (
+    SECRETS_FOLDER,
     ConfigError,
     Settings,
     asyncpg_dsn,
+    new_secret_file,
     read_password_file,
     redact_url,
     split_password,
@@ -35,9 +36,6 @@ from enumerator_service import (
 )
 
 __all__ = ["WorkerDatabase", "share_database"]
-
-#: Where a driver with a local master leaves a run's password for its workers.
-SECRETS_FOLDER = "secrets"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +99,7 @@ def share_database(settings: Settings, url: str) -> tuple[WorkerDatabase, Callab
     if not settings.spark_master.startswith("local"):
         return WorkerDatabase(bare, True), lambda: None
     folder = settings.home_path / SECRETS_FOLDER
-    path = folder / f"db-{secrets.token_hex(8)}.password"
+    path = new_secret_file(settings.home_path)
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder.chmod(0o700)

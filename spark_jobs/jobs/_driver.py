@@ -33,6 +33,7 @@ from enumerator_service import (
 )
 from enumerator_service._rebuilds import Rebuild, RebuildStore
 from enumerator_service._safe_paths import child_path, safe_name
+from enumerator_service._secret_files import sweep_secret_files
 from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.jobs._credentials import share_database
@@ -66,6 +67,7 @@ def run_pipeline(
 ) -> RunSummary:
     """Assign the pipeline's unassigned splits (of ``dates`` if given) to a new run and
     process them (see :class:`ReaderRun`)."""
+    sweep_secret_files(settings.home_path)  # password files of drivers that were killed
     run = ReaderRun(
         settings,
         pipeline,
