@@ -39,6 +39,18 @@ def test_every_open_subtask_idle_gives_the_greatest_watermark_their_sinks_reache
     assert run_watermark([idle(T1), idle(None)]) == T1
     # None ever reached one: no information (the stored run watermark stays).
     assert run_watermark([idle(None), idle(None)]) == NO_WATERMARK
+    # Not while the run holds splits still to be read: an idle subtask is about to take
+    # one, and its event time is unknown.
+    assert all_idle([idle(T1), idle(T2)])
+    assert run_watermark([idle(T1), idle(T2)], unread=True) == NO_WATERMARK
+    # While a subtask is active the minimum over the active ones holds, as before: the
+    # completion rule's split condition guards the days of unread splits.
+    reading = subtask_mark({"watermark": T1.isoformat(), "idle": False})
+    assert not all_idle([reading, idle(T2)])
+    assert run_watermark([reading, idle(T2)], unread=True) == T1
+    # One that has reached no watermark yet holds the run at -infinity, idle ones or not.
+    fresh = subtask_mark({"watermark": None, "idle": False})
+    assert run_watermark([fresh, idle(T2)]) == NO_WATERMARK
 
 
 def test_a_closed_subtask_beside_idle_ones_does_not_end_the_runs_event_time() -> None:
@@ -49,20 +61,6 @@ def test_a_closed_subtask_beside_idle_ones_does_not_end_the_runs_event_time() ->
     assert run_watermark([closed, idle(T1)]) == T2
     assert run_watermark([closed, idle(None)]) == T2
     assert run_watermark([closed]) == END_OF_INPUT
-
-
-def test_splits_of_the_run_still_to_be_read_stop_the_idle_advance() -> None:
-    marks = [idle(T1), idle(T2)]
-    assert all_idle(marks)
-    assert run_watermark(marks, unread=True) == NO_WATERMARK
-    # While a subtask is active the minimum over the active ones holds, as before: the
-    # completion rule's split condition guards the days of unread splits.
-    reading = subtask_mark({"watermark": T1.isoformat(), "idle": False})
-    assert not all_idle([reading, idle(T2)])
-    assert run_watermark([reading, idle(T2)], unread=True) == T1
-    # One that has reached no watermark yet holds the run at -infinity, idle ones or not.
-    fresh = subtask_mark({"watermark": None, "idle": False})
-    assert run_watermark([fresh, idle(T2)]) == NO_WATERMARK
 
 
 # -- a sparse continuous run on a virtual clock ------------------------------------------------
