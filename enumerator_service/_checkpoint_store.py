@@ -56,9 +56,8 @@ from enumerator_service._completeness import (
     complete_partitions,
     merge_partition_counts,
     record_run_watermark,
-    run_watermark,
-    subtask_watermark,
 )
+from enumerator_service._run_watermark import run_watermark_of
 from enumerator_service._schema import (
     CheckpointStatus,
     checkpoint_acks,
@@ -238,9 +237,7 @@ class CheckpointStore:
             SplitStore.mark_snapshotted(conn, run_id, checkpoint_id)
             # Step 5b: the run watermark, and the partitions it completes (in this
             # transaction: a completion exists exactly when its checkpoint does).
-            watermark = run_watermark(
-                subtask_watermark(ack.snapshot, final=ack.final) for ack in acks
-            )
+            watermark = run_watermark_of(conn, run_id, ((a.snapshot, a.final) for a in acks))
             completions: list[PartitionCompletion] = []
             if self._source is not None:
                 watermark = record_run_watermark(

@@ -4,14 +4,11 @@ checkpoint's completion transaction, so a completion exists exactly when its che
 
 Rules (see README "Event time and partition completeness"):
 
-- A subtask's watermark is its snapshot's ``watermark`` (ISO-8601 UTC: the last watermark
-  that reached its sink before the barrier); :data:`END_OF_INPUT` (+infinity) when its input
-  ended and drained (``snapshot["finished"]`` with nothing pending in the chain, or a final
-  acknowledgement: a closed channel); left out while its snapshot says ``idle`` (optional);
-  :data:`NO_WATERMARK` (-infinity) while it has none yet.
-- The run watermark is the minimum over the subtasks that acknowledged the checkpoint (those
-  that did not are closed channels: +infinity). It is stored per run in ``run_watermarks``
-  and never moves backwards: a subtask restored from an older state cannot un-complete a day.
+- The run watermark of a checkpoint comes from its subtasks' snapshots
+  (``_run_watermark``: the minimum over active subtasks, idle ones left out, closed ones
+  +infinity; the greatest reached when every open subtask is idle and the run holds no
+  unread split). It is stored per run in ``run_watermarks`` and never moves backwards: a
+  subtask restored from an older state cannot un-complete a day.
 - An output partition (a UTC day D, ``[D 00:00, D+1 00:00)``) of a source is complete at a
   checkpoint of run R when (1) R's run watermark >= D+1 00:00 UTC, (2) the partition has
   committed output not covered by a completion (``partition_stats.open``), and (3) no split
@@ -31,7 +28,7 @@ Threading: blocking database functions; call from the coordinator or a writer th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -62,8 +59,6 @@ __all__ = [
     "merge_partition_counts",
     "partition_end",
     "record_run_watermark",
-    "run_watermark",
-    "subtask_watermark",
 ]
 
 #: +infinity: a subtask (or run) whose input ended.
@@ -113,42 +108,6 @@ class PartitionCompletion:
 def partition_end(day: date) -> datetime:
     """The end of output partition ``day``: the next day, 00:00 UTC (exclusive)."""
     return datetime.combine(day + timedelta(days=1), time(), tzinfo=UTC)
-
-
-def subtask_watermark(snapshot: Mapping[str, Any], *, final: bool = False) -> datetime | None:
-    """A subtask's watermark from its checkpoint snapshot (see the module rules); None when
-    the snapshot says ``"idle": true`` (optional: every split idle, Flink's idle status).
-
-    ``finished`` counts as +infinity only once nothing of the subtask's input is still in its
-    operator chain (no split state with ``pending`` ranges): records in flight at the barrier
-    commit with a later checkpoint, and must not find their day already complete.
-    """
-    if final:
-        return END_OF_INPUT
-    if snapshot.get("finished") and not any(
-        state.get("pending") for state in snapshot.get("splits", ())
-    ):
-        return END_OF_INPUT
-    if snapshot.get("idle"):
-        return None
-    value = snapshot.get("watermark")
-    if value is None:
-        return NO_WATERMARK
-    parsed = datetime.fromisoformat(str(value))
-    if parsed.tzinfo is None:
-        raise ValueError(f"snapshot watermark {value!r} has no time zone (must be UTC)")
-    return parsed.astimezone(UTC)
-
-
-def run_watermark(subtasks: Iterable[datetime | None]) -> datetime:
-    """The minimum over the subtasks' watermarks, idle ones (None) left out; no subtask at
-    all: END_OF_INPUT (every channel closed); only idle ones: NO_WATERMARK (the stored run
-    watermark then stays where it is, see :func:`record_run_watermark`)."""
-    marks = list(subtasks)
-    active = [mark for mark in marks if mark is not None]
-    if active:
-        return min(active)
-    return NO_WATERMARK if marks else END_OF_INPUT
 
 
 def merge_partition_counts(

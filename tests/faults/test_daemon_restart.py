@@ -16,24 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import sqlalchemy as sa
-import yaml
+from dagster_daemon import Daemon, dagster_cli, instance_config, runs_of, workspace
 from fault_harness import (
-    BIN,
-    REPO,
     OwnPostgres,
     _cmdline,
-    _in_session,
     expected_events,
     log,
     make_root,
@@ -42,7 +36,6 @@ from fault_harness import (
     sluice_env,
     split_counts,
     verify,
-    wait_gone,
 )
 
 from enumerator_service._database import asyncpg_dsn
@@ -68,80 +61,9 @@ def _wait(what: str, condition: Callable[[], bool], timeout: float = WAIT) -> No
     log(f"reached: {what}")
 
 
-class Daemon:
-    """``dagster-daemon run`` in a session of its own; ``kill`` SIGKILLs the whole session
-    (and any descendant that left it), as a container restart would."""
-
-    def __init__(self, env: dict[str, str], work: Path, number: int) -> None:
-        self.log_path = work / "logs" / f"daemon-{number}.log"
-        self.log_path.parent.mkdir(exist_ok=True)
-        with self.log_path.open("w") as out:
-            self.proc = subprocess.Popen(
-                [str(BIN / "dagster-daemon"), "run", "-w", str(work / "workspace.yaml")],
-                env=env,
-                cwd=work,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def processes(self) -> list[psutil.Process]:
-        procs = {p.pid: p for p in _in_session(self.proc.pid)}
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(self.proc.pid)
-            procs[root.pid] = root
-            procs.update({p.pid: p for p in root.children(recursive=True)})
-        return list(procs.values())
-
-    def kill(self) -> list[psutil.Process]:
-        procs = self.processes()
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        left = wait_gone(procs, 30)
-        assert left == [], f"still alive after SIGKILL: {left}"
-        self.proc.wait(10)
-        return procs
-
-
-def _instance_config(home: Path) -> None:
-    """docker/dagster.yaml, with SQLite storage under ``home`` (no dagster-postgres here)."""
-    config = yaml.safe_load((REPO / "docker" / "dagster.yaml").read_text())
-    config["storage"] = {"sqlite": {"base_dir": str(home / "storage")}}
-    home.mkdir(parents=True)
-    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
-
-
-def _workspace(work: Path) -> None:
-    workspace = yaml.safe_load((REPO / "docker" / "workspace.yaml").read_text())
-    workspace["load_from"][0]["python_module"]["working_directory"] = str(REPO)
-    (work / "workspace.yaml").write_text(yaml.safe_dump(workspace))
-
-
-def _dagster(env: dict[str, str], work: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / args[0]), *args[1:]],
-        env=env,
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-
-
 def _runs(home: Path) -> list[dict[str, Any]]:
-    """The continuous runs in the instance: status, tags (a fresh instance each time: the
-    daemon and the run workers write to the same SQLite files)."""
-    from dagster import DagsterInstance, RunsFilter
-
-    with DagsterInstance.from_config(str(home)) as instance:
-        return [
-            {"id": run.run_id, "status": run.status.value, "tags": dict(run.tags)}
-            for run in instance.get_runs(RunsFilter(tags={"sluice/mode": "continuous"}))
-        ]
+    """The continuous runs in the instance: status, tags."""
+    return runs_of(home, {"sluice/mode": "continuous"})
 
 
 def _failure_messages(home: Path, run_id: str) -> list[str]:
@@ -198,8 +120,8 @@ def test_daemon_restart_during_a_continuous_run(
     started = time.monotonic()
     db_url = server.create_database("faults_daemon")
     home = root / "dagster_home"
-    _instance_config(home)
-    _workspace(root)
+    instance_config(home)
+    workspace(root)
     settings = {
         "SLUICE_DATABASE_URL": db_url,
         "SLUICE_PIPELINES": f"examples.{PIPELINE}",
@@ -243,13 +165,13 @@ def test_daemon_restart_during_a_continuous_run(
         log(f"landed batch {batches}: {events:,} events on {spec.start_date}")
 
     land(20_000)
-    turned_on = _dagster(env, root, "dagster", "sensor", "start", SENSOR, "-w", "workspace.yaml")
+    turned_on = dagster_cli(env, root, "dagster", "sensor", "start", SENSOR, "-w", "workspace.yaml")
     assert turned_on.returncode == 0, turned_on.stderr
     daemons.append(Daemon(env, root, 1))
     # The compose healthcheck of dagster-daemon, against the real daemon.
     _wait(
         "dagster-daemon liveness-check passes",
-        lambda: _dagster(env, root, "dagster-daemon", "liveness-check").returncode == 0,
+        lambda: dagster_cli(env, root, "dagster-daemon", "liveness-check").returncode == 0,
     )
 
     # The sensor requests generation 1; the run starts reading.

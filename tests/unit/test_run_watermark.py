@@ -1,6 +1,8 @@
-"""The run watermark of a completed checkpoint: the minimum over its subtasks' snapshot
-watermarks, finished subtasks counting as +infinity (closed channels) and subtasks without a
-watermark holding it at -infinity; and the end of an output partition (a UTC day)."""
+"""The run watermark of a completed checkpoint: the minimum over its active subtasks' sink
+watermarks, closed subtasks counting as +infinity and subtasks without a watermark holding it
+at -infinity, idle ones left out — and, when every open subtask is idle and the run holds
+nothing unread, the greatest watermark their sinks reached; and the end of an output
+partition (a UTC day)."""
 
 from __future__ import annotations
 
@@ -17,37 +19,47 @@ from enumerator_service._completeness import (
     NO_WATERMARK,
     merge_partition_counts,
     partition_end,
-    run_watermark,
-    subtask_watermark,
 )
+from enumerator_service._run_watermark import SubtaskMark, run_watermark, subtask_mark
 
 _T = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
+def _wm(snapshot: dict[str, Any], *, final: bool = False) -> datetime:
+    """What a subtask contributes to the minimum while active."""
+    return subtask_mark(snapshot, final=final).watermark
+
+
+def _active(mark: datetime) -> SubtaskMark:
+    return SubtaskMark(mark)
+
+
 def test_a_snapshot_watermark_is_parsed_as_utc() -> None:
-    assert subtask_watermark({"watermark": "2026-01-02T03:04:05+00:00"}) == _T
+    assert _wm({"watermark": "2026-01-02T03:04:05+00:00"}) == _T
     plus_one = "2026-01-02T04:04:05+01:00"
-    assert subtask_watermark({"watermark": plus_one}) == _T
-    assert subtask_watermark({"watermark": plus_one}).tzinfo == UTC
+    assert _wm({"watermark": plus_one}) == _T
+    assert _wm({"watermark": plus_one}).tzinfo == UTC
 
 
 def test_a_subtask_without_a_watermark_holds_the_run_at_minus_infinity() -> None:
-    assert subtask_watermark({}) is NO_WATERMARK
-    assert subtask_watermark({"watermark": None, "finished": False}) is NO_WATERMARK
-    assert run_watermark([_T, subtask_watermark({"watermark": None})]) == NO_WATERMARK
+    assert _wm({}) is NO_WATERMARK
+    assert _wm({"watermark": None, "finished": False}) is NO_WATERMARK
+    never = subtask_mark({"watermark": None})
+    assert run_watermark([_active(_T), never]) == NO_WATERMARK
 
 
 def test_a_finished_subtask_counts_as_plus_infinity() -> None:
     # Either marker of an ended input: the watermark part's snapshot flag, or a final ack.
-    assert subtask_watermark({"watermark": None, "finished": True}) is END_OF_INPUT
-    assert subtask_watermark({"watermark": _T.isoformat()}, final=True) is END_OF_INPUT
-    assert run_watermark([END_OF_INPUT, _T]) == _T
+    assert _wm({"watermark": None, "finished": True}) is END_OF_INPUT
+    assert _wm({"watermark": _T.isoformat()}, final=True) is END_OF_INPUT
+    closed = SubtaskMark(closed=True)
+    assert run_watermark([closed, _active(_T)]) == _T
     # Input ended but records still in the chain: they commit later, the watermark stays.
     in_flight = {"watermark": _T.isoformat(), "finished": True, "splits": [{"pending": [[1, 2]]}]}
-    assert subtask_watermark(in_flight) == _T
+    assert _wm(in_flight) == _T
     drained = {"watermark": _T.isoformat(), "finished": True, "splits": [{"pending": []}]}
-    assert subtask_watermark(drained) is END_OF_INPUT
-    assert run_watermark([END_OF_INPUT, END_OF_INPUT]) == END_OF_INPUT
+    assert _wm(drained) is END_OF_INPUT
+    assert run_watermark([closed, closed]) == END_OF_INPUT
 
 
 def test_no_open_subtask_means_every_channel_is_closed() -> None:
@@ -55,18 +67,19 @@ def test_no_open_subtask_means_every_channel_is_closed() -> None:
 
 
 def test_an_idle_subtask_does_not_hold_the_run_back() -> None:
-    idle = subtask_watermark({"watermark": None, "idle": True})
-    assert idle is None
-    assert run_watermark([idle, _T]) == _T
-    # Only idle subtasks: no new information (the stored run watermark stays).
+    idle = subtask_mark({"watermark": None, "idle": True})
+    assert idle.idle
+    assert run_watermark([idle, _active(_T)]) == _T
+    # Only idle subtasks that never reached a watermark: no new information.
     assert run_watermark([idle, idle]) == NO_WATERMARK
     # Finished wins over idle.
-    assert subtask_watermark({"idle": True, "finished": True}) is END_OF_INPUT
+    assert _wm({"idle": True, "finished": True}) is END_OF_INPUT
+    assert not subtask_mark({"idle": True, "finished": True}).idle
 
 
 def test_a_watermark_without_time_zone_is_refused() -> None:
     with pytest.raises(ValueError, match="no time zone"):
-        subtask_watermark({"watermark": "2026-01-02T03:04:05"})
+        subtask_mark({"watermark": "2026-01-02T03:04:05"})
 
 
 _instants = st.datetimes(
@@ -84,12 +97,12 @@ _snapshots = st.one_of(
 def test_the_run_watermark_is_the_minimum_whatever_the_order(
     snapshots: list[dict[str, object]], rnd: object
 ) -> None:
-    marks = [subtask_watermark(s) for s in snapshots]
+    marks = [subtask_mark(s) for s in snapshots]
     shuffled = list(marks)
     rnd.shuffle(shuffled)  # type: ignore[attr-defined]
     result = run_watermark(shuffled)
     assert result == run_watermark(marks)
-    open_marks = [m for s, m in zip(snapshots, marks, strict=True) if not s["finished"]]
+    open_marks = [m.watermark for s, m in zip(snapshots, marks, strict=True) if not s["finished"]]
     if not open_marks:
         assert result == END_OF_INPUT
     elif any(s["watermark"] is None for s in snapshots if not s["finished"]):

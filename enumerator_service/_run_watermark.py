@@ -1,0 +1,126 @@
+"""The run watermark of a completed checkpoint, from its subtasks' snapshots.
+
+Flink's ``StatusWatermarkValve`` over the reader subtasks (channels), with closed channels:
+
+- A subtask whose input ended and drained (``snapshot["finished"]`` with nothing pending in its
+  chain, or a final acknowledgement) is a *closed* channel: +infinity. So is a subtask that did
+  not acknowledge (it closed at an earlier checkpoint).
+- A subtask is *idle* while its snapshot says so (``snapshot["idle"]``: no split, or every
+  split idle, and nothing in its operator chain). An idle subtask never holds the run back: the
+  run watermark is the minimum over the *active* subtasks' sink-side watermarks, a subtask
+  without one yet counting as -infinity (it holds the others back until its first marker
+  reaches its sink).
+- When no open subtask is active, the run watermark is the greatest watermark any subtask's
+  sink reached (Flink: all channels idle → the maximum across them). Without that, a
+  continuous run over sparse input — each subtask reads a small file between two barriers and
+  is idle at every barrier — never advanced, and no day completed while the run lived.
+  Sound: every record those subtasks read is at their sinks and commits with this checkpoint.
+  It applies only when the run holds no split still to be read (ASSIGNED to it in the pool, or
+  READING): such a split's event time is unknown, and an idle subtask is about to take it, so
+  the run waits for the next checkpoint rather than pass it.
+
+The run watermark never moves backwards (``record_run_watermark`` keeps the greatest), and a
+day completes only when it has passed the day's end *and* every registered split of the day
+(and earlier) is read and committed (``complete_partitions``): splits registered but not yet
+read hold their days back whatever the watermark says.
+
+Threading: pure functions, and one blocking query (``run_watermark_of``) in the completion
+transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from enumerator_service._completeness import END_OF_INPUT, NO_WATERMARK
+from enumerator_service._schema import SplitStatus, splits
+
+__all__ = ["SubtaskMark", "run_watermark", "run_watermark_of", "subtask_mark"]
+
+
+@dataclass(frozen=True, slots=True)
+class SubtaskMark:
+    """One subtask's part of a checkpoint's run watermark."""
+
+    #: The last watermark that reached its sink (NO_WATERMARK: none yet).
+    reached: datetime = NO_WATERMARK
+    #: Its input ended and drained: a closed channel (+infinity).
+    closed: bool = False
+    #: No active split and nothing in its chain: not part of the minimum.
+    idle: bool = False
+
+    @property
+    def watermark(self) -> datetime:
+        """What it contributes to the minimum while active."""
+        return END_OF_INPUT if self.closed else self.reached
+
+
+def subtask_mark(snapshot: Mapping[str, Any], *, final: bool = False) -> SubtaskMark:
+    """A subtask's mark from its checkpoint snapshot (see ``Acknowledgement.snapshot``).
+
+    ``finished`` closes the channel only once nothing of its input is still in its operator
+    chain (no split state with ``pending`` ranges): records in flight at the barrier commit
+    with a later checkpoint, and must not find their day already complete.
+    """
+    reached = _parse(snapshot.get("watermark"))
+    drained = not any(state.get("pending") for state in snapshot.get("splits", ()))
+    closed = final or (bool(snapshot.get("finished")) and drained)
+    return SubtaskMark(reached, closed=closed, idle=bool(snapshot.get("idle")) and not closed)
+
+
+def _parse(value: object) -> datetime:
+    if value is None:
+        return NO_WATERMARK
+    parsed = datetime.fromisoformat(str(value))
+    if parsed.tzinfo is None:
+        raise ValueError(f"snapshot watermark {value!r} has no time zone (must be UTC)")
+    return parsed.astimezone(UTC)
+
+
+def all_idle(marks: Sequence[SubtaskMark]) -> bool:
+    """Some subtask is open and every open one is idle: the case that needs the pool."""
+    open_marks = [m for m in marks if not m.closed]
+    return bool(open_marks) and all(m.idle for m in open_marks)
+
+
+def run_watermark(marks: Iterable[SubtaskMark], *, unread: bool = False) -> datetime:
+    """The run watermark of one checkpoint (module rules). ``unread``: the run holds splits
+    still to be read. No subtask, or only closed ones: END_OF_INPUT; NO_WATERMARK means no
+    new information (the stored run watermark stays where it is)."""
+    marks = list(marks)
+    if all(m.closed for m in marks):
+        return END_OF_INPUT
+    active = [m.watermark for m in marks if not m.idle]
+    if any(not m.closed for m in marks if not m.idle):
+        return min(active)
+    if unread:
+        return NO_WATERMARK
+    return max(m.reached for m in marks)
+
+
+def run_watermark_of(
+    conn: Connection, run_id: str, snapshots: Iterable[tuple[Mapping[str, Any], bool]]
+) -> datetime:
+    """Inside checkpoint completion, after the snapshots' split states were applied: the run
+    watermark from the acknowledgements' ``(snapshot, final)``."""
+    marks = [subtask_mark(snapshot, final=final) for snapshot, final in snapshots]
+    unread = all_idle(marks) and _holds_unread(conn, run_id)
+    return run_watermark(marks, unread=unread)
+
+
+def _holds_unread(conn: Connection, run_id: str) -> bool:
+    found = conn.execute(
+        sa.select(sa.literal(1))
+        .where(
+            splits.c.run_id == run_id,
+            splits.c.status.in_((SplitStatus.ASSIGNED, SplitStatus.READING)),
+        )
+        .limit(1)
+    ).first()
+    return found is not None
