@@ -33,6 +33,7 @@ from enumerator_service import (
 )
 from enumerator_service._rebuilds import Rebuild, RebuildStore
 from enumerator_service._safe_paths import child_path, safe_name
+from spark_jobs._outcomes import DeterministicFailure
 from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.jobs._credentials import share_database
@@ -288,6 +289,8 @@ class ReaderRun:
             source=self.source,
             # Subtasks wait for their final checkpoint: without a coordinator, stop the job.
             on_failure=lambda _exc: spark.sparkContext.cancelAllJobs(),
+            # A deterministic error: stop now, Spark's stage retries would only repeat it.
+            on_stop_request=lambda _line: spark.sparkContext.cancelAllJobs(),
         )
         heartbeat.start()
         coordinator.start()
@@ -299,6 +302,8 @@ class ReaderRun:
             # Interrupted (a cancelled Dagster run, Ctrl-C) or failed: stop the subtasks too —
             # a continuous reader would otherwise keep running without its driver's leases.
             spark.sparkContext.cancelAllJobs()
+            if coordinator.stop_requested is not None:
+                raise DeterministicFailure(coordinator.stop_requested) from None
             too_few = slot_error(exc, spark, parallelism, settings.spark_master)
             if too_few is not None:
                 raise too_few from None
@@ -307,6 +312,8 @@ class ReaderRun:
             coordinator.stop()
             heartbeat.stop()
             self._give_back()
+        if coordinator.stop_requested is not None:
+            raise DeterministicFailure(coordinator.stop_requested)
         if coordinator.error is not None:
             raise RuntimeError("checkpoint coordinator failed") from coordinator.error
         return results, coordinator
