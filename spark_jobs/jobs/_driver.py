@@ -38,6 +38,7 @@ from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.jobs._credentials import share_database
 from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress, run_totals
+from spark_jobs.jobs._input_left import input_left
 from spark_jobs.jobs._outages import while_down
 from spark_jobs.jobs._results import SubtaskResult, lookup_totals
 from spark_jobs.jobs._shipping import ship_by_value
@@ -160,7 +161,10 @@ class ReaderRun:
             # Step 3: assignment (rebuilt days first, as rebuild members).
             replacing, assigned = self._assign()
             if assigned == 0 and not self.continuous:
-                return RunSummary.nothing(self.source, self.run_id, time.monotonic() - started)
+                left = input_left(self._engine, self.source, self.run_id, self.dates)
+                return RunSummary.nothing(
+                    self.source, self.run_id, time.monotonic() - started, left
+                )
             # Step 4: the subtasks on Spark, under the coordinator and the lease heartbeat.
             results, coordinator = self._execute(resolved, assigned)
             # Step 5: publish what is committed, swap finished rebuilds, sweep.
@@ -347,9 +351,13 @@ class ReaderRun:
         started: float,
     ) -> RunSummary:
         totals = while_down(lambda: run_totals(self._engine, self.run_id))
+        left = while_down(lambda: input_left(self._engine, self.source, self.run_id, self.dates))
         stats = coordinator.stats
         seconds = time.monotonic() - started
-        rows_in = totals.rows + totals.dropped + totals.dead_letters
+        # A rebuild's records of other days were read but stay as first written: neither
+        # input of the replaced day nor removed by a step.
+        dropped = totals.dropped - totals.other_days
+        rows_in = totals.rows + dropped + totals.dead_letters
         lookups = lookup_totals(results)
         durations = [c.duration for c in stats.completed]
         return RunSummary(
@@ -358,7 +366,8 @@ class ReaderRun:
             splits=totals.splits,
             rows_in=rows_in,
             rows_out=totals.rows,
-            dropped=totals.dropped,
+            dropped=dropped,
+            other_days=totals.other_days,
             dead_letters=totals.dead_letters,
             fenced=stats.aborted_by(AbortCause.FENCED),
             seconds=seconds,
@@ -376,6 +385,7 @@ class ReaderRun:
             alignment_p50_ms=quantile([c.alignment for c in stats.completed], 0.5) * 1e3,
             rebuilt=tuple(r.partition_key.isoformat() for r in replacing),
             steps=_step_totals(results),
+            left=left,
         )
 
     def _give_back(self) -> None:

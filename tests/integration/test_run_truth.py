@@ -11,9 +11,19 @@ import re
 import subprocess
 import sys
 import time
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import pyarrow.dataset as ds
 import pytest
+import sqlalchemy as sa
+from demo_platform import demo_discover, demo_pipeline, prepare_demo
+
+from enumerator_service import FileSplit, SplitAssignment, SplitStore, connect_engine
+from enumerator_service._checkpoint_commit import apply_split_states
+from enumerator_service._operations import open_platform, platform_status
+from spark_jobs.jobs import run_pipeline
 
 SLUICE = str(Path(sys.executable).with_name("sluice"))
 
@@ -97,3 +107,181 @@ def test_a_map_returning_the_wrong_type_stops_the_run_at_once_with_one_line(
     status = _sluice(["status", "bad_map", "--json"], db_url, tmp_path)
     splits = json.loads(status.stdout)["pipelines"]["bad_map"]["splits"]
     assert splits["UNASSIGNED"] >= 1 and splits["UNASSIGNED"] + splits["COMPLETED"] == 2
+
+
+#: A pipeline over landing-day folders; its splits are registered by the test itself.
+DAYS = """
+from spark_jobs import FileSource, Pipeline
+
+days = Pipeline(name={name!r}, source=FileSource(landing={landing!r}, schema={{"x": "int64"}}))
+"""
+
+
+def _fail_split(engine: sa.Engine, a: SplitAssignment, run_id: str) -> None:
+    """Quarantine ``a`` as a poison split's failed attempt does (max attempts 1)."""
+    state = {
+        "id": a.split_id,
+        "epoch": a.epoch,
+        "offset": 0,
+        "watermark": None,
+        "finished": True,
+        "pending": [],
+        "failed": {
+            "reason": "truncated compressed stream",
+            "error": "EOFError: ended early",
+            "max_attempts": 1,
+        },
+    }
+    with engine.begin() as conn:
+        apply_split_states(conn, run_id, [state], skip_fenced=False)
+
+
+def test_a_run_names_held_and_quarantined_input_in_its_summary_and_exit_code(
+    db_url: str, tmp_path: Path
+) -> None:
+    name, landing = "truth_days", tmp_path / "landing"
+    (tmp_path / "truth_pipelines.py").write_text(DAYS.format(name=name, landing=str(landing)))
+    engine = connect_engine(db_url, pool_size=1)
+    store, day = SplitStore(engine), date(2026, 1, 1)
+    try:
+        store.register(
+            [
+                FileSplit(name, "jsonl", f"{landing}/dt=2026-01-01/{n}.jsonl", 0, 10, day)
+                for n in ("held", "bad")
+            ]
+        )
+        # Another live run holds both splits (its lease runs for a minute).
+        assert store.assign_to_run("other-run", name, lease_seconds=60) == 2
+        held = _sluice(["run", name], db_url, tmp_path)
+        # Before: exit 0, "Nothing new to process (truth_days): every discovered split is
+        # already committed."
+        assert held.returncode == 4, held.stdout + held.stderr
+        lines = [line.strip() for line in held.stdout.splitlines() if line.strip()]
+        assert lines == [
+            f"Nothing to process now ({name}): the new input is held elsewhere.",
+            "2 split(s) held by another live run (other-run): left to it, not read",
+        ]
+        # One of them turns out to be poison: quarantined (3 wins over 4).
+        bad = store.pull_next("other-run", 0, 60)
+        assert bad is not None
+        _fail_split(engine, bad, "other-run")
+        both = _sluice(["run", name], db_url, tmp_path)
+        assert both.returncode == 3, both.stdout + both.stderr
+        lines = [line.strip() for line in both.stdout.splitlines() if line.strip()]
+        assert lines == [
+            f"Nothing to process now ({name}): the new input is held elsewhere.",
+            "1 quarantined split(s), not in the output (`sluice retry --all-failed` puts them "
+            "back):",
+            f"split {bad.split_id}: {bad.split.path} — truncated compressed stream after 1 "
+            "attempts: EOFError: ended early",
+            "1 split(s) held by another live run (other-run): left to it, not read",
+        ]
+        # The other run ends with its split committed: only the quarantined one is left.
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "UPDATE sluice.splits SET status = 'COMPLETED', lease_expires_at = NULL "
+                    "WHERE source = :s AND status <> 'FAILED'"
+                ),
+                {"s": name},
+            )
+        quarantined = _sluice(["run", name], db_url, tmp_path)
+        assert quarantined.returncode == 3, quarantined.stdout + quarantined.stderr
+        first = quarantined.stdout.strip().splitlines()[0]
+        assert first == f"Nothing new to process ({name}), but some input is quarantined."
+        # Retried and read (marked completed here): truly nothing new.
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE sluice.splits SET status = 'COMPLETED' WHERE source = :s"),
+                {"s": name},
+            )
+        nothing = _sluice(["run", name], db_url, tmp_path)
+        assert nothing.returncode == 0, nothing.stdout + nothing.stderr
+        assert nothing.stdout.strip() == (
+            f"Nothing new to process ({name}): every discovered split is already committed."
+        )
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.spark
+def test_status_and_a_replace_count_each_row_once(make_settings: Any) -> None:
+    """A replaced day's rows count once in ``status``; the ``--replace`` summary's "removed
+    by steps" holds only what steps removed (the clickstream pipeline removes nothing), not
+    the other days' records of the files it re-read."""
+    settings = make_settings(demo_events=240, demo_days=2, demo_files_per_day=2)
+    platform = open_platform(settings)
+    try:
+        prepare_demo(settings, platform)
+        d1 = settings.demo_start_date
+        d2 = d1 + timedelta(days=1)
+        # A file landing on d2 with three events of d1: a rebuild of d2 re-reads it.
+        at = datetime(d1.year, d1.month, d1.day, 20, tzinfo=UTC)
+        cross = [
+            {
+                "event_id": f"cross-{h}",
+                "user_id": 1,
+                "event_time": (at + timedelta(hours=h)).isoformat(),
+                "event_type": "click",
+                "amount": 1.0,
+            }
+            for h in range(3)
+        ]
+        folder = Path(settings.landing_path) / f"dt={d2.isoformat()}"
+        (folder / "cross.jsonl").write_text("".join(json.dumps(e) + "\n" for e in cross))
+        demo_discover(platform)
+        pipeline = demo_pipeline(settings)
+        first = run_pipeline(settings, pipeline)
+        output = ds.dataset(settings.output_path, format="parquet").count_rows()
+        assert first.rows_out == output and first.dropped == 0
+        replaced = run_pipeline(settings, pipeline, dates=[d2], rebuild=True)
+        assert replaced.rebuilt == (d2.isoformat(),)
+        # Before: removed by steps 3 (the d1 events of cross.jsonl), rows in 3 too many.
+        assert (replaced.dropped, replaced.other_days) == (0, 3)
+        day_rows = ds.dataset(settings.output_path / f"dt={d2.isoformat()}").count_rows()
+        assert replaced.rows_out == day_rows
+        assert replaced.rows_in == replaced.rows_out + replaced.dead_letters
+        status = platform_status(platform, settings.source_name)
+        # Before: the output's rows plus d2's rows again (its first generation).
+        assert ds.dataset(settings.output_path, format="parquet").count_rows() == output
+        assert (status.rows_committed, status.rows_dropped) == (output, 0)
+    finally:
+        platform.close()
+
+
+#: A lookup whose key field is a string while the table's key column is a bigint.
+KEY_TYPES = """
+from spark_jobs import FileSource, Lookup, Pipeline, PostgresSink
+
+good = Pipeline(name="truth_good", source=FileSource(schema={"x": "int64"}, partition_by=None))
+orders = Pipeline(
+    name="truth_orders",
+    source=FileSource(schema={"order_id": "string", "customer": "string"}, partition_by=None),
+    steps=[Lookup("public.truth_customers", on={"customer": "id"}, columns={"name": "who"})],
+    sink=PostgresSink("public.truth_orders", upsert_key=["order_id"]),
+)
+"""
+
+
+def test_pipelines_exits_2_when_it_reports_a_definition_error(db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "truth_pipelines.py").write_text(KEY_TYPES)
+    engine = connect_engine(db_url, pool_size=1)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "CREATE TABLE IF NOT EXISTS public.truth_customers (id bigint PRIMARY KEY, "
+                    "name text)"
+                )
+            )
+    finally:
+        engine.dispose()
+    result = _sluice(["pipelines"], db_url, tmp_path)
+    # Before: exit 0, the error shown as "types of looked-up columns unknown: …".
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Pipeline truth_good" in result.stdout and "Pipeline truth_orders" in result.stdout
+    assert (
+        "error: pipeline truth_orders: step 1 (Lookup public.truth_customers): key field "
+        "'customer' is string but public.truth_customers.id is bigint"
+    ) in result.stdout
+    assert result.stderr.strip() == "sluice: 1 pipeline definition error(s), shown above"
