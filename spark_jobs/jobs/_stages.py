@@ -171,7 +171,8 @@ class MapStage(Stage):
         try:
             self._process(batch)
         except UserCodeError as exc:
-            raise exc.at(batch) from None
+            exc.at(batch)
+            raise
 
     def _process(self, batch: Batch) -> None:
         rows = batch.rows
@@ -314,7 +315,8 @@ class AsyncBatchStage(OperatorStage):
             try:
                 batch = self._merge(result)
             except UserCodeError as exc:
-                raise exc.at(result.element) from None
+                exc.at(result.element)
+                raise
         self.records_out += batch.rows.num_rows
         self.downstream(batch)
 

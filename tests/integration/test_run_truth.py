@@ -5,6 +5,7 @@ held input; "Nothing new" only when nothing is new. Real Postgres, real Spark (t
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -285,3 +286,42 @@ def test_pipelines_exits_2_when_it_reports_a_definition_error(db_url: str, tmp_p
         "'customer' is string but public.truth_customers.id is bigint"
     ) in result.stdout
     assert result.stderr.strip() == "sluice: 1 pipeline definition error(s), shown above"
+
+
+POISON = """
+from spark_jobs import FileSource, Pipeline
+
+poison = Pipeline(
+    name="truth_poison",
+    source=FileSource(landing={landing!r}, schema={{"x": "int64"}}, partition_by=None),
+)
+"""
+
+
+@pytest.mark.spark
+def test_a_run_that_quarantines_a_poison_file_says_so_and_exits_3(
+    db_url: str, tmp_path: Path
+) -> None:
+    landing = tmp_path / "landing"
+    _land(landing, "good.jsonl", range(50))
+    whole = gzip.compress(b"".join(json.dumps({"x": x}).encode() + b"\n" for x in range(5000)))
+    (landing / "bad.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "truth_pipelines.py").write_text(POISON.format(landing=str(landing)))
+    assert _sluice(["discover", "truth_poison"], db_url, tmp_path).returncode == 0
+    run = _sluice(["run", "truth_poison"], db_url, tmp_path, SLUICE_SPLIT_MAX_ATTEMPTS="1")
+    # Before: exit 0, the table only ("splits 1"), not a word about bad.jsonl.gz.
+    assert run.returncode == 3, run.stdout + run.stderr
+    lines = [line.strip() for line in run.stdout.splitlines()]
+    start = lines.index(
+        "1 quarantined split(s), not in the output (`sluice retry --all-failed` puts them back):"
+    )
+    assert re.fullmatch(
+        rf"split \d+: {re.escape(str(landing / 'bad.jsonl.gz'))} — truncated compressed stream "
+        r"after 1 attempts: .+",
+        lines[start + 1],
+    ), lines[start + 1]
+    again = _sluice(["run", "truth_poison"], db_url, tmp_path)
+    assert again.returncode == 3, again.stdout + again.stderr
+    assert again.stdout.strip().startswith(
+        "Nothing new to process (truth_poison), but some input is quarantined."
+    )
