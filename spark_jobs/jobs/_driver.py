@@ -16,7 +16,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import date
-from typing import Any
 
 import sqlalchemy as sa
 
@@ -40,7 +39,7 @@ from spark_jobs.jobs._credentials import share_database
 from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress, run_totals
 from spark_jobs.jobs._input_left import input_left
 from spark_jobs.jobs._outages import while_down
-from spark_jobs.jobs._results import SubtaskResult, lookup_totals
+from spark_jobs.jobs._results import SubtaskResult, lookup_totals, step_totals
 from spark_jobs.jobs._shipping import ship_by_value
 from spark_jobs.jobs._spark_stage import run_subtasks
 from spark_jobs.jobs._summary import RunSummary, quantile
@@ -384,7 +383,7 @@ class ReaderRun:
             checkpoint_p99_ms=quantile(durations, 0.99) * 1e3,
             alignment_p50_ms=quantile([c.alignment for c in stats.completed], 0.5) * 1e3,
             rebuilt=tuple(r.partition_key.isoformat() for r in replacing),
-            steps=_step_totals(results),
+            steps=step_totals(results),
             left=left,
         )
 
@@ -400,14 +399,3 @@ class ReaderRun:
             _log.warning(
                 "run %s: splits not returned now (lease expiry will): %s", self.run_id, exc
             )
-
-
-def _step_totals(results: list[SubtaskResult]) -> tuple[tuple[str, int, int], ...]:
-    """(step, records in, records out) over the subtasks."""
-    totals: dict[int, list[Any]] = {}
-    for result in results:
-        for step in result.steps:
-            entry = totals.setdefault(step.index, [step.where, 0, 0])
-            entry[1] += step.records_in
-            entry[2] += step.records_out
-    return tuple((w, i, o) for _, (w, i, o) in sorted(totals.items()))

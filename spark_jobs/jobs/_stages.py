@@ -180,6 +180,8 @@ class MapStage(Stage):
         where = self.plan.where
         try:
             returned = self._function(given)
+        except (OSError, TimeoutError):
+            raise  # a Map calling out (a connection, a timeout): transient, restarted
         except Exception as exc:
             # A Map is a function of its batch: the same records raise again on a retry.
             raise UserCodeError(where, f"raised {type(exc).__name__}: {exc}") from exc

@@ -23,6 +23,7 @@ from demo_platform import demo_discover, demo_pipeline, prepare_demo
 
 from enumerator_service import FileSplit, SplitAssignment, SplitStore, connect_engine
 from enumerator_service._checkpoint_commit import apply_split_states
+from enumerator_service._checkpoint_store import COORDINATOR_CHANNEL
 from enumerator_service._operations import open_platform, platform_status
 from spark_jobs.jobs import run_pipeline
 
@@ -237,15 +238,21 @@ def test_status_and_a_replace_count_each_row_once(make_settings: Any) -> None:
         assert first.rows_out == output and first.dropped == 0
         replaced = run_pipeline(settings, pipeline, dates=[d2], rebuild=True)
         assert replaced.rebuilt == (d2.isoformat(),)
-        # Before: removed by steps 3 (the d1 events of cross.jsonl), rows in 3 too many.
-        assert (replaced.dropped, replaced.other_days) == (0, 3)
-        day_rows = ds.dataset(settings.output_path / f"dt={d2.isoformat()}").count_rows()
-        assert replaced.rows_out == day_rows
-        assert replaced.rows_in == replaced.rows_out + replaced.dead_letters
         status = platform_status(platform, settings.source_name)
-        # Before: the output's rows plus d2's rows again (its first generation).
+        print(
+            f"replace: removed by steps {replaced.dropped}, rows in {replaced.rows_in} "
+            f"(out {replaced.rows_out}, dead {replaced.dead_letters}); status rows "
+            f"{status.rows_committed}, removed {status.rows_dropped}; output {output} rows"
+        )
+        # Before: the output's rows plus d2's rows again (its first generation), 3 removed.
         assert ds.dataset(settings.output_path, format="parquet").count_rows() == output
         assert (status.rows_committed, status.rows_dropped) == (output, 0)
+        # Before: removed by steps 3 (the d1 events of cross.jsonl), rows in 3 too many.
+        assert replaced.dropped == 0
+        assert replaced.rows_in == replaced.rows_out + replaced.dead_letters
+        day_rows = ds.dataset(settings.output_path / f"dt={d2.isoformat()}").count_rows()
+        assert replaced.rows_out == day_rows
+        assert replaced.other_days == 3
     finally:
         platform.close()
 
@@ -325,3 +332,37 @@ def test_a_run_that_quarantines_a_poison_file_says_so_and_exits_3(
     assert again.stdout.strip().startswith(
         "Nothing new to process (truth_poison), but some input is quarantined."
     )
+
+
+def test_the_coordinator_hears_a_failed_subtask_behind_another_notification(
+    make_settings: Any,
+) -> None:
+    """Two notifications of one transaction arrive in one packet: the coordinator handled
+    only the first, so a subtask's deterministic error behind a checkpoint request was lost
+    and the run went on to Spark's retries (issue 21)."""
+    from spark_jobs.checkpoint import CheckpointCoordinator
+
+    platform = open_platform(make_settings())
+    heard: list[str] = []
+    run_id = "run-failed-event"
+    coordinator = CheckpointCoordinator(
+        platform.engine, run_id, 2, {}, interval=0, timeout=10.0, on_stop_request=heard.append
+    )
+    coordinator.start()
+    try:
+        time.sleep(0.5)  # listening
+        with platform.engine.begin() as conn:
+            for event in (
+                {"run": run_id, "event": "request", "subtask": 0},
+                {"run": run_id, "event": "failed", "subtask": 1, "error": "pipeline p: boom"},
+            ):
+                conn.execute(sa.select(sa.func.pg_notify(COORDINATOR_CHANNEL, json.dumps(event))))
+        deadline = time.monotonic() + 10
+        while not heard and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Before: nothing heard (the second notification of the packet was dropped).
+        assert heard == ["pipeline p: boom"]
+        assert coordinator.stop_requested == "pipeline p: boom"
+    finally:
+        coordinator.stop()
+        platform.close()

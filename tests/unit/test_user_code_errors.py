@@ -87,6 +87,19 @@ def test_a_map_that_raises_is_deterministic_and_keeps_its_cause() -> None:
     assert deterministic_error(outer) == str(error)
 
 
+def _calls_out(batch: pa.RecordBatch) -> pa.RecordBatch:
+    if len(batch):
+        raise ConnectionResetError("peer reset")
+    return batch
+
+
+def test_a_map_whose_call_out_fails_stays_transient() -> None:
+    stage = MapStage(_stages(Map(_calls_out)))
+    stage.downstream = lambda _batch: None
+    with pytest.raises(ConnectionResetError):
+        stage.process(_batch([1]))
+
+
 def test_a_filter_that_does_not_fit_its_records_is_one_line() -> None:
     stage = FilterStage(_stages(Filter(pc.field("x") > 0)))
     rows = pa.RecordBatch.from_pydict({"x": pa.array(["a"], pa.string())})
