@@ -13,6 +13,7 @@ from enumerator_service import DiscoveryResult, Settings
 from enumerator_service._operations import discover, open_platform
 from enumerator_service._rebuilds import CrossDayRebuildError
 from enumerator_service._safe_paths import safe_name
+from spark_jobs._outcomes import DeterministicFailure, ExitCode
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._paths import discovery_of, landing_path
 
@@ -144,6 +145,13 @@ def discover_and_run(
             run_id=run_id,
             rebuild=rebuild,
         )
+    except DeterministicFailure as exc:
+        # An error in the pipeline's code: every retry would fail on the same record.
+        raise Failure(
+            description=f"run failed: {exc}",
+            metadata={"exit_code": int(ExitCode.CODE_ERROR)},
+            allow_retries=False,
+        ) from None
     except CrossDayRebuildError as exc:
         # Refused before anything moved; a retry would be refused the same way.
         raise Failure(
@@ -156,14 +164,23 @@ def discover_and_run(
 
 def describe_run(summary: RunSummary) -> str:
     """One log line for a finished run (no connection details)."""
+    left = summary.left
+    waiting = "".join(
+        (
+            f"; {len(left.quarantined)} split(s) quarantined" if left.quarantined else "",
+            f"; {left.held} split(s) held by another run" if left.held else "",
+            f"; {left.rebuilding} split(s) held for a rebuild" if left.rebuilding else "",
+        )
+    )
     if summary.nothing_new:
-        return f"run {summary.run_id}: nothing new to process"
+        what = "nothing to process now" if left.held or left.rebuilding else "nothing new"
+        return f"run {summary.run_id}: {what}{waiting}"
     rebuilt = f", replaced partitions {', '.join(summary.rebuilt)}" if summary.rebuilt else ""
     return (
         f"run {summary.run_id} ({summary.pipeline}): {summary.splits} splits, "
         f"{summary.rows_in} rows in, {summary.rows_out} rows out, {summary.dropped} removed by "
         f"steps, {summary.dead_letters} dead letters, {summary.fenced} fenced, "
-        f"{summary.seconds:.1f}s ({summary.rows_per_second:,.0f} rows/s){rebuilt}"
+        f"{summary.seconds:.1f}s ({summary.rows_per_second:,.0f} rows/s){rebuilt}{waiting}"
     )
 
 
@@ -212,6 +229,10 @@ def summary_metadata(
         "checkpoint_p99_ms": MetadataValue.float(float(summary.checkpoint_p99_ms)),
         "alignment_p50_ms": MetadataValue.float(float(summary.alignment_p50_ms)),
         "nothing_new": MetadataValue.bool(summary.nothing_new),
+        # The CLI's exit code for this run (spark_jobs._outcomes): 3 quarantined, 4 held.
+        "exit_code": MetadataValue.int(int(summary.exit_code)),
+        "quarantined_splits": MetadataValue.int(len(summary.left.quarantined)),
+        "held_splits": MetadataValue.int(summary.left.held + summary.left.rebuilding),
         "rebuilt_partitions": MetadataValue.text(", ".join(summary.rebuilt) or "none"),
         "steps": MetadataValue.md("| step | records in | records out |\n|---|---:|---:|\n" + steps),
         "output": MetadataValue.text(output),

@@ -30,7 +30,12 @@ from enumerator_service._file_enumerators import ContinuousFileEnumerator, Stati
 from enumerator_service._file_identity import ChangePolicy
 from enumerator_service._live_state import LiveState, live_state
 from enumerator_service._quarantine import QuarantinedSplit, quarantined
-from enumerator_service._schema import checkpoints, dead_letters, sink_transactions
+from enumerator_service._schema import (
+    checkpoints,
+    dead_letters,
+    partition_stats,
+    sink_transactions,
+)
 from enumerator_service._secrets import redact_url
 from enumerator_service._split_store import SplitStore
 from enumerator_service._table_enumerator import TableRangeEnumerator
@@ -208,14 +213,28 @@ def platform_status(platform: Platform, source: str, now: datetime | None = None
     """Splits by state, committed rows and dead letters of ``source``, its last checkpoint
     and its live state at ``now`` (default: the clock)."""
     reason = sa.func.split_part(dead_letters.c.reason, ":", 1)
+    txn = sink_transactions.c
+    # A rebuild's records of other days were counted as dropped; they stay as first written.
+    other_days = sa.func.coalesce(txn.partition_counts["detail"]["other_days"].as_integer(), 0)
     with platform.engine.connect() as conn:
-        rows, dropped, last_commit = conn.execute(
+        # Rows of day partitions are counted once in partition_stats, which a replaced day's
+        # swap resets to the rebuild's counts (summing the transactions counted its old and
+        # new rows); the transactions count the rows of unpartitioned output.
+        unpartitioned, dropped, last_commit = conn.execute(
             sa.select(
-                sa.func.coalesce(sa.func.sum(sink_transactions.c.row_count), 0),
-                sa.func.coalesce(sa.func.sum(sink_transactions.c.dropped_count), 0),
-                sa.func.max(sink_transactions.c.committed_at),
-            ).where(sink_transactions.c.committed, sink_transactions.c.source == source)
+                sa.func.coalesce(
+                    sa.func.sum(txn.row_count).filter(txn.partition_counts.is_(None)), 0
+                ),
+                sa.func.coalesce(sa.func.sum(txn.dropped_count - other_days), 0),
+                sa.func.max(txn.committed_at),
+            ).where(txn.committed, txn.source == source)
         ).one()
+        partitioned = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(partition_stats.c.rows), 0)).where(
+                partition_stats.c.source == source
+            )
+        ).scalar_one()
+        rows = int(unpartitioned) + int(partitioned)
         reasons = conn.execute(
             sa.select(reason, sa.func.count())
             .where(dead_letters.c.source == source)

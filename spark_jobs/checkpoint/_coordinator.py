@@ -73,6 +73,9 @@ class CheckpointCoordinator(threading.Thread):
     ``on_failure`` is called (from this thread) when the coordinator gives up — the database
     stayed unreachable for ``give_up_after`` seconds — so the driver can cancel the job
     instead of leaving subtasks waiting for a final checkpoint that never comes.
+    ``on_stop_request`` is called (from this thread, once) with the line of the first
+    deterministic error a subtask reports: the driver cancels the job instead of letting
+    Spark retry the stage.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class CheckpointCoordinator(threading.Thread):
         exactly_once: bool = True,
         source: str | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
+        on_stop_request: Callable[[str], None] | None = None,
         give_up_after: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -98,6 +102,7 @@ class CheckpointCoordinator(threading.Thread):
         self._timeout = timeout
         self._two_phase = exactly_once
         self._on_failure = on_failure
+        self._on_stop_request = on_stop_request
         self._give_up_after = give_up_after
         self._clock = clock
         self._stop_event = threading.Event()
@@ -113,6 +118,9 @@ class CheckpointCoordinator(threading.Thread):
         self._requested = False
         self.stats = CoordinatorStats()
         self.error: BaseException | None = None
+        #: The first deterministic error a subtask reported (``"failed"`` event): the run
+        #: must stop (``on_stop_request`` was called with it).
+        self.stop_requested: str | None = None
 
     # -- barrier handler callbacks (this thread) ----------------------------------------
 
@@ -207,20 +215,40 @@ class CheckpointCoordinator(threading.Thread):
         )
         while True:
             wait = deadline - self._clock()
+            # Several notifications arriving in one packet are all yielded: each is handled
+            # (a "failed" behind an acknowledgement must not be lost).
             notified = list(listener.notifies(timeout=max(0.0, wait), stop_after=1))
             if not notified:
                 return
-            try:
-                message = json.loads(notified[0].payload)
-            except ValueError:
-                continue
-            if message.get("run") != self._run_id:
-                if self._clock() >= deadline:
-                    return
-                continue  # another run's traffic: keep waiting until the deadline
-            if message.get("event") == "request":
-                self._requested = True
+            ours = False
+            for notification in notified:
+                ours = self._handle(notification.payload) or ours
+            if ours or self._clock() >= deadline:
+                return
+            # only another run's traffic: keep waiting until the deadline
+
+    def _handle(self, payload: str) -> bool:
+        """Handle one notification; True if it was this run's."""
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            return False
+        if not isinstance(message, dict) or message.get("run") != self._run_id:
+            return False
+        if message.get("event") == "request":
+            self._requested = True
+        elif message.get("event") == "failed":
+            self._stop_request(str(message.get("error", "a subtask failed")))
+        return True
+
+    def _stop_request(self, line: str) -> None:
+        """A subtask hit a deterministic error (see ``spark_jobs.jobs._fatal``)."""
+        if self.stop_requested is not None:
             return
+        _log.info("run %s stops: %s", self._run_id, line)
+        self.stop_requested = line
+        if self._on_stop_request is not None:
+            self._on_stop_request(line)
 
     # -- checkpoints ----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import click
 from enumerator_service import ConfigError
 from enumerator_service._database import SchemaError
 from enumerator_service._rebuilds import CrossDayRebuildError, PartitionBusyError
+from spark_jobs._outcomes import DeterministicFailure, ExitCode
 from spark_jobs.cli._commands import cli
 from spark_jobs.pipeline import DemoDataRefused, PipelineDefinitionError
 
@@ -21,28 +22,32 @@ __all__ = ["cli", "main"]
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: configuration and definition errors, and a ``--replace`` that
     cannot start (a day holding other days' rows, or being read), are one line on stderr
-    and exit code 2."""
+    and exit code 2; a run stopped by a deterministic error in the pipeline's code is one
+    line and exit code 5. Exit codes: ``spark_jobs._outcomes``."""
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     try:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except DemoDataRefused as exc:
         click.echo(f"sluice: refused: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     except SchemaError as exc:  # says what to do; not a setting's mistake
         click.echo(f"sluice: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     except ConfigError as exc:
         click.echo(f"sluice: configuration error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     except PipelineDefinitionError as exc:
         click.echo(f"sluice: definition error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     except (CrossDayRebuildError, PartitionBusyError) as exc:  # nothing was changed
         click.echo(f"sluice: cannot replace: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
+    except DeterministicFailure as exc:  # retrying cannot help: the one line, no traceback
+        click.echo(f"sluice: run failed: {exc}", err=True)
+        sys.exit(ExitCode.CODE_ERROR)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Sequence
 from datetime import date
 from typing import Any
@@ -18,16 +19,20 @@ from enumerator_service._operations import Platform, discover, open_platform, pl
 from enumerator_service._quarantine import retry_splits
 from enumerator_service._safe_paths import partition_date
 from enumerator_service._secret_files import sweep_secret_files
+from spark_jobs._outcomes import ExitCode
 from spark_jobs.cli._db import db_status, db_stop
 from spark_jobs.cli._render import (
     describe_table,
     failed_line,
+    left_lines,
+    nothing_line,
     run_table,
     status_json,
     status_table,
 )
 from spark_jobs.pipeline import Pipeline, SampleTarget
 from spark_jobs.pipeline._demo_marks import check_landing, record_landing
+from spark_jobs.pipeline._errors import MissingTableError
 from spark_jobs.pipeline._paths import discovery_of, landing_path
 from spark_jobs.pipeline._registry import load_pipelines, pick_pipeline
 
@@ -101,7 +106,9 @@ def db_upgrade(ctx: click.Context) -> None:
 @click.pass_context
 def pipelines_cmd(ctx: click.Context) -> None:
     """The registered pipelines: source, steps, sink and output schema (types of looked-up
-    columns from the catalog)."""
+    columns from the catalog). A definition that does not fit the database (a key type, a
+    missing column) is an error: exit code 2 after the listing; a table not created yet is
+    only a note."""
     from spark_jobs.pipeline._catalog import resolve
 
     settings = _settings(ctx)
@@ -109,19 +116,27 @@ def pipelines_cmd(ctx: click.Context) -> None:
     if not found:
         pick_pipeline(found, None)  # raises: nothing registered
     platform = _open(settings)
+    errors = 0
     try:
         for pipeline in found.values():
+            error = False
             try:
                 plan = resolve(pipeline, platform.engine).plan
                 note = None
-            except (ConfigError, ValueError) as exc:  # a table not created yet, …
+            except MissingTableError as exc:  # created later (sample data, the user)
                 plan, note = None, str(exc)
+            except (ConfigError, ValueError) as exc:  # the definition does not fit
+                plan, note, error = None, str(exc), True
+            errors += error
             landing = None
             if pipeline.plan.source.kind == "files":
                 landing = str(landing_path(pipeline, settings))
-            console.print(describe_table(pipeline, plan, landing, note))
+            console.print(describe_table(pipeline, plan, landing, note, error=error))
     finally:
         platform.close()
+    if errors:
+        click.echo(f"sluice: {errors} pipeline definition error(s), shown above", err=True)
+        sys.exit(ExitCode.USAGE)
 
 
 def _demo_data(settings: Settings, platform: Platform, pipeline: Pipeline) -> None:
@@ -245,6 +260,8 @@ def discover_cmd(ctx: click.Context, pipeline: str | None, dates: tuple[str, ...
 def _run(
     settings: Settings, pipeline: Pipeline, dates: list[date] | None, *, rebuild: bool = False
 ) -> None:
+    """Run the pipeline; exit with the run's code (``spark_jobs._outcomes``) when it is not
+    0: quarantined input (3), input held elsewhere (4)."""
     from spark_jobs.jobs import run_pipeline  # imports pyspark: only when running
 
     with _progress() as progress:
@@ -257,12 +274,13 @@ def _run(
         if summary.nothing_new:
             progress.update(task, visible=False)
     if summary.nothing_new:
-        console.print(
-            f"[bold]Nothing new to process[/] ({pipeline.name}): every discovered split is "
-            "already committed."
-        )
-        return
-    console.print(run_table(summary, pipeline, settings))
+        console.print(nothing_line(summary))
+    else:
+        console.print(run_table(summary, pipeline, settings))
+    for line in left_lines(summary):
+        console.print(line, markup=False)
+    if summary.exit_code:
+        sys.exit(summary.exit_code)
 
 
 @cli.command("run")

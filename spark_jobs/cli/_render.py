@@ -20,13 +20,27 @@ from spark_jobs.pipeline._describe import describe
 from spark_jobs.pipeline._paths import output_path
 from spark_jobs.pipeline._plan import Plan
 
-__all__ = ["describe_table", "failed_line", "run_table", "status_json", "status_table"]
+__all__ = [
+    "describe_table",
+    "failed_line",
+    "left_lines",
+    "nothing_line",
+    "run_table",
+    "status_json",
+    "status_table",
+]
 
 
 def describe_table(
-    pipeline: Pipeline, plan: Plan | None, landing: str | None, note: str | None
+    pipeline: Pipeline,
+    plan: Plan | None,
+    landing: str | None,
+    note: str | None,
+    *,
+    error: bool = False,
 ) -> RenderableType:
-    """A pipeline's source, steps, sink and output fields."""
+    """A pipeline's source, steps, sink and output fields; ``note``: why the looked-up
+    types are unknown (``error``: because the definition does not fit the database)."""
     described = describe(pipeline, plan, landing)
     table = Table(title=f"Pipeline {described.name}", show_header=False, title_justify="left")
     table.add_row("source", described.source)
@@ -38,6 +52,8 @@ def describe_table(
     for name, kind, origin in described.output:
         fields.add_row(name, kind, origin)
     table.add_row("output", fields)
+    if note is not None and error:
+        return Group(table, Text(f"  error: {note}", style="bold red"))
     if note is not None:
         return Group(table, Text(f"  types of looked-up columns unknown: {note}", style="dim"))
     return table
@@ -76,13 +92,51 @@ def run_table(summary: RunSummary, pipeline: Pipeline, settings: Settings) -> Ta
         assert sink.table is not None
         rows.append(("output", f"postgres {sink.table[0]}.{sink.table[1]}"))
     rows.append(("replaced partitions", ", ".join(summary.rebuilt) or "none"))
+    if summary.other_days:
+        rows.append(("other days' records (left as written)", f"{summary.other_days:,}"))
     for name, value in rows:
         table.add_row(name, value)
     return table
 
 
-#: Quarantined splits listed by ``sluice status`` (``--json`` lists them all).
+#: Quarantined splits listed by ``sluice status`` and a run (``status --json`` lists all).
 _SHOWN_FAILED = 20
+
+
+def nothing_line(summary: RunSummary) -> str:
+    """What a run that was assigned no split says: "Nothing new" only when nothing waits."""
+    left, name = summary.left, summary.pipeline
+    if left.held or left.rebuilding:
+        return f"[bold]Nothing to process now[/] ({name}): the new input is held elsewhere."
+    if left.quarantined:
+        return f"[bold]Nothing new to process[/] ({name}), but some input is quarantined."
+    return f"[bold]Nothing new to process[/] ({name}): every discovered split is already committed."
+
+
+def left_lines(summary: RunSummary) -> list[str]:
+    """The input of the run's scope it did not read, and why: quarantined splits (each with
+    its reason), splits held by other live runs, splits waiting for a rebuild of their day."""
+    left, lines = summary.left, []
+    if left.quarantined:
+        lines.append(
+            f"{len(left.quarantined):,} quarantined split(s), not in the output "
+            "(`sluice retry --all-failed` puts them back):"
+        )
+        for split in left.quarantined[:_SHOWN_FAILED]:
+            lines.append(f"  split {split.id}: {failed_line(split)}")
+        if len(left.quarantined) > _SHOWN_FAILED:
+            more = len(left.quarantined) - _SHOWN_FAILED
+            lines.append(f"  … {more} more (`sluice status --json` lists them)")
+    if left.held:
+        runs = ", ".join(left.held_by)
+        lines.append(
+            f"{left.held:,} split(s) held by another live run ({runs}): left to it, not read"
+        )
+    if left.rebuilding:
+        lines.append(
+            f"{left.rebuilding:,} split(s) held until the rebuild of their day swaps: not read"
+        )
+    return lines
 
 
 def failed_line(split: QuarantinedSplit) -> str:

@@ -18,6 +18,7 @@ from spark_jobs.jobs._stages import (
     conform,
 )
 from spark_jobs.jobs._task_config import TaskConfig
+from spark_jobs.jobs._user_errors import UserCodeError
 from spark_jobs.jobs._user_functions import (
     Completed,
     UserFunction,
@@ -104,16 +105,18 @@ def _async_map(plan: AsyncMapPlan, processor: MailboxProcessor) -> Stage:
         batch: Batch = completed.element
         where = plan.where
         if len(completed.results) != 1:
-            raise RuntimeError(
-                f"{where}: a per-batch function completes with one RecordBatch, "
-                f"got {len(completed.results)} results"
+            raise UserCodeError(
+                where,
+                "a per-batch function completes with one RecordBatch, "
+                f"got {len(completed.results)} results",
             )
         result = as_batch(completed.results[0], where)
         given = user_rows(batch.rows)
         if result.num_rows != given.num_rows:
-            raise RuntimeError(
-                f"{where}: returned {result.num_rows} rows for {given.num_rows}; a per-batch "
-                "function returns one row per input row"
+            raise UserCodeError(
+                where,
+                f"returned {result.num_rows} rows for {given.num_rows}; a per-batch "
+                "function returns one row per input row",
             )
         produced = conform(result, added, where)
         columns = [*given.columns, *produced.columns]

@@ -16,7 +16,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import date
-from typing import Any
 
 import sqlalchemy as sa
 
@@ -34,12 +33,14 @@ from enumerator_service import (
 from enumerator_service._rebuilds import Rebuild, RebuildStore
 from enumerator_service._safe_paths import child_path, safe_name
 from enumerator_service._secret_files import sweep_secret_files
+from spark_jobs._outcomes import DeterministicFailure
 from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.jobs._credentials import share_database
 from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress, run_totals
+from spark_jobs.jobs._input_left import input_left
 from spark_jobs.jobs._outages import while_down
-from spark_jobs.jobs._results import SubtaskResult, lookup_totals
+from spark_jobs.jobs._results import SubtaskResult, lookup_totals, step_totals
 from spark_jobs.jobs._shipping import ship_by_value
 from spark_jobs.jobs._spark_stage import run_subtasks
 from spark_jobs.jobs._summary import RunSummary, quantile
@@ -161,7 +162,10 @@ class ReaderRun:
             # Step 3: assignment (rebuilt days first, as rebuild members).
             replacing, assigned = self._assign()
             if assigned == 0 and not self.continuous:
-                return RunSummary.nothing(self.source, self.run_id, time.monotonic() - started)
+                left = input_left(self._engine, self.source, self.run_id, self.dates)
+                return RunSummary.nothing(
+                    self.source, self.run_id, time.monotonic() - started, left
+                )
             # Step 4: the subtasks on Spark, under the coordinator and the lease heartbeat.
             results, coordinator = self._execute(resolved, assigned)
             # Step 5: publish what is committed, swap finished rebuilds, sweep.
@@ -290,6 +294,8 @@ class ReaderRun:
             source=self.source,
             # Subtasks wait for their final checkpoint: without a coordinator, stop the job.
             on_failure=lambda _exc: spark.sparkContext.cancelAllJobs(),
+            # A deterministic error: stop now, Spark's stage retries would only repeat it.
+            on_stop_request=lambda _line: spark.sparkContext.cancelAllJobs(),
         )
         heartbeat.start()
         coordinator.start()
@@ -301,6 +307,8 @@ class ReaderRun:
             # Interrupted (a cancelled Dagster run, Ctrl-C) or failed: stop the subtasks too —
             # a continuous reader would otherwise keep running without its driver's leases.
             spark.sparkContext.cancelAllJobs()
+            if coordinator.stop_requested is not None:
+                raise DeterministicFailure(coordinator.stop_requested) from None
             too_few = slot_error(exc, spark, parallelism, settings.spark_master)
             if too_few is not None:
                 raise too_few from None
@@ -313,6 +321,8 @@ class ReaderRun:
             coordinator.stop()
             heartbeat.stop()
             self._give_back()
+        if coordinator.stop_requested is not None:
+            raise DeterministicFailure(coordinator.stop_requested)
         if coordinator.error is not None:
             raise _coordinator_failed(coordinator.error) from coordinator.error
         return results, coordinator
@@ -346,9 +356,13 @@ class ReaderRun:
         started: float,
     ) -> RunSummary:
         totals = while_down(lambda: run_totals(self._engine, self.run_id))
+        left = while_down(lambda: input_left(self._engine, self.source, self.run_id, self.dates))
         stats = coordinator.stats
         seconds = time.monotonic() - started
-        rows_in = totals.rows + totals.dropped + totals.dead_letters
+        # A rebuild's records of other days were read but stay as first written: neither
+        # input of the replaced day nor removed by a step.
+        dropped = totals.dropped - totals.other_days
+        rows_in = totals.rows + dropped + totals.dead_letters
         lookups = lookup_totals(results)
         durations = [c.duration for c in stats.completed]
         return RunSummary(
@@ -357,7 +371,8 @@ class ReaderRun:
             splits=totals.splits,
             rows_in=rows_in,
             rows_out=totals.rows,
-            dropped=totals.dropped,
+            dropped=dropped,
+            other_days=totals.other_days,
             dead_letters=totals.dead_letters,
             fenced=stats.aborted_by(AbortCause.FENCED),
             seconds=seconds,
@@ -374,7 +389,8 @@ class ReaderRun:
             checkpoint_p99_ms=quantile(durations, 0.99) * 1e3,
             alignment_p50_ms=quantile([c.alignment for c in stats.completed], 0.5) * 1e3,
             rebuilt=tuple(r.partition_key.isoformat() for r in replacing),
-            steps=_step_totals(results),
+            steps=step_totals(results),
+            left=left,
         )
 
     def _give_back(self) -> None:
@@ -389,17 +405,6 @@ class ReaderRun:
             _log.warning(
                 "run %s: splits not returned now (lease expiry will): %s", self.run_id, exc
             )
-
-
-def _step_totals(results: list[SubtaskResult]) -> tuple[tuple[str, int, int], ...]:
-    """(step, records in, records out) over the subtasks."""
-    totals: dict[int, list[Any]] = {}
-    for result in results:
-        for step in result.steps:
-            entry = totals.setdefault(step.index, [step.where, 0, 0])
-            entry[1] += step.records_in
-            entry[2] += step.records_out
-    return tuple((w, i, o) for _, (w, i, o) in sorted(totals.items()))
 
 
 def _coordinator_failed(error: BaseException) -> RuntimeError:

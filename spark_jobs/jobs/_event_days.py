@@ -90,6 +90,9 @@ class EventDays:
         # day of each dead letter.
         self._fed: dict[str, set[int]] = {}
         self._tallies: dict[int, dict[str, int]] = {}
+        # Records of other days a rebuild member read and left as first written (counted as
+        # dropped by the sink, told apart in DETAIL["other_days"]: not removed by a step).
+        self._other_days = 0
         self._dead_days: list[tuple[int, int, str]] = []
         # split → (landing day, rebuild id, rebuild day, fresh), kept after the split (its
         # records may still be in the chain).
@@ -160,6 +163,8 @@ class EventDays:
                     self._tally(rebuild_id, rows=part.num_rows, foreign_rows=foreign)
         if written < rows.num_rows:
             sink.count_dropped(rows.num_rows - written)
+            if rebuild_id is not None:
+                self._other_days += rows.num_rows - written
 
     def late_rows(
         self, rows: pa.RecordBatch, *, rebuild: bool, days: pa.Array | None = None
@@ -234,6 +239,7 @@ class EventDays:
         if rebuild_id is not None and day == rebuild_day:
             self._tally(rebuild_id, dead_letters=1)
         elif rebuild_id is not None and not fresh:
+            self._other_days += 1
             return False
         elif day is not None:
             self._add(day.isoformat(), dead_letters=1)
@@ -285,7 +291,9 @@ class EventDays:
             detail["rebuilds"] = {str(r): tally for r, tally in sorted(self._tallies.items())}
         if self._dead_days:
             detail["dead_letters"] = [list(letter) for letter in self._dead_days]
-        self._fed, self._tallies, self._dead_days = {}, {}, []
+        if self._other_days:
+            detail["other_days"] = self._other_days
+        self._fed, self._tallies, self._dead_days, self._other_days = {}, {}, [], 0
         return detail
 
     def take(self) -> dict[str, dict[str, object]]:

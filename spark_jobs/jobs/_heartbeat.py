@@ -105,15 +105,24 @@ class RunTotals:
     rows: int
     dropped: int
     dead_letters: int
+    #: Of ``dropped``: records of other days a rebuild re-read and left as first written.
+    other_days: int = 0
+
+
+def other_days_of(table: sa.Table) -> sa.ColumnElement[int]:
+    """A transaction's records of other days left by a rebuild (``DETAIL["other_days"]``)."""
+    counts = table.c.partition_counts
+    return sa.func.coalesce(counts["detail"]["other_days"].as_integer(), 0)
 
 
 def run_totals(engine: sa.Engine, run_id: str) -> RunTotals:
     """Splits completed, rows committed, records dropped and dead letters of the run."""
     with engine.connect() as conn:
-        rows, dropped = conn.execute(
+        rows, dropped, other_days = conn.execute(
             sa.select(
                 sa.func.coalesce(sa.func.sum(sink_transactions.c.row_count), 0),
                 sa.func.coalesce(sa.func.sum(sink_transactions.c.dropped_count), 0),
+                sa.func.coalesce(sa.func.sum(other_days_of(sink_transactions)), 0),
             ).where(sink_transactions.c.run_id == run_id, sink_transactions.c.committed)
         ).one()
         done = conn.execute(
@@ -124,4 +133,4 @@ def run_totals(engine: sa.Engine, run_id: str) -> RunTotals:
         dead = conn.execute(
             sa.select(sa.func.count()).where(dead_letters.c.run_id == run_id)
         ).scalar_one()
-    return RunTotals(int(done), int(rows), int(dropped), int(dead))
+    return RunTotals(int(done), int(rows), int(dropped), int(dead), int(other_days))

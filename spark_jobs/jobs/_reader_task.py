@@ -25,6 +25,7 @@ is part of every snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,8 +53,14 @@ from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._source_reader import open_source_reader
 from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.jobs._task_state import TaskSplit, decode_pending, snapshot_splits
+from spark_jobs.jobs._user_errors import UserCodeError
 from spark_jobs.jobs._watermarks import TaskWatermarks
-from spark_jobs.runtime import MailboxController, MailboxProcessor, Suspension
+from spark_jobs.runtime import (
+    MailboxClosedError,
+    MailboxController,
+    MailboxProcessor,
+    Suspension,
+)
 from spark_jobs.runtime._timers import AsyncioTimerService
 from spark_jobs.sink import open_sink_writer
 from spark_jobs.source import InputStatus, ParsedBlock
@@ -80,6 +87,7 @@ class ReaderTask:
         self._attempt = uuid.uuid4().hex[:8]
         self._splits: dict[int, TaskSplit] = {}
         self._partitions: dict[int, str] = {}  # split → sink partition (kept after the split)
+        self._uris: dict[int, str] = {}  # split → its file or table range (to name errors)
         self._input_ended = False
         self._last_trigger = 0
         self._last_complete = 0
@@ -89,6 +97,14 @@ class ReaderTask:
         self.checkpoints_completed = 0
 
     async def run(self) -> SubtaskResult:
+        try:
+            return await self._run()
+        except UserCodeError as exc:
+            # Named here, where the splits' files are known (the chain knows only ids).
+            exc.named(self._config.source, self._uris.get(exc.split_id or -1))
+            raise
+
+    async def _run(self) -> SubtaskResult:
         config = self._config
         plan = config.plan
         self._engine = engine = await connect_when_up(config.database_url)
@@ -199,6 +215,7 @@ class ReaderTask:
     def split_added(self, assignment: SplitAssignment, state: SplitState) -> None:
         split_id = assignment.split_id
         held = self._splits[split_id] = TaskSplit(assignment, state)
+        self._uris[split_id] = assignment.split.path
         # Restore: the ranges in flight at the committed checkpoint are read again first (by
         # the split's reader, as replay blocks) and run through the whole chain again.
         ranges = decode_pending(split_id, assignment.pending)
@@ -326,11 +343,16 @@ class ReaderTask:
             staged,
             partitions,
         )
-        done.add_done_callback(
-            lambda f: self._checkpoint_mails.execute(
-                lambda: self._acknowledged(f, checkpoint_id, final), "checkpoint acknowledged"
+        done.add_done_callback(lambda f: self._post_acknowledged(f, checkpoint_id, final))
+
+    def _post_acknowledged(self, future: Future[None], checkpoint_id: int, final: bool) -> None:
+        """(Writer thread.) Hand the acknowledgement's outcome to the mailbox — unless the
+        task has ended meanwhile (it failed: its error is the one that counts, and a
+        traceback about the dropped mail would only bury it)."""
+        with contextlib.suppress(MailboxClosedError):
+            self._checkpoint_mails.execute(
+                lambda: self._acknowledged(future, checkpoint_id, final), "checkpoint acknowledged"
             )
-        )
 
     def _acknowledged(self, future: Future[None], checkpoint_id: int, final: bool) -> None:
         future.result()  # a failed acknowledgement fails the task (Spark retries it)

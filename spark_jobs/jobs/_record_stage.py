@@ -33,6 +33,7 @@ from spark_jobs.async_io import (
     StreamRecord,
 )
 from spark_jobs.jobs._stages import OperatorStage, PendingRange
+from spark_jobs.jobs._user_errors import UserCodeError
 from spark_jobs.jobs._user_functions import Completed
 from spark_jobs.pipeline._plan import AsyncMapPlan
 from spark_jobs.runtime import MailboxProcessor
@@ -106,16 +107,18 @@ class RecordStage(OperatorStage):
             return
         for result in completed.results:
             if not isinstance(result, dict):
-                raise TypeError(
-                    f"{self.plan.where}: a per-record function completes with dicts of its "
-                    f"output fields, got {result!r}"
-                )
+                raise UserCodeError(
+                    self.plan.where,
+                    f"a per-record function completes with dicts of its output fields, "
+                    f"got {result!r:.60}",
+                ).at_record(element.split_id, element.offset)
             unknown = set(result).difference(self._added)
             if unknown:
-                raise ValueError(
-                    f"{self.plan.where}: returned field(s) {sorted(unknown)} not declared in "
-                    f"output (declared: {', '.join(self._added)})"
-                )
+                raise UserCodeError(
+                    self.plan.where,
+                    f"returned field(s) {sorted(unknown)} not declared in output (declared: "
+                    f"{', '.join(self._added)})",
+                ).at_record(element.split_id, element.offset)
             row = dict(element.row)
             for name in self._added:
                 row[name] = result.get(name)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from spark_jobs.lookup import LookupMetrics
 
-__all__ = ["StepMetrics", "SubtaskResult", "lookup_totals"]
+__all__ = ["StepMetrics", "SubtaskResult", "lookup_totals", "step_totals"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,3 +57,14 @@ def lookup_totals(results: Sequence[SubtaskResult]) -> LookupTotals:
         p50_ms=max((m.p50_ms for m in metrics), default=0.0),
         p99_ms=max((m.p99_ms for m in metrics), default=0.0),
     )
+
+
+def step_totals(results: list[SubtaskResult]) -> tuple[tuple[str, int, int], ...]:
+    """(step, records in, records out) over the subtasks."""
+    totals: dict[int, list[Any]] = {}
+    for result in results:
+        for step in result.steps:
+            entry = totals.setdefault(step.index, [step.where, 0, 0])
+            entry[1] += step.records_in
+            entry[2] += step.records_out
+    return tuple((w, i, o) for _, (w, i, o) in sorted(totals.items()))

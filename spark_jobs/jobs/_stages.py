@@ -37,6 +37,7 @@ from spark_jobs.async_io import (
     Watermark,
 )
 from spark_jobs.jobs._results import StepMetrics
+from spark_jobs.jobs._user_errors import UserCodeError, first_bad_value
 from spark_jobs.jobs._user_functions import Completed
 from spark_jobs.lookup import LookupMetrics
 from spark_jobs.pipeline._plan import FilterPlan, MapPlan, StagePlan
@@ -119,18 +120,25 @@ class Stage(abc.ABC):
 
 
 def conform(rows: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBatch:
-    """``rows`` with exactly ``schema``'s columns, in order, cast where the type differs."""
+    """``rows`` with exactly ``schema``'s columns, in order, cast where the type differs; a
+    missing field or a value that does not cast is a :class:`UserCodeError` naming the field
+    and the row (the first value that does not fit)."""
     columns = []
     for field in schema:
         if field.name not in rows.schema.names:
-            raise RuntimeError(f"{where}: the result has no field {field.name!r}")
+            raise UserCodeError(where, "the result has no such field", field=field.name)
         column = rows.column(field.name)
         if column.type != field.type:
             try:
                 column = column.cast(field.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise RuntimeError(
-                    f"{where}: field {field.name!r} is {column.type}, not {field.type}: {exc}"
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                bad = first_bad_value(column, field.type)
+                value = "" if bad is None else f" (value {bad[1]})"
+                raise UserCodeError(
+                    where,
+                    f"is {column.type}, not {field.type}{value}: {exc}",
+                    field=field.name,
+                    row=None if bad is None else bad[0],
                 ) from None
         columns.append(column)
     return pa.RecordBatch.from_arrays(columns, schema=schema)
@@ -142,7 +150,9 @@ def as_batch(result: Any, where: str) -> pa.RecordBatch:
         batches = table.to_batches()
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
     if not isinstance(result, pa.RecordBatch):
-        raise TypeError(f"{where}: must return a pyarrow.RecordBatch, got {type(result).__name__}")
+        raise UserCodeError(
+            where, f"must return a pyarrow.RecordBatch, got {type(result).__name__}"
+        )
     return result
 
 
@@ -158,19 +168,37 @@ class MapStage(Stage):
         )
 
     def process(self, batch: Batch) -> None:
+        try:
+            self._process(batch)
+        except UserCodeError as exc:
+            exc.at(batch)
+            raise
+
+    def _process(self, batch: Batch) -> None:
         rows = batch.rows
         given = user_rows(rows)
         where = self.plan.where
-        result = as_batch(self._function(given), where)
+        try:
+            returned = self._function(given)
+        except (OSError, TimeoutError):
+            raise  # a Map calling out (a connection, a timeout): transient, restarted
+        except Exception as exc:
+            # A Map is a function of its batch: the same records raise again on a retry.
+            raise UserCodeError(where, f"raised {type(exc).__name__}: {exc}") from exc
+        result = as_batch(returned, where)
         if result.num_rows != given.num_rows:
-            raise RuntimeError(
-                f"{where}: returned {result.num_rows} rows for {given.num_rows}; a Map keeps "
-                "one row per input row (drop rows with a Filter)"
+            raise UserCodeError(
+                where,
+                f"returned {result.num_rows} rows for {given.num_rows}; a Map keeps "
+                "one row per input row (drop rows with a Filter)",
             )
         if self._declared is not None:
             # Declared fields come from the result, every other field from the input.
             merged = {name: given.column(name) for name in given.schema.names}
-            merged.update({f.name: result.column(f.name) for f in self._declared})
+            for f in self._declared:
+                if f.name not in result.schema.names:
+                    raise UserCodeError(where, "the result has no such field", field=f.name)
+                merged[f.name] = result.column(f.name)
             result = pa.RecordBatch.from_pydict(merged)
         batch.rows = with_offsets(conform(result, self._schema, where), rows.column(OFFSET))
         self.records_in += given.num_rows
@@ -187,7 +215,11 @@ class FilterStage(Stage):
 
     def process(self, batch: Batch) -> None:
         rows = batch.rows
-        kept = rows.filter(self._predicate) if rows.num_rows else rows
+        try:
+            kept = rows.filter(self._predicate) if rows.num_rows else rows
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            # The predicate does not fit the records (a field of another type, a dropped one).
+            raise UserCodeError(self.plan.where, str(exc)).at(batch) from None
         batch.dropped += rows.num_rows - kept.num_rows
         batch.rows = kept
         self.records_in += rows.num_rows
@@ -279,7 +311,14 @@ class AsyncBatchStage(OperatorStage):
         self._operator.process_element(batch)
 
     def _collect(self, result: Any, _timestamp: int | None) -> None:
-        batch: Batch = result if self._merge is None else self._merge(result)
+        if self._merge is None:
+            batch: Batch = result
+        else:
+            try:
+                batch = self._merge(result)
+            except UserCodeError as exc:
+                exc.at(result.element)
+                raise
         self.records_out += batch.rows.num_rows
         self.downstream(batch)
 

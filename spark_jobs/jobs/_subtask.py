@@ -7,9 +7,11 @@ import gc
 import traceback
 
 from enumerator_service import redact_text
+from spark_jobs.jobs._fatal import stop_the_run
 from spark_jobs.jobs._reader_task import ReaderTask
 from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._task_config import TaskConfig
+from spark_jobs.jobs._user_errors import deterministic_error
 from spark_jobs.runtime import run_task
 
 __all__ = ["SubtaskFailed", "run_reader_subtask"]
@@ -44,7 +46,15 @@ def run_reader_subtask(config: TaskConfig, subtask: int) -> SubtaskResult:
     try:
         return run_task(ReaderTask(config, subtask).run)
     except Exception as exc:
-        raise SubtaskFailed(_redacted(exc, config)) from None
+        line = deterministic_error(exc)
+        if line is None:
+            raise SubtaskFailed(_redacted(exc, config)) from None
+        # Retrying cannot help: the driver stops the run (see _fatal). One line, not a trace.
+        line = redact_text(line, config.database.url)
+        if not line.startswith("pipeline "):
+            line = f"pipeline {config.source}: {line}"
+        stop_the_run(config, subtask, line)
+        raise SubtaskFailed(line) from None
     finally:
         gc.set_threshold(*thresholds)
         if not frozen_by_daemon:

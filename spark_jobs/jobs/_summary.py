@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from spark_jobs._outcomes import ExitCode, run_exit_code
+from spark_jobs.jobs._input_left import InputLeft
 
 __all__ = ["RunSummary", "quantile"]
 
@@ -11,7 +14,9 @@ __all__ = ["RunSummary", "quantile"]
 @dataclass(frozen=True)
 class RunSummary:
     """One run of one pipeline. ``rows_in`` = ``rows_out`` + ``dropped`` (removed by steps)
-    + ``dead_letters``; ``steps``: (step, records in, records out) per step."""
+    + ``dead_letters``; ``steps``: (step, records in, records out) per step; ``left``: the
+    input of the run's scope it did not read (quarantined, held elsewhere).
+    ``nothing_new``: no split was assigned to the run (``left`` says whether input waits)."""
 
     pipeline: str
     run_id: str
@@ -34,14 +39,26 @@ class RunSummary:
     checkpoint_p50_ms: float = 0.0
     checkpoint_p99_ms: float = 0.0
     alignment_p50_ms: float = 0.0
+    #: Records of other days a ``--replace`` re-read and left as first written (not in
+    #: ``rows_in``).
+    other_days: int = 0
     #: Partitions (ISO dates) whose output this run replaced.
     rebuilt: tuple[str, ...] = ()
     steps: tuple[tuple[str, int, int], ...] = ()
+    left: InputLeft = field(default_factory=InputLeft)
 
     @classmethod
-    def nothing(cls, pipeline: str, run_id: str, seconds: float) -> RunSummary:
-        """A run that found no split to process."""
-        return cls(pipeline, run_id, 0, 0, 0, 0, 0, seconds, 0.0, True)
+    def nothing(
+        cls, pipeline: str, run_id: str, seconds: float, left: InputLeft | None = None
+    ) -> RunSummary:
+        """A run that found no split to process (``left``: input that waits all the same)."""
+        return cls(pipeline, run_id, 0, 0, 0, 0, 0, seconds, 0.0, True, left=left or InputLeft())
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """0, or 3 with quarantined input, or 4 with input held elsewhere (``_outcomes``)."""
+        left = self.left
+        return run_exit_code(quarantined=len(left.quarantined), held=left.held + left.rebuilding)
 
 
 def quantile(values: Sequence[float], q: float) -> float:

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from enumerator_service import qualified_name
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._derive import derive
-from spark_jobs.pipeline._errors import PipelineDefinitionError
+from spark_jobs.pipeline._errors import MissingTableError, PipelineDefinitionError
 from spark_jobs.pipeline._plan import Column, LookupPlan, Plan
 from spark_jobs.pipeline._types import catalog_arrow_type, type_family, type_name
 
@@ -63,9 +63,7 @@ def resolve(pipeline: Pipeline, engine: Engine) -> Resolved:
         for step in plan.lookups():
             catalog = _catalog(conn, step.schema_name, step.table)
             if catalog is None:
-                raise PipelineDefinitionError(
-                    name, step.where, f"table {step.qualified} does not exist"
-                )
+                raise MissingTableError(name, step.where, f"table {step.qualified} does not exist")
             wanted = [column for _, column in step.keys] + [column for column, _ in step.columns]
             for column in wanted:
                 if column not in catalog:
@@ -108,7 +106,7 @@ def _check_table_source(conn: Connection, plan: Plan) -> None:
     catalog = _catalog(conn, schema, table)
     where = "source"
     if catalog is None:
-        raise PipelineDefinitionError(plan.name, where, f"table {schema}.{table} does not exist")
+        raise MissingTableError(plan.name, where, f"table {schema}.{table} does not exist")
     key_kind = catalog.get(source.key)
     if key_kind is None or type_family(catalog_arrow_type(key_kind)[0]) != "integer":
         raise PipelineDefinitionError(

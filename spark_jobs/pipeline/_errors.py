@@ -8,6 +8,7 @@ from enumerator_service._identifiers import quote_identifier
 
 __all__ = [
     "RESERVED_PREFIX",
+    "MissingTableError",
     "PipelineDefinitionError",
     "check_field_name",
     "check_identifier",
@@ -36,6 +37,11 @@ class PipelineDefinitionError(ValueError):
         self.pipeline = pipeline
         self.where = where
         self.problem = problem
+
+
+class MissingTableError(PipelineDefinitionError):
+    """A table the pipeline reads does not exist (yet): ``sluice pipelines`` shows it as a
+    note (sample data or the user creates it later), not as an error."""
 
 
 def _printable(text: object) -> str:

@@ -277,6 +277,8 @@ def test_a_rebuild_member_of_another_landing_day_writes_and_tallies_only_its_reb
         "splits": {"2026-01-01": [6]},
         "rebuilds": {"9": {"rows": 2, "dead_letters": 1, "foreign_rows": 2}},
         "dead_letters": [[6, 7, "2026-01-01"]],
+        # Its D2 row and two D2 dead letters: left as first written, not removed by a step.
+        "other_days": 3,
     }
     assert days.take_detail() == {}  # taken: the next interval starts empty
 

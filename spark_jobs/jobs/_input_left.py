@@ -1,0 +1,60 @@
+"""What a run did not read in its scope, and why: quarantined splits (poison files, files
+refused because they changed) and splits held elsewhere (by another live run, or waiting
+for a rebuild of their day). The summary and the exit code name them, so a run never says
+"nothing new" while input waits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+
+import sqlalchemy as sa
+
+from enumerator_service._quarantine import QuarantinedSplit, quarantined
+from enumerator_service._schema import SplitStatus, splits
+
+__all__ = ["InputLeft", "input_left"]
+
+
+@dataclass(frozen=True, slots=True)
+class InputLeft:
+    """``quarantined``: FAILED splits (oldest first, at most 1000); ``held``: splits another
+    live run holds (its lease not expired), ``held_by`` those runs; ``rebuilding``: splits
+    HELD while a rebuild of their day is in progress."""
+
+    quarantined: tuple[QuarantinedSplit, ...] = ()
+    held: int = 0
+    held_by: tuple[str, ...] = ()
+    rebuilding: int = 0
+
+
+def input_left(
+    engine: sa.Engine, source: str, run_id: str, days: Sequence[date] | None
+) -> InputLeft:
+    """The input of ``source`` (of partitions ``days``) that run ``run_id`` leaves unread."""
+    scope = [splits.c.source == source]
+    if days is not None:
+        scope.append(splits.c.partition_key.in_(list(days)))
+    others = sa.and_(
+        *scope,
+        splits.c.status.in_([SplitStatus.ASSIGNED, SplitStatus.READING]),
+        splits.c.run_id.is_distinct_from(run_id),
+        splits.c.lease_expires_at > sa.func.now(),
+    )
+    with engine.connect() as conn:
+        held = conn.execute(
+            sa.select(splits.c.run_id, sa.func.count())
+            .where(others)
+            .group_by(splits.c.run_id)
+            .order_by(splits.c.run_id)
+        ).all()
+        rebuilding = conn.execute(
+            sa.select(sa.func.count()).where(*scope, splits.c.status == SplitStatus.HELD)
+        ).scalar_one()
+    return InputLeft(
+        quarantined=tuple(quarantined(engine, source, days=days)),
+        held=sum(int(n) for _, n in held),
+        held_by=tuple(str(run) for run, _ in held),
+        rebuilding=int(rebuilding),
+    )
