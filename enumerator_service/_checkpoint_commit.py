@@ -231,7 +231,9 @@ class Acknowledgement:
     #: subtask's input ended and everything was emitted (it then counts as +infinity, like
     #: a closed channel). "idle": no active split (none held, or every one idle) and nothing
     #: in the operator chain: like Flink's idle watermark status, it does not hold the run's
-    #: watermark back. A split's "watermark" is that split's own (what
+    #: watermark back (and when every open subtask is idle, the greatest "watermark" any of
+    #: them reached is the run's: ``_run_watermark``). A split's "watermark" is that split's
+    #: own (what
     #: ``splits.committed_watermark`` stores and a restore resumes).
     snapshot: Mapping[str, Any]
     sink: str

@@ -41,7 +41,7 @@ from sqlalchemy.engine import Connection
 from enumerator_service._completeness import END_OF_INPUT, NO_WATERMARK
 from enumerator_service._schema import SplitStatus, splits
 
-__all__ = ["SubtaskMark", "run_watermark", "run_watermark_of", "subtask_mark"]
+__all__ = ["SubtaskMark", "all_idle", "run_watermark", "run_watermark_of", "subtask_mark"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,13 +70,6 @@ HOURS = (0.5, 12.0, 23.5)  # the records of a day's file
 
 
 @dataclass
-class Subtask:
-    reached: datetime | None = None  # its sink-side watermark
-    busy_until: float = 0.0  # reading a split until then (virtual seconds)
-    pending: datetime | None = None  # the split's watermark, reached at busy_until
-
-
-@dataclass
 class SparseRun:
     """One file per day: registered and assigned at ``arrive[i]``; the first subtask free
     pulls it within ``poll`` and reads it in ``read[i]``; barriers every ``interval``."""
@@ -90,17 +83,16 @@ class SparseRun:
     done: list[float] = field(default_factory=list)
 
     def schedule(self) -> None:
-        """Which subtask reads each file, when."""
-        self.tasks = [Subtask() for _ in range(self.subtasks)]
+        """Which subtask reads each file (the first one free), from when to when."""
+        busy_until = [0.0] * self.subtasks
         self.owner: list[int] = []
         for i, arrival in enumerate(self.arrive):
-            k = min(range(self.subtasks), key=lambda j: self.tasks[j].busy_until)
-            start = max(arrival + self.poll, self.tasks[k].busy_until)
-            self.tasks[k].busy_until = start + self.read[i]
+            k = min(range(self.subtasks), key=lambda j: busy_until[j])
+            start = max(arrival + self.poll, busy_until[k])
+            busy_until[k] = start + self.read[i]
             self.pulled.append(start)
             self.done.append(start + self.read[i])
             self.owner.append(k)
-        self.tasks = [Subtask() for _ in range(self.subtasks)]
 
     def snapshots(self, t: float) -> tuple[list[dict[str, Any]], bool]:
         """The subtasks' snapshots at a barrier at ``t``, and whether the run holds a split
@@ -110,7 +102,7 @@ class SparseRun:
         for i, day in enumerate(days(len(self.arrive))):
             k = self.owner[i]
             if self.done[i] <= t:
-                mark = day_end(day) - timedelta(hours=24 - HOURS[-1]) - DELAY
+                mark = last_record(day) - DELAY
                 current = marks[k]
                 marks[k] = mark if current is None else max(current, mark)
             elif self.pulled[i] <= t:
@@ -129,6 +121,11 @@ def days(n: int) -> list[date]:
 
 def day_end(day: date) -> datetime:
     return partition_end(day)
+
+
+def last_record(day: date) -> datetime:
+    """The event time of the last record of ``day``'s file."""
+    return day_end(day) - timedelta(hours=24 - HOURS[-1])
 
 
 def play(run: SparseRun, until: float) -> list[tuple[float, datetime | None, set[date]]]:
@@ -180,7 +177,7 @@ def test_each_day_of_a_sparse_continuous_run_completes_while_it_runs(run: Sparse
         previous = stored
         read = [day for i, day in enumerate(days(n)) if run.done[i] <= t]
         if stored is not None:
-            newest = max(day_end(d) - timedelta(hours=0.5) - DELAY for d in read)
+            newest = max(last_record(d) - DELAY for d in read)
             assert stored <= newest, (t, stored, read)
         # A day completes only once its file is read.
         assert complete <= set(read)
