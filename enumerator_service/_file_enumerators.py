@@ -15,11 +15,17 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from enumerator_service._enumerator import DiscoveryResult, SplitEnumerator
 from enumerator_service._file_identity import ChangePolicy, FileIdentity, change_time
-from enumerator_service._file_versions import cut_splits, known_versions, register_version
+from enumerator_service._file_versions import (
+    cut_splits,
+    grew_in_place,
+    known_versions,
+    register_append,
+    register_version,
+)
 from enumerator_service._landing import LandingRoot, data_files
 from enumerator_service._quarantine import reread_refused
 from enumerator_service._splits import FileSplit
@@ -102,11 +108,22 @@ class _FileEnumerator(SplitEnumerator):
                     fresh.extend(self._cut(path, kind, day, identity, 0))
                 elif recorded is not None and not identity.same_as(recorded):
                     changed += 1
-                    cut = self._cut(path, kind, day, identity, version + 1)
-                    register_version(
-                        conn, cut, policy=self._policy, change=identity.difference(recorded)
-                    )
+                    self._register_change(conn, (path, kind, day, identity), version, recorded)
         return self._store.register(fresh), changed
+
+    def _register_change(
+        self, conn: Connection, file: _Listed, version: int, recorded: FileIdentity
+    ) -> None:
+        """A known file listed with another identity: appended to (only the new lines are
+        new splits) or replaced / rewritten (a new version, read whole)."""
+        path, kind, day, identity = file
+        refused = self._policy is ChangePolicy.REFUSE
+        if grew_in_place(kind, recorded, identity, gz=False):
+            known = FileSplit(self._source, kind, path, 0, None, day, recorded, version)
+            register_append(conn, known, recorded, identity, target=self._target, refused=refused)
+            return
+        cut = self._cut(path, kind, day, identity, version + 1)
+        register_version(conn, cut, policy=self._policy, change=identity.difference(recorded))
 
     def _cut(
         self, path: str, kind: str, day: date | None, identity: FileIdentity, version: int

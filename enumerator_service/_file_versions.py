@@ -1,14 +1,19 @@
 """Versions of a landing file: its splits cut for one identity, a changed file registered again.
 
 A file's splits are registered for the identity seen at discovery (version 0). When the file
-under the same path later has another identity — replaced, re-created, appended to, fixed by
-its owner — it is never read as a mix of the two: discovery (or ``sluice retry``) registers a
+under the same path later has another identity — replaced, re-created, rewritten by its
+owner — it is never read as a mix of the two: discovery (or ``sluice retry``) registers a
 *new version* (``file_version`` + 1) cut from the file as it is now, and the older versions'
 splits that were never read to the end (UNASSIGNED, HELD, FAILED) become SUPERSEDED. What the
 new version's splits do depends on the policy (:class:`ChangePolicy`): ``reprocess`` puts
 them in the pool (the file is read whole again); ``refuse`` registers them quarantined
 (FAILED, reason ``changed since discovery`` and what changed), so nothing is read until
 ``sluice retry`` — which re-reads the file as it is then.
+
+A file *appended to* in place (the same inode, larger: the rule of tailing readers such as
+Filebeat) is not a new version: its splits take the new identity and the appended bytes
+become new ranges of the same version (:func:`register_append`) — quarantined under
+``refuse``, in the pool under ``reprocess`` — so the lines already read are never read twice.
 
 Older versions' splits that a run holds (ASSIGNED, READING) are left alone: their reader
 checks the identity when it opens the file and refuses them (see ``_file_identity``).
@@ -38,13 +43,22 @@ from enumerator_service._schema import SplitStatus, splits
 from enumerator_service._split_store import SplitStore
 from enumerator_service._splits import FileSplit
 
-__all__ = ["cut_splits", "known_versions", "register_version", "supersede"]
+__all__ = [
+    "cut_splits",
+    "grew_in_place",
+    "known_versions",
+    "register_append",
+    "register_version",
+    "supersede",
+]
 
 _log = logging.getLogger(__name__)
 
 #: Kinds that can be cut into byte ranges (a record is one line). A gzip stream cannot be
 #: entered mid-way and is one whole-file split; Parquet is cut at row-group boundaries.
 _SPLITTABLE = frozenset({"jsonl", "csv"})
+#: Kinds read as byte ranges of lines: an append is a new range of the same version.
+_RANGES = frozenset({"jsonl", "csv"})
 #: Splits of an older version that no run reads to the end any more.
 _UNREAD = (SplitStatus.UNASSIGNED, SplitStatus.HELD, SplitStatus.FAILED)
 
@@ -157,17 +171,7 @@ def register_version(
     supersede(conn, first.source, first.path, first.version)
     ids = SplitStore.insert(conn, new_splits)
     if policy is ChangePolicy.REFUSE and ids:
-        conn.execute(
-            sa.update(splits)
-            .where(splits.c.id.in_(ids))
-            .values(
-                status=SplitStatus.FAILED,
-                failures=1,
-                failure_reason=CHANGED_REASON,
-                last_error=change,
-                failed_at=sa.func.now(),
-            )
-        )
+        _quarantine_new(conn, ids, change)
         _log.warning(
             "landing file %s %s (%s): refused, its splits %s are quarantined; "
             "`sluice retry` reads it as it is then",
@@ -185,3 +189,81 @@ def register_version(
             first.version,
         )
     return ids
+
+
+def grew_in_place(kind: str, recorded: FileIdentity, now: FileIdentity, *, gz: bool) -> bool:
+    """Whether the file was appended to: the same inode, larger (the rule of tailing readers
+    such as Filebeat: inode + offset). Line files only (``gz``: whole gzip files too, whose
+    split resumes in the decompressed stream); a Parquet file rewritten larger is a new file."""
+    appendable = kind in _RANGES or (gz and kind.endswith(".gz"))
+    same_file = recorded.inode is not None and now.inode == recorded.inode
+    return appendable and same_file and now.size > recorded.size
+
+
+def register_append(
+    conn: Connection,
+    split: FileSplit,
+    recorded: FileIdentity,
+    now: FileIdentity,
+    *,
+    target: int,
+    refused: bool,
+) -> list[int]:
+    """The file of ``split`` (one split of its latest version) grew in place from
+    ``recorded`` to ``now``: every split of that version takes the new identity (what they
+    cover is unchanged: a line belongs to the range its first byte is in) and the appended
+    bytes ``[recorded.size, now.size)`` become new ranges of the same version, so only the
+    new lines are read. ``refused``: those are registered quarantined (policy ``refuse``).
+    Returns the new split ids."""
+    conn.execute(
+        sa.update(splits)
+        .where(
+            splits.c.source == split.source,
+            splits.c.uri == split.path,
+            splits.c.file_version == split.version,
+        )
+        .values(file_size=now.size, file_mtime_ns=now.mtime_ns, file_inode=now.inode)
+    )
+    if split.kind not in _RANGES:
+        return []  # a whole gzip file: its split resumes and reads on to the new end
+    new = [
+        FileSplit(
+            split.source,
+            split.kind,
+            split.path,
+            start,
+            min(start + target, now.size),
+            split.partition_key,
+            now,
+            split.version,
+        )
+        for start in range(recorded.size, now.size, target)
+    ]
+    ids = SplitStore.insert(conn, new)
+    change = f"{now.difference(recorded)} (appended)"
+    if refused and ids:
+        _quarantine_new(conn, ids, change)
+    _log.warning(
+        "landing file %s %s (%s): %s",
+        split.path,
+        CHANGED_REASON,
+        change,
+        f"the appended lines are refused (splits {ids} quarantined; `sluice retry` reads them)"
+        if refused
+        else "the appended lines will be read",
+    )
+    return ids
+
+
+def _quarantine_new(conn: Connection, ids: Sequence[int], change: str) -> None:
+    conn.execute(
+        sa.update(splits)
+        .where(splits.c.id.in_(list(ids)))
+        .values(
+            status=SplitStatus.FAILED,
+            failures=1,
+            failure_reason=CHANGED_REASON,
+            last_error=change,
+            failed_at=sa.func.now(),
+        )
+    )

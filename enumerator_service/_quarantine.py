@@ -8,9 +8,11 @@ not read twice.
 
 ``retry`` re-reads a file *as it is now*: when the file under a retried split's path no longer
 has the identity its splits were registered for (its owner fixed it, it was replaced or
-grew), the file is registered again as a new version, cut from its current size, and the old
-version's unread splits are SUPERSEDED (see ``_file_versions``) — never a resume of the old
-byte ranges over the new content.
+grew), it is read as it is now: appended to in place (the same inode, larger), what was
+committed stays and only the rest is read (the new lines are new ranges, a gzip resumes);
+otherwise (replaced, rewritten, shrunk) the file is registered again as a new version, cut
+from its current size, and the old version's unread splits are SUPERSEDED (see
+``_file_versions``) — never a resume of the old byte ranges over another file's content.
 
 Threading: every function blocks on the database.
 """
@@ -34,11 +36,14 @@ from enumerator_service._file_identity import (
 )
 from enumerator_service._file_versions import (
     cut_splits,
+    grew_in_place,
     known_versions,
+    register_append,
     register_version,
     supersede,
 )
 from enumerator_service._schema import SplitStatus, splits
+from enumerator_service._splits import FileSplit
 
 __all__ = ["QuarantinedSplit", "quarantined", "reread_refused", "retry_splits"]
 
@@ -177,16 +182,24 @@ def _reread(conn: Connection, row: Any, target_split_bytes: int) -> None:
     version, latest = known_versions(conn, row.source, [row.uri])[row.uri]
     if latest is not None and now.same_as(latest):
         # Discovery registered the current file already (quarantined under ``refuse``).
-        ids = conn.execute(
-            sa.select(splits.c.id).where(
-                splits.c.source == row.source,
-                splits.c.uri == row.uri,
-                splits.c.file_version == version,
-                splits.c.status == SplitStatus.FAILED,
-            )
-        ).scalars()
-        _put_back(conn, list(ids))
+        _put_back(conn, _failed_of(conn, row.source, row.uri, version))
         supersede(conn, row.source, row.uri, version)
+        return
+    if latest is not None and grew_in_place(row.kind, latest, now, gz=True):
+        # Appended to (or a truncated file completed): what was committed stays, the
+        # version's splits read on (a resumed gzip to its new end, new ranges for new lines).
+        known = FileSplit(
+            row.source, row.kind, row.uri, 0, None, row.partition_key, latest, version
+        )
+        register_append(
+            conn,
+            known,
+            latest,
+            now,
+            target=target_split_bytes,
+            refused=False,
+        )
+        _put_back(conn, _failed_of(conn, row.source, row.uri, version))
         return
     recorded = recorded_identity(row._mapping)
     change = now.difference(recorded) if recorded is not None else "changed"
@@ -201,6 +214,17 @@ def _reread(conn: Connection, row: Any, target_split_bytes: int) -> None:
     )
     register_version(conn, new, policy=ChangePolicy.REPROCESS, change=change)
     _log.warning("retry: %s re-read as it is now (%s)", row.uri, change)
+
+
+def _failed_of(conn: Connection, source: str, uri: str, version: int) -> list[int]:
+    """The FAILED splits of one version of a file."""
+    stmt = sa.select(splits.c.id).where(
+        splits.c.source == source,
+        splits.c.uri == uri,
+        splits.c.file_version == version,
+        splits.c.status == SplitStatus.FAILED,
+    )
+    return list(conn.execute(stmt).scalars())
 
 
 def _put_back(conn: Connection, ids: Sequence[int]) -> None:

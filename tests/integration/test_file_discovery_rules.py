@@ -242,11 +242,57 @@ def test_retry_re_reads_a_quarantined_file_as_it_is_now(platform: Platform) -> N
     )
     (back,) = retry_splits(platform.engine, None, source=s.source_name)
     assert back.id == row["id"]
+    # Fixed in place (the same inode, larger): an append. The range read before keeps its
+    # bounds (a line belongs to the range of its first byte); the new bytes are a new range.
+    now = _identity(path)
+    first, appended = _rows(platform)
+    assert (first["status"], first["end_offset"]) == ("UNASSIGNED", before.size)
+    assert (appended["status"], appended["end_offset"]) == ("UNASSIGNED", now.size)
+    assert first["file_size"] == appended["file_size"] == now.size
+    assert first["file_version"] == appended["file_version"] == 0
+    assert static.discover().splits_registered == 0  # the current file is known
+
+
+def test_retry_reads_a_replaced_quarantined_file_whole_as_a_new_version(
+    platform: Platform,
+) -> None:
+    folder = _landing(platform)
+    path = _write(folder / "a.jsonl", 10)
+    s = platform.settings
+    static = StaticFileEnumerator(platform.engine, s.source_name, s.landing_path)
+    static.discover()
+    with platform.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE sluice.splits SET status = 'FAILED', failure_reason = 'x' WHERE source = %s",
+            (s.source_name,),
+        )
+    _recreate(path, 5)  # smaller, another inode
+    retry_splits(platform.engine, None, source=s.source_name)
     old, new = _rows(platform)
     assert (old["status"], new["status"]) == ("SUPERSEDED", "UNASSIGNED")
-    assert new["end_offset"] == new["file_size"] == _identity(path).size != before.size
-    assert new["file_version"] == 1
-    assert static.discover().splits_registered == 0  # the current version is known
+    assert (new["end_offset"], new["file_version"]) == (_identity(path).size, 1)
+
+
+def test_a_processed_file_appended_to_gets_only_its_new_lines_as_splits(
+    platform: Platform,
+) -> None:
+    folder = _landing(platform)
+    path = _write(folder / "a.jsonl", 10)
+    size = _identity(path).size
+    s = platform.settings
+    for policy, status in ((ChangePolicy.REFUSE, "FAILED"), (ChangePolicy.REPROCESS, "UNASSIGNED")):
+        static = StaticFileEnumerator(
+            platform.engine, s.source_name, s.landing_path, change_policy=policy
+        )
+        static.discover()
+        with path.open("ab") as file:
+            file.write(b'{"n": 99}\n')
+        assert static.discover().changed_files == 1
+        appended = _rows(platform)[-1]
+        assert (appended["status"], appended["file_version"]) == (status, 0)
+        assert appended["end_offset"] == _identity(path).size
+        size = _identity(path).size
+    assert [r["end_offset"] for r in _rows(platform)] == [size - 20, size - 10, size]
 
 
 def test_a_recent_file_re_created_is_noticed_by_the_continuous_cursor(
