@@ -366,3 +366,34 @@ def test_the_coordinator_hears_a_failed_subtask_behind_another_notification(
     finally:
         coordinator.stop()
         platform.close()
+
+
+def test_the_coordinator_hears_its_request_behind_another_runs_notification(
+    make_settings: Any,
+) -> None:
+    """The same packet bug for a checkpoint request: behind another run's notification it
+    was dropped, and a coordinator with interval 0 never triggered the checkpoint."""
+    from spark_jobs.checkpoint import CheckpointCoordinator
+
+    platform = open_platform(make_settings())
+    run_id = "run-request-behind"
+    coordinator = CheckpointCoordinator(platform.engine, run_id, 1, {}, interval=0, timeout=10.0)
+    coordinator.start()
+    try:
+        time.sleep(0.5)  # listening
+        with platform.engine.begin() as conn:
+            for run in ("another-run", run_id):
+                event = {"run": run, "event": "request", "subtask": 0}
+                conn.execute(sa.select(sa.func.pg_notify(COORDINATOR_CHANNEL, json.dumps(event))))
+        deadline, triggered = time.monotonic() + 10, 0
+        while not triggered and time.monotonic() < deadline:
+            time.sleep(0.1)
+            with platform.engine.connect() as conn:
+                triggered = conn.execute(
+                    sa.text("SELECT count(*) FROM sluice.checkpoints WHERE run_id = :r"),
+                    {"r": run_id},
+                ).scalar_one()
+        assert triggered == 1  # before: 0, the request was lost
+    finally:
+        coordinator.stop()
+        platform.close()
