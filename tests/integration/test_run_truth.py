@@ -24,8 +24,12 @@ from demo_platform import demo_discover, demo_pipeline, prepare_demo
 from enumerator_service import FileSplit, SplitAssignment, SplitStore, connect_engine
 from enumerator_service._checkpoint_commit import apply_split_states
 from enumerator_service._checkpoint_store import COORDINATOR_CHANNEL
-from enumerator_service._operations import open_platform, platform_status
+from enumerator_service._operations import discover, open_platform, platform_status
+from spark_jobs import FileSource, Pipeline
+from spark_jobs._outcomes import ExitCode
+from spark_jobs.cli._render import left_lines, nothing_line
 from spark_jobs.jobs import run_pipeline
+from spark_jobs.pipeline._paths import discovery_of
 
 SLUICE = str(Path(sys.executable).with_name("sluice"))
 
@@ -105,10 +109,17 @@ def test_a_map_returning_the_wrong_type_stops_the_run_at_once_with_one_line(
         line,
     ), line
     print(f"deterministic error: exit {run.returncode} after {seconds:.1f} s, 1 attempt")
-    # Nothing was committed past it: both splits are back in the pool for the fixed code.
-    status = _sluice(["status", "bad_map", "--json"], db_url, tmp_path)
-    splits = json.loads(status.stdout)["pipelines"]["bad_map"]["splits"]
-    assert splits["UNASSIGNED"] >= 1 and splits["UNASSIGNED"] + splits["COMPLETED"] == 2
+    # Nothing was committed past it: the bad file's split is back in the pool.
+    engine = connect_engine(db_url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            status = conn.execute(
+                sa.text("SELECT status FROM sluice.splits WHERE source = 'bad_map' AND uri = :u"),
+                {"u": str(landing / "a.jsonl")},
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    assert status == "UNASSIGNED"
 
 
 #: A pipeline over landing-day folders; its splits are registered by the test itself.
@@ -211,7 +222,7 @@ def test_status_and_a_replace_count_each_row_once(make_settings: Any) -> None:
     """A replaced day's rows count once in ``status``; the ``--replace`` summary's "removed
     by steps" holds only what steps removed (the clickstream pipeline removes nothing), not
     the other days' records of the files it re-read."""
-    settings = make_settings(demo_events=240, demo_days=2, demo_files_per_day=2)
+    settings = make_settings(demo_events=240, demo_users=100, demo_days=2, demo_files_per_day=2)
     platform = open_platform(settings)
     try:
         prepare_demo(settings, platform)
@@ -295,43 +306,43 @@ def test_pipelines_exits_2_when_it_reports_a_definition_error(db_url: str, tmp_p
     assert result.stderr.strip() == "sluice: 1 pipeline definition error(s), shown above"
 
 
-POISON = """
-from spark_jobs import FileSource, Pipeline
-
-poison = Pipeline(
-    name="truth_poison",
-    source=FileSource(landing={landing!r}, schema={{"x": "int64"}}, partition_by=None),
-)
-"""
-
-
 @pytest.mark.spark
 def test_a_run_that_quarantines_a_poison_file_says_so_and_exits_3(
-    db_url: str, tmp_path: Path
+    make_settings: Any, tmp_path: Path
 ) -> None:
-    landing = tmp_path / "landing"
+    settings = make_settings(split_max_attempts=1)
+    landing = tmp_path / "poison"
     _land(landing, "good.jsonl", range(50))
     whole = gzip.compress(b"".join(json.dumps({"x": x}).encode() + b"\n" for x in range(5000)))
     (landing / "bad.jsonl.gz").write_bytes(whole[: len(whole) // 2])
-    (tmp_path / "truth_pipelines.py").write_text(POISON.format(landing=str(landing)))
-    assert _sluice(["discover", "truth_poison"], db_url, tmp_path).returncode == 0
-    run = _sluice(["run", "truth_poison"], db_url, tmp_path, SLUICE_SPLIT_MAX_ATTEMPTS="1")
-    # Before: exit 0, the table only ("splits 1"), not a word about bad.jsonl.gz.
-    assert run.returncode == 3, run.stdout + run.stderr
-    lines = [line.strip() for line in run.stdout.splitlines()]
-    start = lines.index(
-        "1 quarantined split(s), not in the output (`sluice retry --all-failed` puts them back):"
+    pipeline = Pipeline(
+        name=settings.source_name,
+        source=FileSource(landing=landing, schema={"x": "int64"}, partition_by=None),
     )
-    assert re.fullmatch(
-        rf"split \d+: {re.escape(str(landing / 'bad.jsonl.gz'))} — truncated compressed stream "
-        r"after 1 attempts: .+",
-        lines[start + 1],
-    ), lines[start + 1]
-    again = _sluice(["run", "truth_poison"], db_url, tmp_path)
-    assert again.returncode == 3, again.stdout + again.stderr
-    assert again.stdout.strip().startswith(
-        "Nothing new to process (truth_poison), but some input is quarantined."
-    )
+    platform = open_platform(settings)
+    try:
+        discover(platform, discovery_of(pipeline, settings))
+        summary = run_pipeline(settings, pipeline)
+        # Before: exit code 0, the run table only ("splits 1"), not a word about the file.
+        assert summary.exit_code == ExitCode.QUARANTINED
+        lines = left_lines(summary)
+        assert lines[0] == (
+            "1 quarantined split(s), not in the output (`sluice retry --all-failed` puts them "
+            "back):"
+        )
+        assert re.fullmatch(
+            rf"  split \d+: {re.escape(str(landing / 'bad.jsonl.gz'))} — truncated compressed "
+            r"stream after 1 attempts: .+",
+            lines[1],
+        ), lines[1]
+        again = run_pipeline(settings, pipeline)
+        assert again.nothing_new and again.exit_code == ExitCode.QUARANTINED
+        assert nothing_line(again) == (
+            f"[bold]Nothing new to process[/] ({settings.source_name}), but some input is "
+            "quarantined."
+        )
+    finally:
+        platform.close()
 
 
 def test_the_coordinator_hears_a_failed_subtask_behind_another_notification(
@@ -363,6 +374,37 @@ def test_the_coordinator_hears_a_failed_subtask_behind_another_notification(
         # Before: nothing heard (the second notification of the packet was dropped).
         assert heard == ["pipeline p: boom"]
         assert coordinator.stop_requested == "pipeline p: boom"
+    finally:
+        coordinator.stop()
+        platform.close()
+
+
+def test_the_coordinator_hears_its_request_behind_another_runs_notification(
+    make_settings: Any,
+) -> None:
+    """The same packet bug for a checkpoint request: behind another run's notification it
+    was dropped, and a coordinator with interval 0 never triggered the checkpoint."""
+    from spark_jobs.checkpoint import CheckpointCoordinator
+
+    platform = open_platform(make_settings())
+    run_id = "run-request-behind"
+    coordinator = CheckpointCoordinator(platform.engine, run_id, 1, {}, interval=0, timeout=10.0)
+    coordinator.start()
+    try:
+        time.sleep(0.5)  # listening
+        with platform.engine.begin() as conn:
+            for run in ("another-run", run_id):
+                event = {"run": run, "event": "request", "subtask": 0}
+                conn.execute(sa.select(sa.func.pg_notify(COORDINATOR_CHANNEL, json.dumps(event))))
+        deadline, triggered = time.monotonic() + 10, 0
+        while not triggered and time.monotonic() < deadline:
+            time.sleep(0.1)
+            with platform.engine.connect() as conn:
+                triggered = conn.execute(
+                    sa.text("SELECT count(*) FROM sluice.checkpoints WHERE run_id = :r"),
+                    {"r": run_id},
+                ).scalar_one()
+        assert triggered == 1  # before: 0, the request was lost
     finally:
         coordinator.stop()
         platform.close()
