@@ -213,7 +213,21 @@ def prune_finished_runs(
     max_batches: int = 20,
 ) -> PrunedRuns:
     """Delete the checkpoint bookkeeping of runs over for ``retention_hours`` (see the
-    module docstring): at most ``max_batches`` deletes of ``batch`` checkpoints each."""
+    module docstring): at most ``max_batches`` deletes of ``batch`` checkpoints each.
+
+    Best effort: a database error (a concurrent start pruning the same rows: a deadlock) is
+    logged and the next start prunes what this one could not.
+    """
+    try:
+        return _prune_finished_runs(engine, retention_hours, max_runs, batch, max_batches)
+    except sa.exc.OperationalError as exc:
+        _log.warning("the bookkeeping of finished runs was not pruned now: %s", exc.orig)
+        return PrunedRuns(0, 0, False)
+
+
+def _prune_finished_runs(
+    engine: Engine, retention_hours: float, max_runs: int, batch: int, max_batches: int
+) -> PrunedRuns:
     with engine.connect() as conn:
         runs = list(
             conn.execute(
