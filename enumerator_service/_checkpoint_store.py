@@ -20,12 +20,16 @@ of an attempt that was superseded (a retried task restored an earlier state) is 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
+
+from enumerator_service._bookkeeping import CheckpointHistory, prune_checkpoints
 
 # Re-exported: the protocol's shared half lives in _checkpoint_commit.
 from enumerator_service._checkpoint_commit import (
@@ -64,6 +68,7 @@ from enumerator_service._schema import (
     checkpoints,
     sink_transactions,
 )
+from enumerator_service._secrets import redact_text
 from enumerator_service._split_store import SplitStore
 from enumerator_service._task_watermarks import committed_acks
 
@@ -84,6 +89,8 @@ __all__ = [
     "recover",
 ]
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class CompletedCheckpoint:
@@ -102,7 +109,12 @@ class CompletedCheckpoint:
 
 
 class CheckpointStore:
-    """The checkpoints of one run. Blocking: call from the coordinator thread."""
+    """The checkpoints of one run. Blocking: call from the coordinator thread.
+
+    ``history_seconds``: after each completion, delete the bookkeeping of this run's
+    checkpoints older than that which nothing reads any more (``_bookkeeping``); None keeps
+    everything.
+    """
 
     def __init__(
         self,
@@ -111,11 +123,13 @@ class CheckpointStore:
         sinks: Mapping[str, TransactionalSink],
         *,
         source: str | None = None,
+        history_seconds: float | None = None,
     ) -> None:
         self._engine = engine
         self._run_id = run_id
         self._sinks = sinks
         self._source = source
+        self._history = None if history_seconds is None else CheckpointHistory(history_seconds)
 
     def _notify(self, conn: Connection, checkpoint_id: int, event: str) -> None:
         payload = json.dumps({"run": self._run_id, "id": checkpoint_id, "event": event})
@@ -158,6 +172,8 @@ class CheckpointStore:
             ).rowcount
             if updated:
                 self._notify(conn, checkpoint_id, "abort")
+        if updated and self._history is not None:
+            self._history.ended(checkpoint_id, time.monotonic(), completed=False)
 
     def complete(self, checkpoint_id: int, *, two_phase: bool) -> CompletedCheckpoint | None:
         """Commit checkpoint ``checkpoint_id``; None if it is no longer PENDING.
@@ -269,6 +285,10 @@ class CheckpointStore:
         # Step 8: superseded attempts' staged output is deleted.
         if superseded:
             _abort_staged(self._engine, self._sinks, superseded)
+        # Step 9: old bookkeeping goes (after the commit: never part of its transaction).
+        if self._history is not None:
+            self._history.ended(checkpoint_id, time.monotonic(), completed=True)
+            self._prune(self._history)
         ack_times = [ack.acked_at for ack in acks]
         return CompletedCheckpoint(
             checkpoint_id=checkpoint_id,
@@ -281,6 +301,24 @@ class CheckpointStore:
             watermark=watermark,
             completions=tuple(completions),
         )
+
+    def prune_ended(self) -> None:
+        """At the end of the run: prune what expired since the last (batched) prune."""
+        if self._history is not None:
+            self._prune(self._history, final=True)
+
+    def _prune(self, history: CheckpointHistory, *, final: bool = False) -> None:
+        due = history.due(time.monotonic(), final=final)
+        if not due:
+            return
+        try:
+            history.pruned(due, prune_checkpoints(self._engine, self._run_id, due))
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            # Best effort: the checkpoint is committed; a later completion looks at them again.
+            history.pruned(due, set())
+            _log.warning(
+                "pruning old checkpoints of run %s failed: %s", self._run_id, redact_text(str(exc))
+            )
 
     def finished(self, subtask: int) -> bool:
         """Whether a completed checkpoint of this run carries ``subtask``'s final snapshot: the

@@ -137,6 +137,19 @@ class Settings(BaseSettings):
     checkpoint_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Abort a checkpoint not acknowledged by then."
     )
+    checkpoint_history_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="A run keeps the bookkeeping (checkpoint rows, snapshots) of its last two "
+        "completed checkpoints, and of older ones for this long; older ones are deleted as "
+        "checkpoints complete.",
+    )
+    bookkeeping_retention_hours: float = Field(
+        default=168.0,
+        gt=0,
+        description="The checkpoint bookkeeping of a run that is over is deleted (at a later "
+        "run's start) once the run has had no checkpoint for this long.",
+    )
     dagster_partitions: Literal["daily", "discovered"] = Field(
         default="discovered",
         description="The partitions Dagster offers for a day-partitioned output: discovered: "

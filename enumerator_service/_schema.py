@@ -228,6 +228,9 @@ checkpoint_acks = Table(
         ["checkpoints.run_id", "checkpoints.checkpoint_id"],
         ondelete="CASCADE",
     ),
+    # A subtask's acknowledgements in order: its committed state (committed_acks) and what
+    # the pruning of old checkpoints keeps (_bookkeeping).
+    Index(None, "run_id", "subtask", "checkpoint_id"),
 )
 
 sink_transactions = Table(

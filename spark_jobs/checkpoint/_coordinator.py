@@ -93,11 +93,14 @@ class CheckpointCoordinator(threading.Thread):
         on_stop_request: Callable[[str], None] | None = None,
         give_up_after: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
+        history_seconds: float | None = None,
     ) -> None:
         super().__init__(name=f"checkpoint-coordinator-{run_id}", daemon=True)
         self._engine = engine
         self._run_id = run_id
-        self._store = CheckpointStore(engine, run_id, sinks, source=source)
+        self._store = CheckpointStore(
+            engine, run_id, sinks, source=source, history_seconds=history_seconds
+        )
         self._interval = interval
         self._timeout = timeout
         self._two_phase = exactly_once
@@ -183,6 +186,7 @@ class CheckpointCoordinator(threading.Thread):
             except BaseException as exc:
                 self._fail(exc)
                 return
+        self._store.prune_ended()  # the old bookkeeping the last (batched) prune left
         if listener is not None:
             listener.close()
 

@@ -30,6 +30,7 @@ from enumerator_service import (
     database_url,
     recover,
 )
+from enumerator_service._bookkeeping import prune_finished_runs
 from enumerator_service._rebuilds import Rebuild, RebuildStore
 from enumerator_service._safe_paths import child_path, safe_name
 from enumerator_service._secret_files import sweep_secret_files
@@ -182,6 +183,7 @@ class ReaderRun:
         engine, plan = self._engine, resolved.plan
         SplitStore(engine).release_expired(self.source)
         recover(engine, self._sinks)
+        prune_finished_runs(engine, retention_hours=self.settings.bookkeeping_retention_hours)
         clean_staging(engine, self.staging_root)
         self._finish = functools.partial(
             finish_rebuilds,
@@ -292,6 +294,7 @@ class ReaderRun:
             timeout=settings.checkpoint_timeout_seconds,
             exactly_once=config.exactly_once,
             source=self.source,
+            history_seconds=settings.checkpoint_history_seconds,
             # Subtasks wait for their final checkpoint: without a coordinator, stop the job.
             on_failure=lambda _exc: spark.sparkContext.cancelAllJobs(),
             # A deterministic error: stop now, Spark's stage retries would only repeat it.

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from conftest import TestSettings
 from enumerator_service._operations import FileDiscovery, discover, open_platform
 from enumerator_service._schema import splits
 
+SLUICE = str(Path(sys.executable).with_name("sluice"))
 DAY = "dt=2026-01-01"
 BAD = b"caf\xe9-latin1.jsonl"  # "café" in Latin-1: not UTF-8
 
@@ -54,3 +57,25 @@ def test_a_file_name_that_is_not_utf8_is_skipped_with_a_warning(
     assert found.skipped_names == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("caf\\xe9-latin1.jsonl" in w and "UTF-8" in w for w in warnings), warnings
+
+
+def test_sluice_discover_prints_the_skipped_name_and_counts_it(db_url: str, tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    (landing / DAY).mkdir(parents=True)
+    (landing / DAY / "good.jsonl").write_text('{"x": 1}\n')
+    with open(os.path.join(os.fsencode(landing / DAY), BAD), "wb") as file:
+        file.write(b'{"x": 2}\n')
+    (tmp_path / "name_pipes.py").write_text(
+        "from spark_jobs import FileSource, Pipeline\n"
+        f'pipe = Pipeline(name="names_{os.getpid()}", '
+        f'source=FileSource(landing="{landing}", schema={{"x": "int64"}}))\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    env |= {"SLUICE_PIPELINES": "name_pipes", "SLUICE_DATABASE_URL": db_url}
+    result = subprocess.run(
+        [SLUICE, "discover"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "1 new splits registered; 1 file(s) skipped: name not UTF-8" in out, out
+    assert "caf\\xe9-latin1.jsonl has a name that is not UTF-8: skipped" in result.stderr
