@@ -1,7 +1,7 @@
 """checkpoint bookkeeping pruning: an index of each subtask's acknowledgements in order
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-11-26 12:00:00
 """
 
