@@ -20,7 +20,6 @@ from datetime import date
 import sqlalchemy as sa
 
 from enumerator_service import (
-    AbortCause,
     CheckpointStore,
     ConfigError,
     LandingRoot,
@@ -38,13 +37,14 @@ from spark_jobs._outcomes import DeterministicFailure
 from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.jobs._credentials import share_database
-from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress, run_totals
+from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress
 from spark_jobs.jobs._input_left import input_left
 from spark_jobs.jobs._outages import while_down
-from spark_jobs.jobs._results import SubtaskResult, lookup_totals, step_totals
+from spark_jobs.jobs._results import SubtaskResult
+from spark_jobs.jobs._run_report import summarize_run
 from spark_jobs.jobs._shipping import ship_by_value
 from spark_jobs.jobs._spark_stage import run_subtasks
-from spark_jobs.jobs._summary import RunSummary, quantile
+from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._catalog import Resolved, resolve
@@ -172,7 +172,16 @@ class ReaderRun:
             # Step 5: publish what is committed, swap finished rebuilds, sweep.
             self._wrap_up(replacing)
             # Step 6: the summary, from Postgres (a retried task's commits count too).
-            return self._summarize(results, coordinator, replacing, started)
+            return summarize_run(
+                self._engine,
+                self.run_id,
+                self.source,
+                self.dates,
+                results,
+                coordinator.stats,
+                rebuilt=tuple(r.partition_key for r in replacing),
+                seconds=time.monotonic() - started,
+            )
         finally:
             self._unshare()  # the run's password file, if it needed one
             self._engine.dispose()
@@ -350,51 +359,6 @@ class ReaderRun:
         if plan.sink.kind == "postgres":
             assert plan.sink.table is not None
             sweep_staged(engine, *plan.sink.table)
-
-    def _summarize(
-        self,
-        results: list[SubtaskResult],
-        coordinator: CheckpointCoordinator,
-        replacing: list[Rebuild],
-        started: float,
-    ) -> RunSummary:
-        totals = while_down(lambda: run_totals(self._engine, self.run_id))
-        left = while_down(lambda: input_left(self._engine, self.source, self.run_id, self.dates))
-        stats = coordinator.stats
-        seconds = time.monotonic() - started
-        # A rebuild's records of other days were read but stay as first written: neither
-        # input of the replaced day nor removed by a step.
-        dropped = totals.dropped - totals.other_days
-        rows_in = totals.rows + dropped + totals.dead_letters
-        lookups = lookup_totals(results)
-        durations = [c.duration for c in stats.completed]
-        return RunSummary(
-            pipeline=self.source,
-            run_id=self.run_id,
-            splits=totals.splits,
-            rows_in=rows_in,
-            rows_out=totals.rows,
-            dropped=dropped,
-            other_days=totals.other_days,
-            dead_letters=totals.dead_letters,
-            fenced=stats.aborted_by(AbortCause.FENCED),
-            seconds=seconds,
-            rows_per_second=rows_in / seconds if seconds > 0 else 0.0,
-            nothing_new=False,
-            lookups=lookups.lookups,
-            lookup_queries=lookups.queries,
-            cache_hit_rate=lookups.cache_hit_rate,
-            lookup_p50_ms=lookups.p50_ms,
-            lookup_p99_ms=lookups.p99_ms,
-            checkpoints=len(stats.completed),
-            checkpoints_aborted=len(stats.aborted),
-            checkpoint_p50_ms=quantile(durations, 0.5) * 1e3,
-            checkpoint_p99_ms=quantile(durations, 0.99) * 1e3,
-            alignment_p50_ms=quantile([c.alignment for c in stats.completed], 0.5) * 1e3,
-            rebuilt=tuple(r.partition_key.isoformat() for r in replacing),
-            steps=step_totals(results),
-            left=left,
-        )
 
     def _give_back(self) -> None:
         """Whatever the run did not commit goes back to the pool (addSplitsBack), and its
