@@ -3,7 +3,7 @@
 Each checkpoint leaves a ``checkpoints`` row and one ``checkpoint_acks`` row per subtask (its
 snapshot: a few KB); a continuous run checkpointing every 5 s would grow them without bound.
 
-* :func:`prune_checkpoints` (after each completed checkpoint, one run): deletes the run's
+* :func:`prune_checkpoints` (after completions, batched, and at the run's end): deletes the run's
   checkpoints older than its second-to-last completed one that ended more than
   ``history_seconds`` ago (recent ones are kept for whoever debugs a run), as
   :class:`CheckpointHistory` picks them. It keeps what the readers of these tables still
@@ -21,10 +21,9 @@ snapshot: a few KB); a continuous run checkpointing every 5 s would grow them wi
   staged output is in ``sink_transactions`` (never touched here: an uncommitted transaction
   commits with a later checkpoint, and committed ones are the output ledger that
   ``sluice status`` and Dagster's counts read), counts are in ``partition_stats``.
-  Each call looks only at what expired since the previous one (one checkpoint, usually) and
-  at the few rows kept before, by primary key and through
-  ``ix_checkpoint_acks_run_id_subtask_checkpoint_id``; a completion with nothing expired
-  runs no statement at all.
+  Each call looks only at what expired since the previous one and at the few rows kept
+  before, by primary key and through ``ix_checkpoint_acks_run_id_subtask_checkpoint_id``;
+  a completion between two batches runs no statement at all.
 
 * :func:`prune_finished_runs` (at each driver start): deletes the checkpoints,
   acknowledgements and ``run_watermarks`` row of runs that are over (no pending checkpoint,
