@@ -170,6 +170,9 @@ def describe_run(summary: RunSummary) -> str:
             f"; {len(left.quarantined)} split(s) quarantined" if left.quarantined else "",
             f"; {left.held} split(s) held by another run" if left.held else "",
             f"; {left.rebuilding} split(s) held for a rebuild" if left.rebuilding else "",
+            f"; {len(left.retrying)} split(s) failed an attempt, back in the pool"
+            if left.retrying
+            else "",
         )
     )
     if summary.nothing_new:
@@ -233,6 +236,7 @@ def summary_metadata(
         "exit_code": MetadataValue.int(int(summary.exit_code)),
         "quarantined_splits": MetadataValue.int(len(summary.left.quarantined)),
         "held_splits": MetadataValue.int(summary.left.held + summary.left.rebuilding),
+        "retrying_splits": MetadataValue.int(len(summary.left.retrying)),
         "rebuilt_partitions": MetadataValue.text(", ".join(summary.rebuilt) or "none"),
         "steps": MetadataValue.md("| step | records in | records out |\n|---|---:|---:|\n" + steps),
         "output": MetadataValue.text(output),

@@ -108,6 +108,8 @@ def nothing_line(summary: RunSummary) -> str:
     left, name = summary.left, summary.pipeline
     if left.held or left.rebuilding:
         return f"[bold]Nothing to process now[/] ({name}): the new input is held elsewhere."
+    if left.retrying:
+        return f"[bold]Nothing read[/] ({name}): splits that failed an attempt wait for a retry."
     if left.quarantined:
         return f"[bold]Nothing new to process[/] ({name}), but some input is quarantined."
     return f"[bold]Nothing new to process[/] ({name}): every discovered split is already committed."
@@ -136,6 +138,14 @@ def left_lines(summary: RunSummary) -> list[str]:
         lines.append(
             f"{left.rebuilding:,} split(s) held until the rebuild of their day swaps: not read"
         )
+    if left.retrying:
+        lines.append(
+            f"{len(left.retrying):,} split(s) failed an attempt on their content and are back "
+            "in the pool, not in the output (the next run tries again; quarantined after "
+            "SLUICE_SPLIT_MAX_ATTEMPTS failures):"
+        )
+        for split in left.retrying[:_SHOWN_FAILED]:
+            lines.append(f"  split {split.id}: {split.line()}")
     return lines
 
 

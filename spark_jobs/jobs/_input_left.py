@@ -1,7 +1,8 @@
 """What a run did not read in its scope, and why: quarantined splits (poison files, files
-refused because they changed) and splits held elsewhere (by another live run, or waiting
-for a rebuild of their day). The summary and the exit code name them, so a run never says
-"nothing new" while input waits."""
+refused because they changed), splits held elsewhere (by another live run, or waiting for a
+rebuild of their day), and splits whose attempt failed on their own content and that went back
+to the pool (the next run tries them again, up to ``SLUICE_SPLIT_MAX_ATTEMPTS``). The summary
+and the exit code name them, so a run never says "nothing new" while input waits."""
 
 from __future__ import annotations
 
@@ -21,12 +22,19 @@ __all__ = ["InputLeft", "input_left"]
 class InputLeft:
     """``quarantined``: FAILED splits (oldest first, at most 1000); ``held``: splits another
     live run holds (its lease not expired), ``held_by`` those runs; ``rebuilding``: splits
-    HELD while a rebuild of their day is in progress."""
+    HELD while a rebuild of their day is in progress; ``retrying``: splits back in the pool
+    after a failed attempt (not yet quarantined), at most 1000."""
 
     quarantined: tuple[QuarantinedSplit, ...] = ()
     held: int = 0
     held_by: tuple[str, ...] = ()
     rebuilding: int = 0
+    retrying: tuple[QuarantinedSplit, ...] = ()
+
+    @property
+    def unread(self) -> int:
+        """Splits left unread for now (exit code 4 when nothing is quarantined)."""
+        return self.held + self.rebuilding + len(self.retrying)
 
 
 def input_left(
@@ -52,9 +60,25 @@ def input_left(
         rebuilding = conn.execute(
             sa.select(sa.func.count()).where(*scope, splits.c.status == SplitStatus.HELD)
         ).scalar_one()
+        retrying = conn.execute(
+            sa.select(
+                splits.c.id,
+                splits.c.source,
+                splits.c.uri,
+                splits.c.failures,
+                splits.c.failure_reason,
+                splits.c.last_error,
+                splits.c.failed_at,
+                splits.c.partition_key,
+            )
+            .where(*scope, splits.c.status == SplitStatus.UNASSIGNED, splits.c.failures > 0)
+            .order_by(splits.c.id)
+            .limit(1000)
+        ).all()
     return InputLeft(
         quarantined=tuple(quarantined(engine, source, days=days)),
         held=sum(int(n) for _, n in held),
         held_by=tuple(str(run) for run, _ in held),
         rebuilding=int(rebuilding),
+        retrying=tuple(QuarantinedSplit.of(row) for row in retrying),
     )

@@ -58,7 +58,7 @@ class RunSummary:
     def exit_code(self) -> ExitCode:
         """0, or 3 with quarantined input, or 4 with input held elsewhere (``_outcomes``)."""
         left = self.left
-        return run_exit_code(quarantined=len(left.quarantined), held=left.held + left.rebuilding)
+        return run_exit_code(quarantined=len(left.quarantined), held=left.unread)
 
 
 def quantile(values: Sequence[float], q: float) -> float:

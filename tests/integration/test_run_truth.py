@@ -408,3 +408,36 @@ def test_the_coordinator_hears_its_request_behind_another_runs_notification(
     finally:
         coordinator.stop()
         platform.close()
+
+
+@pytest.mark.spark
+def test_a_run_whose_poison_split_failed_one_attempt_says_so_and_exits_4(
+    make_settings: Any, tmp_path: Path
+) -> None:
+    """Below SLUICE_SPLIT_MAX_ATTEMPTS a failed split goes back to the pool: the run that left
+    it there did not read it, and says so (found by the new-user trial of issue 21: such runs
+    exited 0 and printed nothing about the file)."""
+    settings = make_settings(split_max_attempts=2)
+    landing = tmp_path / "poison"
+    _land(landing, "good.jsonl", range(50))
+    whole = gzip.compress(b"".join(json.dumps({"x": x}).encode() + b"\n" for x in range(5000)))
+    (landing / "bad.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    pipeline = Pipeline(
+        name=settings.source_name,
+        source=FileSource(landing=landing, schema={"x": "int64"}, partition_by=None),
+    )
+    platform = open_platform(settings)
+    try:
+        discover(platform, discovery_of(pipeline, settings))
+        summary = run_pipeline(settings, pipeline)
+        assert summary.exit_code == ExitCode.HELD, left_lines(summary)
+        lines = left_lines(summary)
+        assert lines[0].startswith("1 split(s) failed an attempt on their content and are back")
+        assert re.fullmatch(
+            rf"  split \d+: {re.escape(str(landing / 'bad.jsonl.gz'))} — .+ after 1 attempts: .+",
+            lines[1],
+        ), lines[1]
+        again = run_pipeline(settings, pipeline)  # the second attempt quarantines it
+        assert again.exit_code == ExitCode.QUARANTINED and not again.left.retrying
+    finally:
+        platform.close()
