@@ -6,7 +6,8 @@
 - 3: the run completed, but input in its scope is quarantined: poison splits, and files
   refused because they changed after discovery (``sluice status`` lists them with their
   reasons, ``sluice retry`` puts them back).
-- 4: the run completed, but input was left unread: splits held by another live run.
+- 4: the run completed, but input was left unread: splits held by another live run or a
+  pending rebuild, or back in the pool after a failed attempt.
 - 5: the run stopped at a deterministic error in the pipeline's code (one line names
   pipeline, step, field and record); nothing was committed past it, its splits are back in
   the pool.
@@ -19,8 +20,15 @@ the run holding it.
 from __future__ import annotations
 
 import enum
+import re
 
-__all__ = ["DeterministicFailure", "ExitCode", "run_exit_code"]
+__all__ = [
+    "DeterministicFailure",
+    "ExitCode",
+    "RunFailed",
+    "job_failure",
+    "run_exit_code",
+]
 
 
 class ExitCode(enum.IntEnum):
@@ -37,6 +45,36 @@ class DeterministicFailure(RuntimeError):
     """The run stopped at a deterministic error in the pipeline's code (or in what a step
     queries): ``str()`` is one line naming pipeline, step, field and record. Nothing was
     committed past it; the run's splits went back to the pool. Exit code 5."""
+
+
+class RunFailed(RuntimeError):
+    """A run whose Spark job failed after its stage attempts (a transient error that stayed):
+    one line naming the pipeline and the Python error that ended the last attempt. Exit 1."""
+
+
+def job_failure(exc: BaseException, pipeline: str) -> RunFailed | None:
+    """The one line of a failed Spark job: the last Python error of the subtask traceback in
+    its message (Spark prints each attempt's traceback above; this line sums them up), or
+    None when ``exc`` carries none."""
+    text = str(exc)
+    if "Traceback (most recent call last)" not in text:
+        return None
+    python_part = text.rsplit("Traceback (most recent call last)", 1)[1]
+    lines = [line.strip() for line in python_part.split("\n\tat ", 1)[0].splitlines()]
+    errors = [
+        line
+        for line in lines
+        if line and not line.startswith(("File ", "^", "~")) and _ERROR_LINE.match(line)
+    ]
+    if not errors:
+        return None
+    attempts = _ATTEMPTS.search(text)
+    after = f" after {attempts.group(1)} stage attempts" if attempts else ""
+    return RunFailed(f"pipeline {pipeline}: the Spark job failed{after}: {errors[-1][:500]}")
+
+
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failed|Failure|Interrupt)\b.*")
+_ATTEMPTS = re.compile(r"failed the maximum allowable number of times: (\d+)")
 
 
 def run_exit_code(*, quarantined: int, held: int) -> ExitCode:

@@ -12,7 +12,7 @@ import click
 from enumerator_service import ConfigError
 from enumerator_service._database import SchemaError
 from enumerator_service._rebuilds import CrossDayRebuildError, PartitionBusyError
-from spark_jobs._outcomes import DeterministicFailure, ExitCode
+from spark_jobs._outcomes import DeterministicFailure, ExitCode, RunFailed
 from spark_jobs.cli._commands import cli
 from spark_jobs.pipeline import DemoDataRefused, PipelineDefinitionError
 
@@ -45,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except DeterministicFailure as exc:  # retrying cannot help: the one line, no traceback
         click.echo(f"sluice: run failed: {exc}", err=True)
         sys.exit(ExitCode.CODE_ERROR)
+    except RunFailed as exc:  # Spark printed each attempt's traceback; this sums them up
+        click.echo(f"sluice: run failed: {exc}", err=True)
+        sys.exit(ExitCode.FAILED)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(ExitCode.INTERRUPTED)

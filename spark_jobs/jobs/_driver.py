@@ -33,7 +33,7 @@ from enumerator_service._bookkeeping import prune_finished_runs
 from enumerator_service._rebuilds import Rebuild, RebuildStore
 from enumerator_service._safe_paths import child_path, safe_name
 from enumerator_service._secret_files import sweep_secret_files
-from spark_jobs._outcomes import DeterministicFailure
+from spark_jobs._outcomes import DeterministicFailure, job_failure
 from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.jobs._credentials import share_database
@@ -328,6 +328,9 @@ class ReaderRun:
                 # The job was cancelled because the coordinator failed (e.g. the sink's table
                 # refused the commit): its error is the cause, not the cancellation.
                 raise _coordinator_failed(coordinator.error) from coordinator.error
+            failed = job_failure(exc, self.source)
+            if failed is not None:
+                raise failed from exc
             raise
         finally:
             coordinator.stop()

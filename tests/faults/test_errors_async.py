@@ -35,6 +35,7 @@ from spark_jobs import (
     ParquetSink,
     Pipeline,
 )
+from spark_jobs._outcomes import RunFailed
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.pipeline._paths import discovery_of, output_path
 
@@ -199,7 +200,9 @@ def test_a_locked_lookup_table_loses_nothing(
         if hold_after is not None:
             run_pipeline(settings, pipeline)
         else:
-            with pytest.raises(Exception, match=r"(?i)time"):
+            with pytest.raises(
+                RunFailed, match=r"the Spark job failed after \d+ stage attempts: .*Timeout"
+            ):
                 run_pipeline(settings, pipeline)
             assert_no_loss_so_far(output_ids(pipeline, settings), expected)
             lock.release()
