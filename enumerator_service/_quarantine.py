@@ -91,9 +91,11 @@ def quarantined(
     *,
     days: Sequence[date] | None = None,
     limit: int = 1000,
+    retrying: bool = False,
 ) -> list[QuarantinedSplit]:
     """FAILED splits (of ``source``, of partitions ``days``), oldest failure first, at most
-    ``limit``."""
+    ``limit``. ``retrying``: instead, the splits back in the pool after a failed attempt on
+    their content (UNASSIGNED, failures > 0), not yet quarantined."""
     stmt = (
         sa.select(
             splits.c.id,
@@ -105,10 +107,13 @@ def quarantined(
             splits.c.failed_at,
             splits.c.partition_key,
         )
-        .where(splits.c.status == SplitStatus.FAILED)
         .order_by(splits.c.failed_at, splits.c.id)
         .limit(limit)
     )
+    if retrying:
+        stmt = stmt.where(splits.c.status == SplitStatus.UNASSIGNED, splits.c.failures > 0)
+    else:
+        stmt = stmt.where(splits.c.status == SplitStatus.FAILED)
     if source is not None:
         stmt = stmt.where(splits.c.source == source)
     if days is not None:

@@ -60,25 +60,10 @@ def input_left(
         rebuilding = conn.execute(
             sa.select(sa.func.count()).where(*scope, splits.c.status == SplitStatus.HELD)
         ).scalar_one()
-        retrying = conn.execute(
-            sa.select(
-                splits.c.id,
-                splits.c.source,
-                splits.c.uri,
-                splits.c.failures,
-                splits.c.failure_reason,
-                splits.c.last_error,
-                splits.c.failed_at,
-                splits.c.partition_key,
-            )
-            .where(*scope, splits.c.status == SplitStatus.UNASSIGNED, splits.c.failures > 0)
-            .order_by(splits.c.id)
-            .limit(1000)
-        ).all()
     return InputLeft(
         quarantined=tuple(quarantined(engine, source, days=days)),
         held=sum(int(n) for _, n in held),
         held_by=tuple(str(run) for run, _ in held),
         rebuilding=int(rebuilding),
-        retrying=tuple(QuarantinedSplit.of(row) for row in retrying),
+        retrying=tuple(quarantined(engine, source, days=days, retrying=True)),
     )
