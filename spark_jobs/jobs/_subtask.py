@@ -50,7 +50,7 @@ def run_reader_subtask(config: TaskConfig, subtask: int) -> SubtaskResult:
         if line is None:
             raise SubtaskFailed(_redacted(exc, config)) from None
         # Retrying cannot help: the driver stops the run (see _fatal). One line, not a trace.
-        line = redact_text(line, config.database.url)
+        line = _redact(line, config)  # the password too, not only the URLs
         if not line.startswith("pipeline "):
             line = f"pipeline {config.source}: {line}"
         stop_the_run(config, subtask, line)
@@ -62,7 +62,10 @@ def run_reader_subtask(config: TaskConfig, subtask: int) -> SubtaskResult:
 
 
 def _redacted(exc: Exception, config: TaskConfig) -> str:
-    text = "".join(traceback.format_exception(exc))
+    return _redact("".join(traceback.format_exception(exc)), config)
+
+
+def _redact(text: str, config: TaskConfig) -> str:
     urls = [config.database.url]
     # With the password, to find it in the text (if it cannot be read, there is none to hide).
     with contextlib.suppress(Exception):

@@ -184,12 +184,13 @@ def test_status_shows_and_retry_puts_back_failed_splits(
     assert table.returncode == 0, table.stderr
     assert f"failed split {a.split_id}" in table.stdout
     assert "truncated compressed stream after 1 attempts" in table.stdout
-    done = _cli(["retry", "--all-failed"], db_url, tmp_path)
+    # Scoped to the pipeline: other tests leave quarantined splits of their own in this database.
+    done = _cli(["retry", "--all-failed", "--pipeline", source], db_url, tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"split {a.split_id} ({source}) back in")
     assert "/landing/bad.csv — truncated compressed stream after 1 attempts" in lines[0]
-    again = _cli(["retry", "--all-failed"], db_url, tmp_path)
+    again = _cli(["retry", "--all-failed", "--pipeline", source], db_url, tmp_path)
     assert again.stdout.strip() == "no quarantined splits"
     assert store.counts(source) == {"UNASSIGNED": 1}
 

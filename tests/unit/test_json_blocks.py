@@ -305,6 +305,9 @@ def test_blocks_cover_exactly_the_lines_of_their_range(
     path = tmp_path / "f.jsonl"
     path.write_bytes(data)
     parser = JsonLinesParser(EVENTS, limit)
+    # A UTF-8 byte order mark opening the file is not content: the reader reads it as blanks
+    # (offsets stay those of the file); anywhere else it is part of its line.
+    as_read = b"   " + data[3:] if data.startswith(b"\xef\xbb\xbf") else data
     bounds = sorted({0, *(int(c * len(data)) for c in cuts)})
     for start, end in zip(bounds, [*bounds[1:], None], strict=True):
         reader = LineSplitReader(EVENTS, max_line_bytes=limit, chunk_bytes=chunk)
@@ -317,7 +320,7 @@ def test_blocks_cover_exactly_the_lines_of_their_range(
         for before, after in pairwise(blocks):
             assert before.end == after.start
         rows = pa.concat_batches([b.rows for b in blocks])
-        exact_rows, exact_dead = parser.parse_exact(data[owned[0] : owned[1]], owned[0])
+        exact_rows, exact_dead = parser.parse_exact(as_read[owned[0] : owned[1]], owned[0])
         assert repr(rows.to_pylist()) == repr(exact_rows.to_pylist())
         assert [entry for b in blocks for entry in b.dead] == exact_dead
         for block in blocks:  # a block's range re-read gives it again
