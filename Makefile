@@ -31,7 +31,8 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest tests/unit
 
-## faults: exactly-once under SIGKILLed Spark workers, drivers, Dagster daemon; Postgres restarts
+## faults: exactly-once under SIGKILLed Spark workers, drivers, Dagster daemon; Postgres restarts;
+## and the error-injection matrix (tests/faults/test_errors_*.py), its `extended` cases included
 faults: install
 	$(BIN)/python -m pytest tests/faults -m faults -s
 

@@ -236,7 +236,11 @@ def _execute(db_url: str, statements: str) -> None:
         engine.dispose()
 
 
-@pytest.mark.parametrize("table", ["orders_enriched__staged", "orders_enriched"])
+@pytest.mark.parametrize(
+    "table",
+    # The refused commit is also covered without Spark by tests/integration/test_sink_refusals.
+    ["orders_enriched__staged", pytest.param("orders_enriched", marks=pytest.mark.extended)],
+)
 def test_a_table_refusing_writes_fails_the_run_and_loses_nothing(
     postgres: tuple[OwnPostgres, Path], table: str
 ) -> None:
