@@ -113,6 +113,9 @@ def work(request: pytest.FixtureRequest) -> Iterator[tuple[OwnPostgres, Path, li
             remove(root)
 
 
+# `extended`: make faults runs it, make test leaves it out (CI's time budget); the continuous
+# mode under a real daemon is in make test through tests/dagster/test_continuous_daemon.py.
+@pytest.mark.extended
 def test_daemon_restart_during_a_continuous_run(
     work: tuple[OwnPostgres, Path, list[Daemon]],
 ) -> None:

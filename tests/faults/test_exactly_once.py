@@ -260,6 +260,8 @@ def test_poison_files_are_quarantined_under_kills(postgres: tuple[OwnPostgres, P
     assert verdict.duplicates == 0
 
 
+# `extended`: make faults runs it, make test leaves it out (CI's time budget).
+@pytest.mark.extended
 def test_at_least_once_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
     # Replays after a kill may duplicate (counted and printed); nothing may be lost.
     _fault_run(postgres, "AT_LEAST_ONCE", SEED + 1, plan=AT_LEAST_ONCE_PLAN)
