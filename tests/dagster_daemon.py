@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def _in_session(sid: int) -> list[psutil.Process]:
+def in_session(sid: int) -> list[psutil.Process]:
+    """The processes of session ``sid`` but its leader."""
     found = []
     for p in psutil.process_iter():
         try:
@@ -55,7 +56,7 @@ class Daemon:
             )
 
     def processes(self) -> list[psutil.Process]:
-        procs = {p.pid: p for p in _in_session(self.proc.pid)}
+        procs = {p.pid: p for p in in_session(self.proc.pid)}
         with contextlib.suppress(psutil.Error):
             root = psutil.Process(self.proc.pid)
             procs[root.pid] = root

