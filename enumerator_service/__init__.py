@@ -49,10 +49,18 @@ from enumerator_service._splits import (
     TableRangeSplit,
 )
 from enumerator_service._table_enumerator import TableRangeEnumerator
+from enumerator_service._storage import (
+    OBJECT_STORE_SCHEMES,
+    Location,
+    StorageOptions,
+    is_uri,
+    open_location,
+)
 from enumerator_service._task_watermarks import committed_task_watermark
 
 __all__ = [
     "NO_CHECKPOINT",
+    "OBJECT_STORE_SCHEMES",
     "SECRETS_FOLDER",
     "AbortCause",
     "Acknowledgement",
@@ -67,6 +75,7 @@ __all__ = [
     "FileIdentity",
     "FileSplit",
     "LandingRoot",
+    "Location",
     "OutsideLandingError",
     "SchemaError",
     "Settings",
@@ -78,6 +87,7 @@ __all__ = [
     "SplitStore",
     "StagedTransaction",
     "StaticFileEnumerator",
+    "StorageOptions",
     "TableRangeEnumerator",
     "TableRangeSplit",
     "TransactionalSink",
@@ -86,10 +96,12 @@ __all__ = [
     "change_time",
     "committed_task_watermark",
     "connect_engine",
+    "is_uri",
     "database_url",
     "load_settings",
     "modification_time",
     "new_secret_file",
+    "open_location",
     "qualified_name",
     "quote_identifier",
     "read_password_file",

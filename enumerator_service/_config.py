@@ -217,6 +217,19 @@ class Settings(BaseSettings):
         "inside the landing folder are always followed.",
     )
 
+    # -- issue 22, files anywhere: object stores through pyarrow.fs ----------------------
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description="Endpoint of an S3-compatible store (e.g. http://127.0.0.1:9000 for "
+        "MinIO); unset: AWS. Credentials come from the standard AWS chain (AWS_ACCESS_KEY_ID "
+        "and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, the instance role), never from a setting.",
+    )
+    s3_region: str | None = Field(
+        default=None,
+        description="Region of the S3 buckets (unset: AWS_REGION / AWS_DEFAULT_REGION, the "
+        "profile, else the client's default).",
+    )
+
     # -- issue 21, files are immutable or detected ------------------------------------------
     file_settle_seconds: float = Field(
         default=2.0,

@@ -1,0 +1,114 @@
+"""A real S3-protocol server on 127.0.0.1 for the tests: moto's ``ThreadedMotoServer``.
+
+It speaks the S3 REST protocol over HTTP (what s3fs and pandas test against), so Sluice is
+tested through pyarrow's real S3 client. What moto does not model: consistency delays (it is
+strongly consistent, as S3 has been since 2020), request throttling (503 SlowDown), and
+conditional writes beyond ``If-None-Match``; objects live in memory.
+
+``S3Server.pause()`` / ``resume()`` make the endpoint refuse connections for a while with
+its data kept (the fault tests' "endpoint unreachable").
+
+Credentials are fake and come from the environment (the standard chain), as in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+from moto.server import ThreadedMotoServer
+
+__all__ = ["S3Server", "s3_server"]
+
+ACCESS_KEY = "sluice-test-key"
+SECRET_KEY = "sluice-test-secret-do-not-log"  # tests assert it appears nowhere
+REGION = "us-east-1"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class S3Server:
+    """A running server: its endpoint URL, and a client that may create buckets."""
+
+    port: int
+    _server: ThreadedMotoServer | None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a Sluice process needs in its environment to use this server."""
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "SLUICE_S3_ENDPOINT_URL": self.endpoint_url,
+            "SLUICE_S3_REGION": REGION,
+        }
+
+    def admin(self) -> pafs.S3FileSystem:
+        """A client for the test itself (bucket creation allowed)."""
+        return pafs.S3FileSystem(
+            access_key=ACCESS_KEY,
+            secret_key=SECRET_KEY,
+            region=REGION,
+            endpoint_override=f"127.0.0.1:{self.port}",
+            scheme="http",
+            allow_bucket_creation=True,
+            allow_bucket_deletion=True,
+        )
+
+    def create_bucket(self, name: str) -> str:
+        self.admin().create_dir(name)
+        return f"s3://{name}"
+
+    def pause(self) -> None:
+        """Refuse connections (the server stops listening); its objects are kept."""
+        if self._server is not None:
+            self._server._server.shutdown()  # the werkzeug server; the moto backend stays
+            self._server._thread.join()
+            self._server._server.server_close()
+
+    def resume(self) -> None:
+        """Listen again on the same port, with the same objects."""
+        if self._server is not None:
+            self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+@contextmanager
+def s3_server() -> Iterator[S3Server]:
+    """Start the server, put its settings in ``os.environ`` (restored after), stop it."""
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    running = S3Server(port, server)
+    saved = {key: os.environ.get(key) for key in running.env}
+    os.environ.update(running.env)
+    try:
+        yield running
+    finally:
+        running.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
