@@ -15,15 +15,13 @@ from collections.abc import Callable, Mapping
 from datetime import date
 from typing import Any
 
-import sqlalchemy as sa
 from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue
 
-from dagster_project._counts import PartitionCounts, partition_counts, partition_folder
-from dagster_project._runs import parquet_files
+from dagster_project._counts import PartitionCounts, partition_counts
 from enumerator_service import Settings, connect_engine, database_url
 from enumerator_service._quarantine import quarantined
+from spark_jobs.connectors import sink_connector_named
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._errors import quote
 
 __all__ = ["CHECK_DESCRIPTIONS", "SAMPLE_KEYS", "Outcomes", "check_names", "outcomes_of"]
 
@@ -52,39 +50,8 @@ def _label(day: date | None) -> str:
 
 def _duplicates(pipeline: Pipeline, settings: Settings, day: date | None) -> tuple[int, list[str]]:
     """(duplicate rows, sample keys) of the key in one partition."""
-    key = list(pipeline.plan.key or ())
-    sink = pipeline.plan.sink
-    if sink.kind == "postgres":
-        assert sink.table is not None
-        table = f"{quote(sink.table[0])}.{quote(sink.table[1])}"
-        columns = ", ".join(quote(k) for k in key)
-        where = "" if day is None else "WHERE dt = :day"
-        engine = connect_engine(database_url(settings, create=False), pool_size=1)
-        try:
-            with engine.connect() as conn:
-                if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": table}).scalar() is None:
-                    return 0, []
-                rows = conn.execute(
-                    sa.text(
-                        f"SELECT {columns}, count(*) FROM {table} {where} GROUP BY {columns} "
-                        "HAVING count(*) > 1 ORDER BY count(*) DESC"
-                    ),
-                    {"day": day},
-                ).all()
-        finally:
-            engine.dispose()
-        return sum(int(r[-1]) - 1 for r in rows), [str(tuple(r[:-1])) for r in rows[:SAMPLE_KEYS]]
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    files = parquet_files(partition_folder(pipeline, settings, day))
-    if not files:
-        return 0, []
-    table = pq.read_table(files, columns=key)
-    counts = table.group_by(key).aggregate([([], "count_all")])
-    repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
-    sample = repeated.select(key).slice(0, SAMPLE_KEYS).to_pylist()
-    return table.num_rows - counts.num_rows, [str(tuple(row.values())) for row in sample]
+    connector = sink_connector_named(pipeline.plan.sink.kind)
+    return connector.duplicate_keys(pipeline, settings, day, list(pipeline.plan.key or ()))
 
 
 def _rows_reconcile(c: PartitionCounts) -> AssetCheckResult:

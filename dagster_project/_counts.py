@@ -22,19 +22,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
 
 import sqlalchemy as sa
 
-from dagster_project._runs import parquet_files
 from enumerator_service import Settings
 from enumerator_service._operations import open_platform
 from enumerator_service._schema import SplitStatus, dead_letters, splits
+from spark_jobs.connectors import sink_connector_named
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._errors import quote
-from spark_jobs.pipeline._paths import output_path
 
-__all__ = ["PartitionCounts", "partition_counts", "partition_folder"]
+__all__ = ["PartitionCounts", "partition_counts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,48 +58,6 @@ class PartitionCounts:
     def reconciles(self) -> bool:
         done = self.splits_completed == self.splits
         return done and (not self.comparable or self.rows_out == self.rows_committed)
-
-
-def partition_folder(pipeline: Pipeline, settings: Settings, day: date | None) -> Path:
-    root = output_path(pipeline, settings)
-    return root if day is None else root / f"dt={day.isoformat()}"
-
-
-# Rows committed into each day's *current* generation (see the module docstring).
-_PARQUET_ROWS = """
-WITH files AS (
-    SELECT t.committed_at, f.value ->> 'final' AS final, CAST(f.value ->> 'rows' AS bigint) AS rows
-    FROM sluice.sink_transactions AS t, jsonb_array_elements(t.staged) AS f(value)
-    WHERE t.committed AND t.sink = 'parquet' AND t.source = :source
-), latest AS (
-    SELECT DISTINCT ON (partition_key) partition_key, id, swapped_at
-    FROM sluice.partition_rebuilds
-    WHERE source = :source AND status = 'DONE' AND partition_key = ANY(:days)
-    ORDER BY partition_key, id DESC
-), wanted AS (
-    SELECT day FROM unnest(CAST(:days AS date[])) AS day
-)
-SELECT w.day, SUM(files.rows)
-FROM wanted AS w
-LEFT JOIN latest AS l ON l.partition_key = w.day
-JOIN files ON (
-    starts_with(files.final, :root || 'dt=' || w.day || '/')
-    AND (l.swapped_at IS NULL OR files.committed_at > l.swapped_at)
-) OR (
-    l.id IS NOT NULL
-    AND starts_with(files.final, :root || '_rebuilds/dt=' || w.day || '/' || l.id || '/')
-)
-GROUP BY w.day
-"""
-_ALL_PARQUET_ROWS = """
-SELECT COALESCE(SUM(t.row_count), 0) FROM sluice.sink_transactions AS t
-WHERE t.committed AND t.sink = 'parquet' AND t.source = :source
-"""
-_TABLE_ROWS = """
-SELECT f.value -> 'rows_by_partition' AS days, CAST(f.value ->> 'rows' AS bigint) AS rows
-FROM sluice.sink_transactions AS t, jsonb_array_elements(t.staged) AS f(value)
-WHERE t.committed AND t.sink = 'postgres' AND t.source = :source
-"""
 
 
 def partition_counts(
@@ -159,53 +114,12 @@ def partition_counts(
 def _committed(
     conn: sa.Connection, pipeline: Pipeline, settings: Settings, days: list[date]
 ) -> dict[date | None, int]:
-    source = pipeline.name
-    if pipeline.plan.sink.kind == "postgres":
-        found: dict[date | None, int] = {}
-        for per_day, rows in conn.execute(sa.text(_TABLE_ROWS), {"source": source}):
-            if not days:
-                found[None] = found.get(None, 0) + int(rows)
-                continue
-            for key, count in (per_day or {}).items():
-                day = date.fromisoformat(key)
-                found[day] = found.get(day, 0) + int(count)
-        return found
-    if not days:
-        total = conn.execute(sa.text(_ALL_PARQUET_ROWS), {"source": source}).scalar_one()
-        return {None: int(total)}
-    query = sa.text(_PARQUET_ROWS).bindparams(sa.bindparam("days", type_=sa.ARRAY(sa.Date)))
-    params = {
-        "source": source,
-        "days": days,
-        "root": f"{output_path(pipeline, settings)}/",
-    }
-    return {day: int(rows) for day, rows in conn.execute(query, params)}
+    connector = sink_connector_named(pipeline.plan.sink.kind)
+    return connector.committed_rows(conn, pipeline, settings, days)
 
 
 def _rows_out(
     conn: sa.Connection, pipeline: Pipeline, settings: Settings, days: Sequence[date | None]
 ) -> dict[date | None, int]:
-    sink = pipeline.plan.sink
-    if sink.kind == "postgres":
-        assert sink.table is not None
-        table = f"{quote(sink.table[0])}.{quote(sink.table[1])}"
-        exists = conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": table}).scalar()
-        out: dict[date | None, int] = {}
-        for day in days:
-            if exists is None:
-                out[day] = 0
-            elif day is None:
-                out[day] = int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one())
-            else:
-                query = sa.text(f"SELECT count(*) FROM {table} WHERE dt = :day")
-                out[day] = int(conn.execute(query, {"day": day}).scalar_one())
-        return out
-    import pyarrow.parquet as pq
-
-    return {
-        day: sum(
-            pq.read_metadata(path).num_rows
-            for path in parquet_files(partition_folder(pipeline, settings, day))
-        )
-        for day in days
-    }
+    connector = sink_connector_named(pipeline.plan.sink.kind)
+    return connector.rows_out(conn, pipeline, settings, days)

@@ -19,7 +19,7 @@ from dagster_project.completions import report_completions_sensor
 from dagster_project.continuous import continuous_job, continuous_sensor
 from dagster_project.jobs import incremental_job
 from dagster_project.live import freshness_check, live_state_sensor
-from dagster_project.observations import landing_asset, table_asset
+from dagster_project.observations import table_asset, upstream_assets
 from dagster_project.schedules import incremental_schedule
 from dagster_project.sensors import new_files_sensor
 from enumerator_service import Settings
@@ -58,11 +58,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
     plan = pipeline.plan
     partitions = partitions_of(pipeline, settings)
     sources: list[AssetsDefinition] = []
-    if plan.source.kind == "table":
-        assert plan.source.table is not None
-        sources.append(table_asset(*plan.source.table, group=pipeline.name, used_by=pipeline.name))
-    else:
-        sources.append(landing_asset(pipeline))
+    sources.extend(upstream_assets(pipeline))
     for lookup in plan.lookups():
         sources.append(
             table_asset(

@@ -18,11 +18,13 @@ a cursor of the days already synced would bound it for sources with millions of 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import date
+
 import sqlalchemy as sa
 from dagster import DagsterInstance, DynamicPartitionsDefinition, PartitionsDefinition
 
 from enumerator_service._completions import completions_table_exists, partition_completions
-from enumerator_service._landing import LandingRoot, landing_days
 from enumerator_service._schema import splits
 
 __all__ = ["sync_partitions"]
@@ -33,11 +35,11 @@ def sync_partitions(
     partitions: PartitionsDefinition | None,
     engine: sa.Engine,
     source: str,
-    landing: LandingRoot | None = None,
+    input_days: Iterable[date] | None = None,
 ) -> list[str]:
     """Add ``source``'s days that Dagster does not have to ``partitions`` (dynamic ones
-    only: a daily or no partitioning has nothing to add); the keys added. ``landing``: a
-    file source's landing folder, whose days with data files count too."""
+    only: a daily or no partitioning has nothing to add); the keys added. ``input_days``:
+    the days the source connector sees input for (a landing folder's days), counted too."""
     if not isinstance(partitions, DynamicPartitionsDefinition) or partitions.name is None:
         return []
     query: sa.Select[tuple[object]] | sa.CompoundSelect[tuple[object]] = (
@@ -54,8 +56,7 @@ def sync_partitions(
         )
     with engine.connect() as conn:
         days = {str(day) for day in conn.execute(query).scalars()}
-    if landing is not None:
-        days |= {str(day) for day in landing_days(landing.path, landing)}
+    days |= {str(day) for day in input_days or ()}
     known = set(instance.get_dynamic_partitions(partitions.name))
     new = sorted(days - known)
     if new:

@@ -14,8 +14,9 @@ from enumerator_service._operations import discover, open_platform
 from enumerator_service._rebuilds import CrossDayRebuildError
 from enumerator_service._safe_paths import safe_name
 from spark_jobs._outcomes import DeterministicFailure, ExitCode
+from spark_jobs.connectors import source_connector_named
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import discovery_of, landing_path
+from spark_jobs.pipeline._paths import discovery_of
 
 if TYPE_CHECKING:
     from spark_jobs.jobs import RunSummary
@@ -76,13 +77,12 @@ def discover_once(
         platform.close()
 
 
-def missing_landing(settings: Settings, pipeline: Pipeline) -> Path | None:
-    """The landing folder of a file source while it does not exist yet (a pipeline registered
-    before its first file landed), else None."""
-    if pipeline.plan.source.kind != "files":
-        return None
-    landing = landing_path(pipeline, settings)
-    return None if landing.is_dir() else landing
+def missing_landing(settings: Settings, pipeline: Pipeline) -> str | None:
+    """Why the source has nothing to discover yet without it being an error (a landing
+    folder that does not exist yet: a pipeline registered before its first file landed),
+    else None."""
+    connector = source_connector_named(pipeline.plan.source.kind)
+    return connector.waiting_for_input(pipeline, settings)
 
 
 def discover_new(settings: Settings, pipeline: Pipeline) -> DiscoveryResult:

@@ -29,10 +29,9 @@ from dagster import (
 from dagster_project._runs import describe_run, discover_and_run, sluice_run_id, summary_metadata
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings
-from enumerator_service._landing import LandingRoot, landing_days
 from enumerator_service._safe_paths import partition_date
+from spark_jobs.connectors import sink_connector_named, source_connector_named
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import landing_path, output_path
 
 __all__ = [
     "DayPartitions",
@@ -50,10 +49,10 @@ _PARTITIONS: dict[str, DailyPartitionsDefinition] = {}
 
 
 def _earliest_day(pipeline: Pipeline, settings: Settings) -> date | None:
-    """The earliest ``dt=YYYY-MM-DD`` landing folder holding a data file (None without one)."""
-    landing = landing_path(pipeline, settings)
-    root = LandingRoot.of(landing, follow_symlinks=settings.follow_symlinks)
-    return min(landing_days(landing, root), default=None)
+    """The earliest day the source has input for (a landing ``dt=`` folder holding a data
+    file), or None."""
+    connector = source_connector_named(pipeline.plan.source.kind)
+    return min(connector.input_days(pipeline, settings) or (), default=None)
 
 
 def partitions_name(pipeline: Pipeline) -> str:
@@ -91,15 +90,8 @@ def partition_days(context: AssetExecutionContext) -> list[date]:
 
 def output_location(pipeline: Pipeline, settings: Settings, days: Sequence[date] | None) -> str:
     """Where the output of ``days`` is (a folder, or a table and its ``dt`` values)."""
-    sink = pipeline.plan.sink
-    if sink.kind == "postgres":
-        assert sink.table is not None
-        where = f"postgres {sink.table[0]}.{sink.table[1]}"
-        return where if not days else f"{where} (dt {days[0]}..{days[-1]})"
-    folder = output_path(pipeline, settings)
-    if days and len(days) == 1:
-        folder = folder / f"dt={days[0].isoformat()}"
-    return str(folder)
+    connector = sink_connector_named(pipeline.plan.sink.kind)
+    return connector.location(pipeline, settings, days or ())
 
 
 def output_asset(

@@ -80,10 +80,9 @@ from enumerator_service._completions import (
     mark_reported,
     unreported_completions,
 )
-from enumerator_service._landing import LandingRoot
 from enumerator_service._operations import open_platform
+from spark_jobs.connectors import source_connector_named
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import landing_path
 
 __all__ = [
     "GENERATION_TAG",
@@ -254,11 +253,9 @@ def report_completions(
     partitioned = partitions is not None
     try:
         # Before the report: a completed day must be a partition for the UI to show it.
-        landing = None
-        if pipeline.plan.source.kind == "files":
-            folder = landing_path(pipeline, settings)
-            landing = LandingRoot.of(folder, follow_symlinks=settings.follow_symlinks)
-        sync_partitions(instance, partitions, engine, pipeline.name, landing)
+        connector = source_connector_named(pipeline.plan.source.kind)
+        input_days = connector.input_days(pipeline, settings) if partitioned else None
+        sync_partitions(instance, partitions, engine, pipeline.name, input_days)
         if not completions_table_exists(engine):
             return done
         for completion in unreported_completions(engine, pipeline.name, limit):

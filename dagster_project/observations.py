@@ -3,11 +3,7 @@ table its lookups read. Observing never reads data: a folder is listed (one ``st
 file, aggregated as it goes) and a table is sized from the Postgres catalog. Each
 observation records a data version, so the output asset shows when its inputs changed."""
 
-import hashlib
-import os
 import warnings
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,50 +21,10 @@ from dagster import (
 
 from dagster_project.resources import SluiceResource
 from enumerator_service import connect_engine, database_url, qualified_name
-from enumerator_service._landing import _PARTITION_DIR, _kind_of
+from spark_jobs.connectors import ObservedInput, TableInput, source_connector_named
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import landing_path
 
-__all__ = ["LandingListing", "landing_asset", "list_landing", "table_asset", "table_key"]
-
-
-@dataclass(frozen=True, slots=True)
-class LandingListing:
-    """Aggregates of one listing of a landing folder."""
-
-    files: int
-    total_bytes: int
-    newest_mtime_ns: int
-    partitions: int
-
-    @property
-    def data_version(self) -> DataVersion:
-        key = f"{self.files}:{self.total_bytes}:{self.newest_mtime_ns}"
-        return DataVersion(hashlib.sha256(key.encode()).hexdigest()[:16])
-
-
-def list_landing(landing: Path, *, partitioned: bool = True) -> LandingListing:
-    """Count the data files the enumerators would register (same folder and name rules)."""
-    files = total = newest = partitions = 0
-    if not landing.is_dir():
-        return LandingListing(0, 0, 0, 0)
-    folders = [landing]
-    if partitioned:
-        folders = [f for f in landing.iterdir() if _PARTITION_DIR.match(f.name) and f.is_dir()]
-    for folder in folders:
-        partitions += partitioned
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                # Hidden and "_" files are in-flight writes or markers, never data.
-                if entry.name.startswith((".", "_")) or _kind_of(entry.name) is None:
-                    continue
-                if not entry.is_file():
-                    continue
-                stat = entry.stat()
-                files += 1
-                total += stat.st_size
-                newest = max(newest, stat.st_mtime_ns)
-    return LandingListing(files, total, newest, partitions)
+__all__ = ["observed_asset", "table_asset", "table_key", "upstream_assets"]
 
 
 def table_key(schema: str, table: str) -> AssetKey:
@@ -76,33 +32,58 @@ def table_key(schema: str, table: str) -> AssetKey:
     return AssetKey([schema, table])
 
 
-def landing_asset(pipeline: Pipeline) -> AssetsDefinition:
-    """``<pipeline>_landing``: file count, total bytes and newest mtime of the landing folder."""
-    source = pipeline.plan.source
+def _metadata_value(value: Any, *, path: bool) -> Any:
+    if path:
+        return MetadataValue.path(str(value))
+    if isinstance(value, bool):
+        return MetadataValue.bool(value)
+    if isinstance(value, int):
+        return MetadataValue.int(value)
+    if isinstance(value, float):
+        return MetadataValue.float(value)
+    return MetadataValue.text(str(value))
+
+
+def observed_asset(pipeline: Pipeline, observed: ObservedInput) -> AssetsDefinition:
+    """``<pipeline>_<name>``: an input its source connector observes (files: the landing
+    folder's file count, total bytes and newest mtime)."""
     spec = AssetSpec(
-        f"{pipeline.name}_landing",
-        description=f"The files pipeline {pipeline.name} reads (its landing folder).",
+        f"{pipeline.name}_{observed.name}",
+        description=observed.description,
         group_name=pipeline.name,
-        kinds={"file"},
+        kinds=set(observed.kinds),
     )
 
     def observe(context: AssetExecutionContext, sluice: SluiceResource) -> ObserveResult:
-        landing = landing_path(pipeline, sluice.settings())
-        listing = list_landing(landing, partitioned=source.partitioned)
-        context.log.info(f"{landing}: {listing.files} files, {listing.total_bytes} bytes")
-        metadata: dict[str, Any] = {
-            "path": MetadataValue.path(str(landing)),
-            "files": MetadataValue.int(listing.files),
-            "total_bytes": MetadataValue.int(listing.total_bytes),
-            "partitions": MetadataValue.int(listing.partitions),
+        version, found = observed.observe(pipeline, sluice.settings())
+        context.log.info(f"{spec.key.to_user_string()}: {dict(found)}")
+        metadata = {
+            key: _metadata_value(value, path=key == observed.path_key)
+            for key, value in found.items()
         }
-        if listing.files:
-            metadata["newest_mtime"] = MetadataValue.timestamp(listing.newest_mtime_ns / 1e9)
         return ObserveResult(
-            asset_key=spec.key, data_version=listing.data_version, metadata=metadata
+            asset_key=spec.key,
+            data_version=DataVersion(version) if version is not None else None,
+            metadata=metadata,
         )
 
-    return _observable(spec, f"observe_{pipeline.name}_landing", observe)
+    return _observable(spec, f"observe_{pipeline.name}_{observed.name}", observe)
+
+
+def upstream_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
+    """The Dagster assets of the pipeline's input, as its source connector declares them."""
+    found: list[AssetsDefinition] = []
+    connector = source_connector_named(pipeline.plan.source.kind)
+    for upstream in connector.upstream_assets(pipeline.plan):
+        if isinstance(upstream, TableInput):
+            found.append(
+                table_asset(
+                    upstream.schema, upstream.table, group=pipeline.name, used_by=pipeline.name
+                )
+            )
+        else:
+            found.append(observed_asset(pipeline, upstream))
+    return found
 
 
 def table_asset(schema: str, table: str, *, group: str, used_by: str) -> AssetsDefinition:

@@ -97,7 +97,7 @@ def new_files_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinition
         settings = sluice.settings()
         missing = missing_landing(settings, pipeline)
         if missing is not None:
-            return SkipReason(f"no landing folder yet ({missing})")
+            return SkipReason(f"nothing to discover yet ({missing})")
         discovery = discover_new(settings, pipeline)
         cursor = FilesSensorCursor.parse(context.cursor)
         if discovery.splits_registered == 0:

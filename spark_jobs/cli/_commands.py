@@ -30,10 +30,11 @@ from spark_jobs.cli._render import (
     status_json,
     status_table,
 )
+from spark_jobs.connectors._registry import source_connector_named
 from spark_jobs.pipeline import Pipeline, SampleTarget
 from spark_jobs.pipeline._demo_marks import check_landing, record_landing
 from spark_jobs.pipeline._errors import MissingTableError
-from spark_jobs.pipeline._paths import discovery_of, landing_path
+from spark_jobs.pipeline._paths import discovery_of
 from spark_jobs.pipeline._registry import load_pipelines, pick_pipeline
 
 __all__ = ["cli"]
@@ -128,9 +129,8 @@ def pipelines_cmd(ctx: click.Context) -> None:
             except (ConfigError, ValueError) as exc:  # the definition does not fit
                 plan, note, error = None, str(exc), True
             errors += error
-            landing = None
-            if pipeline.plan.source.kind == "files":
-                landing = str(landing_path(pipeline, settings))
+            connector = source_connector_named(pipeline.plan.source.kind)
+            landing = connector.location(pipeline, settings)
             console.print(describe_table(pipeline, plan, landing, note, error=error))
     finally:
         platform.close()
@@ -150,9 +150,11 @@ def _demo_data(settings: Settings, platform: Platform, pipeline: Pipeline) -> No
                 tasks[what] = progress.add_task(what, total=total)
             progress.update(tasks[what], completed=done, total=total)
 
-        landing = landing_path(pipeline, settings)
+        connector = source_connector_named(pipeline.plan.source.kind)
+        folder = connector.sample_folder(pipeline, settings)
         # Only into a folder that is empty or holds only sample data (one line otherwise);
         # the generator claims its tables itself (claim_demo_table) before writing any.
+        landing = folder or settings.data_path / "samples" / pipeline.name
         check_landing(landing)
         target = SampleTarget(settings, landing, asyncpg_dsn(platform.url), report)
         try:

@@ -14,10 +14,10 @@ from enumerator_service._live_state import LiveState
 from enumerator_service._operations import PlatformStatus
 from enumerator_service._quarantine import QuarantinedSplit
 from enumerator_service._schema import SplitStatus
+from spark_jobs.connectors._registry import sink_connector_named
 from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._describe import describe
-from spark_jobs.pipeline._paths import output_path
 from spark_jobs.pipeline._plan import Plan
 
 __all__ = [
@@ -85,12 +85,8 @@ def run_table(summary: RunSummary, pipeline: Pipeline, settings: Settings) -> Ta
     ]
     for where, records_in, records_out in summary.steps:
         rows.append((f"  {where}", f"{records_in:,} → {records_out:,}"))
-    sink = pipeline.plan.sink
-    if sink.kind == "parquet":
-        rows.append(("output", str(output_path(pipeline, settings))))
-    else:
-        assert sink.table is not None
-        rows.append(("output", f"postgres {sink.table[0]}.{sink.table[1]}"))
+    sink = sink_connector_named(pipeline.plan.sink.kind)
+    rows.append(("output", sink.location(pipeline, settings, ())))
     rows.append(("replaced partitions", ", ".join(summary.rebuilt) or "none"))
     if summary.other_days:
         rows.append(("other days' records (left as written)", f"{summary.other_days:,}"))

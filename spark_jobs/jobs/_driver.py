@@ -22,7 +22,6 @@ import sqlalchemy as sa
 from enumerator_service import (
     CheckpointStore,
     ConfigError,
-    LandingRoot,
     Settings,
     SplitStore,
     connect_engine,
@@ -36,6 +35,7 @@ from enumerator_service._secret_files import sweep_secret_files
 from spark_jobs._outcomes import DeterministicFailure, job_failure
 from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
+from spark_jobs.connectors._registry import sink_connector_named, source_connector_named
 from spark_jobs.jobs._credentials import share_database
 from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress
 from spark_jobs.jobs._input_left import input_left
@@ -48,8 +48,8 @@ from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._catalog import Resolved, resolve
-from spark_jobs.pipeline._paths import landing_path, output_path, staging_path
-from spark_jobs.sink import build_sinks, ensure_tables, finish_rebuilds, sweep_staged
+from spark_jobs.pipeline._paths import output_path, staging_path
+from spark_jobs.sink import build_sinks, finish_rebuilds
 
 __all__ = ["ReaderRun", "RunSummary", "run_pipeline"]
 
@@ -131,17 +131,14 @@ class ReaderRun:
             else f"run-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         )
         self.continuous = continuous
-        # A Parquet day is replaced by a folder swap, an upsert sink's rows by key; an append
-        # sink cannot replace rows: re-materialising a day then only processes its new splits.
-        self.rebuild = rebuild and (plan.sink.kind == "parquet" or bool(plan.sink.upsert_key))
+        self._source_connector = source_connector_named(plan.source.kind)
+        self._sink_connector = sink_connector_named(plan.sink.kind)
+        # A sink that cannot replace a partition's output (an append table): re-materialising
+        # a day then only processes its new splits.
+        self.rebuild = rebuild and self._sink_connector.can_replace(plan.sink)
         self.output_root = output_path(pipeline, settings)
         self.staging_root = staging_path(pipeline, settings)
-        # Tasks open landing files only inside it (links out of it: SLUICE_FOLLOW_SYMLINKS).
-        self.landing_root = (
-            LandingRoot.of(landing_path(pipeline, settings)).path
-            if plan.source.kind != "table"
-            else None
-        )
+        self.source_root = self._source_connector.reader_root(pipeline, settings)
 
     @property
     def source(self) -> str:
@@ -200,21 +197,10 @@ class ReaderRun:
             self.output_root,
             self._sinks,
             source=self.source,
-            folders=plan.sink.kind == "parquet",
+            folders=self._sink_connector.uses_folders(plan.sink),
         )
         self._finish()  # rebuilds a crash interrupted
-        if plan.sink.kind == "postgres":
-            assert plan.sink.table is not None
-            schema, table = plan.sink.table
-            ensure_tables(
-                engine,
-                schema,
-                table,
-                plan.output_schema(),
-                partitioned=plan.source.partitioned,
-                upsert_key=plan.sink.upsert_key,
-            )
-            sweep_staged(engine, schema, table)
+        self._sink_connector.prepare(engine, plan, self.pipeline)
 
     def _assign(self) -> tuple[list[Rebuild], int]:
         settings, store = self.settings, SplitStore(self._engine)
@@ -271,7 +257,7 @@ class ReaderRun:
             continuous=self.continuous,
             continuous_poll_seconds=settings.continuous_poll_seconds,
             continuous_idle_seconds=settings.continuous_idle_seconds or None,
-            landing_root=self.landing_root,
+            source_root=self.source_root,
             follow_symlinks=settings.follow_symlinks,
             split_max_attempts=settings.split_max_attempts,
         )
@@ -359,9 +345,7 @@ class ReaderRun:
                 f"({left} of its splits uncommitted); the previous output stays live: "
                 "materialise it again"
             )
-        if plan.sink.kind == "postgres":
-            assert plan.sink.table is not None
-            sweep_staged(engine, *plan.sink.table)
+        self._sink_connector.wrap_up(engine, plan)
 
     def _give_back(self) -> None:
         """Whatever the run did not commit goes back to the pool (addSplitsBack), and its

@@ -13,7 +13,7 @@ import functools
 
 import pyarrow as pa
 
-from enumerator_service import LandingRoot, SplitStore
+from enumerator_service import SplitStore
 from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.pipeline._plan import SourcePlan
 from spark_jobs.source import (
@@ -50,9 +50,8 @@ def open_source_reader(config: TaskConfig, subtask: int, store: SplitStore) -> S
         max_line_bytes=config.max_line_bytes,
         dsn=config.asyncpg_dsn,
         block_bytes=config.block_bytes,
-        landing=None
-        if config.landing_root is None
-        else LandingRoot(config.landing_root, config.follow_symlinks),
+        root=config.source_root,
+        follow_symlinks=config.follow_symlinks,
     )
     fetcher = SplitFetcher(
         router,

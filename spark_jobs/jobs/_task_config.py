@@ -8,6 +8,7 @@ the executor reads it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -63,9 +64,10 @@ class TaskConfig:
     #: Failed attempts on a split's content before it is quarantined (SLUICE_SPLIT_MAX_ATTEMPTS).
     split_max_attempts: int = 3
     debug: bool = False
-    #: A file source's landing folder (resolved) and whether symbolic links may lead out of
-    #: it (``SLUICE_FOLLOW_SYMLINKS``); None: files are opened without that check.
-    landing_root: str | None = None
+    #: What the source connector's ``reader_root`` gives its split readers (files: the
+    #: resolved landing folder) and whether symbolic links may lead out of a landing folder
+    #: (``SLUICE_FOLLOW_SYMLINKS``); None: no root.
+    source_root: Any = None
     follow_symlinks: bool = False
 
     @property

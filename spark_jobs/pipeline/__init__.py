@@ -14,13 +14,14 @@ from spark_jobs.async_io import (
     exponential_backoff,
     fixed_delay,
 )
+from spark_jobs.connectors import FileSource, ParquetSink, PostgresSink, TableSource
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._demo_marks import DemoDataRefused, claim_demo_table
 from spark_jobs.pipeline._errors import PipelineDefinitionError
 from spark_jobs.pipeline._plan import Column, Plan
 from spark_jobs.pipeline._sample import SampleTarget
-from spark_jobs.pipeline._sinks import ParquetSink, PostgresSink, Sink
-from spark_jobs.pipeline._sources import FileSource, Source, TableSource
+from spark_jobs.pipeline._sinks import Sink
+from spark_jobs.pipeline._sources import Source
 from spark_jobs.pipeline._steps import (
     AsyncMap,
     Filter,

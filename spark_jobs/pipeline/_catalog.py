@@ -19,13 +19,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from enumerator_service import qualified_name
+from spark_jobs.connectors._registry import source_connector_named
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._derive import derive
 from spark_jobs.pipeline._errors import MissingTableError, PipelineDefinitionError
 from spark_jobs.pipeline._plan import Column, LookupPlan, Plan
 from spark_jobs.pipeline._types import catalog_arrow_type, type_family, type_name
 
-__all__ = ["Resolved", "resolve"]
+__all__ = ["Resolved", "check_fields", "resolve", "table_catalog"]
 
 _COLUMNS = sa.text(
     "SELECT attname, format_type(atttypid, atttypmod) FROM pg_catalog.pg_attribute"
@@ -42,7 +43,7 @@ class Resolved:
     lookup_types: dict[int, dict[str, pa.DataType]]
 
 
-def _catalog(conn: Connection, schema: str, table: str) -> dict[str, str] | None:
+def table_catalog(conn: Connection, schema: str, table: str) -> dict[str, str] | None:
     """Column → SQL type of ``schema.table``; None if the table does not exist."""
     qualified = qualified_name(schema, table)
     exists = conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": qualified}).scalar()
@@ -58,10 +59,9 @@ def resolve(pipeline: Pipeline, engine: Engine) -> Resolved:
     lookup_types: dict[int, dict[str, pa.DataType]] = {}
     catalogs: dict[int, dict[str, str]] = {}
     with engine.connect() as conn:
-        if plan.source.kind == "table":
-            _check_table_source(conn, plan)
+        source_connector_named(plan.source.kind).check_catalog(conn, plan)
         for step in plan.lookups():
-            catalog = _catalog(conn, step.schema_name, step.table)
+            catalog = table_catalog(conn, step.schema_name, step.table)
             if catalog is None:
                 raise MissingTableError(name, step.where, f"table {step.qualified} does not exist")
             wanted = [column for _, column in step.keys] + [column for column, _ in step.columns]
@@ -99,23 +99,7 @@ def _check_keys(pipeline: str, step: LookupPlan, catalog: dict[str, str]) -> Non
             )
 
 
-def _check_table_source(conn: Connection, plan: Plan) -> None:
-    source = plan.source
-    assert source.table is not None and source.key is not None
-    schema, table = source.table
-    catalog = _catalog(conn, schema, table)
-    where = "source"
-    if catalog is None:
-        raise MissingTableError(plan.name, where, f"table {schema}.{table} does not exist")
-    key_kind = catalog.get(source.key)
-    if key_kind is None or type_family(catalog_arrow_type(key_kind)[0]) != "integer":
-        raise PipelineDefinitionError(
-            plan.name, where, f"key {source.key!r} must be an integer column of {schema}.{table}"
-        )
-    _check_fields(plan.name, where, f"{schema}.{table}", source.columns, catalog)
-
-
-def _check_fields(
+def check_fields(
     pipeline: str, where: str, table: str, columns: Sequence[Column], catalog: dict[str, str]
 ) -> None:
     for column in columns:

@@ -6,9 +6,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_jobs.connectors.parquet._spec import ParquetSink
 from spark_jobs.pipeline._derive import derive
 from spark_jobs.pipeline._plan import Column, Plan
-from spark_jobs.pipeline._sinks import ParquetSink, Sink
+from spark_jobs.pipeline._sinks import Sink
 from spark_jobs.pipeline._sources import Source
 from spark_jobs.pipeline._steps import Step
 

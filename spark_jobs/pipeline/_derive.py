@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import date
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from spark_jobs.connectors._registry import (
+    registered_sinks,
+    registered_sources,
+    sink_connector,
+    source_connector,
+)
 from spark_jobs.pipeline._checks import Context, names, require
 from spark_jobs.pipeline._derive_steps import empty_batch, probe_map, stage_plan
-from spark_jobs.pipeline._errors import check_field_name, check_identifier, check_table
+from spark_jobs.pipeline._errors import check_field_name, check_identifier
 from spark_jobs.pipeline._plan import Column, Plan, SinkPlan, SourcePlan, StagePlan
-from spark_jobs.pipeline._sinks import ParquetSink, PostgresSink
-from spark_jobs.pipeline._sources import LATE_POLICIES, FileSource, TableSource
+from spark_jobs.pipeline._sources import LATE_POLICIES, Source
 from spark_jobs.pipeline._types import arrow_type, seconds
 
 if TYPE_CHECKING:
@@ -29,7 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PARTITION_COLUMN", "derive", "empty_batch", "probe_map"]
 
-_COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
 _CRON = re.compile(r"^\S+(\s+\S+){4}$")
 #: The partition column a day-partitioned output adds (``dt=`` folders, or a column).
 PARTITION_COLUMN = "dt"
@@ -77,68 +79,38 @@ def derive(
 
 
 def _source(ctx: Context, source: object) -> SourcePlan:
-    if not isinstance(source, FileSource | TableSource):
-        raise ctx.fail(f"must be a FileSource or TableSource, got {type(source).__name__}")
-    if not isinstance(source.schema, Mapping) or not source.schema:
+    connector = source_connector(source)
+    if connector is None:
+        known = ", ".join(t.__name__ for t in registered_sources())
+        raise ctx.fail(f"must be a registered source spec ({known}), got {type(source).__name__}")
+    spec: Source = source  # type: ignore[assignment]  # a registered spec has the fields
+    if not isinstance(spec.schema, Mapping) or not spec.schema:
         raise ctx.fail("schema must map at least one field name to its type")
     columns = []
-    for name, spec in source.schema.items():
+    for name, type_spec in spec.schema.items():
         ctx.check(check_field_name, name, "field")
-        kind = ctx.check(arrow_type, spec, f"field {name}")
+        kind = ctx.check(arrow_type, type_spec, f"field {name}")
         columns.append(Column(name, kind, "source"))
-    required = frozenset(names(ctx, source.required, "required field"))
+    required = frozenset(names(ctx, spec.required, "required field"))
     require(ctx, sorted(required), columns, "required field")
-    event_time = source.event_time
+    event_time = spec.event_time
     if event_time is not None:
         found = {c.name: c.type for c in columns}
         if event_time not in found:
             raise ctx.fail(f"event_time: field {event_time!r} is not in the schema")
         if not pa.types.is_timestamp(found[event_time]):
             raise ctx.fail(f"event_time: field {event_time!r} must be a timestamp")
-    delay = ctx.check(seconds, source.out_of_orderness, "out_of_orderness")
-    idle = ctx.check(seconds, source.idle_timeout, "idle_timeout")
-    late = source.late_records
+    delay = ctx.check(seconds, spec.out_of_orderness, "out_of_orderness")
+    idle = ctx.check(seconds, spec.idle_timeout, "idle_timeout")
+    late = spec.late_records
     if late not in LATE_POLICIES:
         shown = " or ".join(repr(p) for p in LATE_POLICIES)
         raise ctx.fail(f"late_records must be {shown}, got {late!r}")
-    if isinstance(source, TableSource):
-        table = ctx.check(check_table, source.table, "table")
-        key = ctx.check(check_identifier, source.key, "key")
-        if not isinstance(source.rows_per_split, int) or source.rows_per_split < 1:
-            raise ctx.fail("rows_per_split must be a positive integer")
-        return SourcePlan(
-            "table", tuple(columns), required, event_time, False, delay, idle,
-            table=table, key=key, rows_per_split=source.rows_per_split, late_records=late,
-        )  # fmt: skip
-    if source.partition_by not in ("day", None):
-        raise ctx.fail(f"partition_by must be 'day' or None, got {source.partition_by!r}")
-    landing = None if source.landing is None else ctx.check(_landing, source.landing)
-    start = source.start_date
-    if isinstance(start, str):
-        start = ctx.check(_date, str(source.start_date))
-    if start is not None and not isinstance(start, date):
-        raise ctx.fail(f"start_date must be a date or 'YYYY-MM-DD', got {start!r}")
+    details = connector.validate(source, ctx)
     return SourcePlan(
-        "files", tuple(columns), required, event_time, source.partition_by == "day", delay,
-        idle, landing=landing, start_date=start, late_records=late,
+        connector.name, tuple(columns), required, event_time, details.partitioned, delay,
+        idle, options=details.options, start_date=details.start_date, late_records=late,
     )  # fmt: skip
-
-
-def _landing(given: object) -> Path:
-    """An absolute folder, or a relative one that stays under the data folder (no ``..``)."""
-    if not isinstance(given, str | Path) or not str(given) or "\x00" in str(given):
-        raise ValueError(f"landing {given!r} is not a folder path")
-    path = Path(given)
-    if not path.is_absolute() and ".." in path.parts:
-        raise ValueError(f"landing {str(given)!r} leads out of the data folder ('..')")
-    return path
-
-
-def _date(text: str) -> date:
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"start_date {text!r} is not YYYY-MM-DD") from None
 
 
 def _sink(
@@ -155,26 +127,9 @@ def _sink(
             f"field {PARTITION_COLUMN!r} collides with the partition column of a "
             "day-partitioned output"
         )
-    if isinstance(sink, ParquetSink):
-        folder = ctx.check(check_identifier, sink.table or pipeline, "table")
-        dictionary = tuple(names(ctx, sink.dictionary, "dictionary field"))
-        if not is_open:
-            require(ctx, dictionary, columns, "dictionary field")
-        if sink.compression not in _COMPRESSIONS:
-            raise ctx.fail(f"compression must be one of {', '.join(_COMPRESSIONS)}")
-        return SinkPlan(
-            "parquet", folder=folder, dictionary=dictionary, compression=sink.compression
-        )
-    if isinstance(sink, PostgresSink):
-        table = ctx.check(check_table, sink.table, "table")
-        if len(table[1]) > 55:
-            raise ctx.fail(f"table name {table[1]!r} is too long (at most 55: +'__staged')")
-        upsert = None
-        if sink.upsert_key is not None:
-            upsert = tuple(names(ctx, sink.upsert_key, "upsert_key field"))
-            if not upsert:
-                raise ctx.fail("upsert_key must name at least one field (or be None: append)")
-            if not is_open:
-                require(ctx, upsert, columns, "upsert_key field")
-        return SinkPlan("postgres", table=table, upsert_key=upsert)
-    raise ctx.fail(f"must be a ParquetSink or PostgresSink, got {type(sink).__name__}")
+    connector = sink_connector(sink)
+    if connector is None:
+        known = ", ".join(t.__name__ for t in registered_sinks())
+        raise ctx.fail(f"must be a registered sink spec ({known}), got {type(sink).__name__}")
+    details = connector.validate(sink, ctx, pipeline=pipeline, columns=columns, is_open=is_open)
+    return SinkPlan(connector.name, details.options, details.upsert_key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spark_jobs.connectors._registry import sink_connector_named, source_connector_named
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._plan import (
     AsyncMapPlan,
@@ -30,12 +31,7 @@ class Description:
 
 def _source(plan: Plan, landing: str | None) -> str:
     source = plan.source
-    if source.kind == "table":
-        assert source.table is not None
-        text = f"table {source.table[0]}.{source.table[1]} by {source.key} ranges"
-    else:
-        layout = "dt=YYYY-MM-DD folders" if source.partitioned else "unpartitioned"
-        text = f"files in {landing or source.landing or '<data>/landing/' + plan.name} ({layout})"
+    text = source_connector_named(source.kind).describe(source, plan.name, landing)
     if source.required:
         required = [c.name for c in source.columns if c.name in source.required]
         text += f"; required {', '.join(required)}"
@@ -83,13 +79,7 @@ def describe(
     """``pipeline`` in words; ``plan``: its resolved plan when the catalog was read (output
     types of looked-up columns known), else the definition's."""
     plan = plan or pipeline.plan
-    sink = plan.sink
-    if sink.kind == "parquet":
-        where = f"parquet {sink.folder}/" + (" (dt= folders)" if plan.source.partitioned else "")
-    else:
-        assert sink.table is not None
-        where = f"postgres {sink.table[0]}.{sink.table[1]}"
-        where += f", upsert on {', '.join(sink.upsert_key)}" if sink.upsert_key else ", append"
+    where = sink_connector_named(plan.sink.kind).describe(plan)
     if plan.key:
         where += f"; key {', '.join(plan.key)}"
     output = [(c.name, type_name(c.type), c.origin) for c in plan.outputs]

@@ -10,18 +10,22 @@ root, so nothing from outside escapes it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enumerator_service import Settings
-from enumerator_service._operations import Discovery, FileDiscovery, TableDiscovery
+from enumerator_service._operations import Discovery
 from enumerator_service._safe_paths import child_path, relative_under
-from spark_jobs.pipeline._definition import Pipeline
+from spark_jobs.connectors._registry import source_connector_named
+
+if TYPE_CHECKING:
+    from spark_jobs.pipeline._definition import Pipeline
 
 __all__ = ["discovery_of", "landing_path", "output_path", "staging_path"]
 
 
 def landing_path(pipeline: Pipeline, settings: Settings) -> Path:
     """The landing folder of a file source (``<data>/landing/<name>`` by default)."""
-    given = pipeline.plan.source.landing
+    given = pipeline.plan.source.options.landing
     what = f"pipeline {pipeline.name}: source landing"
     if given is None:
         return child_path(settings.data_path, "landing", pipeline.name, what=what, resolve=False)
@@ -31,23 +35,17 @@ def landing_path(pipeline: Pipeline, settings: Settings) -> Path:
 def output_path(pipeline: Pipeline, settings: Settings) -> Path:
     """The Parquet table folder (``<warehouse>/<table>``); for a Postgres sink, where its
     staging files would be (unused)."""
-    folder = pipeline.plan.sink.folder or pipeline.name
+    folder = getattr(pipeline.plan.sink.options, "folder", None) or pipeline.name
     return child_path(settings.warehouse_path, folder, what=f"pipeline {pipeline.name}: sink")
 
 
 def staging_path(pipeline: Pipeline, settings: Settings) -> Path:
     """Staged (uncommitted) files, outside the table folder so no reader ever sees them."""
-    folder = pipeline.plan.sink.folder or pipeline.name
+    folder = getattr(pipeline.plan.sink.options, "folder", None) or pipeline.name
     staging = settings.warehouse_path / "_staging"
     return child_path(staging, folder, what=f"pipeline {pipeline.name}: sink")
 
 
 def discovery_of(pipeline: Pipeline, settings: Settings) -> Discovery:
-    """How the enumerator finds the pipeline's splits."""
-    source = pipeline.plan.source
-    if source.kind == "table":
-        assert source.table is not None and source.key is not None
-        return TableDiscovery(
-            pipeline.name, source.table[0], source.table[1], source.key, source.rows_per_split
-        )
-    return FileDiscovery(pipeline.name, landing_path(pipeline, settings), source.partitioned)
+    """How the enumerator finds the pipeline's splits (its source connector says)."""
+    return source_connector_named(pipeline.plan.source.kind).discovery(pipeline, settings)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import date
-from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -43,20 +42,18 @@ class Column:
 
 @dataclass(frozen=True, slots=True)
 class SourcePlan:
-    kind: Literal["files", "table"]
+    """The source part of a plan: the shared, validated fields, and ``options`` — the
+    connector's own values (only connector ``kind`` reads them)."""
+
+    kind: str
     columns: tuple[Column, ...]
     required: frozenset[str]
     event_time: str | None
     partitioned: bool
     out_of_orderness: float
     idle_timeout: float
-    #: files: the landing folder as given (relative: under the data folder), or None.
-    landing: Path | None = None
+    options: Any = None
     start_date: date | None = None
-    #: table: schema, table, integer key column, rows per split.
-    table: tuple[str, str] | None = None
-    key: str | None = None
-    rows_per_split: int = 100_000
     #: What a late record (event day already recorded complete) becomes: "dead_letter" or
     #: "reopen" (see ``FileSource.late_records``).
     late_records: Literal["dead_letter", "reopen"] = "reopen"
@@ -143,13 +140,12 @@ class FilterPlan(StagePlan):
 
 @dataclass(frozen=True, slots=True)
 class SinkPlan:
-    kind: Literal["parquet", "postgres"]
-    #: parquet: the table folder under the warehouse; postgres: (schema, table).
-    folder: str | None = None
-    table: tuple[str, str] | None = None
+    """The sink part of a plan: connector ``kind``, its own ``options``, and the fields
+    whose rows a record replaces (``upsert_key``; None: the sink appends)."""
+
+    kind: str
+    options: Any = None
     upsert_key: tuple[str, ...] | None = None
-    dictionary: tuple[str, ...] = ()
-    compression: str = "zstd"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,42 +1,13 @@
-"""Where a pipeline's output goes; both sinks are exactly-once (two-phase commit with the
-checkpoint that covers the records)."""
+"""What a pipeline's ``sink`` is: the spec value of a registered sink connector
+(``ParquetSink``, ``PostgresSink``, or one registered with
+:func:`spark_jobs.connectors.register_sink`). Every sink is exactly-once: two-phase commit
+with the checkpoint that covers the records."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ParquetSink", "PostgresSink", "Sink"]
+__all__ = ["Sink"]
 
-
-@dataclass(frozen=True)
-class ParquetSink:
-    """Parquet files under ``<SLUICE_WAREHOUSE_DIR>/<table>`` (default: the pipeline's
-    name), in ``dt=YYYY-MM-DD`` folders for a day-partitioned source. Files become visible
-    when their checkpoint completes; re-materialising a day replaces its folder in one swap.
-    ``dictionary``: columns to dictionary-encode (worth it only where values repeat)."""
-
-    table: str | None = None
-    dictionary: Sequence[str] = ()
-    compression: str = "zstd"
-
-    kind = "parquet"
-
-
-@dataclass(frozen=True)
-class PostgresSink:
-    """Rows in the Postgres table ``table`` (``"schema.table"``; created with the output's
-    columns, plus ``dt`` for a day-partitioned source, when missing), committed in the same
-    transaction as the checkpoint that covers them.
-
-    ``upsert_key``: columns with a unique index; a row replaces the row with its key (the
-    last one staged wins within a checkpoint). None: rows are appended.
-    """
-
-    table: str
-    upsert_key: Sequence[str] | None = None
-
-    kind = "postgres"
-
-
-Sink = ParquetSink | PostgresSink
+#: A sink spec: any value whose type is registered (checked when the pipeline is built).
+Sink = Any

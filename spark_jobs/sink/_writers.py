@@ -1,41 +1,58 @@
-"""Sinks by name: the task side's writer and the commit sides (``sink_transactions.sink``)."""
+"""Sinks by name: the task side's writer and the commit sides (``sink_transactions.sink``),
+from the registered sink connectors (:mod:`spark_jobs.connectors`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import TransactionalSink
+from spark_jobs.connectors._interface import SinkWriterContext
+from spark_jobs.connectors._registry import registered_sinks, sink_connector_named
 from spark_jobs.pipeline._plan import SinkPlan
-from spark_jobs.sink._parquet import SINK_NAME, ParquetSink, ParquetSinkWriter
-from spark_jobs.sink._postgres_table import TABLE_SINK_NAME, PostgresTableSinkWriter
-from spark_jobs.sink._table_commit import PostgresTableSink
 
 __all__ = ["SINKS", "SinkWriter", "build_sinks", "committer", "open_sink_writer"]
 
-SinkWriter = ParquetSinkWriter | PostgresTableSinkWriter
-
-#: The commit side of every sink kind that may have staged output (recovery needs them all).
-#: Without an engine the table sink's abort() leaves staged rows to sweep_staged (the driver
-#: itself uses build_sinks(engine), whose table sink deletes them at once).
-SINKS: dict[str, TransactionalSink] = {
-    SINK_NAME: ParquetSink(),
-    TABLE_SINK_NAME: PostgresTableSink(),
-}
+#: A task-side writer (``write``, ``snapshot``, ``restore``, ``close``) of some connector.
+SinkWriter = Any
 
 
-def build_sinks(engine: Engine) -> dict[str, TransactionalSink]:
-    """SINKS with a table sink that aborts through ``engine``."""
-    return {**SINKS, TABLE_SINK_NAME: PostgresTableSink(engine)}
+def build_sinks(engine: Engine | None) -> dict[str, TransactionalSink]:
+    """The commit side of every registered sink (recovery needs them all), by
+    ``sink_transactions.sink`` name; ``engine``: for aborts that clean up at once."""
+    sinks: dict[str, TransactionalSink] = {}
+    for connector in {id(c): c for c in registered_sinks().values()}.values():
+        sinks.update(connector.committers(engine))
+    return sinks
+
+
+class _RegisteredCommitters(Mapping[str, TransactionalSink]):
+    """The commit sides of every registered sink, looked up when used (a connector may be
+    registered after this module is imported), without an engine: a table sink's abort()
+    then leaves staged rows to sweep_staged."""
+
+    def __getitem__(self, name: str) -> TransactionalSink:
+        return build_sinks(None)[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(build_sinks(None))
+
+    def __len__(self) -> int:
+        return len(build_sinks(None))
+
+
+SINKS: Mapping[str, TransactionalSink] = _RegisteredCommitters()
 
 
 def committer(sink: str) -> TransactionalSink:
     """The commit side of sink ``sink`` (AT_LEAST_ONCE acknowledgements: ``commit`` receives
     the connection, so no engine is needed)."""
-    return SINKS[sink]
+    return build_sinks(None)[sink]
 
 
 def open_sink_writer(
@@ -55,34 +72,10 @@ def open_sink_writer(
     resolved output schema); file or database I/O runs on ``io``.
 
     ``partitioned``: the source is day-partitioned (a table sink then has the ``dt``
-    column). ``dsn``: the table sink's database. ``output_root``: the Parquet table folder
-    (``<warehouse>/<plan.folder>``); ``staging_root``: where its files are staged, outside
-    that folder.
+    column). ``dsn``: the database (table sinks). ``output_root``: a file sink's table
+    folder; ``staging_root``: where its files are staged, outside that folder.
     """
-    if plan.kind == TABLE_SINK_NAME:
-        if plan.table is None:
-            raise ValueError("a postgres sink plan without a table")
-        schema_name, table = plan.table
-        return PostgresTableSinkWriter(
-            io,
-            dsn=dsn,
-            schema_name=schema_name,
-            table=table,
-            columns=schema,
-            partitioned=partitioned,
-            upsert_key=plan.upsert_key,
-            run_id=run_id,
-            subtask=subtask,
-            attempt=attempt,
-        )
-    return ParquetSinkWriter(
-        io,
-        schema=schema,
-        dictionary=plan.dictionary,
-        compression=plan.compression,
-        staging_root=staging_root,
-        output_root=output_root,
-        run_id=run_id,
-        subtask=subtask,
-        attempt=attempt,
+    context = SinkWriterContext(
+        schema, partitioned, dsn, run_id, subtask, attempt, staging_root, output_root
     )
+    return sink_connector_named(plan.kind).open_writer(plan, io, context)

@@ -1,35 +1,35 @@
-"""The SplitReader of a source: reads splits of every kind with the reader of their format.
+"""The SplitReader of a source: reads splits of every kind with the reader of their
+connector.
 
-Every format is read in :class:`ParsedBlock`\\ s of the source's :class:`RecordSchema`,
-parsed and validated on the fetcher thread: line files (JSON Lines, CSV, plain or gzip) by
-:class:`LineSplitReader`, Parquet by :class:`ParquetSplitReader`, Postgres table ranges by
-:class:`TableRangeSplitReader`. A subtask reads one split at a time, so only one format
-reader is active; the next read goes to its reader once the current one is finished.
+Every split is read in :class:`ParsedBlock`\\ s of the source's :class:`RecordSchema`,
+parsed and validated on the fetcher thread, by the block reader its source connector gives
+(:meth:`~spark_jobs.connectors.SourceConnector.split_reader`, made on first use; the
+registry finds the connector by the split's kind). A subtask reads one split at a time, so
+only one block reader is active; the next read goes to its reader once the current one is
+finished.
 
 Restore: a :class:`SplitAssignment` carries ``pending`` — ``{"span": [a, b]}`` entries, the
 offset ranges that were in flight in the operator chain at the restored checkpoint. They are
 read first, in order, as blocks marked ``replay`` (``replay_entry``: the entry's index in
 ``pending``; other keys of an entry are left to the task) holding exactly the records whose
-offset lies in ``[a, b)`` (line files: a copy of the FileSplit with ``start=a, end=b``; gzip: lines
-starting before ``b``; Parquet: rows; table: keys); then the split is read normally from its
-resume offset. Only that final, normal read reports the split as finished.
+offset lies in ``[a, b)`` (the split its connector's ``replay_split`` bounds — line files:
+a copy of the split with ``start=a, end=b``; gzip: lines starting before ``b``; Parquet:
+rows; table: keys); then the split is read normally from its resume offset. Only that final,
+normal read reports the split as finished.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
-from enumerator_service import FileSplit, LandingRoot, SplitAssignment
-from enumerator_service._file_identity import check_unchanged
+from enumerator_service import SplitAssignment
+from spark_jobs.connectors._interface import ReaderContext, SourceConnector
+from spark_jobs.connectors._registry import source_connector_for_split
 from spark_jobs.source._batch import RecordSchema
-from spark_jobs.source._line_reader import LINE_KINDS, LineSplitReader, check_whole_file
-from spark_jobs.source._parquet_reader import ParquetSplitReader
 from spark_jobs.source._poison import content_failure
 from spark_jobs.source._records import BlockReader, RecordsWithSplitIds, SplitRead
-from spark_jobs.source._table_reader import TableRangeSplitReader
 
 __all__ = ["FormatRouter", "SplitReader", "replay_reads"]
 
@@ -62,16 +62,14 @@ def replay_reads(assignment: SplitAssignment) -> list[SplitRead]:
         start, end = int(span[0]), int(span[1])
         if start >= end:
             continue
-        bounded = split
-        if isinstance(split, FileSplit) and split.kind in ("jsonl", "csv"):
-            bounded = dataclasses.replace(split, start=start, end=end)
+        bounded = source_connector_for_split(split.kind).replay_split(split, start, end)
         reads.append(SplitRead(assignment.split_id, bounded, start, end, True, index))
     return reads
 
 
 class FormatRouter:
-    """A SplitReader over JSON Lines, CSV (plain or gzip), Parquet and Postgres table ranges,
-    producing blocks of ``schema``.
+    """A SplitReader over the splits of every registered source connector, producing blocks
+    of ``schema``.
 
     Threading: ``add_split``, ``has_splits``, ``fetch`` and ``close`` are called by the one
     fetcher thread (``fetch`` and ``close`` may block on I/O); ``wake_up`` may be called from
@@ -85,40 +83,44 @@ class FormatRouter:
         max_line_bytes: int,
         dsn: str,
         block_bytes: int = 256 << 10,
-        landing: LandingRoot | None = None,
+        root: Any = None,
+        follow_symlinks: bool = False,
     ) -> None:
         self.schema = schema
-        self._max_line = max_line_bytes
-        # Landing files are opened through ``landing`` (the run's folder): a link swapped in
-        # after discovery that leads out of it is refused (None: no check).
-        self._lines = LineSplitReader(
-            schema, max_line_bytes=max_line_bytes, chunk_bytes=block_bytes, landing=landing
-        )
-        self._parquet = ParquetSplitReader(schema, landing=landing)
-        self._table = TableRangeSplitReader(schema, dsn)
+        # ``root``: what the source connector's ``reader_root`` gave (files: the landing
+        # folder, opened files must be inside it; None: no check).
+        self._context = ReaderContext(max_line_bytes, block_bytes, dsn, root, follow_symlinks)
+        self._readers: dict[str, tuple[SourceConnector, BlockReader]] = {}
         self._reads: deque[SplitRead] = deque()
-        self._current: tuple[SplitRead, BlockReader] | None = None
+        self._current: tuple[SplitRead, SourceConnector, BlockReader] | None = None
 
     @property
     def max_line_bytes(self) -> int:
-        return self._max_line
+        return self._context.max_line_bytes
 
-    def _reader_for(self, kind: str) -> BlockReader:
-        if kind in LINE_KINDS:
-            return self._lines
-        if kind == "parquet":
-            return self._parquet
-        if kind == "table":
-            return self._table
-        raise ValueError(f"no split reader for kind {kind!r}")
+    def _reader_for(self, kind: str) -> tuple[SourceConnector, BlockReader]:
+        found = self._readers.get(kind)
+        if found is None:
+            try:
+                connector = source_connector_for_split(kind)
+            except KeyError:
+                raise ValueError(f"no split reader for kind {kind!r}") from None
+            for known, reader in self._readers.values():
+                if known is connector:  # one reader per connector, whatever the kind
+                    found = (connector, reader)
+                    break
+            else:
+                found = (connector, connector.split_reader(self.schema, self._context))
+            self._readers[kind] = found
+        return found
 
     def add_split(self, assignment: SplitAssignment) -> None:
-        """Queue the split's replay reads, then its normal read. Unknown kinds, gzip ranges
-        and unreadable pending entries fail here, in the fetcher, not later."""
+        """Queue the split's replay reads, then its normal read. Unknown kinds, splits their
+        connector refuses (gzip ranges) and unreadable pending entries fail here, in the
+        fetcher, not later."""
         split = assignment.split
-        self._reader_for(split.kind)
-        if isinstance(split, FileSplit):
-            check_whole_file(split)
+        connector, _ = self._reader_for(split.kind)
+        connector.check_split(split)
         self._reads.extend(replay_reads(assignment))
         self._reads.append(SplitRead.of(assignment))
 
@@ -134,18 +136,13 @@ class FormatRouter:
             if not self._reads:
                 return batch
             read = self._reads.popleft()
-            reader = self._reader_for(read.split.kind)
-            self._current = (read, reader)
+            connector, reader = self._reader_for(read.split.kind)
+            self._current = (read, connector, reader)
             try:
-                if isinstance(read.split, FileSplit):
-                    # Never a mix of two versions: the file must still be the one its split
-                    # was cut from (size, mtime, inode at discovery), else the split is
-                    # refused (quarantined at once, see ``_poison``).
-                    check_unchanged(read.split.path, read.split.file)
                 reader.open(read)
             except Exception as exc:
                 return self._failed(batch, exc)
-        read, reader = self._current
+        read, _, reader = self._current
         try:
             block, done = reader.fetch()
         except Exception as exc:
@@ -164,9 +161,9 @@ class FormatRouter:
         """The current read raised: a content error drops its split (every read of it still
         queued too) and reports it in ``batch.failed``; anything else fails the fetcher."""
         assert self._current is not None
-        read, reader = self._current
+        read, connector, reader = self._current
         self._current = None
-        failure = content_failure(read.split_id, read.split.kind, exc)
+        failure = content_failure(read.split_id, connector.content_errors(), exc)
         if failure is None:
             raise exc
         reader.close()
@@ -177,9 +174,9 @@ class FormatRouter:
     def wake_up(self) -> None:
         current = self._current
         if current is not None:
-            current[1].wake_up()
+            current[2].wake_up()
 
     def close(self) -> None:
         self._current = None
-        for reader in (self._lines, self._parquet, self._table):
+        for _, reader in {id(r): (c, r) for c, r in self._readers.values()}.values():
             reader.close()

@@ -17,37 +17,16 @@ from the last completed checkpoint without counting against any split.
 
 from __future__ import annotations
 
-import gzip
-import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from enumerator_service import redact_text
-from enumerator_service._file_identity import CHANGED_REASON, FileChangedError
-from enumerator_service._landing import OutsideLandingError
-from spark_jobs.source._csv import CsvHeaderError
-from spark_jobs.source._parquet_reader import ParquetSplitError
+from enumerator_service._file_identity import FileChangedError
 
 __all__ = ["MAX_ERROR_CHARS", "SplitFailure", "content_failure", "one_line"]
 
 #: Stored and shown error messages are cut to this many characters (one line).
 MAX_ERROR_CHARS = 500
-
-# Content errors by type, each with the short reason kept in ``splits.failure_reason``. Order
-# matters: the first matching type names the reason (CsvHeaderError is a ValueError).
-_CONTENT_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
-    (FileChangedError, CHANGED_REASON),
-    (CsvHeaderError, "bad CSV header"),
-    (ParquetSplitError, "unreadable Parquet file"),
-    (gzip.BadGzipFile, "corrupt gzip stream"),
-    (EOFError, "truncated compressed stream"),
-    (zlib.error, "corrupt compressed stream"),
-    (OutsideLandingError, "link leads out of the landing folder"),
-    (FileNotFoundError, "file not found"),
-    (IsADirectoryError, "not a file"),
-    (PermissionError, "file not readable"),
-    (UnicodeDecodeError, "undecodable content"),
-    (ValueError, "unreadable content"),
-)
 
 
 def one_line(message: str, limit: int = MAX_ERROR_CHARS) -> str:
@@ -68,11 +47,15 @@ class SplitFailure:
     final: bool = False
 
 
-def content_failure(split_id: int, kind: str, exc: BaseException) -> SplitFailure | None:
-    """The split failure ``exc`` is, or None when it is not the split's own fault."""
-    if kind == "table":
-        return None  # a table range is read from the database: an infrastructure failure
-    for error_type, reason in _CONTENT_ERRORS:
+def content_failure(
+    split_id: int,
+    content_errors: Sequence[tuple[type[BaseException], str]],
+    exc: BaseException,
+) -> SplitFailure | None:
+    """The split failure ``exc`` is, or None when it is not the split's own fault: its type
+    is none of the split's connector's ``content_errors`` (a table range's errors, read from
+    the database, are all infrastructure failures)."""
+    for error_type, reason in content_errors:
         if isinstance(exc, error_type):
             message = one_line(f"{type(exc).__name__}: {exc}")
             return SplitFailure(split_id, reason, message, isinstance(exc, FileChangedError))

@@ -50,7 +50,6 @@ from sluice_resource import resource_for
 
 from dagster_project import PipelineDefinitions, pipeline_definitions
 from dagster_project.definitions import defs as load_defs
-from dagster_project.observations import list_landing
 from dagster_project.resources import (
     DatabaseResource,
     PathsResource,
@@ -62,6 +61,7 @@ from examples._clickstream_data import DemoSpec, generate_events, load_users
 from examples.clickstream import clickstream
 from examples.clickstream_revenue import REVENUE_TABLE
 from spark_jobs import ParquetSink, Pipeline
+from spark_jobs.connectors.files import list_landing
 from spark_jobs.pipeline._paths import landing_path, output_path
 
 DAYS = ["2026-01-01", "2026-01-02"]
@@ -309,7 +309,7 @@ def test_landing_observation_lists_files_without_reading_them(db_url: str, tmp_p
     assert metadata["partitions"] == settings.demo_days
     assert metadata["newest_mtime"] == pytest.approx(max(p.stat().st_mtime for p in files))
     assert metadata["path"] == str(settings.landing_path)
-    assert version == list_landing(settings.landing_path).data_version.value
+    assert version == list_landing(settings.landing_path).data_version
 
     # Same files, same version; a new file, a new version.
     assert observation_metadata(observe(landing, sluice))[1] == version

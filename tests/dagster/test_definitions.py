@@ -355,7 +355,9 @@ def test_a_pipeline_registered_before_its_first_file(make_settings: MakeSettings
     with DagsterInstance.ephemeral() as instance:
         files, _ = sensor_tick(sensor_named(built, "new_files"), sluice)
         assert isinstance(files, SkipReason)
-        assert files.skip_message == f"no landing folder yet ({settings.landing_path})"
+        assert files.skip_message == (
+            f"nothing to discover yet (landing folder {settings.landing_path} does not exist yet)"
+        )
         reader, _ = sensor_tick(sensor_named(built, "continuous"), sluice, None, instance)
         assert isinstance(reader, SkipReason)
         assert (reader.skip_message or "").startswith("no new input (0 seen)")

@@ -95,7 +95,7 @@ def test_orders_equal_a_sql_join_of_the_landing_files(
     summary = run_pipeline(settings, pipeline)
     good, malformed = oracle_rows(landing_path(pipeline, settings))
     assert malformed > 0
-    table = ".".join(pipeline.plan.sink.table)
+    table = ".".join(pipeline.plan.sink.options.table)
     with platform.engine.begin() as conn:
         conn.execute(
             sa.text(

@@ -60,6 +60,6 @@ def test_orders_are_scored_and_slow_answers_fall_back(make_settings: Any) -> Non
 def test_a_landing_folder_by_name_is_under_the_data_folder(make_settings: Any) -> None:
     settings: TestSettings = make_settings()
     pipeline = dataclasses.replace(scoring_pipeline("http://127.0.0.1:1/score"))
-    assert pipeline.plan.source.landing is not None
-    assert str(pipeline.plan.source.landing) == "landing/events"
+    assert pipeline.plan.source.options.landing is not None
+    assert str(pipeline.plan.source.options.landing) == "landing/events"
     assert discovery_of(pipeline, settings).landing == settings.data_path / "landing" / "events"

@@ -19,6 +19,7 @@ from sink_harness import ORDERS, Run, orders
 from enumerator_service import asyncpg_dsn
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import checkpoints
+from spark_jobs.connectors.postgres import PostgresOptions
 from spark_jobs.pipeline._plan import SinkPlan
 from spark_jobs.sink import (
     TABLE_SINK_NAME,
@@ -62,7 +63,7 @@ def _count(platform: Platform, table: str) -> int:
 
 def _writer(io: ThreadPoolExecutor, run: Run, table: str) -> PostgresTableSinkWriter:
     writer = open_sink_writer(
-        SinkPlan("postgres", table=("sales", table)),
+        SinkPlan("postgres", PostgresOptions(("sales", table))),
         io,
         schema=ORDERS,
         partitioned=False,

@@ -21,6 +21,8 @@ from sink_harness import COLUMNS, DAY1, DAY2, ORDERS, Run, expected, orders
 
 from enumerator_service import ConfigError, StagedTransaction, asyncpg_dsn
 from enumerator_service._operations import Platform, open_platform
+from spark_jobs.connectors.parquet import ParquetOptions
+from spark_jobs.connectors.postgres import PostgresOptions
 from spark_jobs.pipeline._plan import SinkPlan
 from spark_jobs.sink import (
     SINK_NAME,
@@ -102,7 +104,7 @@ def test_unpartitioned_parquet_output_lands_in_the_root_through_the_checkpoint(
     platform: Platform, io: ThreadPoolExecutor, tmp_path: Path
 ) -> None:
     run = Run(platform, SINK_NAME)
-    plan = SinkPlan("parquet", folder="orders", dictionary=("Customer",))
+    plan = SinkPlan("parquet", ParquetOptions("orders", ("Customer",)))
     writer = open_sink_writer(
         plan,
         io,
@@ -137,7 +139,7 @@ def _table_writer(
 ) -> PostgresTableSinkWriter:
     plan = SinkPlan(
         "postgres",
-        table=("sales", table),
+        PostgresOptions(("sales", table)),
         upsert_key=None if upsert_key is None else tuple(upsert_key),
     )
     writer = open_sink_writer(

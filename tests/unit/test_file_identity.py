@@ -14,9 +14,12 @@ import pytest
 
 from enumerator_service import FileChangedError, FileIdentity, FileSplit, SplitAssignment
 from enumerator_service._file_identity import CHANGED_REASON, check_unchanged, current
+from spark_jobs.connectors.files import FilesConnector
 from spark_jobs.source._batch import RecordSchema
 from spark_jobs.source._format_router import FormatRouter
 from spark_jobs.source._poison import content_failure
+
+FILES_ERRORS = FilesConnector().content_errors()
 
 NUMBERED = RecordSchema((pa.field("n", pa.int64()),), frozenset({"n"}))
 
@@ -79,10 +82,10 @@ def test_check_unchanged(tmp_path: Path) -> None:
 
 
 def test_a_changed_file_is_a_final_content_failure() -> None:
-    failure = content_failure(7, "jsonl", FileChangedError("x changed since discovery: size"))
+    failure = content_failure(7, FILES_ERRORS, FileChangedError("x changed since discovery: size"))
     assert failure is not None
     assert (failure.split_id, failure.reason, failure.final) == (7, CHANGED_REASON, True)
-    gone = content_failure(7, "jsonl", FileNotFoundError("x"))
+    gone = content_failure(7, FILES_ERRORS, FileNotFoundError("x"))
     assert gone is not None and not gone.final  # may come back: counted attempts as before
 
 

@@ -21,6 +21,8 @@ from source_schemas import EVENTS, file_assignment
 from test_source_reader import T0, Collect
 
 from enumerator_service import SplitAssignment, SplitState
+from spark_jobs.connectors import source_connector_for_split
+from spark_jobs.connectors.files import FilesConnector
 from spark_jobs.jobs._stages import PendingRange
 from spark_jobs.jobs._task_state import TaskSplit, snapshot_splits
 from spark_jobs.source import (
@@ -170,7 +172,8 @@ class Flaky:
     ],
 )
 def test_infrastructure_errors_are_not_the_splits_fault(kind: str, exc: Exception) -> None:
-    assert content_failure(1, kind, exc) is None
+    errors = source_connector_for_split(kind).content_errors()
+    assert content_failure(1, errors, exc) is None
 
 
 def test_an_infrastructure_error_still_fails_the_task(tmp_path: Path) -> None:
@@ -184,14 +187,15 @@ def test_an_infrastructure_error_still_fails_the_task(tmp_path: Path) -> None:
 
         def close(self) -> None: ...
 
-    router._lines = Broken()  # type: ignore[assignment]
+    _connector, files = router._reader_for("jsonl")
+    files._lines = Broken()  # type: ignore[attr-defined]
     with pytest.raises(ConnectionResetError):
         router.fetch()
 
 
 def test_error_messages_are_one_bounded_line_without_passwords() -> None:
     text = "line one\nline two postgresql://u:s3cret@db/x " + "x" * 2000
-    failure = content_failure(9, "csv", ValueError(text))
+    failure = content_failure(9, FilesConnector().content_errors(), ValueError(text))
     assert failure is not None
     assert "\n" not in failure.error and "s3cret" not in failure.error
     assert len(failure.error) <= MAX_ERROR_CHARS and failure.error.endswith("…")

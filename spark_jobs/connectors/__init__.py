@@ -1,0 +1,67 @@
+"""Connectors: the one way sources and sinks plug into Sluice.
+
+A **source connector** (:class:`SourceConnector`) turns its spec — the immutable value a
+user puts in ``Pipeline(source=...)`` — into the source part of a plan, builds the enumerator
+that discovers its splits and the split reader that reads them inside a Spark task. A **sink
+connector** (:class:`SinkConnector`) turns its spec into the sink part of a plan, opens the
+writer that stages output per checkpoint inside a task and gives the committer that commits
+it with the checkpoint (idempotent on recovery) and replaces one output partition for
+rebuilds. Register one with :func:`register_source` / :func:`register_sink`, keyed by its
+spec type; nothing else in the platform names a concrete connector.
+
+Built in, each in a folder of its own: ``files`` (:class:`FileSource`), ``postgres_table``
+(:class:`TableSource`), ``parquet`` (:class:`ParquetSink`), ``postgres``
+(:class:`PostgresSink`).
+"""
+
+from spark_jobs.connectors._interface import (
+    ObservedInput,
+    ReaderContext,
+    SinkConnector,
+    SinkDetails,
+    SinkWriterContext,
+    SourceConnector,
+    SourceDetails,
+    TableInput,
+    UpstreamAsset,
+)
+from spark_jobs.connectors._registry import (
+    register_sink,
+    register_source,
+    registered_sinks,
+    registered_sources,
+    sink_connector,
+    sink_connector_named,
+    source_connector,
+    source_connector_for_split,
+    source_connector_named,
+)
+from spark_jobs.connectors.files import FileSource
+from spark_jobs.connectors.parquet import ParquetSink
+from spark_jobs.connectors.postgres import PostgresSink
+from spark_jobs.connectors.postgres_table import TableSource
+
+__all__ = [
+    "FileSource",
+    "ObservedInput",
+    "ParquetSink",
+    "PostgresSink",
+    "ReaderContext",
+    "SinkConnector",
+    "SinkDetails",
+    "SinkWriterContext",
+    "SourceConnector",
+    "SourceDetails",
+    "TableInput",
+    "TableSource",
+    "UpstreamAsset",
+    "register_sink",
+    "register_source",
+    "registered_sinks",
+    "registered_sources",
+    "sink_connector",
+    "sink_connector_named",
+    "source_connector",
+    "source_connector_for_split",
+    "source_connector_named",
+]

@@ -1,0 +1,294 @@
+"""The connector contracts: what a source and a sink give the platform.
+
+Modelled on Flink's ``Source`` (``SplitEnumerator`` + split serializer + ``SourceReader``) and
+``Sink`` (``SinkWriter`` + ``Committer``), with their contracts and not their verbosity:
+
+- a **source connector** turns its *spec* (the user's immutable definition value) into the
+  source part of a plan (:meth:`SourceConnector.validate`), builds the *enumerator* that
+  discovers its splits (bounded for given days, or one continuous tick, with bounded state;
+  :meth:`SourceConnector.discovery`) and the *split reader* a Spark task reads them with
+  (:meth:`SourceConnector.split_reader`; ``fetch`` may block in the fetcher thread and must
+  return early on ``wake_up()``). Splits are stored in Postgres as rows of the split store
+  (``kind``, ``uri``, byte or key range, state): that row is the split's codec.
+- a **sink connector** turns its spec into the sink part of a plan, opens the *writer* that
+  stages output inside a task per checkpoint (snapshot and restore travel with the task's
+  checkpoint state) and provides the *committer* (a
+  :class:`~enumerator_service.TransactionalSink`: commit inside the checkpoint's Postgres
+  transaction, publish after it, idempotent on recovery; abort) and, when it can, the
+  replacement of one output partition for rebuilds.
+
+Every concrete connector lives in its own folder under ``spark_jobs/connectors/`` and is
+registered there (:mod:`spark_jobs.connectors._registry`); the driver, the reader task, the
+CLI and the Dagster factory ask the registry and never name a concrete connector.
+
+Threading: connector objects are stateless and shared; their methods run on the caller's
+thread (the driver, a CLI command, a sensor tick). Split readers and writers are owned by one
+Spark task (see their own docstrings).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from enumerator_service import Settings, TransactionalSink
+
+if TYPE_CHECKING:
+    from enumerator_service._operations import Discovery
+    from spark_jobs.pipeline._checks import Context
+    from spark_jobs.pipeline._definition import Pipeline
+    from spark_jobs.pipeline._plan import Column, Plan, SinkPlan, SourcePlan
+    from spark_jobs.source._batch import RecordSchema
+    from spark_jobs.source._records import BlockReader
+
+__all__ = [
+    "ObservedInput",
+    "ReaderContext",
+    "SinkConnector",
+    "SinkDetails",
+    "SinkWriterContext",
+    "SourceConnector",
+    "SourceDetails",
+    "TableInput",
+    "UpstreamAsset",
+]
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True, slots=True)
+class SourceDetails:
+    """What a source connector's validation decides beyond the shared fields (schema,
+    required, event time, watermark strategy, late records — validated by the platform).
+
+    ``options``: the connector's own validated values (only the connector reads them).
+    ``partitioned``: the output is partitioned by day (``dt``) and so are the Dagster assets.
+    """
+
+    options: Any
+    partitioned: bool = False
+    start_date: date | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderContext:
+    """What a split reader may use inside a Spark task (no secret travels in it: ``dsn`` is
+    the database URL without its password, which the task completes from its environment)."""
+
+    max_line_bytes: int
+    block_bytes: int
+    dsn: str
+    #: What the connector's ``reader_root`` gave the driver (files: the landing folder), or None.
+    root: Any = None
+    #: ``SLUICE_FOLLOW_SYMLINKS``.
+    follow_symlinks: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TableInput:
+    """An upstream Postgres table (the Dagster asset ``[schema, table]``, shared with lookups
+    of the same table)."""
+
+    schema: str
+    table: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedInput:
+    """An upstream asset the source observes itself (``<pipeline>_<name>``): ``observe``
+    returns (data version, metadata of plain values) for Dagster to record."""
+
+    name: str
+    description: str
+    kinds: frozenset[str]
+    observe: Callable[[Pipeline, Settings], tuple[str | None, Mapping[str, Any]]]
+    #: A metadata key whose value is a path or URI (shown as such).
+    path_key: str | None = None
+
+
+UpstreamAsset = TableInput | ObservedInput
+
+
+class SourceConnector(abc.ABC):
+    """A kind of source. ``name`` is stored in plans and split rows (``split.kind`` values
+    are the connector's ``split_kinds``)."""
+
+    name: str = ""
+    #: The split kinds its split reader reads (e.g. ``jsonl``, ``csv``; ``table``).
+    split_kinds: tuple[str, ...] = ()
+
+    @abc.abstractmethod
+    def validate(self, spec: Any, ctx: Context) -> SourceDetails:
+        """The connector's own checks of ``spec`` (``ctx.fail(...)`` names the field)."""
+
+    @abc.abstractmethod
+    def describe(self, plan: SourcePlan, pipeline: str, where: str | None = None) -> str:
+        """One line for ``sluice pipelines`` and Dagster (``where``: its resolved location)."""
+
+    def location(self, pipeline: Pipeline, settings: Settings) -> str | None:
+        """Where the input is, as people read it (a folder, a URI), or None."""
+        return None
+
+    def sample_folder(self, pipeline: Pipeline, settings: Settings) -> Path | None:
+        """Where ``sluice demo-data`` lets the pipeline's generator write files (None: the
+        generator writes none, only tables)."""
+        return None
+
+    @abc.abstractmethod
+    def discovery(self, pipeline: Pipeline, settings: Settings) -> Discovery:
+        """How the enumerator finds the pipeline's splits (bounded or continuous)."""
+
+    def waiting_for_input(self, pipeline: Pipeline, settings: Settings) -> str | None:
+        """Why there is nothing to discover yet without it being an error (a landing folder
+        that does not exist yet), or None."""
+        return None
+
+    def input_days(self, pipeline: Pipeline, settings: Settings) -> list[date] | None:
+        """The days with input, for Dagster's discovered partitions (None: not day-based)."""
+        return None
+
+    def check_catalog(self, conn: sa.Connection, plan: Plan) -> None:
+        """Check the source against the database when a run opens (default: nothing)."""
+        return None
+
+    def reader_root(self, pipeline: Pipeline, settings: Settings) -> Any:
+        """What :attr:`ReaderContext.root` carries to the tasks (default: None)."""
+        return None
+
+    @abc.abstractmethod
+    def split_reader(self, schema: RecordSchema, context: ReaderContext) -> BlockReader:
+        """The task-side reader of this connector's splits (one per task and connector)."""
+
+    def check_split(self, split: Any) -> None:
+        """Called in the fetcher before a split is opened: raise when it must not be read
+        (files: changed since discovery). Default: nothing."""
+        return None
+
+    def replay_split(self, split: Any, start: int, end: int) -> Any:
+        """The split to read a replayed range ``[start, end)`` of (records whose offset is
+        in it are kept by the reader in any case; bounding the split only saves reading).
+        Default: the split itself."""
+        return split
+
+    def content_errors(self) -> Sequence[tuple[type[BaseException], str]]:
+        """Errors that are the split's own content's fault (reason per type): the split is
+        retried, then quarantined. Anything else fails the task. Default: none."""
+        return ()
+
+    def upstream_assets(self, plan: Plan) -> list[UpstreamAsset]:
+        """The Dagster assets of the input (default: none)."""
+        return []
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+@dataclass(frozen=True, slots=True)
+class SinkDetails:
+    """A sink connector's validated values: ``options`` (only the connector reads them) and
+    ``upsert_key`` (fields whose rows a record replaces; None: append)."""
+
+    options: Any
+    upsert_key: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SinkWriterContext:
+    """What a sink writer gets inside a task."""
+
+    schema: pa.Schema
+    partitioned: bool
+    dsn: str
+    run_id: str
+    subtask: int
+    attempt: str
+    #: Where staged files go and where the table folder is (file sinks), else unused.
+    staging_root: Any = None
+    output_root: Any = None
+
+
+class SinkConnector(abc.ABC):
+    """A kind of sink. ``name`` is stored in plans; ``committer_names`` are the values of
+    ``sink_transactions.sink`` its committers handle (recovery needs every one)."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def validate(
+        self,
+        spec: Any,
+        ctx: Context,
+        *,
+        pipeline: str,
+        columns: tuple[Column, ...],
+        is_open: bool,
+    ) -> SinkDetails:
+        """The connector's own checks of ``spec`` against the output ``columns``."""
+
+    @abc.abstractmethod
+    def describe(self, plan: Plan) -> str:
+        """One line: where the output goes and how."""
+
+    @abc.abstractmethod
+    def location(self, pipeline: Pipeline, settings: Settings, days: Sequence[date]) -> str:
+        """Where the output of ``days`` is (all of it for no days), as people read it."""
+
+    @abc.abstractmethod
+    def committers(self, engine: Engine | None) -> Mapping[str, TransactionalSink]:
+        """Commit sides by ``sink_transactions.sink`` name (``engine``: for aborts that
+        clean up at once; None: cleanup is left to later sweeps)."""
+
+    @abc.abstractmethod
+    def open_writer(
+        self, plan: SinkPlan, io: ThreadPoolExecutor, context: SinkWriterContext
+    ) -> Any:
+        """The task-side writer (``write``, ``snapshot``, ``restore``, ``close``)."""
+
+    def can_replace(self, plan: SinkPlan) -> bool:
+        """Whether re-materialising a partition replaces its output (else only new input
+        of it is processed). Default: no."""
+        return False
+
+    def uses_folders(self, plan: SinkPlan) -> bool:
+        """Whether a rebuild swaps output folders (file sinks)."""
+        return False
+
+    def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline) -> None:
+        """Before tasks start (create tables). Default: nothing."""
+        return None
+
+    def wrap_up(self, engine: Engine, plan: Plan) -> None:
+        """After a run's tasks end (sweep leftovers). Default: nothing."""
+        return None
+
+    @abc.abstractmethod
+    def committed_rows(
+        self, conn: sa.Connection, pipeline: Pipeline, settings: Settings, days: list[date]
+    ) -> dict[date | None, int]:
+        """Rows committed by the platform, per day (``{None: n}`` for no days)."""
+
+    @abc.abstractmethod
+    def rows_out(
+        self,
+        conn: sa.Connection,
+        pipeline: Pipeline,
+        settings: Settings,
+        days: Sequence[date | None],
+    ) -> dict[date | None, int]:
+        """Rows present in the output now, per day (None: all of it)."""
+
+    @abc.abstractmethod
+    def duplicate_keys(
+        self, pipeline: Pipeline, settings: Settings, day: date | None, key: list[str]
+    ) -> tuple[int, list[str]]:
+        """(duplicate rows, sample keys) of ``key`` in one output partition."""
