@@ -40,6 +40,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports
 
 ## ui: Dagster UI on 127.0.0.1:3000 with DAGSTER_HOME under .sluice/ (no telemetry, no dialog)
 ui: install

@@ -18,8 +18,7 @@ from typing import Any
 from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue
 
 from dagster_project._counts import PartitionCounts, partition_counts
-from enumerator_service import Settings, connect_engine, database_url
-from enumerator_service._quarantine import quarantined
+from enumerator_service import Settings, connect_engine, database_url, quarantined
 from spark_jobs.connectors import sink_connector_named
 from spark_jobs.pipeline import Pipeline
 

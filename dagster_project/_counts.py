@@ -25,9 +25,7 @@ from datetime import date
 
 import sqlalchemy as sa
 
-from enumerator_service import Settings
-from enumerator_service._operations import open_platform
-from enumerator_service._schema import SplitStatus, dead_letters, splits
+from enumerator_service import Settings, SplitStatus, dead_letters, open_platform, splits
 from spark_jobs.connectors import sink_connector_named
 from spark_jobs.pipeline import Pipeline
 

@@ -24,8 +24,7 @@ from datetime import date
 import sqlalchemy as sa
 from dagster import DagsterInstance, DynamicPartitionsDefinition, PartitionsDefinition
 
-from enumerator_service._completions import completions_table_exists, partition_completions
-from enumerator_service._schema import splits
+from enumerator_service import completions_table_exists, partition_completions, splits
 
 __all__ = ["sync_partitions"]
 

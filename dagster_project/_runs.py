@@ -9,14 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 from dagster import DagsterRun, Failure, MetadataValue
 
-from enumerator_service import DiscoveryResult, Settings
-from enumerator_service._operations import discover, open_platform
-from enumerator_service._rebuilds import CrossDayRebuildError
-from enumerator_service._safe_paths import safe_name
-from spark_jobs._outcomes import DeterministicFailure, ExitCode
+from enumerator_service import (
+    CrossDayRebuildError,
+    DiscoveryResult,
+    Settings,
+    discover,
+    open_platform,
+    safe_name,
+)
+from spark_jobs import DeterministicFailure, ExitCode
 from spark_jobs.connectors import source_connector_named
-from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import discovery_of
+from spark_jobs.pipeline import Pipeline, discovery_of
 
 if TYPE_CHECKING:
     from spark_jobs.jobs import RunSummary

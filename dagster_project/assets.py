@@ -28,8 +28,7 @@ from dagster import (
 
 from dagster_project._runs import describe_run, discover_and_run, sluice_run_id, summary_metadata
 from dagster_project.resources import SluiceResource
-from enumerator_service import Settings
-from enumerator_service._safe_paths import partition_date
+from enumerator_service import Settings, partition_date
 from spark_jobs.connectors import sink_connector_named, source_connector_named
 from spark_jobs.pipeline import Pipeline
 

@@ -45,7 +45,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dagster_project._check_outcomes import CHECK_DESCRIPTIONS, check_names, outcomes_of
 from dagster_project.assets import DayPartitions
 from dagster_project.resources import SluiceResource
-from enumerator_service._safe_paths import partition_date
+from enumerator_service import partition_date
 from spark_jobs.pipeline import Pipeline
 
 __all__ = ["partition_evaluation", "pipeline_checks"]

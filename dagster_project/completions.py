@@ -73,14 +73,14 @@ from dagster import (
 from dagster_project._partitions import sync_partitions
 from dagster_project._runs import PIPELINE_TAG
 from dagster_project.resources import SluiceResource
-from enumerator_service import Settings
-from enumerator_service._completions import (
+from enumerator_service import (
     PartitionCompletion,
+    Settings,
     completions_table_exists,
     mark_reported,
+    open_platform,
     unreported_completions,
 )
-from enumerator_service._operations import open_platform
 from spark_jobs.connectors import source_connector_named
 from spark_jobs.pipeline import Pipeline
 

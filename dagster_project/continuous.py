@@ -63,9 +63,7 @@ from dagster_project._runs import (
 from dagster_project.assets import output_location
 from dagster_project.resources import SluiceResource
 from dagster_project.sensors import BACKLOG_TAG, backlog_note
-from enumerator_service import ConfigError, Settings, SplitStore
-from enumerator_service._operations import open_platform
-from enumerator_service._schema import SplitStatus
+from enumerator_service import ConfigError, Settings, SplitStatus, SplitStore, open_platform
 from spark_jobs.pipeline import Pipeline
 
 __all__ = [
@@ -186,8 +184,7 @@ def continuous_job(pipeline: Pipeline) -> JobDefinition:
         ``SLUICE_CHECKPOINT_INTERVAL_SECONDS``; ends when cancelled, or after
         ``SLUICE_CONTINUOUS_IDLE_SECONDS`` without new splits."""
         # Imported here so loading the code location (every sensor tick) never imports PySpark.
-        from spark_jobs.jobs import run_pipeline
-        from spark_jobs.jobs._heartbeat import Heartbeat
+        from spark_jobs.jobs import Heartbeat, run_pipeline
 
         settings = sluice.settings()
         start_run(settings)

@@ -26,7 +26,7 @@ from dagster_project.resources import (
     SparkResource,
 )
 from enumerator_service import load_settings
-from spark_jobs.pipeline._registry import load_pipelines
+from spark_jobs.pipeline import load_pipelines
 
 __all__ = [
     "DEPLOYMENTS",

@@ -51,11 +51,15 @@ from dagster import (
 
 from dagster_project._counts import partition_counts
 from dagster_project.resources import SluiceResource
-from enumerator_service import Settings
-from enumerator_service._completions import completions_table_exists, partition_completions
-from enumerator_service._live_state import LiveState, live_state
-from enumerator_service._operations import open_platform
-from enumerator_service._schema import splits
+from enumerator_service import (
+    LiveState,
+    Settings,
+    completions_table_exists,
+    live_state,
+    open_platform,
+    partition_completions,
+    splits,
+)
 from spark_jobs.pipeline import Pipeline
 
 __all__ = [

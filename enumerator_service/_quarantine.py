@@ -170,7 +170,7 @@ def _changed_files(rows: Sequence[Any]) -> dict[tuple[str, str], Any]:
     changed: dict[tuple[str, str], Any] = {}
     for row in rows:
         recorded = recorded_identity(row._mapping)
-        if recorded is None or row.kind == "table" or (row.source, row.uri) in changed:
+        if recorded is None or (row.source, row.uri) in changed:  # no identity: not a file
             continue
         now = current(row.uri)
         if now is not None and not now.same_as(recorded):

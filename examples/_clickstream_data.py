@@ -21,7 +21,7 @@ import asyncpg
 import orjson
 
 from enumerator_service import Settings, qualified_name, quote_identifier
-from spark_jobs.pipeline._demo_marks import claim_demo_table
+from spark_jobs.pipeline import claim_demo_table
 
 __all__ = ["DemoSpec", "GeneratedData", "generate_events", "load_users"]
 

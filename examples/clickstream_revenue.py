@@ -28,7 +28,7 @@ from dagster import (
 from dagster_project import SluiceResource, parquet_files, partition_days, partitions_of
 from enumerator_service import Settings
 from examples.clickstream import clickstream
-from spark_jobs.pipeline._paths import output_path
+from spark_jobs.pipeline import output_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -59,8 +59,8 @@ def build_daily_revenue(settings: Settings, days: Sequence[date]) -> "dict[date,
     written, by day."""
     import pyarrow.parquet as pq
 
-    from spark_jobs._spark import spark_for
-    from spark_jobs.sink._folders import replace_folder
+    from spark_jobs import spark_for
+    from spark_jobs.sink import replace_folder
 
     source = output_path(clickstream, settings)
     table = settings.warehouse_path / REVENUE_TABLE

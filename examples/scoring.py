@@ -28,7 +28,7 @@ from spark_jobs import (
     ResultFuture,
     exponential_backoff,
 )
-from spark_jobs.pipeline._types import Duration
+from spark_jobs.pipeline import Duration
 
 __all__ = ["ScoringClient", "scoring", "scoring_pipeline"]
 

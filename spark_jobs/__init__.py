@@ -7,6 +7,8 @@ reader), ``lookup`` (Postgres lookups), ``sink`` (transactional Parquet and Post
 ``checkpoint`` (barriers, coordinator), ``jobs`` (driver and subtask), ``cli``.
 """
 
+from spark_jobs._outcomes import DeterministicFailure, ExitCode
+from spark_jobs._spark import spark_for
 from spark_jobs.pipeline import (
     EMPTY_RESULT,
     HAS_EXCEPTION,
@@ -40,6 +42,8 @@ __all__ = [
     "AsyncMap",
     "CoroutineAsyncFunction",
     "DemoDataRefused",
+    "DeterministicFailure",
+    "ExitCode",
     "FileSource",
     "Filter",
     "FullCache",
@@ -57,4 +61,5 @@ __all__ = [
     "claim_demo_table",
     "exponential_backoff",
     "fixed_delay",
+    "spark_for",
 ]

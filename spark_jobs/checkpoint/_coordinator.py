@@ -24,12 +24,12 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from enumerator_service import FencedError
-from enumerator_service._checkpoint_store import (
+from enumerator_service import (
     COORDINATOR_CHANNEL,
     AbortCause,
     CheckpointStore,
     CompletedCheckpoint,
+    FencedError,
     TransactionalSink,
 )
 from spark_jobs.checkpoint._aligned import AlignedBarrierHandler

@@ -19,8 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from enumerator_service._checkpoint_store import CHECKPOINT_CHANNEL, COORDINATOR_CHANNEL
-from enumerator_service._schema import CheckpointStatus
+from enumerator_service import CHECKPOINT_CHANNEL, COORDINATOR_CHANNEL, CheckpointStatus
 
 __all__ = ["CheckpointListener"]
 

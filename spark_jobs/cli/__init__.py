@@ -9,9 +9,7 @@ from collections.abc import Sequence
 
 import click
 
-from enumerator_service import ConfigError
-from enumerator_service._database import SchemaError
-from enumerator_service._rebuilds import CrossDayRebuildError, PartitionBusyError
+from enumerator_service import ConfigError, CrossDayRebuildError, PartitionBusyError, SchemaError
 from spark_jobs._outcomes import DeterministicFailure, ExitCode, RunFailed
 from spark_jobs.cli._commands import cli
 from spark_jobs.pipeline import DemoDataRefused, PipelineDefinitionError

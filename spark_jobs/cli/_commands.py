@@ -14,11 +14,20 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from enumerator_service import ConfigError, Settings, asyncpg_dsn, load_settings, redact_url
-from enumerator_service._operations import Platform, discover, open_platform, platform_status
-from enumerator_service._quarantine import retry_splits
-from enumerator_service._safe_paths import partition_date
-from enumerator_service._secret_files import sweep_secret_files
+from enumerator_service import (
+    ConfigError,
+    Platform,
+    Settings,
+    asyncpg_dsn,
+    discover,
+    load_settings,
+    open_platform,
+    partition_date,
+    platform_status,
+    redact_url,
+    retry_splits,
+    sweep_secret_files,
+)
 from spark_jobs._outcomes import ExitCode
 from spark_jobs.cli._db import db_status, db_stop
 from spark_jobs.cli._render import (
@@ -390,6 +399,6 @@ def demo(ctx: click.Context, pipeline: str | None) -> None:
 def dagster_home(ctx: click.Context) -> None:
     """Create the Dagster home of the local UI (<SLUICE_HOME>/dagster; `make ui`) with a
     dagster.yaml that turns telemetry and the first-visit dialog off; print its path."""
-    from dagster_project.home import prepare_dagster_home  # imports dagster: only here
+    from spark_jobs.cli._dagster_home import prepare_dagster_home
 
     click.echo(str(prepare_dagster_home(_settings(ctx).home_path / "dagster")))

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import click
 
-from enumerator_service import Settings, connect_engine, redact_url
-from enumerator_service._database import SchemaError, database_url, require_current_schema
-from enumerator_service._embedded import embedded_state, stop_embedded
+from enumerator_service import (
+    SchemaError,
+    Settings,
+    connect_engine,
+    database_url,
+    embedded_state,
+    redact_url,
+    require_current_schema,
+    stop_embedded,
+)
 
 __all__ = ["db_status", "db_stop"]
 

@@ -8,12 +8,14 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from enumerator_service import Settings
-from enumerator_service._completeness import END_OF_INPUT
-from enumerator_service._live_state import LiveState
-from enumerator_service._operations import PlatformStatus
-from enumerator_service._quarantine import QuarantinedSplit
-from enumerator_service._schema import SplitStatus
+from enumerator_service import (
+    END_OF_INPUT,
+    LiveState,
+    PlatformStatus,
+    QuarantinedSplit,
+    Settings,
+    SplitStatus,
+)
 from spark_jobs.connectors._registry import sink_connector_named
 from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.pipeline import Pipeline

@@ -43,7 +43,7 @@ from sqlalchemy.engine import Engine
 from enumerator_service import Settings, TransactionalSink
 
 if TYPE_CHECKING:
-    from enumerator_service._operations import Discovery
+    from enumerator_service import Discovery
     from spark_jobs.pipeline._checks import Context
     from spark_jobs.pipeline._definition import Pipeline
     from spark_jobs.pipeline._plan import Column, Plan, SinkPlan, SourcePlan

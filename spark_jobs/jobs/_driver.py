@@ -22,16 +22,18 @@ import sqlalchemy as sa
 from enumerator_service import (
     CheckpointStore,
     ConfigError,
+    Rebuild,
+    RebuildStore,
     Settings,
     SplitStore,
+    child_path,
     connect_engine,
     database_url,
+    prune_finished_runs,
     recover,
+    safe_name,
+    sweep_secret_files,
 )
-from enumerator_service._bookkeeping import prune_finished_runs
-from enumerator_service._rebuilds import Rebuild, RebuildStore
-from enumerator_service._safe_paths import child_path, safe_name
-from enumerator_service._secret_files import sweep_secret_files
 from spark_jobs._outcomes import DeterministicFailure, job_failure
 from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator

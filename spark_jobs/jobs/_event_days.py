@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
 
-from enumerator_service._completeness import COUNTERS, DETAIL, completed_partitions
+from enumerator_service import COUNTERS, DETAIL, completed_partitions
 from spark_jobs.runtime import MailboxClosedError, MailboxExecutor
 from spark_jobs.source._batch import OFFSET, user_rows
 

@@ -21,8 +21,7 @@ import time
 
 import sqlalchemy as sa
 
-from enumerator_service import connect_engine
-from enumerator_service._checkpoint_store import COORDINATOR_CHANNEL
+from enumerator_service import COORDINATOR_CHANNEL, connect_engine
 from spark_jobs.jobs._task_config import TaskConfig
 
 __all__ = ["FAILED_EVENT", "WAIT_FOR_CANCEL", "stop_the_run"]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from enumerator_service import SplitStore
-from enumerator_service._schema import (
+from enumerator_service import (
     ACTIVE_SPLIT,
     SplitStatus,
+    SplitStore,
     dead_letters,
     sink_transactions,
     splits,

@@ -12,8 +12,7 @@ from datetime import date
 
 import sqlalchemy as sa
 
-from enumerator_service._quarantine import QuarantinedSplit, quarantined
-from enumerator_service._schema import SplitStatus, splits
+from enumerator_service import QuarantinedSplit, SplitStatus, quarantined, splits
 
 __all__ = ["InputLeft", "input_left"]
 

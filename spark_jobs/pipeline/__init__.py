@@ -18,7 +18,9 @@ from spark_jobs.connectors import FileSource, ParquetSink, PostgresSink, TableSo
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._demo_marks import DemoDataRefused, claim_demo_table
 from spark_jobs.pipeline._errors import PipelineDefinitionError
+from spark_jobs.pipeline._paths import discovery_of, output_path
 from spark_jobs.pipeline._plan import Column, Plan
+from spark_jobs.pipeline._registry import load_pipelines
 from spark_jobs.pipeline._sample import SampleTarget
 from spark_jobs.pipeline._sinks import Sink
 from spark_jobs.pipeline._sources import Source
@@ -32,6 +34,7 @@ from spark_jobs.pipeline._steps import (
     RetryOnMiss,
     Step,
 )
+from spark_jobs.pipeline._types import Duration
 
 __all__ = [
     "EMPTY_RESULT",
@@ -41,6 +44,7 @@ __all__ = [
     "Column",
     "CoroutineAsyncFunction",
     "DemoDataRefused",
+    "Duration",
     "FileSource",
     "Filter",
     "FullCache",
@@ -60,6 +64,9 @@ __all__ = [
     "Step",
     "TableSource",
     "claim_demo_table",
+    "discovery_of",
     "exponential_backoff",
     "fixed_delay",
+    "load_pipelines",
+    "output_path",
 ]

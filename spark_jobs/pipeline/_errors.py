@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from enumerator_service._identifiers import quote_identifier
+from enumerator_service import quote_identifier
 
 __all__ = [
     "RESERVED_PREFIX",

@@ -12,9 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from enumerator_service import Settings
-from enumerator_service._operations import Discovery
-from enumerator_service._safe_paths import child_path, relative_under
+from enumerator_service import Discovery, Settings, child_path, relative_under
 from spark_jobs.connectors._registry import source_connector_named
 
 if TYPE_CHECKING:

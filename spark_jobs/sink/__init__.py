@@ -1,6 +1,7 @@
 """Sinks: two-phase-commit output (staged per checkpoint, committed with it), for any output
 schema a pipeline derives."""
 
+from spark_jobs.sink._folders import replace_folder
 from spark_jobs.sink._parquet import (
     SINK_NAME,
     ParquetSink,
@@ -39,5 +40,6 @@ __all__ = [
     "finish_rebuilds",
     "open_sink_writer",
     "publish_files",
+    "replace_folder",
     "sweep_staged",
 ]

@@ -30,8 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy.engine import Connection
 
-from enumerator_service._checkpoint_store import StagedTransaction, encode_dead_letters
-from enumerator_service._safe_paths import child_path
+from enumerator_service import StagedTransaction, child_path, encode_dead_letters
 from spark_jobs.sink._folders import fsync_path
 from spark_jobs.sink._rebuild_swap import REBUILDS_FOLDER, live_folder, rebuild_folder
 from spark_jobs.sink._staged import StagedOutput, conform_batch

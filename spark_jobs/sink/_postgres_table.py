@@ -31,7 +31,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from enumerator_service._checkpoint_store import encode_dead_letters
+from enumerator_service import encode_dead_letters
 from spark_jobs.pipeline._types import postgres_type
 from spark_jobs.sink._copy_csv import CSV_COPY_OPTIONS, CsvRows, csv_exact
 from spark_jobs.sink._staged import StagedOutput, conform_batch

@@ -22,9 +22,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from enumerator_service import TransactionalSink
-from enumerator_service._checkpoint_store import publish_committed
-from enumerator_service._rebuilds import Rebuild, RebuildStore
+from enumerator_service import Rebuild, RebuildStore, TransactionalSink, publish_committed
 from spark_jobs.sink._folders import exchange_folders, fsync_path
 
 __all__ = ["MARKER", "REBUILDS_FOLDER", "finish_rebuilds", "live_folder", "rebuild_folder"]

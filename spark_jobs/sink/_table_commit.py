@@ -29,7 +29,7 @@ from typing import Any
 from psycopg import sql
 from sqlalchemy.engine import Connection, Engine
 
-from enumerator_service._checkpoint_store import StagedTransaction
+from enumerator_service import StagedTransaction
 from spark_jobs.sink._table_layout import (
     ENTRY_KEY,
     KEY_COLUMNS,

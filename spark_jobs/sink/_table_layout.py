@@ -18,7 +18,7 @@ from typing import Any
 from psycopg import sql
 from sqlalchemy.engine import Connection
 
-from enumerator_service._config import validate_identifier
+from enumerator_service import validate_identifier
 from spark_jobs.pipeline._errors import RESERVED_PREFIX, check_field_name
 
 __all__ = [

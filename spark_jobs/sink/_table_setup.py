@@ -24,8 +24,7 @@ import sqlalchemy as sa
 from psycopg import sql
 from sqlalchemy.engine import Connection, Engine
 
-from enumerator_service._config import ConfigError
-from enumerator_service._schema import SCHEMA, splits
+from enumerator_service import SCHEMA, ConfigError, splits
 from spark_jobs.pipeline._types import postgres_type
 from spark_jobs.sink._table_layout import (
     KEY_COLUMNS,

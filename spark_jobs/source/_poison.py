@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from enumerator_service import redact_text
-from enumerator_service._file_identity import FileChangedError
+from enumerator_service import FileChangedError, redact_text
 
 __all__ = ["MAX_ERROR_CHARS", "SplitFailure", "content_failure", "one_line"]
 

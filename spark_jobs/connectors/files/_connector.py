@@ -13,10 +13,16 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from enumerator_service import FileSplit, LandingRoot, Settings
-from enumerator_service._file_identity import CHANGED_REASON, FileChangedError
-from enumerator_service._landing import OutsideLandingError, landing_days
-from enumerator_service._operations import FileDiscovery
+from enumerator_service import (
+    CHANGED_REASON,
+    FileChangedError,
+    FileDiscovery,
+    FileSplit,
+    LandingRoot,
+    OutsideLandingError,
+    Settings,
+    landing_days,
+)
 from spark_jobs.connectors._interface import (
     ObservedInput,
     ReaderContext,
@@ -32,7 +38,7 @@ from spark_jobs.source._line_reader import LINE_KINDS, check_whole_file
 from spark_jobs.source._parquet_reader import ParquetSplitError
 
 if TYPE_CHECKING:
-    from enumerator_service._operations import Discovery
+    from enumerator_service import Discovery
     from spark_jobs.pipeline._checks import Context
     from spark_jobs.pipeline._definition import Pipeline
     from spark_jobs.pipeline._plan import Plan, SourcePlan

@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from enumerator_service._landing import _PARTITION_DIR, _kind_of
+from enumerator_service import PARTITION_DIR as _PARTITION_DIR
+from enumerator_service import kind_of as _kind_of
 
 __all__ = ["LandingListing", "list_landing"]
 

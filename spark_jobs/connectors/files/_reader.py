@@ -7,8 +7,7 @@ on the one fetcher thread (may block on I/O), ``wake_up`` from any thread.
 
 from __future__ import annotations
 
-from enumerator_service import FileSplit, LandingRoot
-from enumerator_service._file_identity import check_unchanged
+from enumerator_service import FileSplit, LandingRoot, check_unchanged
 from spark_jobs.source._batch import ParsedBlock, RecordSchema
 from spark_jobs.source._line_reader import LINE_KINDS, LineSplitReader
 from spark_jobs.source._parquet_reader import ParquetSplitReader

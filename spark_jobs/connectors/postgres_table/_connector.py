@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from enumerator_service import Settings
-from enumerator_service._operations import TableDiscovery
+from enumerator_service import Settings, TableDiscovery
 from spark_jobs.connectors._interface import (
     ReaderContext,
     SourceConnector,
@@ -28,7 +27,7 @@ from spark_jobs.pipeline._types import catalog_arrow_type, type_family
 from spark_jobs.source._table_reader import TableRangeSplitReader
 
 if TYPE_CHECKING:
-    from enumerator_service._operations import Discovery
+    from enumerator_service import Discovery
     from spark_jobs.pipeline._checks import Context
     from spark_jobs.pipeline._definition import Pipeline
     from spark_jobs.pipeline._plan import Plan, SourcePlan
