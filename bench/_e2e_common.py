@@ -32,13 +32,18 @@ OUTPUT_SCHEMA = (
 REQUIRED = ("event_id", "user_id", "event_time", "event_type", "amount")
 
 # Targets (ratios from this run only).
-TARGET_VS_NAIVE_L0 = 20.0  # issue 15 (was 7x)
+# Issue 22: the ratios to naive Spark are informational (naive Spark runs 5-33k events/s
+# depending on the machine; 20x / 100x cannot hold on a 2-core machine): the ceiling ratios
+# carry the goal. Shown for comparison with earlier issues' targets.
+TARGET_VS_NAIVE_L0 = 20.0  # issue 15 (was 7x); informational since issue 22
 # Issue 15: Sluice's rate over the ceilings of the same invocation, at least.
 TARGET_VS_PLAIN_L0 = 0.30  # the no-lookup ceiling (read, parse, write), L = 0
 TARGET_VS_PLAIN_L1 = 0.25  # the same, L = 1 ms
 TARGET_VS_LOOKUP_L0 = 0.6  # the no-platform lookup job, L = 0
-TARGET_ORDERS_VS_CLICKSTREAM = 0.5  # the orders example at L=0 over the clickstream's rate
-TARGET_VS_NAIVE_L1 = 100.0
+# Issue 22: the orders example at L=0 over the orders ceiling (the same lookups, map, filter
+# and upsert without the platform), at least (was: 0.5x the clickstream's rate).
+TARGET_ORDERS_VS_CEILING = 0.9
+TARGET_VS_NAIVE_L1 = 100.0  # informational since issue 22
 TARGET_VS_BROADCAST = 1.5  # Sluice wall time / broadcast join wall time, at most
 TARGET_MEMORY = 1.2  # worker peak at 5x the events / at 1x, at most ("flat")
 

@@ -8,7 +8,7 @@ from _e2e_common import (
     CORES,
     MASTER,
     TARGET_MEMORY,
-    TARGET_ORDERS_VS_CLICKSTREAM,
+    TARGET_ORDERS_VS_CEILING,
     TARGET_VS_BROADCAST,
     TARGET_VS_LOOKUP_L0,
     TARGET_VS_NAIVE_L0,
@@ -146,25 +146,25 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
         else:
             lines.append(verdict_line(None, f"{label} (not measured)"))
     orders0 = find("orders", 0.0)
-    if orders0 and sluice0:
-        ratio = orders0.rate / sluice0.rate
+    orders_ceiling = find("ceiling-orders", None)
+    if orders0 and orders_ceiling:
+        ratio = orders0.rate / orders_ceiling.rate
         lines.append(
             verdict_line(
-                ratio >= TARGET_ORDERS_VS_CLICKSTREAM,
-                f"L=0: orders {orders0.rate:,.0f} rows/s = {ratio:.2f}x the clickstream's "
-                f"{sluice0.rate:,.0f} events/s (target >= {TARGET_ORDERS_VS_CLICKSTREAM:g}x)",
+                ratio >= TARGET_ORDERS_VS_CEILING,
+                f"L=0: orders {orders0.rate:,.0f} rows/s = {ratio:.2f}x the orders ceiling "
+                f"{orders_ceiling.rate:,.0f} rows/s (no platform; target >= "
+                f"{TARGET_ORDERS_VS_CEILING:g}x)",
             )
         )
     else:
-        lines.append(verdict_line(None, "L=0: orders vs the clickstream (not measured)"))
-    orders_ceiling = find("ceiling-orders", None)
-    if orders0 and orders_ceiling and sluice0:
+        lines.append(verdict_line(None, "L=0: orders vs the orders ceiling (not measured)"))
+    if orders0 and sluice0:
         lines.append(
             verdict_line(
                 None,
-                f"L=0: orders {orders0.rate / orders_ceiling.rate:.2f}x the orders ceiling "
-                f"{orders_ceiling.rate:,.0f} rows/s (no platform), which is "
-                f"{orders_ceiling.rate / sluice0.rate:.2f}x the clickstream (informational)",
+                f"L=0: orders {orders0.rate:,.0f} rows/s = {orders0.rate / sluice0.rate:.2f}x "
+                f"the clickstream's {sluice0.rate:,.0f} events/s (informational)",
             )
         )
     if orders0 and naive0:
@@ -184,8 +184,9 @@ def verdicts(results: list[Result], memory: tuple[Result, Result] | None) -> lis
             ratio = sluice.rate / naive.rate
             lines.append(
                 verdict_line(
-                    ratio >= target,
-                    f"{label}: Sluice {ratio:,.1f}x naive Spark (target >= {target:g}x)"
+                    None,
+                    f"{label}: Sluice {ratio:,.1f}x naive Spark (informational; the earlier "
+                    f"target {target:g}x is carried by the ceiling ratios)"
                     + (" [naive rate from a prefix]" if naive.extrapolated_seconds else ""),
                 )
             )
