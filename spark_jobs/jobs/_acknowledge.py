@@ -36,7 +36,7 @@ def acknowledge_checkpoint(
     out = staged.result()
     sink = config.plan.sink.kind
     if not config.exactly_once and sink == "parquet":
-        publish_files(out.files)  # AT_LEAST_ONCE: visible before the offsets commit
+        publish_files(out.files, config.storage)  # AT_LEAST_ONCE: visible before the offsets commit
     acknowledge(
         engine,
         Acknowledgement(

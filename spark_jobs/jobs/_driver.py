@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -25,13 +24,14 @@ from enumerator_service import (
     LandingRoot,
     Settings,
     SplitStore,
+    StorageOptions,
     connect_engine,
     database_url,
     recover,
 )
 from enumerator_service._bookkeeping import prune_finished_runs
 from enumerator_service._rebuilds import Rebuild, RebuildStore
-from enumerator_service._safe_paths import child_path, safe_name
+from enumerator_service._safe_paths import safe_name
 from enumerator_service._secret_files import sweep_secret_files
 from spark_jobs._outcomes import DeterministicFailure, job_failure
 from spark_jobs._spark import auth_secret, slot_error, spark_for
@@ -48,8 +48,9 @@ from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._catalog import Resolved, resolve
-from spark_jobs.pipeline._paths import landing_path, output_path, staging_path
+from spark_jobs.pipeline._paths import landing_path, output_root, staging_root
 from spark_jobs.sink import build_sinks, ensure_tables, finish_rebuilds, sweep_staged
+from spark_jobs.sink._object_store import check_reachable, remove_folder
 
 __all__ = ["ReaderRun", "RunSummary", "run_pipeline"]
 
@@ -134,8 +135,10 @@ class ReaderRun:
         # A Parquet day is replaced by a folder swap, an upsert sink's rows by key; an append
         # sink cannot replace rows: re-materialising a day then only processes its new splits.
         self.rebuild = rebuild and (plan.sink.kind == "parquet" or bool(plan.sink.upsert_key))
-        self.output_root = output_path(pipeline, settings)
-        self.staging_root = staging_path(pipeline, settings)
+        # Local folders or object-store prefixes (SLUICE_WAREHOUSE_DIR, ParquetSink(path=)).
+        self.output_root = output_root(pipeline, settings)
+        self.staging_root = staging_root(pipeline, settings)
+        self.storage = StorageOptions.of(settings)
         # Tasks open landing files only inside it (links out of it: SLUICE_FOLLOW_SYMLINKS).
         self.landing_root = (
             LandingRoot.of(landing_path(pipeline, settings)).path
@@ -147,6 +150,13 @@ class ReaderRun:
     def source(self) -> str:
         return self.pipeline.name
 
+    @property
+    def _output_setting(self) -> str:
+        """What names the output folder, for a one-line error."""
+        if self.pipeline.plan.sink.path is not None:
+            return f"pipeline {self.pipeline.name}: sink path"
+        return "SLUICE_WAREHOUSE_DIR"
+
     def execute(self) -> RunSummary:
         started = time.monotonic()
         self._url = database_url(self.settings)
@@ -156,9 +166,11 @@ class ReaderRun:
             # Step 1: the complete plan from the catalog (looked-up types, key types): a
             # definition that does not fit the database fails here, before anything moves.
             resolved = resolve(self.pipeline, self._engine)
+            if resolved.plan.sink.kind == "parquet":  # an unusable object store: one line
+                check_reachable(self.output_root, self._output_setting)
             # Step 2: recovery — dead runs' leases back, committed output published, dead
             # runs' staged output aborted, interrupted rebuild swaps finished.
-            self._sinks = build_sinks(self._engine)
+            self._sinks = build_sinks(self._engine, self.storage)
             self._recover(resolved)
             # Step 3: assignment (rebuilt days first, as rebuild members).
             replacing, assigned = self._assign()
@@ -253,8 +265,8 @@ class ReaderRun:
             database=database,
             run_id=self.run_id,
             lease_seconds=settings.lease_seconds,
-            output_root=str(self.output_root),
-            staging_root=str(self.staging_root),
+            output_root=self.output_root.uri,
+            staging_root=self.staging_root.uri,
             max_line_bytes=settings.max_line_bytes,
             block_bytes=settings.read_block_bytes,
             pull_max_splits=settings.pull_max_splits,
@@ -274,6 +286,7 @@ class ReaderRun:
             landing_root=self.landing_root,
             follow_symlinks=settings.follow_symlinks,
             split_max_attempts=settings.split_max_attempts,
+            storage=self.storage,
         )
 
     def _execute(
@@ -348,7 +361,7 @@ class ReaderRun:
         if self.progress is not None:
             self.progress(*while_down(lambda: run_progress(engine, self.run_id)))
         while_down(lambda: recover(engine, self._sinks))  # publishes committed, unpublished
-        shutil.rmtree(child_path(self.staging_root, self.run_id, what="run_id"), ignore_errors=True)
+        remove_folder(self.staging_root.child(safe_name(self.run_id, "run_id")))
         while_down(self._finish)
         pending = {r.id for r in while_down(lambda: self._rebuilds.pending(self.source))}
         unfinished = [r for r in replacing if r.id in pending]

@@ -30,7 +30,6 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import date, datetime
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,6 +40,7 @@ from enumerator_service import (
     SplitState,
     SplitStore,
     committed_task_watermark,
+    open_location,
 )
 from spark_jobs.async_io import Watermark
 from spark_jobs.checkpoint import CheckpointListener
@@ -136,8 +136,8 @@ class ReaderTask:
             schema=plan.output_schema(),
             partitioned=plan.source.partitioned,
             dsn=config.asyncpg_dsn,
-            staging_root=Path(config.staging_root),
-            output_root=Path(config.output_root),
+            staging_root=open_location(config.staging_root, config.storage),
+            output_root=open_location(config.output_root, config.storage),
             run_id=config.run_id,
             subtask=self._subtask,
             attempt=self._attempt,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from enumerator_service import StorageOptions
 from spark_jobs.jobs._credentials import WorkerDatabase
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._plan import Plan
@@ -44,6 +45,7 @@ class TaskConfig:
     database: WorkerDatabase
     run_id: str
     lease_seconds: float
+    #: The Parquet table and staging folders: local paths or object-store URIs.
     output_root: str
     staging_root: str
     max_line_bytes: int
@@ -67,6 +69,9 @@ class TaskConfig:
     #: it (``SLUICE_FOLLOW_SYMLINKS``); None: files are opened without that check.
     landing_root: str | None = None
     follow_symlinks: bool = False
+    #: Object-store client settings (endpoint, region; never credentials: an executor takes
+    #: those from its own standard chain).
+    storage: StorageOptions = field(default_factory=StorageOptions)
 
     @property
     def database_url(self) -> str:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import date
-from pathlib import Path
+from os import PathLike, fspath
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from enumerator_service import ConfigError, open_location
 from spark_jobs.pipeline._checks import Context, names, require
 from spark_jobs.pipeline._derive_steps import empty_batch, probe_map, stage_plan
 from spark_jobs.pipeline._errors import check_field_name, check_identifier, check_table
@@ -134,6 +136,29 @@ def _landing(given: object) -> Path:
     return path
 
 
+def _sink_path(given: object) -> str:
+    """A table folder: a URI of a supported scheme (checked, never opened here), an absolute
+    folder, or one relative to the warehouse root without ``..``."""
+    if not isinstance(given, str | PathLike) or not fspath(given) or "\x00" in fspath(given):
+        raise ValueError(f"path {given!r} is not a folder path or URI")
+    text = fspath(given)
+    if "://" in text:
+        try:
+            location = open_location(text, what="path")  # scheme, credentials, bucket
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        if location.object_store and "/" not in location.path.strip("/"):
+            raise ValueError(
+                f"path {location.uri}: a table folder needs a prefix below the bucket root "
+                "(its staging folder goes next to it)"
+            )
+        return location.uri
+    path = PurePosixPath(text)
+    if not path.is_absolute() and ".." in path.parts:
+        raise ValueError(f"path {text!r} leads out of the warehouse folder ('..')")
+    return text
+
+
 def _date(text: str) -> date:
     try:
         return date.fromisoformat(text)
@@ -162,8 +187,13 @@ def _sink(
             require(ctx, dictionary, columns, "dictionary field")
         if sink.compression not in _COMPRESSIONS:
             raise ctx.fail(f"compression must be one of {', '.join(_COMPRESSIONS)}")
+        path = None if sink.path is None else ctx.check(_sink_path, sink.path)
         return SinkPlan(
-            "parquet", folder=folder, dictionary=dictionary, compression=sink.compression
+            "parquet",
+            folder=folder,
+            dictionary=dictionary,
+            compression=sink.compression,
+            path=path,
         )
     if isinstance(sink, PostgresSink):
         table = ctx.check(check_table, sink.table, "table")

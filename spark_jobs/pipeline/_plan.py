@@ -150,6 +150,9 @@ class SinkPlan:
     upsert_key: tuple[str, ...] | None = None
     dictionary: tuple[str, ...] = ()
     compression: str = "zstd"
+    #: parquet: the table folder as given (``ParquetSink.path``: a URI, an absolute folder,
+    #: or one relative to the warehouse root), or None (``<warehouse>/<folder>``).
+    path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

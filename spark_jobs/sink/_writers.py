@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from os import PathLike
 
 import pyarrow as pa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import TransactionalSink
+from enumerator_service import Location, StorageOptions, TransactionalSink
 from spark_jobs.pipeline._plan import SinkPlan
 from spark_jobs.sink._parquet import SINK_NAME, ParquetSink, ParquetSinkWriter
 from spark_jobs.sink._postgres_table import TABLE_SINK_NAME, PostgresTableSinkWriter
@@ -27,9 +27,16 @@ SINKS: dict[str, TransactionalSink] = {
 }
 
 
-def build_sinks(engine: Engine) -> dict[str, TransactionalSink]:
-    """SINKS with a table sink that aborts through ``engine``."""
-    return {**SINKS, TABLE_SINK_NAME: PostgresTableSink(engine)}
+def build_sinks(
+    engine: Engine, options: StorageOptions | None = None
+) -> dict[str, TransactionalSink]:
+    """SINKS with a table sink that aborts through ``engine`` and a Parquet sink that opens
+    object-store URIs with ``options`` (``StorageOptions.of(settings)``)."""
+    return {
+        **SINKS,
+        SINK_NAME: ParquetSink(options),
+        TABLE_SINK_NAME: PostgresTableSink(engine),
+    }
 
 
 def committer(sink: str) -> TransactionalSink:
@@ -45,8 +52,8 @@ def open_sink_writer(
     schema: pa.Schema,
     partitioned: bool,
     dsn: str,
-    staging_root: Path,
-    output_root: Path,
+    staging_root: Location | str | PathLike[str],
+    output_root: Location | str | PathLike[str],
     run_id: str,
     subtask: int,
     attempt: str,
@@ -56,8 +63,8 @@ def open_sink_writer(
 
     ``partitioned``: the source is day-partitioned (a table sink then has the ``dt``
     column). ``dsn``: the table sink's database. ``output_root``: the Parquet table folder
-    (``<warehouse>/<plan.folder>``); ``staging_root``: where its files are staged, outside
-    that folder.
+    (``<warehouse>/<plan.folder>``, a local folder or an object-store Location);
+    ``staging_root``: where its files are staged, outside that folder.
     """
     if plan.kind == TABLE_SINK_NAME:
         if plan.table is None:
