@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue
 
 from dagster_project._counts import PartitionCounts, partition_counts, partition_folder
-from dagster_project._runs import parquet_files
+from dagster_project._runs import parquet_objects
 from enumerator_service import Settings, connect_engine, database_url
 from enumerator_service._quarantine import quarantined
 from spark_jobs.pipeline import Pipeline
@@ -77,10 +77,11 @@ def _duplicates(pipeline: Pipeline, settings: Settings, day: date | None) -> tup
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    files = parquet_files(partition_folder(pipeline, settings, day))
+    folder = partition_folder(pipeline, settings, day)
+    files = parquet_objects(folder)
     if not files:
         return 0, []
-    table = pq.read_table(files, columns=key)
+    table = pq.read_table(files, columns=key, filesystem=folder.fs)
     counts = table.group_by(key).aggregate([([], "count_all")])
     repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
     sample = repeated.select(key).slice(0, SAMPLE_KEYS).to_pylist()

@@ -22,17 +22,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
 
 import sqlalchemy as sa
 
-from dagster_project._runs import parquet_files
-from enumerator_service import Settings
+from dagster_project._runs import parquet_objects
+from enumerator_service import Location, Settings
 from enumerator_service._operations import open_platform
 from enumerator_service._schema import SplitStatus, dead_letters, splits
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._errors import quote
-from spark_jobs.pipeline._paths import output_path
+from spark_jobs.pipeline._paths import output_root
 
 __all__ = ["PartitionCounts", "partition_counts", "partition_folder"]
 
@@ -63,9 +62,10 @@ class PartitionCounts:
         return done and (not self.comparable or self.rows_out == self.rows_committed)
 
 
-def partition_folder(pipeline: Pipeline, settings: Settings, day: date | None) -> Path:
-    root = output_path(pipeline, settings)
-    return root if day is None else root / f"dt={day.isoformat()}"
+def partition_folder(pipeline: Pipeline, settings: Settings, day: date | None) -> Location:
+    """The folder of ``day``'s output (a local folder or an object-store prefix)."""
+    root = output_root(pipeline, settings)
+    return root if day is None else root.child(f"dt={day.isoformat()}")
 
 
 # Rows committed into each day's *current* generation (see the module docstring).
@@ -177,7 +177,8 @@ def _committed(
     params = {
         "source": source,
         "days": days,
-        "root": f"{output_path(pipeline, settings)}/",
+        # The prefix of the entries' "final" names: a local path or the table's URI.
+        "root": f"{output_root(pipeline, settings).uri}/",
     }
     return {day: int(rows) for day, rows in conn.execute(query, params)}
 
@@ -202,10 +203,11 @@ def _rows_out(
         return out
     import pyarrow.parquet as pq
 
-    return {
-        day: sum(
-            pq.read_metadata(path).num_rows
-            for path in parquet_files(partition_folder(pipeline, settings, day))
+    found: dict[date | None, int] = {}
+    for day in days:
+        folder = partition_folder(pipeline, settings, day)
+        found[day] = sum(
+            pq.read_metadata(path, filesystem=folder.fs).num_rows
+            for path in parquet_objects(folder)
         )
-        for day in days
-    }
+    return found

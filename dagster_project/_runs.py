@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from dagster import DagsterRun, Failure, MetadataValue
 
-from enumerator_service import DiscoveryResult, Settings
+from enumerator_service import DiscoveryResult, Location, Settings
 from enumerator_service._operations import discover, open_platform
 from enumerator_service._rebuilds import CrossDayRebuildError
 from enumerator_service._safe_paths import safe_name
@@ -30,6 +30,7 @@ __all__ = [
     "drain_discovery",
     "missing_landing",
     "parquet_files",
+    "parquet_objects",
     "sluice_run_id",
     "start_run",
     "summary_metadata",
@@ -241,6 +242,18 @@ def summary_metadata(
         "steps": MetadataValue.md("| step | records in | records out |\n|---|---:|---:|\n" + steps),
         "output": MetadataValue.text(output),
     }
+
+
+def parquet_objects(folder: Location) -> list[str]:
+    """:func:`parquet_files` of a folder on any file system (an object-store prefix too):
+    paths on ``folder.fs``, e.g. for ``pq.read_metadata(path, filesystem=folder.fs)``."""
+    from spark_jobs.sink._object_store import file_paths
+
+    return [
+        path
+        for path in file_paths(folder)
+        if path.endswith(".parquet") and not path.rsplit("/", 1)[-1].startswith((".", "_"))
+    ]
 
 
 def parquet_files(folder: Path) -> list[Path]:

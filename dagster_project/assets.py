@@ -32,7 +32,7 @@ from enumerator_service import Settings
 from enumerator_service._landing import LandingRoot, landing_days
 from enumerator_service._safe_paths import partition_date
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import landing_path, output_path
+from spark_jobs.pipeline._paths import landing_path, output_root
 
 __all__ = [
     "DayPartitions",
@@ -96,10 +96,10 @@ def output_location(pipeline: Pipeline, settings: Settings, days: Sequence[date]
         assert sink.table is not None
         where = f"postgres {sink.table[0]}.{sink.table[1]}"
         return where if not days else f"{where} (dt {days[0]}..{days[-1]})"
-    folder = output_path(pipeline, settings)
+    folder = output_root(pipeline, settings)  # a local folder or an object-store URI
     if days and len(days) == 1:
-        folder = folder / f"dt={days[0].isoformat()}"
-    return str(folder)
+        folder = folder.child(f"dt={days[0].isoformat()}")
+    return folder.uri
 
 
 def output_asset(

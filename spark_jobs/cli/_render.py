@@ -17,7 +17,7 @@ from enumerator_service._schema import SplitStatus
 from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._describe import describe
-from spark_jobs.pipeline._paths import output_path
+from spark_jobs.pipeline._paths import output_root
 from spark_jobs.pipeline._plan import Plan
 
 __all__ = [
@@ -87,7 +87,7 @@ def run_table(summary: RunSummary, pipeline: Pipeline, settings: Settings) -> Ta
         rows.append((f"  {where}", f"{records_in:,} → {records_out:,}"))
     sink = pipeline.plan.sink
     if sink.kind == "parquet":
-        rows.append(("output", str(output_path(pipeline, settings))))
+        rows.append(("output", output_root(pipeline, settings).uri))
     else:
         assert sink.table is not None
         rows.append(("output", f"postgres {sink.table[0]}.{sink.table[1]}"))
