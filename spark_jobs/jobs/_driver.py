@@ -165,9 +165,9 @@ class ReaderRun:
         try:
             # Step 1: the complete plan from the catalog (looked-up types, key types): a
             # definition that does not fit the database fails here, before anything moves.
-            resolved = resolve(self.pipeline, self._engine)
-            if resolved.plan.sink.kind == "parquet":  # an unusable object store: one line
+            if self.pipeline.plan.sink.kind == "parquet":  # an unusable object store: one line
                 check_reachable(self.output_root, self._output_setting)
+            resolved = resolve(self.pipeline, self._engine)
             # Step 2: recovery — dead runs' leases back, committed output published, dead
             # runs' staged output aborted, interrupted rebuild swaps finished.
             self._sinks = build_sinks(self._engine, self.storage)
