@@ -209,7 +209,9 @@ def check_reachable(location: Location, setting: str) -> None:
     A local folder is not checked here (it is created when written)."""
     if not location.object_store:
         return
-    bucket = location.path.split("/", 1)[0]
+    # A bucket (S3, GCS, ADLS container) is checked itself; an HDFS folder's file system is.
+    bucketed = location.scheme != "hdfs"
+    bucket = location.path.split("/", 1)[0] if bucketed else location.path
     try:
         info = location.fs.get_file_info(bucket)
     except OSError as exc:
@@ -225,5 +227,5 @@ def check_reachable(location: Location, setting: str) -> None:
         else:
             why = _one_line(exc)
         raise ConfigError(setting, f"{location.uri}: {why}") from None
-    if info.type == pafs.FileType.NotFound:
+    if bucketed and info.type == pafs.FileType.NotFound:
         raise ConfigError(setting, f"{location.uri}: bucket {bucket!r} does not exist")

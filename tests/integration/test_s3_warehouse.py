@@ -21,6 +21,7 @@ import posixpath
 import secrets
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from typing import Any
 
@@ -32,8 +33,15 @@ from conftest import TestSettings as Settings
 from demo_platform import demo_discover, demo_pipeline, demo_run, prepare_demo
 from landing_oracle import expected_events
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, s3_server
+from sink_harness import DAY1, ORDERS, expected, orders
 
-from enumerator_service import ConfigError, Location, StorageOptions
+from enumerator_service import (
+    ConfigError,
+    Location,
+    StagedTransaction,
+    StorageOptions,
+    open_location,
+)
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import partition_rebuilds, sink_transactions
 from spark_jobs import ParquetSink
@@ -255,6 +263,52 @@ def test_a_publish_cut_off_by_the_endpoint_is_finished_by_recovery(
             )
         ).first()
     assert objects(staging_of(table)) == []
+
+
+def test_the_sink_stages_verifies_publishes_and_aborts_objects(s3: S3Server) -> None:
+    """The writer and the commit side alone (no Spark, no Postgres): URIs in the entries,
+    nothing in the table until the publish, an idempotent publish, an abort that deletes."""
+    bucket = f"sluice-{secrets.token_hex(4)}"
+    s3.create_bucket(bucket)
+    options = StorageOptions(s3.endpoint_url, REGION)
+    table = open_location(f"s3://{bucket}/wh/orders", options)
+    with ThreadPoolExecutor(1) as io:
+        writer = _parquet.ParquetSinkWriter(
+            io,
+            schema=ORDERS,
+            dictionary=["Customer"],
+            compression="zstd",
+            staging_root=staging_of(table),
+            output_root=table,
+            run_id="run-1",
+            subtask=0,
+            attempt="a1",
+        )
+        batch = orders((1, "Ann", 10, "12.50"), (2, "Bob", 11, "0.01"))
+        writer.write_batch(writer.output_partition(DAY1, None), batch)
+        out = writer.pre_commit().result(timeout=30)
+        (entry,) = out.files
+        assert entry["staged"].startswith(f"s3://{bucket}/wh/_staging/orders/run-1/dt=2026-01-01/")
+        assert entry["final"].startswith(f"s3://{bucket}/wh/orders/dt=2026-01-01/part-run-1-")
+        assert objects(table) == []  # staged: nobody reads it yet
+        sink = _parquet.ParquetSink(options)
+        txn = StagedTransaction(1, "run-1", 0, "a1", 1, "parquet", out.files, out.rows)
+        sink.publish([txn])
+        sink.publish([txn])  # idempotent: the same object, once
+        (name,) = data_files(table)
+        assert expected(
+            pq.read_table(table.child(name).path, filesystem=table.fs).to_batches()[0]
+        ) == expected(batch)
+        assert objects(staging_of(table)) == []
+        # A lost object (neither staged nor final) is reported, never skipped.
+        table.fs.delete_file(table.child(name).path)
+        with pytest.raises(FileNotFoundError, match="committed output is lost"):
+            sink.publish([txn])
+        # Abort deletes what was staged.
+        writer.write_batch(writer.output_partition(DAY1, None), batch)
+        again = writer.pre_commit().result(timeout=30)
+        sink.abort([StagedTransaction(2, "run-1", 0, "a1", 2, "parquet", again.files, 2)])
+        assert objects(staging_of(table)) == []
 
 
 def _one_line_error(settings: Settings) -> str:
