@@ -205,7 +205,8 @@ class ReaderRun:
         SplitStore(engine).release_expired(self.source)
         recover(engine, self._sinks)
         prune_finished_runs(engine, retention_hours=self.settings.bookkeeping_retention_hours)
-        clean_staging(engine, self.staging_root)
+        if plan.sink.kind == "parquet":  # (a table sink stages rows, never files)
+            clean_staging(engine, self.staging_root)
         self._finish = functools.partial(
             finish_rebuilds,
             engine,
@@ -361,7 +362,8 @@ class ReaderRun:
         if self.progress is not None:
             self.progress(*while_down(lambda: run_progress(engine, self.run_id)))
         while_down(lambda: recover(engine, self._sinks))  # publishes committed, unpublished
-        remove_folder(self.staging_root.child(safe_name(self.run_id, "run_id")))
+        if plan.sink.kind == "parquet":
+            remove_folder(self.staging_root.child(safe_name(self.run_id, "run_id")))
         while_down(self._finish)
         pending = {r.id for r in while_down(lambda: self._rebuilds.pending(self.source))}
         unfinished = [r for r in replacing if r.id in pending]

@@ -85,7 +85,9 @@ def describe(
     plan = plan or pipeline.plan
     sink = plan.sink
     if sink.kind == "parquet":
-        where = f"parquet {sink.folder}/" + (" (dt= folders)" if plan.source.partitioned else "")
+        where = f"parquet {sink.path or sink.folder}/" + (
+            " (dt= folders)" if plan.source.partitioned else ""
+        )
     else:
         assert sink.table is not None
         where = f"postgres {sink.table[0]}.{sink.table[1]}"

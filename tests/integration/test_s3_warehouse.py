@@ -47,7 +47,7 @@ from enumerator_service._schema import partition_rebuilds, sink_transactions
 from spark_jobs import ParquetSink
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.pipeline._errors import PipelineDefinitionError
-from spark_jobs.pipeline._paths import output_root, staging_of
+from spark_jobs.pipeline._paths import output_root, staging_of, warehouse_root
 from spark_jobs.sink import _parquet, _rebuild_swap, build_sinks, finish_rebuilds
 from spark_jobs.sink._object_store import file_paths
 from spark_jobs.sink._rebuild_swap import MARKER, REBUILDS_FOLDER
@@ -143,6 +143,7 @@ def test_a_run_and_an_interrupted_rebuild_on_s3(
     from dagster_project._check_outcomes import outcomes_of
     from dagster_project._counts import partition_counts
     from dagster_project.assets import output_location
+    from examples import clickstream_revenue
 
     settings, platform, bucket = on_s3
     pipeline = demo_pipeline(settings)
@@ -170,6 +171,23 @@ def test_a_run_and_an_interrupted_rebuild_on_s3(
     assert outcomes_of(pipeline, settings, "unique_key", 0.5)([DAY])[DAY].passed
     assert outcomes_of(pipeline, settings, "rows_reconcile", 0.5)([OTHER_DAY])[OTHER_DAY].passed
     assert output_location(pipeline, settings, [DAY]) == f"{table.uri}/dt={DAY.isoformat()}"
+
+    # The example's downstream asset reads and writes the bucket (one object per day,
+    # replaced in one PUT by a re-run).
+    monkeypatch.setattr(clickstream_revenue, "clickstream", pipeline)
+    (written,) = clickstream_revenue.build_daily_revenue(settings, [DAY]).values()
+    revenue = warehouse_root(settings).child(clickstream_revenue.REVENUE_TABLE)
+    assert objects(revenue) == [f"dt={DAY.isoformat()}/part-00000.parquet"]
+    stored = pq.read_table(revenue.child(objects(revenue)[0]).path, filesystem=revenue.fs)
+    assert stored.equals(written) and written.num_rows > 0
+    day_events = [e for e in events if e["event_time"].date() == DAY]
+    assert sum(written.column("events").to_pylist()) == len(day_events)
+    assert sum(written.column("orders").to_pylist()) == sum(
+        1 for e in day_events if e["event_type"] == "order"
+    )
+    clickstream_revenue.build_daily_revenue(settings, [DAY])
+    assert objects(revenue) == [f"dt={DAY.isoformat()}/part-00000.parquet"]
+    monkeypatch.undo()
 
     # A rebuild of DAY whose swap dies after copying the new files, before deleting the old.
     before, content, untouched = (
