@@ -1,8 +1,8 @@
 """The Parquet sink with the warehouse on S3: a real S3-protocol server (moto on 127.0.0.1,
 ``tests/s3_server.py``) through pyarrow's S3 client, a real Postgres and real local Spark.
 
-- a run equals the landing oracle exactly once, and the Dagster counts and checks read the
-  bucket;
+- a Dagster backfill of two days equals the landing oracle exactly once, its checks pass
+  on the bucket, and the example's downstream asset reads and writes it;
 - a day's rebuild interrupted mid-swap (after the copies, before the deletes) ends, after
   recovery, in exactly the new output for the day;
 - a publish interrupted by the endpoint going away (after the Postgres commit) fails the run
@@ -140,6 +140,10 @@ def exactly_once(settings: Settings, table: Location) -> tuple[int, int]:
 def test_a_run_and_an_interrupted_rebuild_on_s3(
     on_s3: tuple[Settings, Platform, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from dagster import DagsterInstance, materialize
+    from sluice_resource import resource_for
+
+    from dagster_project import pipeline_definitions
     from dagster_project._check_outcomes import outcomes_of
     from dagster_project._counts import partition_counts
     from dagster_project.assets import output_location
@@ -150,11 +154,33 @@ def test_a_run_and_an_interrupted_rebuild_on_s3(
     table = output_root(pipeline, settings)
     assert table.uri == f"s3://{bucket}/warehouse/enriched_{settings.source_name}"
 
-    summary = demo_run(settings)
+    # A Dagster backfill of both days in one run: the output asset and its checks.
+    source = dataclasses.replace(pipeline.source, start_date=settings.demo_start_date)
+    built = pipeline_definitions(dataclasses.replace(pipeline, source=source), settings)
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize(
+            [built.output, *built.checks],
+            tags={
+                "dagster/asset_partition_range_start": DAY.isoformat(),
+                "dagster/asset_partition_range_end": OTHER_DAY.isoformat(),
+            },
+            resources={"sluice": resource_for(settings)},
+            instance=instance,
+        )
+    assert result.success
+    materialized = result.asset_materializations_for_node(pipeline.name)
+    assert sorted(str(e.partition) for e in materialized) == [
+        DAY.isoformat(),
+        OTHER_DAY.isoformat(),
+    ]
+    metadata = {key: value.value for key, value in materialized[0].metadata.items()}
+    checks = result.get_asset_check_evaluations()
+    assert len(checks) == 2 * len(built.checks) and all(check.passed for check in checks)
 
     assert exactly_once(settings, table) == (0, 0)
     events = expected_events(settings.landing_path)[0]
-    assert summary.rows_out == len(events) > 0
+    assert metadata["rows_out"] == len(events) > 0
+    assert metadata["output"] == table.uri
     # Nothing staged is left, and nothing else than the days' files is in the table.
     name = f"enriched_{settings.source_name}"
     assert staging_of(table).uri == f"s3://{bucket}/warehouse/_staging/{name}"
