@@ -337,6 +337,10 @@ def test_the_sink_stages_verifies_publishes_and_aborts_objects(s3: S3Server) -> 
         assert objects(table) == []  # staged: nobody reads it yet
         sink = _parquet.ParquetSink(options)
         txn = StagedTransaction(1, "run-1", 0, "a1", 1, "parquet", out.files, out.rows)
+        # A publisher that died after its copy, before deleting the staged object: the next
+        # publish copies the same bytes to the same name again.
+        staged, final = (open_location(entry[k], options) for k in ("staged", "final"))
+        table.fs.copy_file(staged.path, final.path)
         sink.publish([txn])
         sink.publish([txn])  # idempotent: the same object, once
         (name,) = data_files(table)
