@@ -157,8 +157,9 @@ def run_once(
     variant: Variant,
     dates: list[date] | None = None,
 ) -> Measured:
+    from spark_jobs.connectors.parquet import output_path
     from spark_jobs.jobs import run_pipeline  # imports pyspark
-    from spark_jobs.pipeline._paths import discovery_of, output_path
+    from spark_jobs.pipeline._paths import discovery_of
 
     source = f"bench_ckpt_{uuid.uuid4().hex[:10]}"
     options = dict(base)

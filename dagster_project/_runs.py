@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import date
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dagster import DagsterRun, Failure, MetadataValue
@@ -33,7 +32,6 @@ __all__ = [
     "discover_once",
     "drain_discovery",
     "missing_landing",
-    "parquet_files",
     "sluice_run_id",
     "start_run",
     "summary_metadata",
@@ -244,14 +242,3 @@ def summary_metadata(
         "steps": MetadataValue.md("| step | records in | records out |\n|---|---:|---:|\n" + steps),
         "output": MetadataValue.text(output),
     }
-
-
-def parquet_files(folder: Path) -> list[Path]:
-    """The data files of one table partition folder (hidden and ``_`` files are not data)."""
-    if not folder.is_dir():
-        return []
-    return sorted(
-        path
-        for path in folder.iterdir()
-        if path.name.endswith(".parquet") and not path.name.startswith((".", "_"))
-    )

@@ -6,6 +6,7 @@ environment at import time: call :func:`load_settings` (or build :class:`Setting
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import date
 from pathlib import Path
@@ -78,8 +79,11 @@ class Settings(BaseSettings):
         description="Comma-separated Python modules whose top-level Pipeline objects Sluice "
         "runs (e.g. examples.orders,examples.clickstream).",
     )
-    warehouse_dir: Path | None = Field(
-        default=None, description="Output root (default <data_dir>/warehouse)."
+    warehouse_dir: str | None = Field(
+        default=None,
+        description="Output root: a local folder, file://…, or an object-store URI "
+        "(s3://bucket/prefix first-class; gs://, abfs://, hdfs:// through the same pyarrow.fs "
+        "code). Default <data_dir>/warehouse.",
     )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
     spark_driver_host: str | None = Field(
@@ -302,6 +306,12 @@ class Settings(BaseSettings):
         names = [name.strip() for name in self.pipelines.split(",") if name.strip()]
         return list(dict.fromkeys(names))
 
+    @field_validator("warehouse_dir", mode="before")
+    @classmethod
+    def _folder_text(cls, value: Any) -> Any:
+        # A Path is accepted as before (kept as its text: a URI must keep its '//').
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: SecretStr | None) -> SecretStr | None:
@@ -323,8 +333,24 @@ class Settings(BaseSettings):
         return self.data_dir.absolute()
 
     @property
+    def warehouse_uri(self) -> str:
+        """The output root as given: an absolute local folder, or a URI (``s3://…``)."""
+        given = self.warehouse_dir
+        if given is None:
+            return str((self.data_dir / "warehouse").absolute())
+        text = os.fspath(given)  # (a Path set through model_copy skips validation)
+        return text if "://" in text else str(Path(text).absolute())
+
+    @property
     def warehouse_path(self) -> Path:
-        return (self.warehouse_dir or self.data_dir / "warehouse").absolute()
+        """The output root as a local folder; ConfigError when it is on an object store
+        (use ``warehouse_uri`` / ``spark_jobs.pipeline._paths.warehouse_root``)."""
+        from enumerator_service._storage import open_location
+
+        location = open_location(self.warehouse_uri, what="SLUICE_WAREHOUSE_DIR")
+        if location.object_store:
+            raise ConfigError("SLUICE_WAREHOUSE_DIR", f"{location.uri} is not a local folder")
+        return location.local_path
 
     @property
     def home_path(self) -> Path:

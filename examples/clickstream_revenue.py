@@ -3,9 +3,11 @@ example adds to the code location through ``examples.clickstream.dagster_assets`
 ``daily_revenue_asset`` when the code location loads).
 
 Spark SQL over a day's enriched Parquet: revenue (sum of ``order`` amounts), orders and events
-per ``user_country``, written to ``<warehouse>/daily_revenue_by_country/dt=D/``; a re-run
-replaces the day's folder in one atomic swap (staging folder, then
-``renameat2(RENAME_EXCHANGE)``).
+per ``user_country``, written to ``<warehouse>/daily_revenue_by_country/dt=D/`` (one file).
+Files are read and written through ``pyarrow.fs``, so the warehouse may be a local folder or
+an object store (``SLUICE_WAREHOUSE_DIR=s3://…``). A re-run replaces the day: on a local disk
+the day's folder in one atomic swap (staging folder, then ``renameat2(RENAME_EXCHANGE)``); on
+an object store, which has no rename, its one object under a fixed name in one PUT.
 """
 
 import shutil
@@ -25,10 +27,11 @@ from dagster import (
     asset,
 )
 
-from dagster_project import SluiceResource, parquet_files, partition_days, partitions_of
-from enumerator_service import Settings
+from dagster_project import SluiceResource, parquet_objects, partition_days, partitions_of
+from enumerator_service import Location, Settings
 from examples.clickstream import clickstream
-from spark_jobs.pipeline import output_path
+from spark_jobs.connectors.parquet import output_root
+from spark_jobs.pipeline import warehouse_root
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,47 +60,76 @@ def _revenue_schema() -> "pa.Schema":
 def build_daily_revenue(settings: Settings, days: Sequence[date]) -> "dict[date, pa.Table]":
     """Revenue, orders and events by user country of each day (Spark SQL); returns what was
     written, by day."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from spark_jobs import spark_for
+
+    source = output_root(clickstream, settings)
+    target = warehouse_root(settings).child(REVENUE_TABLE)
+    # Read through pyarrow.fs (a local folder or an object store alike: Spark needs no
+    # Hadoop connector for s3://), then aggregate with Spark SQL.
+    parts = []
+    for day in days:
+        folder = source.child(f"dt={day.isoformat()}")
+        files = parquet_objects(folder)
+        if files:
+            events = pq.read_table(files, filesystem=folder.fs, columns=list(_INPUT_COLUMNS))
+            parts.append(events.append_column("dt", pa.array([day.isoformat()] * len(events))))
+    result = None
+    if parts:
+        spark = spark_for(settings)
+        spark.createDataFrame(pa.concat_tables(parts)).createOrReplaceTempView("enriched_events")
+        result = spark.sql(
+            "SELECT dt, user_country, "
+            "CAST(COALESCE(SUM(CASE WHEN event_type = 'order' THEN amount END), 0) "
+            "AS DOUBLE) AS revenue, "
+            "COUNT_IF(event_type = 'order') AS orders, COUNT(*) AS events "
+            "FROM enriched_events GROUP BY 1, 2"
+        ).toArrow()
+    written: dict[date, pa.Table] = {}
+    for day in days:
+        if result is None:
+            written[day] = _revenue_schema().empty_table()
+        else:
+            rows = result.filter(pc.equal(result.column("dt"), day.isoformat()))
+            written[day] = rows.select(_revenue_schema().names).cast(_revenue_schema())
+        _replace_day(target, day, written[day])
+    return written
+
+
+#: The enriched columns the aggregate reads.
+_INPUT_COLUMNS = ("user_country", "event_type", "amount")
+
+
+def _replace_day(target: Location, day: date, table: "pa.Table") -> None:
+    """Make ``table`` the one file of ``target/dt=D``, replacing the previous one.
+
+    A local folder is replaced in one atomic swap (a staging folder, then
+    ``renameat2(RENAME_EXCHANGE)``). An object store has no rename: the day is one object with
+    a fixed name, replaced by one PUT (a reader sees the previous object or the new one,
+    whole), and any other object left in the folder is deleted after it.
+    """
+    import pyarrow.parquet as pq
+
     from spark_jobs.sink import replace_folder
 
-    source = output_path(clickstream, settings)
-    table = settings.warehouse_path / REVENUE_TABLE
+    folder = target.child(f"dt={day.isoformat()}")
+    if target.object_store:
+        name = "part-00000.parquet"
+        pq.write_table(table, folder.child(name).path, filesystem=folder.fs)
+        for path in parquet_objects(folder):
+            if not path.endswith("/" + name):
+                folder.fs.delete_file(path)
+        return
     # "_" folders are invisible to Spark and pyarrow readers of the table.
-    staging = table / f"_staging-{uuid.uuid4().hex}"
-    inputs = [source / f"dt={day.isoformat()}" for day in days]
-    inputs = [folder for folder in inputs if parquet_files(folder)]
+    staging = target.local_path / f"_staging-{uuid.uuid4().hex}"
     try:
-        if inputs:
-            from pyspark.sql import functions as F
-
-            spark = spark_for(settings)
-            spark.read.option("basePath", str(source)).parquet(
-                *[str(folder) for folder in inputs]
-            ).createOrReplaceTempView("enriched_events")
-            result = spark.sql(
-                "SELECT CAST(dt AS STRING) AS dt, user_country, "
-                "CAST(COALESCE(SUM(CASE WHEN event_type = 'order' THEN amount END), 0) "
-                "AS DOUBLE) AS revenue, "
-                "COUNT_IF(event_type = 'order') AS orders, COUNT(*) AS events "
-                "FROM enriched_events GROUP BY 1, 2"
-            )
-            # One file per day: all of a day's groups in one task.
-            result.repartition(F.col("dt")).write.partitionBy("dt").parquet(str(staging))
-        written: dict[date, pa.Table] = {}
-        for day in days:
-            folder = staging / f"dt={day.isoformat()}"
-            files = parquet_files(folder)
-            if files:
-                written[day] = pq.read_table(files, schema=_revenue_schema())
-            else:
-                folder.mkdir(parents=True, exist_ok=True)
-                written[day] = _revenue_schema().empty_table()
-                pq.write_table(written[day], folder / "part-00000-empty.parquet")
-        for day in days:
-            replace_folder(staging / f"dt={day.isoformat()}", table / f"dt={day.isoformat()}")
-        return written
+        new = staging / f"dt={day.isoformat()}"
+        new.mkdir(parents=True)
+        pq.write_table(table, new / f"part-{uuid.uuid4().hex[:12]}.parquet")
+        replace_folder(new, folder.local_path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -160,9 +192,9 @@ def _materialize(context: AssetExecutionContext, settings: Settings) -> Material
     orders = sum(_column_sum(table, "orders") for table in written.values())
     events = sum(_column_sum(table, "events") for table in written.values())
     context.log.info(f"{days[0]}..{days[-1]}: {rows} rows, revenue {revenue:,.2f}")
-    output = settings.warehouse_path / REVENUE_TABLE
+    output = warehouse_root(settings).child(REVENUE_TABLE)
     if len(days) == 1:
-        output = output / f"dt={days[0].isoformat()}"
+        output = output.child(f"dt={days[0].isoformat()}")
     return MaterializeResult(
         metadata={
             "row_count": MetadataValue.int(rows),
@@ -170,7 +202,7 @@ def _materialize(context: AssetExecutionContext, settings: Settings) -> Material
             "orders": MetadataValue.int(int(orders)),
             "events": MetadataValue.int(int(events)),
             "preview": MetadataValue.md(_preview(written)),
-            "output_path": MetadataValue.path(str(output)),
+            "output_path": MetadataValue.path(output.uri),
             "partitions": MetadataValue.int(len(days)),
             "partition_range": MetadataValue.text(f"{days[0]}..{days[-1]}"),
         }

@@ -40,7 +40,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import Settings, TransactionalSink
+from enumerator_service import Location, Settings, StorageOptions, TransactionalSink
 
 if TYPE_CHECKING:
     from enumerator_service import Discovery
@@ -244,15 +244,41 @@ class SinkConnector(abc.ABC):
         """Where the output of ``days`` is (all of it for no days), as people read it."""
 
     @abc.abstractmethod
-    def committers(self, engine: Engine | None) -> Mapping[str, TransactionalSink]:
+    def committers(
+        self, engine: Engine | None, storage: StorageOptions | None = None
+    ) -> Mapping[str, TransactionalSink]:
         """Commit sides by ``sink_transactions.sink`` name (``engine``: for aborts that
-        clean up at once; None: cleanup is left to later sweeps)."""
+        clean up at once; None: cleanup is left to later sweeps; ``storage``: how object
+        stores are reached)."""
+
+    def output_root(self, pipeline: Pipeline, settings: Settings) -> Location | None:
+        """A file sink's table folder (a local folder or an object-store prefix); None for
+        a sink of rows."""
+        return None
+
+    def staging_root(self, pipeline: Pipeline, settings: Settings) -> Location | None:
+        """Where a file sink stages uncommitted files (outside its table folder: the driver
+        sweeps dead runs' leftovers there); None when the sink stages no files."""
+        return None
+
+    def check_output(self, pipeline: Pipeline, settings: Settings) -> None:
+        """Before a run reads the catalog: one :class:`~enumerator_service.ConfigError`
+        line when the output cannot be used at all (an unreachable object store, a missing
+        bucket). Default: nothing."""
+        return None
 
     @abc.abstractmethod
     def open_writer(
         self, plan: SinkPlan, io: ThreadPoolExecutor, context: SinkWriterContext
     ) -> Any:
         """The task-side writer (``write``, ``snapshot``, ``restore``, ``close``)."""
+
+    def publish_unaligned(self, staged: list[Any], storage: StorageOptions) -> None:
+        """AT_LEAST_ONCE: make one subtask's staged output (``StagedOutput.files``) visible
+        before its acknowledgement commits its split states (a replay may then duplicate,
+        never lose). Default: nothing (a sink whose committer's ``commit`` runs inside the
+        acknowledgement's transaction)."""
+        return None
 
     def can_replace(self, plan: SinkPlan) -> bool:
         """Whether re-materialising a partition replaces its output (else only new input

@@ -13,8 +13,9 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from enumerator_service import Acknowledgement, acknowledge
+from spark_jobs.connectors import sink_connector_named
 from spark_jobs.jobs._task_config import TaskConfig
-from spark_jobs.sink import StagedOutput, committer, publish_files
+from spark_jobs.sink import StagedOutput, committer
 
 __all__ = ["acknowledge_checkpoint"]
 
@@ -35,8 +36,8 @@ def acknowledge_checkpoint(
     completes (two-phase); AT_LEAST_ONCE: it becomes visible with this acknowledgement."""
     out = staged.result()
     sink = config.plan.sink.kind
-    if not config.exactly_once and sink == "parquet":
-        publish_files(out.files)  # AT_LEAST_ONCE: visible before the offsets commit
+    if not config.exactly_once:  # AT_LEAST_ONCE: visible before the offsets commit
+        sink_connector_named(sink).publish_unaligned(out.files, config.storage)
     acknowledge(
         engine,
         Acknowledgement(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -26,7 +25,7 @@ from enumerator_service import (
     RebuildStore,
     Settings,
     SplitStore,
-    child_path,
+    StorageOptions,
     connect_engine,
     database_url,
     prune_finished_runs,
@@ -50,8 +49,8 @@ from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._catalog import Resolved, resolve
-from spark_jobs.pipeline._paths import output_path, staging_path
 from spark_jobs.sink import build_sinks, finish_rebuilds
+from spark_jobs.sink._object_store import remove_folder
 
 __all__ = ["ReaderRun", "RunSummary", "run_pipeline"]
 
@@ -138,8 +137,11 @@ class ReaderRun:
         # A sink that cannot replace a partition's output (an append table): re-materialising
         # a day then only processes its new splits.
         self.rebuild = rebuild and self._sink_connector.can_replace(plan.sink)
-        self.output_root = output_path(pipeline, settings)
-        self.staging_root = staging_path(pipeline, settings)
+        # A file sink's table folder and staging folder (local folders or object-store
+        # prefixes: SLUICE_WAREHOUSE_DIR, ParquetSink(path=)); None for a sink of rows.
+        self.output_root = self._sink_connector.output_root(pipeline, settings)
+        self.staging_root = self._sink_connector.staging_root(pipeline, settings)
+        self.storage = StorageOptions.of(settings)
         self.source_root = self._source_connector.reader_root(pipeline, settings)
 
     @property
@@ -154,10 +156,12 @@ class ReaderRun:
         try:
             # Step 1: the complete plan from the catalog (looked-up types, key types): a
             # definition that does not fit the database fails here, before anything moves.
+            # An output that cannot be used at all (an unreachable object store): one line.
+            self._sink_connector.check_output(self.pipeline, self.settings)
             resolved = resolve(self.pipeline, self._engine)
             # Step 2: recovery — dead runs' leases back, committed output published, dead
             # runs' staged output aborted, interrupted rebuild swaps finished.
-            self._sinks = build_sinks(self._engine)
+            self._sinks = build_sinks(self._engine, self.storage)
             self._recover(resolved)
             # Step 3: assignment (rebuilt days first, as rebuild members).
             replacing, assigned = self._assign()
@@ -192,7 +196,8 @@ class ReaderRun:
         SplitStore(engine).release_expired(self.source)
         recover(engine, self._sinks)
         prune_finished_runs(engine, retention_hours=self.settings.bookkeeping_retention_hours)
-        clean_staging(engine, self.staging_root)
+        if self.staging_root is not None:  # (a table sink stages rows, never files)
+            clean_staging(engine, self.staging_root)
         self._finish = functools.partial(
             finish_rebuilds,
             engine,
@@ -241,8 +246,8 @@ class ReaderRun:
             database=database,
             run_id=self.run_id,
             lease_seconds=settings.lease_seconds,
-            output_root=str(self.output_root),
-            staging_root=str(self.staging_root),
+            output_root=None if self.output_root is None else self.output_root.uri,
+            staging_root=None if self.staging_root is None else self.staging_root.uri,
             max_line_bytes=settings.max_line_bytes,
             block_bytes=settings.read_block_bytes,
             pull_max_splits=settings.pull_max_splits,
@@ -262,6 +267,7 @@ class ReaderRun:
             source_root=self.source_root,
             follow_symlinks=settings.follow_symlinks,
             split_max_attempts=settings.split_max_attempts,
+            storage=self.storage,
         )
 
     def _execute(
@@ -336,7 +342,8 @@ class ReaderRun:
         if self.progress is not None:
             self.progress(*while_down(lambda: run_progress(engine, self.run_id)))
         while_down(lambda: recover(engine, self._sinks))  # publishes committed, unpublished
-        shutil.rmtree(child_path(self.staging_root, self.run_id, what="run_id"), ignore_errors=True)
+        if self.staging_root is not None:
+            remove_folder(self.staging_root.child(safe_name(self.run_id, "run_id")))
         while_down(self._finish)
         pending = {r.id for r in while_down(lambda: self._rebuilds.pending(self.source))}
         unfinished = [r for r in replacing if r.id in pending]

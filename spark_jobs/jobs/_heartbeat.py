@@ -15,12 +15,14 @@ import sqlalchemy as sa
 
 from enumerator_service import (
     ACTIVE_SPLIT,
+    Location,
     SplitStatus,
     SplitStore,
     dead_letters,
     sink_transactions,
     splits,
 )
+from spark_jobs.sink._object_store import remove_folder, subfolders
 
 __all__ = ["Heartbeat", "RunTotals", "clean_staging", "run_progress", "run_totals"]
 
@@ -84,19 +86,36 @@ def run_progress(engine: sa.Engine, run_id: str) -> tuple[int, int]:
     return int(done), int(total)
 
 
-def clean_staging(engine: sa.Engine, staging: Path) -> None:
-    """Delete staged files of runs that hold no split any more (aborted pre-commits)."""
+def clean_staging(engine: sa.Engine, staging: Path | Location) -> None:
+    """Delete staged files of runs that hold no split any more (aborted pre-commits); a
+    local folder or an object-store prefix."""
+    if isinstance(staging, Location):
+        if not staging.object_store:
+            staging = staging.local_path
+        else:
+            runs = subfolders(staging)
+            if runs:
+                live_runs = _live_runs(engine)
+                for name in runs:
+                    if name not in live_runs:
+                        remove_folder(staging.child(name))
+            return
     if not staging.is_dir():
         return
+    live = _live_runs(engine)
+    for folder in staging.iterdir():
+        if folder.is_dir() and folder.name not in live:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _live_runs(engine: sa.Engine) -> set[str]:
     with engine.connect() as conn:
         live = set(
             conn.execute(
                 sa.select(splits.c.run_id).where(splits.c.status.in_(ACTIVE_SPLIT)).distinct()
             ).scalars()
         )
-    for folder in staging.iterdir():
-        if folder.is_dir() and folder.name not in live:
-            shutil.rmtree(folder, ignore_errors=True)
+    return live
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,6 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import date, datetime
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -136,8 +135,8 @@ class ReaderTask:
             schema=plan.output_schema(),
             partitioned=plan.source.partitioned,
             dsn=config.asyncpg_dsn,
-            staging_root=Path(config.staging_root),
-            output_root=Path(config.output_root),
+            staging_root=config.folder(config.staging_root),
+            output_root=config.folder(config.output_root),
             run_id=config.run_id,
             subtask=self._subtask,
             attempt=self._attempt,

@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from enumerator_service import Location, StorageOptions, open_location
 from spark_jobs.jobs._credentials import WorkerDatabase
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._plan import Plan
@@ -45,8 +46,9 @@ class TaskConfig:
     database: WorkerDatabase
     run_id: str
     lease_seconds: float
-    output_root: str
-    staging_root: str
+    #: The Parquet table and staging folders: local paths or object-store URIs.
+    output_root: str | None
+    staging_root: str | None
     max_line_bytes: int
     #: Line files are read and parsed in blocks of about this many bytes (operator elements).
     block_bytes: int = 256 << 10
@@ -69,6 +71,14 @@ class TaskConfig:
     #: (``SLUICE_FOLLOW_SYMLINKS``); None: no root.
     source_root: Any = None
     follow_symlinks: bool = False
+    #: Object-store client settings (endpoint, region; never credentials: an executor takes
+    #: those from its own standard chain).
+    storage: StorageOptions = field(default_factory=StorageOptions)
+
+    def folder(self, uri: str | None) -> Location | None:
+        """A file sink's folder (``output_root``, ``staging_root``) opened in the task with
+        its own credential chain (None: a sink of rows has none)."""
+        return None if uri is None else open_location(uri, self.storage)
 
     @property
     def database_url(self) -> str:

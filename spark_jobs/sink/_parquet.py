@@ -8,6 +8,12 @@ the checkpoint completed in Postgres the staged files are renamed to their final
 deterministic, so publishing twice (recovery after a crash) overwrites and never adds a
 second copy.
 
+The folders are :class:`~enumerator_service.Location` values: a local folder keeps the
+rename (and every fsync) described here; on an object store (``s3://`` …), which has no
+rename, a staged object is published by a server-side copy to the same deterministic final
+name and then deleted (the rule and why: ``_object_store``). Entries of ``sink_transactions``
+name local files by path and objects by URI.
+
 Errors are never committed past: a failed background write (the disk full, the file system
 gone read-only) is kept and fails the next pre-commit, and every staged file is verified
 after it is closed — its footer read back and its row count compared with the rows written —
@@ -23,6 +29,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import date
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +37,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy.engine import Connection
 
-from enumerator_service import StagedTransaction, child_path, encode_dead_letters
+from enumerator_service import (
+    Location,
+    StagedTransaction,
+    StorageOptions,
+    encode_dead_letters,
+    is_uri,
+    open_location,
+    safe_name,
+)
 from spark_jobs.sink._folders import fsync_path
+from spark_jobs.sink._object_store import delete_object, publish_object
 from spark_jobs.sink._rebuild_swap import REBUILDS_FOLDER, live_folder, rebuild_folder
 from spark_jobs.sink._staged import StagedOutput, conform_batch
 
@@ -73,8 +89,8 @@ class ParquetSinkWriter:
         schema: pa.Schema,
         dictionary: Sequence[str],
         compression: str,
-        staging_root: Path,
-        output_root: Path,
+        staging_root: Location | str | PathLike[str],
+        output_root: Location | str | PathLike[str],
         run_id: str,
         subtask: int,
         attempt: str,
@@ -86,8 +102,9 @@ class ParquetSinkWriter:
         self._schema = schema
         self._dictionary = list(dictionary)
         self._compression = compression
-        self._staging = child_path(staging_root, run_id, what="run_id")
-        self._output = output_root
+        self._staging = _location(staging_root).child(safe_name(run_id, "run_id"))
+        self._output = _location(output_root)
+        self._local = not self._staging.object_store
         self._prefix = f"part-{run_id}-t{subtask:03d}-{attempt}"
         self._batches: dict[str, list[pa.RecordBatch]] = {}
         self._batch_rows: dict[str, int] = {}
@@ -97,7 +114,7 @@ class ParquetSinkWriter:
         self._writes: list[Future[None]] = []
         # Writer thread only:
         self._error: BaseException | None = None  # the first failed write of the attempt
-        self._writers: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
+        self._writers: dict[str, tuple[pq.ParquetWriter, Location, Location]] = {}
         self._counts: dict[str, int] = {}
         self._sequence = 0
         self.rows_written = 0
@@ -172,15 +189,19 @@ class ParquetSinkWriter:
         if entry is None:
             self._sequence += 1
             name = f"{self._prefix}-{self._sequence:06d}.parquet"
-            staged = self._staging / partition / name
-            staged.parent.mkdir(parents=True, exist_ok=True)
+            parts = [part for part in partition.split("/") if part]
+            staged = self._staging.child(*parts, name)
+            if self._local:  # (an object store has no folders to make)
+                Path(staged.path).parent.mkdir(parents=True, exist_ok=True)
             writer = pq.ParquetWriter(
-                staged,
+                staged.path,
                 self._schema,
+                filesystem=staged.fs,
                 compression=self._compression,
                 use_dictionary=self._dictionary,
             )
-            entry = self._writers[partition] = (writer, staged, self._output / partition / name)
+            final = self._output.child(*parts, name)
+            entry = self._writers[partition] = (writer, staged, final)
             self._counts[partition] = 0
         entry[0].write_table(table, row_group_size=table.num_rows or None)
         self._counts[partition] += table.num_rows
@@ -204,16 +225,19 @@ class ParquetSinkWriter:
         for partition, (writer, staged, final) in sorted(self._writers.items()):
             rows = self._counts[partition]
             try:
+                # On an object store close() completes the upload: the object is durable.
                 writer.close()
                 _verify(staged, rows)
                 # The acknowledgement promises the staged file survives a crash: its content
                 # and its entry in the staging folder.
-                fsync_path(staged)
+                if self._local:
+                    fsync_path(Path(staged.path))
             except BaseException as exc:
                 self._error = exc
                 raise
-            folders.add(staged.parent)
-            out.files.append({"staged": str(staged), "final": str(final), "rows": rows})
+            if self._local:
+                folders.add(Path(staged.path).parent)
+            out.files.append({"staged": staged.uri, "final": final.uri, "rows": rows})
             out.rows += rows
         for folder in sorted(folders):
             fsync_path(folder)
@@ -227,28 +251,44 @@ class ParquetSinkWriter:
         for writer, staged, _final in self._writers.values():
             with contextlib.suppress(Exception):
                 writer.close()
-            staged.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (an unreachable store: swept later)
+                delete_object(staged)
         self._writers = {}
 
     def close(self) -> None:
         """Writer thread: nothing is held open between pre-commits."""
 
 
-def _verify(staged: Path, rows: int) -> None:
-    """The closed file reads back: its footer parses and holds exactly ``rows`` rows."""
+def _location(value: Location | str | PathLike[str]) -> Location:
+    return value if isinstance(value, Location) else open_location(value)
+
+
+def _verify(staged: Location, rows: int) -> None:
+    """The closed file reads back (from the store, for an object): its footer parses and
+    holds exactly ``rows`` rows."""
     try:
-        found = pq.read_metadata(staged).num_rows
+        found = pq.read_metadata(staged.path, filesystem=staged.fs).num_rows
     except (OSError, ValueError) as exc:  # pyarrow: ArrowInvalid is a ValueError
         raise StagedFileError(f"staged Parquet file {staged} is unreadable: {exc}") from exc
     if found != rows:
         raise StagedFileError(f"staged Parquet file {staged} holds {found} rows, {rows} written")
 
 
-def publish_files(files: Sequence[dict[str, Any]]) -> None:
+def publish_files(files: Sequence[dict[str, Any]], options: StorageOptions | None = None) -> None:
     """Move staged files into place. Idempotent: an already published file is left alone.
-    The renames are made durable before returning (the caller then records them published)."""
+    Local renames are made durable before returning (the caller then records them
+    published); objects (URIs, opened with ``options``) are copied server-side to their
+    final names and the staged objects deleted."""
     folders: set[Path] = set()
     for entry in files:
+        if is_uri(entry["final"]):
+            final_object = open_location(entry["final"], options)
+            publish_object(
+                open_location(entry["staged"], options),
+                final_object,
+                obsolete_ok=REBUILDS_FOLDER in final_object.path.split("/"),
+            )
+            continue
         staged, final = Path(entry["staged"]), Path(entry["final"])
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -268,9 +308,13 @@ def publish_files(files: Sequence[dict[str, Any]]) -> None:
 
 
 class ParquetSink:
-    """Commit side of the Parquet sink (coordinator and recovery)."""
+    """Commit side of the Parquet sink (coordinator and recovery). ``options``: the
+    object-store client settings (endpoint, region) its URIs are opened with."""
 
     name = SINK_NAME
+
+    def __init__(self, options: StorageOptions | None = None) -> None:
+        self._options = options
 
     def commit(self, conn: Connection, txns: Sequence[StagedTransaction]) -> None:
         # Files become visible by renaming after the transaction (publish), not inside it.
@@ -278,9 +322,12 @@ class ParquetSink:
 
     def publish(self, txns: Sequence[StagedTransaction]) -> None:
         for txn in txns:
-            publish_files(txn.staged)
+            publish_files(txn.staged, self._options)
 
     def abort(self, txns: Sequence[StagedTransaction]) -> None:
         for txn in txns:
             for entry in txn.staged:
-                Path(entry["staged"]).unlink(missing_ok=True)
+                if is_uri(entry["staged"]):
+                    delete_object(open_location(entry["staged"], self._options))
+                else:
+                    Path(entry["staged"]).unlink(missing_ok=True)

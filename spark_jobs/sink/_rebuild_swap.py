@@ -9,6 +9,10 @@ Crash safety: the swap is idempotent. Before exchanging, a marker file ``_SLUICE
 naming *r* is written into the rebuild's folder, so after a crash the live folder itself
 says whether the exchange happened; the Postgres status (SWAPPING → DONE) is only advanced
 after the files are in place.
+
+On an object store (no rename, no folder) the same steps run with a copy-then-delete swap
+under an advisory lock instead of the exchange (``_object_store.swap_objects``: its docstring
+says what a reader can observe while it runs); the marker is written last there.
 """
 
 from __future__ import annotations
@@ -18,12 +22,24 @@ import logging
 import os
 import shutil
 from collections.abc import Mapping
+from os import PathLike
 from pathlib import Path
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import Rebuild, RebuildStore, TransactionalSink, publish_committed
+from enumerator_service import (
+    Location,
+    Rebuild,
+    RebuildStatus,
+    RebuildStore,
+    TransactionalSink,
+    open_location,
+    partition_rebuilds,
+    publish_committed,
+)
 from spark_jobs.sink._folders import exchange_folders, fsync_path
+from spark_jobs.sink._object_store import remove_folder, subfolders, swap_lock, swap_objects
 
 __all__ = ["MARKER", "REBUILDS_FOLDER", "finish_rebuilds", "live_folder", "rebuild_folder"]
 
@@ -46,7 +62,7 @@ def rebuild_folder(day: str, rebuild_id: int) -> str:
 
 def finish_rebuilds(
     engine: Engine,
-    output_root: Path,
+    output_root: Location | str | PathLike[str] | None,
     sinks: Mapping[str, TransactionalSink],
     *,
     source: str,
@@ -55,9 +71,18 @@ def finish_rebuilds(
     """Swap in every ready rebuild of ``source``; returns the ones now live. Safe to call at
     any time, from any process, any number of times.
 
-    ``folders`` False (an upsert table sink): the members' rows replaced the previous ones by
-    key as they committed; only the bookkeeping (step 4) is left to do.
+    ``folders`` False (an upsert table sink; ``output_root`` may then be None): the members'
+    rows replaced the previous ones by key as they committed; only the bookkeeping (step 4)
+    is left to do.
     """
+    if output_root is None:
+        if folders:
+            raise ValueError("a folder swap needs the output folder")
+        output_root = Path(".")  # never used: no folder is touched
+    root = output_root if isinstance(output_root, Location) else open_location(output_root)
+    if root.object_store:
+        return _finish_on_object_store(engine, root, sinks, source=source, folders=folders)
+    output_root = root.local_path
     store = RebuildStore(engine)
     ready = store.ready(source)
     swapped = []
@@ -84,6 +109,67 @@ def finish_rebuilds(
     if folders:
         _sweep(store, output_root)
     return swapped
+
+
+def _finish_on_object_store(
+    engine: Engine,
+    root: Location,
+    sinks: Mapping[str, TransactionalSink],
+    *,
+    source: str,
+    folders: bool,
+) -> list[Rebuild]:
+    """:func:`finish_rebuilds` on an object store: steps 1-5 the same, step 3 a swap of
+    objects under the rebuild's advisory lock (re-checked: still SWAPPING once held)."""
+    store = RebuildStore(engine)
+    ready = store.ready(source)
+    swapped = []
+    if ready:
+        publish_committed(engine, sinks)
+    for rebuild in ready:
+        if not store.begin_swap(rebuild):
+            continue
+        day = rebuild.partition_key.isoformat()
+        new, live = (
+            root.child(*rebuild_folder(day, rebuild.id).split("/")),
+            root.child(live_folder(day)),
+        )
+        with swap_lock(engine, rebuild.id):
+            if _status_of(engine, rebuild.id) != RebuildStatus.SWAPPING:
+                continue  # another process finished it while we waited
+            if folders:
+                swap_objects(new, live, rebuild.id, MARKER)
+            store.end_swap(rebuild)
+            if folders:
+                remove_folder(new)
+        swapped.append(rebuild)
+        _log.info("rebuild %d of %s is live", rebuild.id, day)
+    if folders:
+        _sweep_objects(store, root)
+    return swapped
+
+
+def _status_of(engine: Engine, rebuild_id: int) -> str | None:
+    with engine.connect() as conn:
+        status: str | None = conn.execute(
+            sa.select(partition_rebuilds.c.status).where(partition_rebuilds.c.id == rebuild_id)
+        ).scalar_one_or_none()
+    return status
+
+
+def _sweep_objects(store: RebuildStore, root: Location) -> None:
+    """Delete the folders of finished or abandoned rebuilds (object-store listing)."""
+    rebuilds = root.child(REBUILDS_FOLDER)
+    folders = {
+        (day, name): int(name)
+        for day in subfolders(rebuilds)
+        for name in subfolders(rebuilds.child(day))
+        if name.isdigit()
+    }
+    finished = store.finished_ids(sorted(set(folders.values())))
+    for (day, name), rebuild_id in folders.items():
+        if rebuild_id in finished:
+            remove_folder(rebuilds.child(day, name))
 
 
 def _swap(new: Path, live: Path, rebuild_id: int) -> None:

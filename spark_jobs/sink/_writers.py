@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from os import PathLike
 from typing import Any
 
 import pyarrow as pa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import TransactionalSink
+from enumerator_service import Location, StorageOptions, TransactionalSink
 from spark_jobs.connectors._interface import SinkWriterContext
 from spark_jobs.connectors._registry import registered_sinks, sink_connector_named
 from spark_jobs.pipeline._plan import SinkPlan
@@ -22,12 +22,15 @@ __all__ = ["SINKS", "SinkWriter", "build_sinks", "committer", "open_sink_writer"
 SinkWriter = Any
 
 
-def build_sinks(engine: Engine | None) -> dict[str, TransactionalSink]:
+def build_sinks(
+    engine: Engine | None, storage: StorageOptions | None = None
+) -> dict[str, TransactionalSink]:
     """The commit side of every registered sink (recovery needs them all), by
-    ``sink_transactions.sink`` name; ``engine``: for aborts that clean up at once."""
+    ``sink_transactions.sink`` name; ``engine``: for aborts that clean up at once;
+    ``storage``: how object stores are reached (``StorageOptions.of(settings)``)."""
     sinks: dict[str, TransactionalSink] = {}
     for connector in {id(c): c for c in registered_sinks().values()}.values():
-        sinks.update(connector.committers(engine))
+        sinks.update(connector.committers(engine, storage))
     return sinks
 
 
@@ -62,8 +65,8 @@ def open_sink_writer(
     schema: pa.Schema,
     partitioned: bool,
     dsn: str,
-    staging_root: Path,
-    output_root: Path,
+    staging_root: Location | str | PathLike[str] | None,
+    output_root: Location | str | PathLike[str] | None,
     run_id: str,
     subtask: int,
     attempt: str,

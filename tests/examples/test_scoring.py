@@ -16,8 +16,9 @@ from landing_oracle import expected_events
 from enumerator_service._operations import discover, open_platform
 from examples.scoring import scoring_pipeline
 from examples.scoring_service import ScoringService, is_slow, score_of
+from spark_jobs.connectors.parquet import output_path
 from spark_jobs.jobs import run_pipeline
-from spark_jobs.pipeline._paths import discovery_of, output_path
+from spark_jobs.pipeline._paths import discovery_of
 
 pytestmark = pytest.mark.spark
 

@@ -36,8 +36,9 @@ from spark_jobs import (
     Pipeline,
 )
 from spark_jobs._outcomes import RunFailed
+from spark_jobs.connectors.parquet import output_path
 from spark_jobs.jobs import run_pipeline
-from spark_jobs.pipeline._paths import discovery_of, output_path
+from spark_jobs.pipeline._paths import discovery_of
 
 pytestmark = [pytest.mark.faults, pytest.mark.spark, pytest.mark.timeout(300)]
 

@@ -26,8 +26,9 @@ from spark_jobs import (
     ResultFuture,
     fixed_delay,
 )
+from spark_jobs.connectors.parquet import output_path
 from spark_jobs.jobs import run_pipeline
-from spark_jobs.pipeline._paths import discovery_of, output_path
+from spark_jobs.pipeline._paths import discovery_of
 
 pytestmark = pytest.mark.spark
 

@@ -30,8 +30,8 @@ from dagster_project.observations import table_asset
 from dagster_project.resources import DatabaseResource, SluiceResource
 from enumerator_service import ConfigError, connect_engine, database_url, load_settings
 from spark_jobs import FileSource, Map, ParquetSink, Pipeline
+from spark_jobs.connectors.parquet import output_path
 from spark_jobs.jobs import run_pipeline
-from spark_jobs.pipeline._paths import output_path
 
 SLUICE = str(Path(sys.executable).with_name("sluice"))
 BY_NAME = {form.name: form for form in FORMS}

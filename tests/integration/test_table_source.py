@@ -15,8 +15,9 @@ from conftest import TestSettings
 
 from enumerator_service._operations import discover, open_platform
 from spark_jobs import Lookup, ParquetSink, Pipeline, PipelineDefinitionError, TableSource
+from spark_jobs.connectors.parquet import output_path
 from spark_jobs.jobs import run_pipeline
-from spark_jobs.pipeline._paths import discovery_of, output_path
+from spark_jobs.pipeline._paths import discovery_of
 
 pytestmark = pytest.mark.spark
 

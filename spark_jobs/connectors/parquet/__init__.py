@@ -5,10 +5,32 @@ from spark_jobs.connectors.parquet._connector import (
     ParquetConnector,
     ParquetOptions,
     parquet_files,
+    parquet_objects,
     partition_folder,
+)
+from spark_jobs.connectors.parquet._paths import (
+    STAGING_FOLDER,
+    output_path,
+    output_root,
+    staging_of,
+    staging_path,
+    staging_root,
 )
 from spark_jobs.connectors.parquet._spec import ParquetSink
 
-__all__ = ["ParquetConnector", "ParquetOptions", "ParquetSink", "parquet_files", "partition_folder"]
+__all__ = [
+    "STAGING_FOLDER",
+    "ParquetConnector",
+    "ParquetOptions",
+    "ParquetSink",
+    "output_path",
+    "output_root",
+    "parquet_files",
+    "parquet_objects",
+    "partition_folder",
+    "staging_of",
+    "staging_path",
+    "staging_root",
+]
 
 register_sink(ParquetSink, ParquetConnector())

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
+from os import PathLike, fspath
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
@@ -20,19 +21,33 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import Settings, TransactionalSink
+from enumerator_service import (
+    ConfigError,
+    Location,
+    Settings,
+    StorageOptions,
+    TransactionalSink,
+    open_location,
+)
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
+from spark_jobs.connectors.parquet._paths import output_root, staging_root
 from spark_jobs.pipeline._checks import names, require
 from spark_jobs.pipeline._errors import check_identifier
-from spark_jobs.pipeline._paths import output_path
-from spark_jobs.sink._parquet import SINK_NAME, ParquetSink, ParquetSinkWriter
+from spark_jobs.sink._object_store import check_reachable, file_paths
+from spark_jobs.sink._parquet import SINK_NAME, ParquetSink, ParquetSinkWriter, publish_files
 
 if TYPE_CHECKING:
     from spark_jobs.pipeline._checks import Context
     from spark_jobs.pipeline._definition import Pipeline
     from spark_jobs.pipeline._plan import Column, Plan, SinkPlan
 
-__all__ = ["ParquetConnector", "ParquetOptions", "parquet_files", "partition_folder"]
+__all__ = [
+    "ParquetConnector",
+    "ParquetOptions",
+    "parquet_files",
+    "parquet_objects",
+    "partition_folder",
+]
 
 #: Duplicated keys listed in a failed check's metadata.
 _SAMPLE_KEYS = 5
@@ -41,11 +56,48 @@ _COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
 
 @dataclass(frozen=True, slots=True)
 class ParquetOptions:
-    """The table folder under the warehouse, dictionary-encoded columns, compression."""
+    """The table folder under the warehouse, dictionary-encoded columns, compression, and
+    the table folder as given (``ParquetSink.path``: a URI, an absolute folder, or one
+    relative to the warehouse root), or None (``<warehouse>/<folder>``)."""
 
     folder: str
     dictionary: tuple[str, ...] = ()
     compression: str = "zstd"
+    path: str | None = None
+
+
+def _sink_path(given: object) -> str:
+    """A table folder: a URI of a supported scheme (checked, never opened here), an absolute
+    folder, or one relative to the warehouse root without ``..``."""
+    if not isinstance(given, str | PathLike) or not fspath(given) or "\x00" in fspath(given):
+        raise ValueError(f"path {given!r} is not a folder path or URI")
+    text = fspath(given)
+    if "://" in text:
+        try:
+            location = open_location(text, what="path")  # scheme, credentials, bucket
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        if location.object_store and "/" not in location.path.strip("/"):
+            raise ValueError(
+                f"path {location.uri}: a table folder needs a prefix below the bucket root "
+                "(its staging folder goes next to it)"
+            )
+        return location.uri
+    path = PurePosixPath(text)
+    if not path.is_absolute() and ".." in path.parts:
+        raise ValueError(f"path {text!r} leads out of the warehouse folder ('..')")
+    return text
+
+
+def parquet_objects(folder: Location) -> list[str]:
+    """The data files of one table partition folder on any file system (an object-store
+    prefix too; hidden and ``_`` files are not data): paths on ``folder.fs``, e.g. for
+    ``pq.read_metadata(path, filesystem=folder.fs)``."""
+    return [
+        path
+        for path in file_paths(folder)
+        if path.endswith(".parquet") and not path.rsplit("/", 1)[-1].startswith((".", "_"))
+    ]
 
 
 def parquet_files(folder: Path) -> list[Path]:
@@ -59,9 +111,10 @@ def parquet_files(folder: Path) -> list[Path]:
     )
 
 
-def partition_folder(pipeline: Pipeline, settings: Settings, day: date | None) -> Path:
-    root = output_path(pipeline, settings)
-    return root if day is None else root / f"dt={day.isoformat()}"
+def partition_folder(pipeline: Pipeline, settings: Settings, day: date | None) -> Location:
+    """The folder of ``day``'s output (a local folder or an object-store prefix)."""
+    root = output_root(pipeline, settings)
+    return root if day is None else root.child(f"dt={day.isoformat()}")
 
 
 # Rows committed into each day's *current* generation: files published into ``dt=D`` since
@@ -115,20 +168,37 @@ class ParquetConnector(SinkConnector):
             require(ctx, dictionary, columns, "dictionary field")
         if spec.compression not in _COMPRESSIONS:
             raise ctx.fail(f"compression must be one of {', '.join(_COMPRESSIONS)}")
-        return SinkDetails(ParquetOptions(folder, dictionary, spec.compression))
+        path = None if spec.path is None else ctx.check(_sink_path, spec.path)
+        return SinkDetails(ParquetOptions(folder, dictionary, spec.compression, path))
 
     def describe(self, plan: Plan) -> str:
         options: ParquetOptions = plan.sink.options
-        return f"parquet {options.folder}/" + (" (dt= folders)" if plan.source.partitioned else "")
+        layout = " (dt= folders)" if plan.source.partitioned else ""
+        return f"parquet {options.path or options.folder}/{layout}"
 
     def location(self, pipeline: Pipeline, settings: Settings, days: Sequence[date]) -> str:
-        folder = output_path(pipeline, settings)
+        folder = output_root(pipeline, settings)  # a local folder or an object-store URI
         if days and len(days) == 1:
-            folder = folder / f"dt={days[0].isoformat()}"
-        return str(folder)
+            folder = folder.child(f"dt={days[0].isoformat()}")
+        return folder.uri
 
-    def committers(self, engine: Engine | None) -> Mapping[str, TransactionalSink]:
-        return {SINK_NAME: ParquetSink()}
+    def output_root(self, pipeline: Pipeline, settings: Settings) -> Location | None:
+        return output_root(pipeline, settings)
+
+    def staging_root(self, pipeline: Pipeline, settings: Settings) -> Location | None:
+        return staging_root(pipeline, settings)
+
+    def check_output(self, pipeline: Pipeline, settings: Settings) -> None:
+        options: ParquetOptions = pipeline.plan.sink.options
+        setting = "SLUICE_WAREHOUSE_DIR"
+        if options.path is not None:
+            setting = f"pipeline {pipeline.name}: sink path"
+        check_reachable(output_root(pipeline, settings), setting)
+
+    def committers(
+        self, engine: Engine | None, storage: StorageOptions | None = None
+    ) -> Mapping[str, TransactionalSink]:
+        return {SINK_NAME: ParquetSink(storage)}
 
     def open_writer(
         self, plan: SinkPlan, io: ThreadPoolExecutor, context: SinkWriterContext
@@ -146,6 +216,9 @@ class ParquetConnector(SinkConnector):
             attempt=context.attempt,
         )
 
+    def publish_unaligned(self, staged: list[Any], storage: StorageOptions) -> None:
+        publish_files(staged, storage)
+
     def can_replace(self, plan: SinkPlan) -> bool:
         return True  # a day's folder is replaced in one swap
 
@@ -160,7 +233,8 @@ class ParquetConnector(SinkConnector):
             total = conn.execute(sa.text(_ALL_PARQUET_ROWS), {"source": source}).scalar_one()
             return {None: int(total)}
         query = sa.text(_PARQUET_ROWS).bindparams(sa.bindparam("days", type_=sa.ARRAY(sa.Date)))
-        params = {"source": source, "days": days, "root": f"{output_path(pipeline, settings)}/"}
+        # The prefix of the entries' "final" names: a local path or the table's URI.
+        params = {"source": source, "days": days, "root": f"{output_root(pipeline, settings).uri}/"}
         return {day: int(rows) for day, rows in conn.execute(query, params)}
 
     def rows_out(
@@ -170,21 +244,23 @@ class ParquetConnector(SinkConnector):
         settings: Settings,
         days: Sequence[date | None],
     ) -> dict[date | None, int]:
-        return {
-            day: sum(
-                pq.read_metadata(path).num_rows
-                for path in parquet_files(partition_folder(pipeline, settings, day))
+        found: dict[date | None, int] = {}
+        for day in days:
+            folder = partition_folder(pipeline, settings, day)
+            found[day] = sum(
+                pq.read_metadata(path, filesystem=folder.fs).num_rows
+                for path in parquet_objects(folder)
             )
-            for day in days
-        }
+        return found
 
     def duplicate_keys(
         self, pipeline: Pipeline, settings: Settings, day: date | None, key: list[str]
     ) -> tuple[int, list[str]]:
-        files = parquet_files(partition_folder(pipeline, settings, day))
+        folder = partition_folder(pipeline, settings, day)
+        files = parquet_objects(folder)
         if not files:
             return 0, []
-        table = pq.read_table(files, columns=key)
+        table = pq.read_table(files, columns=key, filesystem=folder.fs)
         counts = table.group_by(key).aggregate([([], "count_all")])
         repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
         sample = repeated.select(key).slice(0, _SAMPLE_KEYS).to_pylist()

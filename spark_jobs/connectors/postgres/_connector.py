@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import Settings, TransactionalSink, connect_engine, database_url
+from enumerator_service import (
+    Settings,
+    StorageOptions,
+    TransactionalSink,
+    connect_engine,
+    database_url,
+)
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
 from spark_jobs.pipeline._checks import names, require
 from spark_jobs.pipeline._errors import check_table, quote
@@ -83,7 +89,9 @@ class PostgresConnector(SinkConnector):
         where = f"postgres {options.table[0]}.{options.table[1]}"
         return where if not days else f"{where} (dt {days[0]}..{days[-1]})"
 
-    def committers(self, engine: Engine | None) -> Mapping[str, TransactionalSink]:
+    def committers(
+        self, engine: Engine | None, storage: StorageOptions | None = None
+    ) -> Mapping[str, TransactionalSink]:
         # Without an engine the sink's abort() leaves staged rows to sweep_staged.
         return {TABLE_SINK_NAME: PostgresTableSink(engine)}
 
