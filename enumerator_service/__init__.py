@@ -38,6 +38,7 @@ from enumerator_service._file_identity import (
 )
 from enumerator_service._identifiers import qualified_name, quote_identifier
 from enumerator_service._landing import LandingRoot, OutsideLandingError
+from enumerator_service._operations import Discovery, EnumeratorDiscovery
 from enumerator_service._secret_files import SECRETS_FOLDER, new_secret_file, sweep_secret_files
 from enumerator_service._secrets import redact_text, split_password, with_password
 from enumerator_service._split_store import FencedError, SplitStore
@@ -69,7 +70,9 @@ __all__ = [
     "CompletedCheckpoint",
     "ConfigError",
     "ContinuousFileEnumerator",
+    "Discovery",
     "DiscoveryResult",
+    "EnumeratorDiscovery",
     "FencedError",
     "FileChangedError",
     "FileIdentity",
