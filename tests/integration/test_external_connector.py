@@ -43,6 +43,7 @@ from sqlalchemy.engine import make_url
 
 from dagster_project import pipeline_definitions
 from enumerator_service import connect_engine, upgrade_schema
+from enumerator_service._schema import dead_letters, splits
 from tests.connectors.generator_pipeline import generated
 
 pytestmark = pytest.mark.spark
@@ -114,7 +115,7 @@ def dead_letter_offsets(db_url: str, source: str) -> list[int]:
     try:
         with engine.connect() as conn:
             found = conn.execute(
-                sa.text('SELECT "offset" FROM dead_letters WHERE source = :s'), {"s": source}
+                sa.select(dead_letters.c.offset).where(dead_letters.c.source == source)
             )
             return [int(n) for n in found.scalars()]
     finally:
@@ -190,6 +191,14 @@ def cli_env(db_url: str, root: Path, **extra: str) -> dict[str, str]:
 
 
 def sluice(env: dict[str, str], root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    started = time.monotonic()
+    try:
+        return _sluice(env, root, *args)
+    finally:
+        print(f"sluice {' '.join(args)}: {time.monotonic() - started:.1f} s")
+
+
+def _sluice(env: dict[str, str], root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(SLUICE), *args],
         env=env,
@@ -280,12 +289,11 @@ def _split_progress(db_url: str, source: str) -> list[tuple[int, int, int | None
     engine = connect_engine(db_url, pool_size=1)
     try:
         with engine.connect() as conn:
+            c = splits.c
             found = conn.execute(
-                sa.text(
-                    "SELECT start_offset, end_offset, committed_offset, status FROM splits "
-                    "WHERE source = :s ORDER BY start_offset"
-                ),
-                {"s": source},
+                sa.select(c.start_offset, c.end_offset, c.committed_offset, c.status)
+                .where(c.source == source)
+                .order_by(c.start_offset)
             )
             return [(int(a), int(b), c, str(s)) for a, b, c, s in found.all()]
     finally:
