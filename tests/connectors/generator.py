@@ -342,7 +342,7 @@ class GeneratorConnector(SourceConnector):
         options: GeneratorOptions = plan.options
         return (
             f"generated events, seed {options.seed}: {options.days} days from "
-            f"{options.first_day} × {options.per_day} (splits of {options.per_split})"
+            f"{options.first_day} x {options.per_day} (splits of {options.per_split})"
         )
 
     def location(self, pipeline: Any, settings: Settings) -> str | None:

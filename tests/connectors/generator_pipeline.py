@@ -1,4 +1,4 @@
-"""Pipelines on the test-only generator source (``SLUICE_PIPELINES=tests.connectors.generator_pipeline``).
+"""Pipelines on the test-only generator source (the module named in ``SLUICE_PIPELINES``).
 
 - ``generated``: 2 days x 1000 generated events → ``amount_cents`` (Map) → the events that
   are not views (Filter) → Parquet by day (``<warehouse>/generated/dt=YYYY-MM-DD``), key
