@@ -69,7 +69,7 @@ def test_cli_discover_run_and_status_are_the_oracle(own_db: str, tmp_path: Path)
     output = tmp_path / "data" / "warehouse" / "generated"
     assert_exactly_once(expected, output, own_db, "generated")
     status = json.loads(ok(sluice(env, tmp_path, "status", "generated", "--json")))
-    counts = status["generated"]
+    counts = status["pipelines"]["generated"]
     assert counts["splits"]["COMPLETED"] == 8, (counts, ran)
     assert counts["rows_committed"] == len(expected.rows)
     assert counts["rows_removed_by_steps"] == expected.removed
