@@ -3,8 +3,9 @@
 - ``generated``: 2 days x 1000 generated events → ``amount_cents`` (Map) → the events that
   are not views (Filter) → Parquet by day (``<warehouse>/generated/dt=YYYY-MM-DD``), key
   ``event_id``;
-- ``generated_paced``: the same over 2 x 2000 events, each reader paced at 150 events/s
-  (a run lasts long enough to be killed after its first checkpoint committed).
+- ``generated_paced``: the same over 2 x 2000 events in splits of 1000, each reader paced at
+  100 events/s (a run reads for about 20 s: it is killed after a checkpoint committed part
+  of a split).
 
 The connector lives in its own module (:mod:`tests.connectors.generator`): this module's
 Map function is shipped to the Spark workers by value, a connector module must be imported
@@ -47,5 +48,5 @@ def _pipeline(name: str, source: GeneratorSource) -> Pipeline:
 generated = _pipeline("generated", GeneratorSource(first_day=FIRST_DAY, days=2, per_day=1000))
 generated_paced = _pipeline(
     "generated_paced",
-    GeneratorSource(first_day=FIRST_DAY, days=2, per_day=2000, per_split=500, rows_per_second=150),
+    GeneratorSource(first_day=FIRST_DAY, days=2, per_day=2000, per_split=1000, rows_per_second=100),
 )

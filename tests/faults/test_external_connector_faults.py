@@ -2,12 +2,12 @@
 and Dagster runs are ``tests/integration/test_external_connector.py``): exactly once
 across a SIGKILL.
 
-``sluice run generated_paced`` (2 days x 2000 generated events, each reader paced at 150
-events/s, checkpoints every second) is SIGKILLed — driver and JVM, its process group — once
-a checkpoint has committed part of a split (start < committed offset < end), and run again
-after the dead run's 4 s leases: the rerun resumes every split from its committed offset
-(the generator's offsets are sequence numbers). Output == the oracle computed from the
-generator's definition: duplicates = 0, missing = 0, every dead letter once.
+``sluice run generated_paced`` (2 days x 2000 generated events in splits of 1000, each
+reader paced at 100 events/s, checkpoints every second) is SIGKILLed — driver and JVM, its
+process group — once a checkpoint has committed part of a split (start < committed offset <
+end), and run again after the dead run's 4 s leases: the rerun resumes every split from its
+committed offset (the generator's offsets are sequence numbers). Output == the oracle
+computed from the generator's definition: duplicates = 0, missing = 0, every dead letter once.
 
 ``extended``: ``make faults`` runs it, ``make test`` leaves it out (CI's time budget).
 """
@@ -37,7 +37,7 @@ from tests.connectors.oracle import (
     start_run,
 )
 
-# About 85 s on 2 busy cores (two Spark runs): `make faults` runs it, `make test` leaves it
+# 1.5-2.5 minutes on 2 busy cores (two Spark runs): `make faults` runs it, `make test` leaves it
 # out (CI's time budget); the CLI and Dagster runs of the connector stay in `make test`.
 pytestmark = [
     pytest.mark.faults,
@@ -93,7 +93,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_exactly_once(own_db: str, tmp_
     assert any(s != "COMPLETED" for *_, s in at_kill), "the run ended before the kill"
     expected = oracle(per_day=2000, days=[0, 1])
     folder = tmp_path / "data" / "warehouse" / SOURCE
-    assert 0 < len(output_rows(folder)) < len(expected.rows)
+    # (What the killed run committed may not be published yet: recovery publishes it.)
+    assert len(output_rows(folder)) < len(expected.rows)
     # The dead run's leases expire after 4 s; a run that starts while one is still held
     # leaves that split to the next (exit 4, input held elsewhere).
     runs = []

@@ -87,14 +87,14 @@ def test_rows_are_the_oracle() -> None:
 
 
 def test_a_paced_fetch_returns_early_on_wake_up_and_keeps_its_position() -> None:
-    options = generated_paced.plan.source.options  # 150 records/s, 100 a block
+    options = generated_paced.plan.source.options  # 100 records/s, 100 a block
     reader = GeneratorSplitReader(_schema(), options)
     reader.open(SplitRead(1, _split(0, 250), 0))
     first, done = reader.fetch()  # its slot is now
     assert first is not None and (first.start, first.end, done) == (0, 100, False)
     threading.Timer(0.1, reader.wake_up).start()
     started = time.monotonic()
-    woken, done = reader.fetch()  # would wait ~0.67 s for its slot
+    woken, done = reader.fetch()  # would wait ~1 s for its slot
     assert woken is None and not done and time.monotonic() - started < 0.5
     second, done = reader.fetch()  # waits out the slot, then goes on where it was
     assert second is not None and (second.start, second.end, done) == (100, 200, False)
