@@ -116,9 +116,9 @@ def _dead_letter_offsets(db_url: str, source: str) -> list[int]:
         engine.dispose()
 
 
-def assert_exactly_once(expected: Oracle, folder: Path, db_url: str, source: str) -> None:
+def assert_exactly_once(expected: Oracle, folder: Path, db_url: str, source: str) -> str:
     """Output == oracle (each row once, with its values: duplicates = 0, missing = 0, no
-    other row) and the dead letters are the oracle's, each once."""
+    other row) and the dead letters are the oracle's, each once; a one-line result."""
     rows = output_rows(folder)
     keys = [row[0] for row in rows]
     duplicates = len(keys) - len(set(keys))
@@ -135,6 +135,10 @@ def assert_exactly_once(expected: Oracle, folder: Path, db_url: str, source: str
     dead = _dead_letter_offsets(db_url, source)
     assert len(dead) == len(set(dead)), "a dead letter was written twice"
     assert set(dead) == expected.dead_letters
+    return (
+        f"rows={len(rows)} duplicates={duplicates} missing={len(missing)} "
+        f"unexpected={len(extra)} dead_letters={len(dead)}"
+    )
 
 
 def split_progress(db_url: str, source: str) -> list[tuple[int, int, int | None, str]]:

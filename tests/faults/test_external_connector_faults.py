@@ -90,6 +90,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_exactly_once(own_db: str, tmp_
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
     at_kill = split_progress(own_db, SOURCE)
+    print(f"at the kill: (start, end, committed offset, status) {at_kill}")
     assert any(s != "COMPLETED" for *_, s in at_kill), "the run ended before the kill"
     expected = oracle(per_day=2000, days=[0, 1])
     folder = tmp_path / "data" / "warehouse" / SOURCE
@@ -105,4 +106,5 @@ def test_a_killed_run_resumes_from_its_checkpoint_exactly_once(own_db: str, tmp_
         if all(s == "COMPLETED" for *_, s in split_progress(own_db, SOURCE)):
             break
         time.sleep(2)
-    assert_exactly_once(expected, folder, own_db, SOURCE)
+    result = assert_exactly_once(expected, folder, own_db, SOURCE)
+    print(f"RESULT EXACTLY_ONCE external connector after SIGKILL + {len(runs)} rerun(s): {result}")
