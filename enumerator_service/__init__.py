@@ -59,6 +59,7 @@ from enumerator_service._landing import _kind_of as kind_of
 from enumerator_service._live_state import LiveState, live_state
 from enumerator_service._operations import (
     Discovery,
+    EnumeratorDiscovery,
     FileDiscovery,
     Platform,
     PlatformStatus,
@@ -130,6 +131,7 @@ __all__ = [
     "CrossDayRebuildError",
     "Discovery",
     "DiscoveryResult",
+    "EnumeratorDiscovery",
     "FencedError",
     "FileChangedError",
     "FileDiscovery",

@@ -1,6 +1,7 @@
 """The platform operations shared by the CLI and Dagster: open, migrate, discover, inspect.
 
-Discovery is described by plain values (:class:`FileDiscovery`, :class:`TableDiscovery`):
+Discovery is described by plain values (:class:`FileDiscovery`, :class:`TableDiscovery`, or
+:class:`EnumeratorDiscovery` for a connector that brings its own :class:`SplitEnumerator`):
 the pipeline layer above builds them from a pipeline's source, so nothing here knows a
 pipeline.
 """
@@ -8,7 +9,7 @@ pipeline.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -42,6 +43,7 @@ from enumerator_service._table_enumerator import TableRangeEnumerator
 
 __all__ = [
     "Discovery",
+    "EnumeratorDiscovery",
     "FileDiscovery",
     "Platform",
     "PlatformStatus",
@@ -89,7 +91,18 @@ class TableDiscovery:
     rows_per_split: int = 100_000
 
 
-Discovery = FileDiscovery | TableDiscovery
+@dataclass(frozen=True, slots=True)
+class EnumeratorDiscovery:
+    """Splits found by a connector's own enumerator: ``make(engine, settings, dates)`` builds
+    the :class:`SplitEnumerator` of one tick — bounded to ``dates`` when given (a backfill),
+    else one continuous tick (capped, resumed from its persisted cursor) — whose
+    ``discover()`` is the tick."""
+
+    source: str
+    make: Callable[[Engine, Settings, Sequence[date] | None], SplitEnumerator]
+
+
+Discovery = FileDiscovery | TableDiscovery | EnumeratorDiscovery
 
 
 def open_platform(settings: Settings, *, migrate: bool = True, pool_size: int = 5) -> Platform:
@@ -147,6 +160,8 @@ def _discover_once(
 ) -> DiscoveryResult:
     settings = platform.settings
     enumerator: SplitEnumerator
+    if isinstance(spec, EnumeratorDiscovery):
+        return spec.make(platform.engine, settings, dates).discover()
     if isinstance(spec, TableDiscovery):
         enumerator = TableRangeEnumerator(
             platform.engine,

@@ -146,7 +146,9 @@ class SourceConnector(abc.ABC):
 
     @abc.abstractmethod
     def discovery(self, pipeline: Pipeline, settings: Settings) -> Discovery:
-        """How the enumerator finds the pipeline's splits (bounded or continuous)."""
+        """How the enumerator finds the pipeline's splits (bounded or continuous); a
+        connector with an enumerator of its own returns an
+        :class:`~enumerator_service.EnumeratorDiscovery` that builds it."""
 
     def waiting_for_input(self, pipeline: Pipeline, settings: Settings) -> str | None:
         """Why there is nothing to discover yet without it being an error (a landing folder
