@@ -26,6 +26,7 @@ from spark_jobs.connectors._interface import (
     UpstreamAsset,
 )
 from spark_jobs.connectors._registry import (
+    ensure_registered,
     register_sink,
     register_source,
     registered_sinks,
@@ -40,6 +41,7 @@ from spark_jobs.connectors.files import FileSource
 from spark_jobs.connectors.parquet import ParquetSink
 from spark_jobs.connectors.postgres import PostgresSink
 from spark_jobs.connectors.postgres_table import TableSource
+from spark_jobs.pipeline._checks import Context as ValidationContext
 
 __all__ = [
     "FileSource",
@@ -55,6 +57,8 @@ __all__ = [
     "TableInput",
     "TableSource",
     "UpstreamAsset",
+    "ValidationContext",
+    "ensure_registered",
     "register_sink",
     "register_source",
     "registered_sinks",

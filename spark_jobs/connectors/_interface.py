@@ -92,6 +92,8 @@ class ReaderContext:
     root: Any = None
     #: ``SLUICE_FOLLOW_SYMLINKS``.
     follow_symlinks: bool = False
+    #: The source connector's validated options (``SourceDetails.options`` of the plan).
+    options: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,9 @@ stored rows that carry the name).
 A connector folder registers itself when imported (``register_source(FileSource,
 FilesConnector())``); the built-in ones are imported by :mod:`spark_jobs.connectors`, a user's
 by the module that defines its spec (a pipeline module named in ``SLUICE_PIPELINES`` imports
-it, so a Spark task that unpickles the pipeline imports it too).
+it). A Spark task gets the run's connectors with its configuration and registers them when
+its process has not (:func:`ensure_registered`: a connector defined in a pipeline module that
+is shipped to the workers by value never runs its module's registration there).
 
 Threading: registration happens at import time (under the import lock); lookups are reads of
 plain dicts, safe from any thread.
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from spark_jobs.connectors._interface import SinkConnector, SourceConnector
 
 __all__ = [
+    "ensure_registered",
     "register_sink",
     "register_source",
     "registered_sinks",
@@ -58,6 +61,18 @@ def register_source(spec: type, connector: SourceConnector) -> None:
 def register_sink(spec: type, connector: SinkConnector) -> None:
     """Make ``spec`` values usable as a pipeline's ``sink`` (again: replaces)."""
     _register(_SINKS, _SINK_NAMES, spec, connector)
+
+
+def ensure_registered(spec: type, connector: SourceConnector | SinkConnector) -> None:
+    """Register ``connector`` for ``spec`` unless a connector of that name is known (a
+    Spark task registering the connectors its pipeline came with)."""
+    from spark_jobs.connectors._interface import SourceConnector
+
+    if isinstance(connector, SourceConnector):
+        if connector.name not in _SOURCE_NAMES:
+            register_source(spec, connector)
+    elif connector.name not in _SINK_NAMES:
+        register_sink(spec, connector)
 
 
 def _lookup(by_type: dict[type, Any], spec: object) -> Any:

@@ -265,6 +265,8 @@ class ReaderRun:
             continuous_poll_seconds=settings.continuous_poll_seconds,
             continuous_idle_seconds=settings.continuous_idle_seconds or None,
             source_root=self.source_root,
+            source_connector=self._source_connector,
+            sink_connector=self._sink_connector,
             follow_symlinks=settings.follow_symlinks,
             split_max_attempts=settings.split_max_attempts,
             storage=self.storage,

@@ -52,6 +52,7 @@ def open_source_reader(config: TaskConfig, subtask: int, store: SplitStore) -> S
         block_bytes=config.block_bytes,
         root=config.source_root,
         follow_symlinks=config.follow_symlinks,
+        options=source.options,
     )
     fetcher = SplitFetcher(
         router,

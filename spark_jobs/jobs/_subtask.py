@@ -44,6 +44,7 @@ def run_reader_subtask(config: TaskConfig, subtask: int) -> SubtaskResult:
         gc.freeze()
     gc.set_threshold(_GC_YOUNG_THRESHOLD, thresholds[1], thresholds[2])
     try:
+        config.register_connectors()
         return run_task(ReaderTask(config, subtask).run)
     except Exception as exc:
         line = deterministic_error(exc)

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from enumerator_service import Location, StorageOptions, open_location
+from spark_jobs.connectors import SinkConnector, SourceConnector, ensure_registered
 from spark_jobs.jobs._credentials import WorkerDatabase
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._plan import Plan
@@ -74,6 +75,18 @@ class TaskConfig:
     #: Object-store client settings (endpoint, region; never credentials: an executor takes
     #: those from its own standard chain).
     storage: StorageOptions = field(default_factory=StorageOptions)
+    #: The run's connectors, pickled with the task (see :meth:`register_connectors`).
+    source_connector: SourceConnector | None = None
+    sink_connector: SinkConnector | None = None
+
+    def register_connectors(self) -> None:
+        """Register the run's connectors in this process when they are not (a connector
+        defined in a pipeline module shipped to the workers by value: its module's
+        ``register_source`` never runs there)."""
+        if self.source_connector is not None:
+            ensure_registered(type(self.pipeline.source), self.source_connector)
+        if self.sink_connector is not None:
+            ensure_registered(type(self.pipeline.sink), self.sink_connector)
 
     def folder(self, uri: str | None) -> Location | None:
         """A file sink's folder (``output_root``, ``staging_root``) opened in the task with

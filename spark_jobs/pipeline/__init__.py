@@ -23,7 +23,7 @@ from spark_jobs.pipeline._plan import Column, Plan
 from spark_jobs.pipeline._registry import load_pipelines
 from spark_jobs.pipeline._sample import SampleTarget
 from spark_jobs.pipeline._sinks import Sink
-from spark_jobs.pipeline._sources import Source
+from spark_jobs.pipeline._sources import LatePolicy, Source
 from spark_jobs.pipeline._steps import (
     AsyncMap,
     Filter,
@@ -48,6 +48,7 @@ __all__ = [
     "FileSource",
     "Filter",
     "FullCache",
+    "LatePolicy",
     "Lookup",
     "Map",
     "ParquetSink",

@@ -15,7 +15,7 @@ from spark_jobs.source._batch import (
     with_offsets,
 )
 from spark_jobs.source._blocks import JsonLinesParser
-from spark_jobs.source._convert import RecordConverter
+from spark_jobs.source._convert import RecordConverter, max_event_time, new_block
 from spark_jobs.source._csv import CsvHeaderError, CsvLinesParser
 from spark_jobs.source._emitter import ReaderOutput, RecordEmitter
 from spark_jobs.source._fetcher import HandoffQueue, SplitFetcher
@@ -51,6 +51,8 @@ __all__ = [
     "SplitRead",
     "SplitReader",
     "TableRangeSplitReader",
+    "max_event_time",
+    "new_block",
     "user_rows",
     "with_offsets",
 ]

@@ -85,11 +85,14 @@ class FormatRouter:
         block_bytes: int = 256 << 10,
         root: Any = None,
         follow_symlinks: bool = False,
+        options: Any = None,
     ) -> None:
         self.schema = schema
         # ``root``: what the source connector's ``reader_root`` gave (files: the landing
         # folder, opened files must be inside it; None: no check).
-        self._context = ReaderContext(max_line_bytes, block_bytes, dsn, root, follow_symlinks)
+        self._context = ReaderContext(
+            max_line_bytes, block_bytes, dsn, root, follow_symlinks, options
+        )
         self._readers: dict[str, tuple[SourceConnector, BlockReader]] = {}
         self._reads: deque[SplitRead] = deque()
         self._current: tuple[SplitRead, SourceConnector, BlockReader] | None = None

@@ -65,6 +65,7 @@ from spark_jobs.connectors import (
     ReaderContext,
     SourceConnector,
     SourceDetails,
+    ValidationContext,
     register_source,
 )
 from spark_jobs.source import ParsedBlock, RecordConverter, RecordSchema, SplitRead
@@ -332,7 +333,7 @@ class GeneratorConnector(SourceConnector):
     name = "generator"
     split_kinds = (KIND,)
 
-    def validate(self, spec: Any, ctx: Any) -> SourceDetails:
+    def validate(self, spec: Any, ctx: ValidationContext) -> SourceDetails:
         options = ctx.check(_options, spec)
         if spec.event_time != "event_time":
             raise ctx.fail("event_time must be 'event_time' (output is partitioned by its day)")
@@ -371,14 +372,11 @@ class GeneratorConnector(SourceConnector):
         options: GeneratorOptions = pipeline.plan.source.options
         return [options.first_day + timedelta(days=d) for d in range(options.days)]
 
-    def reader_root(self, pipeline: Any, settings: Settings) -> Any:
-        # What the tasks' split readers get (ReaderContext.root): the validated options.
-        return pipeline.plan.source.options
-
     def split_reader(self, schema: RecordSchema, context: ReaderContext) -> Any:
-        if not isinstance(context.root, GeneratorOptions):
-            raise TypeError("the generator's split reader needs its options as reader root")
-        return GeneratorSplitReader(schema, context.root)
+        # The validated options travel to the task with the plan (ReaderContext.options).
+        if not isinstance(context.options, GeneratorOptions):
+            raise TypeError("the generator's split reader needs its options")
+        return GeneratorSplitReader(schema, context.options)
 
     def replay_split(self, split: Any, start: int, end: int) -> Any:
         return split  # the reader computes exactly [start, end) anyway

@@ -51,7 +51,7 @@ def _read_all(router: FormatRouter) -> tuple[list[int], list[int], list[int]]:
 def test_the_router_reads_a_split_from_its_resume_offset_and_its_replays_exactly() -> None:
     assert isinstance(source_connector_for_split("generator"), GeneratorConnector)
     router = FormatRouter(
-        _schema(), max_line_bytes=1 << 20, dsn="", root=generated.plan.source.options
+        _schema(), max_line_bytes=1 << 20, dsn="", options=generated.plan.source.options
     )
     # In flight at the restored checkpoint: [150, 180); committed up to 190.
     router.add_split(SplitAssignment(4, _split(0, 250), 1, 190, pending=({"span": [150, 180]},)))
@@ -69,7 +69,7 @@ def test_the_router_reads_a_split_from_its_resume_offset_and_its_replays_exactly
 
 def test_rows_are_the_oracle() -> None:
     router = FormatRouter(
-        _schema(), max_line_bytes=1 << 20, dsn="", root=generated.plan.source.options
+        _schema(), max_line_bytes=1 << 20, dsn="", options=generated.plan.source.options
     )
     router.add_split(SplitAssignment(1, _split(0, 1000), 1, 0))
     expected = oracle(per_day=1000, days=[0])
