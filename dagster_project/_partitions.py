@@ -22,8 +22,9 @@ import sqlalchemy as sa
 from dagster import DagsterInstance, DynamicPartitionsDefinition, PartitionsDefinition
 
 from enumerator_service._completions import completions_table_exists, partition_completions
-from enumerator_service._landing import LandingRoot, landing_days
+from enumerator_service._object_landing import days_with_files
 from enumerator_service._schema import splits
+from enumerator_service._storage import Location
 
 __all__ = ["sync_partitions"]
 
@@ -33,7 +34,8 @@ def sync_partitions(
     partitions: PartitionsDefinition | None,
     engine: sa.Engine,
     source: str,
-    landing: LandingRoot | None = None,
+    landing: Location | None = None,
+    follow_symlinks: bool = False,
 ) -> list[str]:
     """Add ``source``'s days that Dagster does not have to ``partitions`` (dynamic ones
     only: a daily or no partitioning has nothing to add); the keys added. ``landing``: a
@@ -55,7 +57,7 @@ def sync_partitions(
     with engine.connect() as conn:
         days = {str(day) for day in conn.execute(query).scalars()}
     if landing is not None:
-        days |= {str(day) for day in landing_days(landing.path, landing)}
+        days |= {str(day) for day in days_with_files(landing, follow_symlinks=follow_symlinks)}
     known = set(instance.get_dynamic_partitions(partitions.name))
     new = sorted(days - known)
     if new:

@@ -15,7 +15,7 @@ from enumerator_service._rebuilds import CrossDayRebuildError
 from enumerator_service._safe_paths import safe_name
 from spark_jobs._outcomes import DeterministicFailure, ExitCode
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import discovery_of, landing_path
+from spark_jobs.pipeline._paths import discovery_of, landing_location
 
 if TYPE_CHECKING:
     from spark_jobs.jobs import RunSummary
@@ -78,11 +78,14 @@ def discover_once(
 
 def missing_landing(settings: Settings, pipeline: Pipeline) -> Path | None:
     """The landing folder of a file source while it does not exist yet (a pipeline registered
-    before its first file landed), else None."""
+    before its first file landed), else None. A prefix on an object store is never missing:
+    one without objects yet is an empty listing (its bucket is checked by discovery)."""
     if pipeline.plan.source.kind != "files":
         return None
-    landing = landing_path(pipeline, settings)
-    return None if landing.is_dir() else landing
+    landing = landing_location(pipeline, settings)
+    if landing.object_store:
+        return None
+    return None if landing.local_path.is_dir() else landing.local_path
 
 
 def discover_new(settings: Settings, pipeline: Pipeline) -> DiscoveryResult:

@@ -29,10 +29,10 @@ from dagster import (
 from dagster_project._runs import describe_run, discover_and_run, sluice_run_id, summary_metadata
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings
-from enumerator_service._landing import LandingRoot, landing_days
+from enumerator_service._object_landing import days_with_files
 from enumerator_service._safe_paths import partition_date
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import landing_path, output_path
+from spark_jobs.pipeline._paths import landing_location, output_path
 
 __all__ = [
     "DayPartitions",
@@ -51,9 +51,8 @@ _PARTITIONS: dict[str, DailyPartitionsDefinition] = {}
 
 def _earliest_day(pipeline: Pipeline, settings: Settings) -> date | None:
     """The earliest ``dt=YYYY-MM-DD`` landing folder holding a data file (None without one)."""
-    landing = landing_path(pipeline, settings)
-    root = LandingRoot.of(landing, follow_symlinks=settings.follow_symlinks)
-    return min(landing_days(landing, root), default=None)
+    landing = landing_location(pipeline, settings)
+    return min(days_with_files(landing, follow_symlinks=settings.follow_symlinks), default=None)
 
 
 def partitions_name(pipeline: Pipeline) -> str:

@@ -80,10 +80,9 @@ from enumerator_service._completions import (
     mark_reported,
     unreported_completions,
 )
-from enumerator_service._landing import LandingRoot
 from enumerator_service._operations import open_platform
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import landing_path
+from spark_jobs.pipeline._paths import landing_location
 
 __all__ = [
     "GENERATION_TAG",
@@ -256,9 +255,10 @@ def report_completions(
         # Before the report: a completed day must be a partition for the UI to show it.
         landing = None
         if pipeline.plan.source.kind == "files":
-            folder = landing_path(pipeline, settings)
-            landing = LandingRoot.of(folder, follow_symlinks=settings.follow_symlinks)
-        sync_partitions(instance, partitions, engine, pipeline.name, landing)
+            landing = landing_location(pipeline, settings)
+        sync_partitions(
+            instance, partitions, engine, pipeline.name, landing, settings.follow_symlinks
+        )
         if not completions_table_exists(engine):
             return done
         for completion in unreported_completions(engine, pipeline.name, limit):

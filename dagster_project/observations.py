@@ -26,8 +26,10 @@ from dagster import (
 from dagster_project.resources import SluiceResource
 from enumerator_service import connect_engine, database_url, qualified_name
 from enumerator_service._landing import _PARTITION_DIR, _kind_of
+from enumerator_service._object_landing import ObjectLanding
+from enumerator_service._storage import Location
 from spark_jobs.pipeline import Pipeline
-from spark_jobs.pipeline._paths import landing_path
+from spark_jobs.pipeline._paths import landing_location
 
 __all__ = ["LandingListing", "landing_asset", "list_landing", "table_asset", "table_key"]
 
@@ -47,9 +49,21 @@ class LandingListing:
         return DataVersion(hashlib.sha256(key.encode()).hexdigest()[:16])
 
 
-def list_landing(landing: Path, *, partitioned: bool = True) -> LandingListing:
+def list_landing(landing: Path | Location, *, partitioned: bool = True) -> LandingListing:
     """Count the data files the enumerators would register (same folder and name rules)."""
     files = total = newest = partitions = 0
+    if isinstance(landing, Location) and landing.object_store:
+        days = set()
+        for _uri, _kind, day, identity in ObjectLanding(landing).data_files(
+            partitioned=partitioned, dates=None
+        ):
+            files += 1
+            total += identity.size
+            newest = max(newest, identity.mtime_ns)
+            days.add(day)
+        return LandingListing(files, total, newest, len(days) if partitioned else 0)
+    if isinstance(landing, Location):
+        landing = landing.local_path
     if not landing.is_dir():
         return LandingListing(0, 0, 0, 0)
     folders = [landing]
@@ -87,11 +101,11 @@ def landing_asset(pipeline: Pipeline) -> AssetsDefinition:
     )
 
     def observe(context: AssetExecutionContext, sluice: SluiceResource) -> ObserveResult:
-        landing = landing_path(pipeline, sluice.settings())
+        landing = landing_location(pipeline, sluice.settings())
         listing = list_landing(landing, partitioned=source.partitioned)
         context.log.info(f"{landing}: {listing.files} files, {listing.total_bytes} bytes")
         metadata: dict[str, Any] = {
-            "path": MetadataValue.path(str(landing)),
+            "path": MetadataValue.path(landing.uri),
             "files": MetadataValue.int(listing.files),
             "total_bytes": MetadataValue.int(listing.total_bytes),
             "partitions": MetadataValue.int(listing.partitions),

@@ -48,7 +48,6 @@ from enumerator_service._splits import (
     SplitState,
     TableRangeSplit,
 )
-from enumerator_service._table_enumerator import TableRangeEnumerator
 from enumerator_service._storage import (
     OBJECT_STORE_SCHEMES,
     Location,
@@ -56,6 +55,7 @@ from enumerator_service._storage import (
     is_uri,
     open_location,
 )
+from enumerator_service._table_enumerator import TableRangeEnumerator
 from enumerator_service._task_watermarks import committed_task_watermark
 
 __all__ = [
@@ -96,8 +96,8 @@ __all__ = [
     "change_time",
     "committed_task_watermark",
     "connect_engine",
-    "is_uri",
     "database_url",
+    "is_uri",
     "load_settings",
     "modification_time",
     "new_secret_file",

@@ -33,7 +33,7 @@ from spark_jobs.cli._render import (
 from spark_jobs.pipeline import Pipeline, SampleTarget
 from spark_jobs.pipeline._demo_marks import check_landing, record_landing
 from spark_jobs.pipeline._errors import MissingTableError
-from spark_jobs.pipeline._paths import discovery_of, landing_path
+from spark_jobs.pipeline._paths import discovery_of, landing_location, landing_path
 from spark_jobs.pipeline._registry import load_pipelines, pick_pipeline
 
 __all__ = ["cli"]
@@ -130,7 +130,7 @@ def pipelines_cmd(ctx: click.Context) -> None:
             errors += error
             landing = None
             if pipeline.plan.source.kind == "files":
-                landing = str(landing_path(pipeline, settings))
+                landing = landing_location(pipeline, settings).uri
             console.print(describe_table(pipeline, plan, landing, note, error=error))
     finally:
         platform.close()

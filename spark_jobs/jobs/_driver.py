@@ -33,6 +33,7 @@ from enumerator_service._bookkeeping import prune_finished_runs
 from enumerator_service._rebuilds import Rebuild, RebuildStore
 from enumerator_service._safe_paths import child_path, safe_name
 from enumerator_service._secret_files import sweep_secret_files
+from enumerator_service._storage import StorageOptions
 from spark_jobs._outcomes import DeterministicFailure, job_failure
 from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
@@ -48,7 +49,7 @@ from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._catalog import Resolved, resolve
-from spark_jobs.pipeline._paths import landing_path, output_path, staging_path
+from spark_jobs.pipeline._paths import landing_location, output_path, staging_path
 from spark_jobs.sink import build_sinks, ensure_tables, finish_rebuilds, sweep_staged
 
 __all__ = ["ReaderRun", "RunSummary", "run_pipeline"]
@@ -136,12 +137,14 @@ class ReaderRun:
         self.rebuild = rebuild and (plan.sink.kind == "parquet" or bool(plan.sink.upsert_key))
         self.output_root = output_path(pipeline, settings)
         self.staging_root = staging_path(pipeline, settings)
-        # Tasks open landing files only inside it (links out of it: SLUICE_FOLLOW_SYMLINKS).
-        self.landing_root = (
-            LandingRoot.of(landing_path(pipeline, settings)).path
-            if plan.source.kind != "table"
-            else None
-        )
+        # Tasks open landing files only inside it (links out of it: SLUICE_FOLLOW_SYMLINKS;
+        # on an object store: keys inside its prefix).
+        self.landing_root: str | None = None
+        if plan.source.kind != "table":
+            landing = landing_location(pipeline, settings)
+            self.landing_root = (
+                landing.uri if landing.object_store else LandingRoot.of(landing.path).path
+            )
 
     @property
     def source(self) -> str:
@@ -273,6 +276,7 @@ class ReaderRun:
             continuous_idle_seconds=settings.continuous_idle_seconds or None,
             landing_root=self.landing_root,
             follow_symlinks=settings.follow_symlinks,
+            storage=StorageOptions.of(settings),
             split_max_attempts=settings.split_max_attempts,
         )
 

@@ -14,6 +14,8 @@ import functools
 import pyarrow as pa
 
 from enumerator_service import LandingRoot, SplitStore
+from enumerator_service._object_landing import ObjectLanding
+from enumerator_service._storage import is_uri
 from spark_jobs.jobs._task_config import TaskConfig
 from spark_jobs.pipeline._plan import SourcePlan
 from spark_jobs.source import (
@@ -45,14 +47,18 @@ def open_source_reader(config: TaskConfig, subtask: int, store: SplitStore) -> S
     source = config.plan.source
     handoff = HandoffQueue(capacity=_HANDOFF_CAPACITY)
     restored = store.reclaim(config.run_id, subtask, config.lease_seconds)
+    landing: LandingRoot | ObjectLanding | None = None
+    if config.landing_root is not None and is_uri(config.landing_root):
+        # The executor builds its own client (its own credential chain) from URI + options.
+        landing = ObjectLanding.of(config.landing_root, config.storage)
+    elif config.landing_root is not None:
+        landing = LandingRoot(config.landing_root, config.follow_symlinks)
     router = FormatRouter(
         record_schema(source),
         max_line_bytes=config.max_line_bytes,
         dsn=config.asyncpg_dsn,
         block_bytes=config.block_bytes,
-        landing=None
-        if config.landing_root is None
-        else LandingRoot(config.landing_root, config.follow_symlinks),
+        landing=landing,
     )
     fetcher = SplitFetcher(
         router,

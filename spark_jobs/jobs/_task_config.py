@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from enumerator_service._storage import StorageOptions
 from spark_jobs.jobs._credentials import WorkerDatabase
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._plan import Plan
@@ -64,9 +65,13 @@ class TaskConfig:
     split_max_attempts: int = 3
     debug: bool = False
     #: A file source's landing folder (resolved) and whether symbolic links may lead out of
-    #: it (``SLUICE_FOLLOW_SYMLINKS``); None: files are opened without that check.
+    #: it (``SLUICE_FOLLOW_SYMLINKS``), or its URI on an object store (``s3://…``); None:
+    #: files are opened without that check.
     landing_root: str | None = None
     follow_symlinks: bool = False
+    #: How executors reach an object store (endpoint, region: never credentials, which
+    #: each executor takes from its own standard chain).
+    storage: StorageOptions = field(default_factory=StorageOptions)
 
     @property
     def database_url(self) -> str:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from enumerator_service._config import ConfigError
+from enumerator_service._storage import open_location
 from spark_jobs.pipeline._checks import Context, names, require
 from spark_jobs.pipeline._derive_steps import empty_batch, probe_map, stage_plan
 from spark_jobs.pipeline._errors import check_field_name, check_identifier, check_table
@@ -124,10 +126,18 @@ def _source(ctx: Context, source: object) -> SourcePlan:
     )  # fmt: skip
 
 
-def _landing(given: object) -> Path:
-    """An absolute folder, or a relative one that stays under the data folder (no ``..``)."""
+def _landing(given: object) -> Path | str:
+    """An absolute folder, a relative one that stays under the data folder (no ``..``), or a
+    URI (``file://``, ``s3://bucket/prefix``, ``gs://``, ``abfs://``, ``hdfs://``: kept as
+    given, checked by ``open_location``: a scheme it does not know, credentials in it)."""
     if not isinstance(given, str | Path) or not str(given) or "\x00" in str(given):
         raise ValueError(f"landing {given!r} is not a folder path")
+    if isinstance(given, str) and "://" in given:
+        try:
+            open_location(given, what="landing")  # the URI's form only: nothing is contacted
+        except ConfigError as exc:
+            raise ValueError(f"landing {given!r}: {exc.problem}") from None
+        return given.rstrip("/")
     path = Path(given)
     if not path.is_absolute() and ".." in path.parts:
         raise ValueError(f"landing {str(given)!r} leads out of the data folder ('..')")

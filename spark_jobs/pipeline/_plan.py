@@ -50,8 +50,9 @@ class SourcePlan:
     partitioned: bool
     out_of_orderness: float
     idle_timeout: float
-    #: files: the landing folder as given (relative: under the data folder), or None.
-    landing: Path | None = None
+    #: files: the landing folder as given (relative: under the data folder), a URI
+    #: (``s3://bucket/prefix``, kept as a string), or None.
+    landing: Path | str | None = None
     start_date: date | None = None
     #: table: schema, table, integer key column, rows per split.
     table: tuple[str, str] | None = None

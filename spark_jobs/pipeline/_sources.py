@@ -42,7 +42,10 @@ class FileSource:
       ``dt`` column) and the Dagster partition. ``None``: files directly in ``<landing>``,
       output and asset unpartitioned.
     - ``landing``: the folder; a relative path is under ``SLUICE_DATA_DIR``; default
-      ``<SLUICE_DATA_DIR>/landing/<pipeline name>``.
+      ``<SLUICE_DATA_DIR>/landing/<pipeline name>``. Or a URI: ``file://…``,
+      ``s3://bucket/prefix`` (endpoint and region: ``SLUICE_S3_ENDPOINT_URL``,
+      ``SLUICE_S3_REGION``; credentials from the standard AWS chain), and through the same
+      code the other ``pyarrow.fs`` stores ``gs://``, ``abfs://``, ``hdfs://``.
     - ``start_date``: first Dagster partition (default: the earliest ``dt=`` folder found when
       the code location loads, else today).
     - ``late_records``: what happens to a record whose event day is an output partition

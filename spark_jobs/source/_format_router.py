@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from enumerator_service import FileSplit, LandingRoot, SplitAssignment
-from enumerator_service._file_identity import check_unchanged
+from enumerator_service._file_identity import check_unchanged, current
+from enumerator_service._object_landing import ObjectLanding
 from spark_jobs.source._batch import RecordSchema
 from spark_jobs.source._line_reader import LINE_KINDS, LineSplitReader, check_whole_file
 from spark_jobs.source._parquet_reader import ParquetSplitReader
@@ -85,10 +86,13 @@ class FormatRouter:
         max_line_bytes: int,
         dsn: str,
         block_bytes: int = 256 << 10,
-        landing: LandingRoot | None = None,
+        landing: LandingRoot | ObjectLanding | None = None,
     ) -> None:
         self.schema = schema
         self._max_line = max_line_bytes
+        # How a file's identity is taken now: a stat, or a HEAD on an object store.
+        self._store = landing if isinstance(landing, ObjectLanding) else None
+        self._identity_of = self._store.current if self._store is not None else current
         # Landing files are opened through ``landing`` (the run's folder): a link swapped in
         # after discovery that leads out of it is refused (None: no check).
         self._lines = LineSplitReader(
@@ -141,13 +145,18 @@ class FormatRouter:
                     # Never a mix of two versions: the file must still be the one its split
                     # was cut from (size, mtime, inode at discovery), else the split is
                     # refused (quarantined at once, see ``_poison``).
-                    check_unchanged(read.split.path, read.split.file)
+                    check_unchanged(read.split.path, read.split.file, self._identity_of)
                 reader.open(read)
             except Exception as exc:
                 return self._failed(batch, exc)
         read, reader = self._current
         try:
             block, done = reader.fetch()
+            if done and self._store is not None and isinstance(read.split, FileSplit):
+                # On a store, once more when the read ends (one HEAD): an object overwritten
+                # during the read fails its split before the last block is handed out (line
+                # files also check after every request, see ``ObjectLanding.open``).
+                check_unchanged(read.split.path, read.split.file, self._identity_of)
         except Exception as exc:
             return self._failed(batch, exc)
         if block is not None:

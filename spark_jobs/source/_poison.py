@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from enumerator_service import redact_text
 from enumerator_service._file_identity import CHANGED_REASON, FileChangedError
 from enumerator_service._landing import OutsideLandingError
+from enumerator_service._object_landing import OutsidePrefixError
 from spark_jobs.source._csv import CsvHeaderError
 from spark_jobs.source._parquet_reader import ParquetSplitError
 
@@ -41,6 +42,7 @@ _CONTENT_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
     (gzip.BadGzipFile, "corrupt gzip stream"),
     (EOFError, "truncated compressed stream"),
     (zlib.error, "corrupt compressed stream"),
+    (OutsidePrefixError, "key outside the landing prefix"),
     (OutsideLandingError, "link leads out of the landing folder"),
     (FileNotFoundError, "file not found"),
     (IsADirectoryError, "not a file"),
