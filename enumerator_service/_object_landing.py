@@ -207,6 +207,12 @@ class ObjectLanding:
     def _list(self, folder: str, bad_names: list[str] | None) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(folder, recursive=False, allow_not_found=True)
         entries = self.location.fs.get_file_info(selector)
+        if not entries:
+            # Nothing under the prefix (files are to come) — unless the bucket is missing,
+            # which a listing that allows "not found" does not say.
+            bucket = folder.split("/", 1)[0]
+            if self.location.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+                raise FileNotFoundError(f"NO_SUCH_BUCKET: bucket {bucket!r} does not exist")
         plain = []
         for info in entries:
             name = info.path[len(folder) :].lstrip("/") if info.path != folder else ""
