@@ -214,20 +214,22 @@ class ObjectLanding:
             if self.location.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
                 raise FileNotFoundError(f"NO_SUCH_BUCKET: bucket {bucket!r} does not exist")
         plain = []
+        directory = pafs.FileType.Directory
         for info in entries:
-            name = info.path[len(folder) :].lstrip("/") if info.path != folder else ""
-            if info.type == pafs.FileType.Directory and (
-                name in _ODD_SEGMENTS or info.path.rstrip("/") == folder.rstrip("/")
-            ):
-                # ``a//b``, ``a/./b``, ``a/../b``: a key that could name something outside.
-                shown = self.uri_of(folder) + "/" + (name or "/")
-                LandingRoot._warn(
-                    shown,
-                    "holds keys with an empty, '.' or '..' path segment: skipped (rename them)",
-                )
-                if bad_names is not None:
-                    bad_names.append(shown)
-                continue
+            if info.type == directory:
+                path = info.path
+                name = path[len(folder) :].lstrip("/") if path != folder else ""
+                if name in _ODD_SEGMENTS or path.rstrip("/") == folder.rstrip("/"):
+                    # ``a//b``, ``a/./b``, ``a/../b``: a key that could name something
+                    # outside.
+                    shown = self.uri_of(folder) + "/" + (name or "/")
+                    LandingRoot._warn(
+                        shown,
+                        "holds keys with an empty, '.' or '..' path segment: skipped (rename them)",
+                    )
+                    if bad_names is not None:
+                        bad_names.append(shown)
+                    continue
             plain.append(info)
         return plain
 
@@ -235,19 +237,22 @@ class ObjectLanding:
         self, folder: str, day: date | None, bad_names: list[str] | None
     ) -> Iterator[Listed]:
         prefix = folder.rstrip("/") + "/"
+        cut = len(prefix)
+        uri_prefix = self.uri_of(prefix)
+        file = pafs.FileType.File
         for info in self._list(folder, bad_names):
-            if info.type != pafs.FileType.File:
+            if info.type != file:
                 continue
-            name = info.base_name
+            path = info.path
+            name = path[cut:]
+            if not path.startswith(prefix) or "/" in name:
+                continue  # not directly in this prefix (never expected from a listing)
             kind = _kind_of(name)
             # Hidden and "_" objects are in-flight writes or markers, never data.
             if kind is None or name.startswith((".", "_")):
                 continue
-            if not info.path.startswith(prefix) or "/" in info.path[len(prefix) :]:
-                continue  # not directly in this prefix (never expected from a listing)
-            size = info.size or 0
-            mtime_ns = info.mtime_ns or 0
-            yield self.uri_of(info.path), kind, day, FileIdentity.of_object(size, mtime_ns)
+            identity = FileIdentity.of_object(info.size or 0, info.mtime_ns or 0)
+            yield uri_prefix + name, kind, day, identity
 
     # -- reading -------------------------------------------------------------------------
 
