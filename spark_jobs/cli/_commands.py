@@ -19,6 +19,7 @@ from enumerator_service._operations import Platform, discover, open_platform, pl
 from enumerator_service._quarantine import retry_splits
 from enumerator_service._safe_paths import partition_date
 from enumerator_service._secret_files import sweep_secret_files
+from enumerator_service._storage import StorageOptions
 from spark_jobs._outcomes import ExitCode
 from spark_jobs.cli._db import db_status, db_stop
 from spark_jobs.cli._render import (
@@ -355,7 +356,11 @@ def retry_cmd(
     try:
         ids = None if split is None else [split]
         retried = retry_splits(
-            platform.engine, ids, source=source, target_split_bytes=settings.target_split_bytes
+            platform.engine,
+            ids,
+            source=source,
+            target_split_bytes=settings.target_split_bytes,
+            storage=StorageOptions.of(settings),  # files on an object store: their identity
         )
     finally:
         platform.close()

@@ -35,7 +35,9 @@ from demo_platform import demo_pipeline, prepare_demo
 from s3_server import SECRET_KEY, S3Server, s3_server
 
 from enumerator_service import ConfigError
-from enumerator_service._object_landing import StorageError
+from enumerator_service._file_identity import FileChangedError
+from enumerator_service._file_versions import _row_group_ranges
+from enumerator_service._object_landing import READ_BYTES, ObjectLanding, StorageError
 from enumerator_service._operations import discover, open_platform
 from enumerator_service._quarantine import quarantined, retry_splits
 from enumerator_service._storage import StorageOptions, open_location
@@ -79,7 +81,8 @@ def _csv(rows: list[dict[str, Any]]) -> bytes:
 
 def _parquet(rows: list[dict[str, Any]]) -> bytes:
     sink = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows), sink, row_group_size=100)
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, sink, row_group_size=500, compression="none", use_dictionary=False)
     return sink.getvalue()
 
 
@@ -162,14 +165,14 @@ def test_s3_landing_every_format_exactly_once_changes_refused_then_retried(
     landing: Landing, caplog: pytest.LogCaptureFixture
 ) -> None:
     big, spaced, uni = _events("big", 3000), _events("sp", 200), _events("uni", 150)
-    plain_csv, gz, parq = _events("csv", 300), _events("gz", 250), _events("pq", 400)
+    plain_csv, gz, parq = _events("csv", 300), _events("gz", 250), _events("pq", 4000)
     replaced, deleted = _events("old", 100), _events("del", 120)
     landing.put("big.jsonl", _jsonl(big))  # ~360 KB: byte ranges of 64 KiB
     landing.put("with space.jsonl", _jsonl(spaced))
     landing.put("café ü.jsonl", _jsonl(uni))
     landing.put("plain.csv", _csv(plain_csv))
     landing.put("zipped.jsonl.gz", gzip.compress(_jsonl(gz)))
-    landing.put("table.parquet", _parquet(parq))
+    landing.put("table.parquet", _parquet(parq))  # ~300 KB: row-group ranges
     landing.put("replaced.jsonl", _jsonl(replaced))
     landing.put("deleted.jsonl", _jsonl(deleted))
     landing.put("_in_flight.jsonl", _jsonl(_events("tmp", 5)))  # a marker: never data
@@ -182,7 +185,9 @@ def test_s3_landing_every_format_exactly_once_changes_refused_then_retried(
     found = landing.discover()
     assert found.files_seen == 8 and found.skipped_names == 2
     ranges = -(-len(_jsonl(big)) // (64 << 10))
-    assert ranges > 1 and found.splits_registered == ranges + 7  # and 7 whole files
+    groups = len(_row_group_ranges(io.BytesIO(_parquet(parq)), 64 << 10))
+    assert ranges > 1 and groups > 1
+    assert found.splits_registered == ranges + groups + 6  # and 6 whole files
     odd_lines = [r.getMessage() for r in caplog.records if "path segment" in r.getMessage()]
     assert len(odd_lines) == 2
 
@@ -266,3 +271,33 @@ def test_s3_bad_inputs_are_one_line_and_leave_nothing_registered(
     shipped = pickle.dumps(location)
     assert SECRET_KEY.encode() not in shipped
     assert pickle.loads(shipped).uri == landing.uri  # noqa: S301 (our own bytes)
+
+
+def test_s3_object_overwritten_or_deleted_while_read_is_never_half_of_each(s3: S3Server) -> None:
+    """Every request to the store is followed by an identity check: bytes of the new version
+    are never handed out after bytes of the old one (``FileChangedError``, quarantined at
+    once), and an object deleted mid-read is the file-gone rule (``FileNotFoundError``)."""
+    bucket = f"sluice-{secrets.token_hex(4)}"
+    s3.create_bucket(bucket)
+    landing = ObjectLanding.of(
+        f"s3://{bucket}/events", StorageOptions(s3.endpoint_url, "us-east-1")
+    )
+    client, key = s3.client(), "events/big.jsonl"
+    old = b"o" * (READ_BYTES + 1000)  # two requests: the second comes after the change
+    for change in ("overwrite", "delete"):
+        client.put_object(Bucket=bucket, Key=key, Body=old)
+        uri = f"s3://{bucket}/{key}"
+        recorded = landing.current(uri)
+        assert recorded is not None and recorded.inode is None
+        with landing.open(uri, recorded) as file:
+            first = file.read(READ_BYTES)
+            assert first == old[:READ_BYTES]
+            time.sleep(1.05)  # Last-Modified has whole seconds
+            if change == "overwrite":
+                client.put_object(Bucket=bucket, Key=key, Body=b"n" * len(old))  # same size
+                with pytest.raises(FileChangedError, match="changed since discovery: mtime"):
+                    file.read()
+            else:
+                client.delete_object(Bucket=bucket, Key=key)
+                with pytest.raises(FileNotFoundError):
+                    file.read()
