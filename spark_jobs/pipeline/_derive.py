@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from enumerator_service._config import ConfigError
-from enumerator_service._storage import open_location
+from enumerator_service._storage import check_uri
 from spark_jobs.pipeline._checks import Context, names, require
 from spark_jobs.pipeline._derive_steps import empty_batch, probe_map, stage_plan
 from spark_jobs.pipeline._errors import check_field_name, check_identifier, check_table
@@ -134,7 +134,7 @@ def _landing(given: object) -> Path | str:
         raise ValueError(f"landing {given!r} is not a folder path")
     if isinstance(given, str) and "://" in given:
         try:
-            open_location(given, what="landing")  # the URI's form only: nothing is contacted
+            check_uri(given, what="landing")  # the URI's form only: nothing is contacted
         except ConfigError as exc:
             raise ValueError(f"landing {given!r}: {exc.problem}") from None
         return given.rstrip("/")
