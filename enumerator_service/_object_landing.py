@@ -16,6 +16,8 @@ What an object store does not have, and what it means here:
   (:meth:`~enumerator_service._file_identity.FileIdentity.of_object`); the local
   protections (``LandingRoot``: links, inode checks) do not apply, and no key is ever
   followed anywhere: only keys *inside* the landing prefix are listed and opened;
+- *the store's clock*: every time compared (the cursor's watermark, the lookback window) is
+  an object's ``Last-Modified``, so the local clock's skew does not matter;
 - *no partial objects*: an object appears whole when its PUT (or multipart upload)
   completes, so the settle time (``SLUICE_FILE_SETTLE_SECONDS``, a heuristic for local
   writers that write in place) is skipped: every listed object is registered at once;
@@ -322,15 +324,22 @@ class _CheckedObject(io.RawIOBase):
             super().close()
 
 
+def _object(uri: str, options: StorageOptions) -> tuple[Location, str]:
+    """The store of an object's URI and the object's path on it. The key is taken as it is
+    (not parsed as a URL: a key may hold ``%``, ``#`` or ``?``)."""
+    scheme, rest = uri.split("://", 1)
+    netloc, _, key = rest.partition("/")
+    root = open_location(f"{scheme}://{netloc}", options, what="landing file")
+    return root, (posixpath.join(root.path, key) if key else root.path)
+
+
 def identity_now(uri: str, options: StorageOptions) -> FileIdentity | None:
     """The identity of the landing file ``uri`` now — a local path (``stat``) or an
     object's URI (a HEAD) — None when it is gone."""
-    if not is_uri(uri):
-        return current(uri)
-    location = open_location(uri, options, what="landing file")
-    if not location.object_store:
-        return current(location.path)
-    info = location.fs.get_file_info(location.path)
+    if not is_uri(uri) or uri.lower().startswith("file://"):
+        return current(uri.removeprefix("file://"))
+    root, path = _object(uri, options)
+    info = root.fs.get_file_info(path)
     if info.type != pafs.FileType.File:
         return None
     return FileIdentity.of_object(info.size or 0, info.mtime_ns or 0)
@@ -338,10 +347,10 @@ def identity_now(uri: str, options: StorageOptions) -> FileIdentity | None:
 
 def open_for_footer(uri: str, options: StorageOptions) -> BinaryIO:
     """A landing file opened for reading its Parquet footer (local or on a store)."""
-    if not is_uri(uri):
-        return open(uri, "rb")
-    location = open_location(uri, options, what="landing file")
-    return cast(BinaryIO, location.fs.open_input_file(location.path))
+    if not is_uri(uri) or uri.lower().startswith("file://"):
+        return open(uri.removeprefix("file://"), "rb")
+    root, path = _object(uri, options)
+    return cast(BinaryIO, root.fs.open_input_file(path))
 
 
 def days_with_files(location: Location, *, follow_symlinks: bool = False) -> set[date]:

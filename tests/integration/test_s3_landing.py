@@ -174,7 +174,7 @@ def test_s3_landing_every_format_exactly_once_changes_refused_then_retried(
     landing.put("zipped.jsonl.gz", gzip.compress(_jsonl(gz)))
     landing.put("table.parquet", _parquet(parq))  # ~300 KB: row-group ranges
     landing.put("replaced.jsonl", _jsonl(replaced))
-    landing.put("deleted.jsonl", _jsonl(deleted))
+    landing.put("deleted 100%#?.jsonl", _jsonl(deleted))
     landing.put("_in_flight.jsonl", _jsonl(_events("tmp", 5)))  # a marker: never data
     # Keys that could name something outside the prefix: skipped, one logged line each.
     odd = _jsonl(_events("odd", 7))
@@ -195,19 +195,19 @@ def test_s3_landing_every_format_exactly_once_changes_refused_then_retried(
     time.sleep(1.05)  # another second: S3's Last-Modified has whole seconds
     replaced_now = _events("new", 130)
     landing.put("replaced.jsonl", _jsonl(replaced_now))
-    landing.delete("deleted.jsonl")
+    landing.delete("deleted 100%#?.jsonl")
 
     landing.run()
     oracle = _ids(big, spaced, uni, plain_csv, gz, parq)
     assert landing.output() == oracle  # every good object's events, exactly once
     refused = landing.quarantined()
-    assert set(refused) == {"replaced.jsonl", "deleted.jsonl"}
+    assert set(refused) == {"replaced.jsonl", "deleted 100%#?.jsonl"}
     reason, error = refused["replaced.jsonl"]
     assert reason == "changed since discovery" and "size " in error
-    assert refused["deleted.jsonl"][0] == "file not found"
+    assert refused["deleted 100%#?.jsonl"][0] == "file not found"
 
     # The owner fixes it: the deleted object is back. retry reads both as they are now.
-    landing.put("deleted.jsonl", _jsonl(deleted))
+    landing.put("deleted 100%#?.jsonl", _jsonl(deleted))
     storage = StorageOptions.of(landing.settings)
     retried = retry_splits(
         landing.platform.engine, None, source=landing.settings.source_name, storage=storage
