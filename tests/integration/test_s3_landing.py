@@ -34,7 +34,7 @@ from conftest import TestSettings
 from demo_platform import demo_pipeline, prepare_demo
 from s3_server import SECRET_KEY, S3Server, s3_server
 
-from enumerator_service import ConfigError
+from enumerator_service import ConfigError, SplitStore
 from enumerator_service._file_identity import FileChangedError
 from enumerator_service._file_versions import _row_group_ranges
 from enumerator_service._object_landing import READ_BYTES, ObjectLanding, StorageError
@@ -301,3 +301,32 @@ def test_s3_object_overwritten_or_deleted_while_read_is_never_half_of_each(s3: S
                 client.delete_object(Bucket=bucket, Key=key)
                 with pytest.raises(FileNotFoundError):
                     file.read()
+
+
+@pytest.mark.parametrize("policy", ["refuse", "reprocess"])
+def test_s3_object_overwritten_before_its_run_is_a_new_version(
+    s3: S3Server, make_settings: MakeSettings, policy: str
+) -> None:
+    """Discovery that sees a registered object with another size or mtime registers it as
+    a new version (no inode: never an append): quarantined under ``refuse`` with what
+    changed, in the pool under ``reprocess``; the old version's unread split superseded."""
+    settings = make_settings(
+        s3_endpoint_url=s3.endpoint_url, s3_region="us-east-1", file_change_policy=policy
+    )
+    made = Landing(s3, settings)
+    try:
+        made.put("a.jsonl", _jsonl(_events("a", 10)))
+        assert made.discover().splits_registered == 1
+        time.sleep(1.05)
+        made.put("a.jsonl", _jsonl(_events("a", 12)))  # grown: on a store, a new object
+        again = made.discover()
+        assert again.changed_files == 1
+        counts = SplitStore(made.platform.engine).counts(settings.source_name)
+        if policy == "refuse":
+            assert counts == {"FAILED": 1, "SUPERSEDED": 1}
+            ((reason, error),) = made.quarantined().values()
+            assert reason == "changed since discovery" and "size " in error
+        else:
+            assert counts == {"UNASSIGNED": 1, "SUPERSEDED": 1}
+    finally:
+        made.platform.close()
