@@ -52,11 +52,19 @@ from enumerator_service._file_identity import (
     check_unchanged,
     modification_time,
 )
+from enumerator_service._file_identity import current as current_identity
 from enumerator_service._identifiers import qualified_name, quote_identifier
 from enumerator_service._landing import _PARTITION_DIR as PARTITION_DIR
 from enumerator_service._landing import LandingRoot, OutsideLandingError, landing_days
 from enumerator_service._landing import _kind_of as kind_of
 from enumerator_service._live_state import LiveState, live_state
+from enumerator_service._object_landing import (
+    ObjectLanding,
+    OutsidePrefixError,
+    StorageError,
+    days_with_files,
+    identity_now,
+)
 from enumerator_service._operations import (
     Discovery,
     EnumeratorDiscovery,
@@ -101,6 +109,7 @@ from enumerator_service._storage import (
     OBJECT_STORE_SCHEMES,
     Location,
     StorageOptions,
+    check_uri,
     is_uri,
     open_location,
 )
@@ -140,7 +149,9 @@ __all__ = [
     "LandingRoot",
     "LiveState",
     "Location",
+    "ObjectLanding",
     "OutsideLandingError",
+    "OutsidePrefixError",
     "PartitionBusyError",
     "PartitionCompletion",
     "Platform",
@@ -160,6 +171,7 @@ __all__ = [
     "SplitStore",
     "StagedTransaction",
     "StaticFileEnumerator",
+    "StorageError",
     "StorageOptions",
     "TableDiscovery",
     "TableRangeEnumerator",
@@ -169,16 +181,20 @@ __all__ = [
     "asyncpg_dsn",
     "change_time",
     "check_unchanged",
+    "check_uri",
     "child_path",
     "committed_task_watermark",
     "completed_partitions",
     "completions_table_exists",
     "connect_engine",
+    "current_identity",
     "database_url",
+    "days_with_files",
     "dead_letters",
     "discover",
     "embedded_state",
     "encode_dead_letters",
+    "identity_now",
     "is_uri",
     "kind_of",
     "landing_days",

@@ -2,6 +2,11 @@
 or continuous (``ContinuousFileEnumerator``: each ``discover()`` one tick resumed from a bounded
 cursor), with the settle, identity and change-time rules of ``_file_identity``.
 
+The landing is a local folder (``Path``, with the symbolic-link and inode protections of
+``_landing``) or a :class:`~enumerator_service._storage.Location` on an object store (listed
+per ``dt=`` prefix through ``pyarrow.fs``, identity size + mtime, no settle time: see
+``_object_landing``). Split paths are then the objects' URIs (``s3://bucket/…``).
+
 Threading: as ``SplitEnumerator`` — one owner thread; methods block on Postgres and the file
 system.
 """
@@ -27,8 +32,10 @@ from enumerator_service._file_versions import (
     register_version,
 )
 from enumerator_service._landing import LandingRoot, data_files
+from enumerator_service._object_landing import ObjectLanding
 from enumerator_service._quarantine import reread_refused
 from enumerator_service._splits import FileSplit
+from enumerator_service._storage import Location, StorageOptions
 
 __all__ = ["ContinuousFileEnumerator", "StaticFileEnumerator"]
 
@@ -49,7 +56,7 @@ class _FileEnumerator(SplitEnumerator):
         self,
         engine: Engine,
         source: str,
-        landing: Path,
+        landing: Path | Location,
         *,
         lease_seconds: float = 60.0,
         target_split_bytes: int = 128 << 20,
@@ -64,6 +71,16 @@ class _FileEnumerator(SplitEnumerator):
             raise ValueError("target_split_bytes must be positive")
         if settle_seconds < 0:
             raise ValueError("settle_seconds must not be negative")
+        #: The landing on an object store (None: a local folder, ``self._landing``).
+        self._objects: ObjectLanding | None = None
+        self._storage = StorageOptions()
+        if isinstance(landing, Location):
+            self._storage = landing.options
+            if landing.object_store:
+                self._objects = ObjectLanding(landing)
+                landing = Path(landing.path)  # (unused on a store: only for the type)
+            else:
+                landing = landing.local_path
         self._landing = landing
         self._target = target_split_bytes
         self._partitioned = partitioned
@@ -78,6 +95,11 @@ class _FileEnumerator(SplitEnumerator):
         """(path, kind, partition date, identity) of every data file; the links not
         followed are collected in ``self._skipped`` (reset by each listing)."""
         self._skipped, self._bad_names = [], []
+        if self._objects is not None:
+            yield from self._objects.data_files(
+                partitioned=self._partitioned, dates=dates, bad_names=self._bad_names
+            )
+            return
         yield from data_files(
             self._landing,
             self._root,
@@ -88,7 +110,10 @@ class _FileEnumerator(SplitEnumerator):
         )
 
     def _settled_before(self) -> float:
-        """Files that changed after this moment are still settling (not registered yet)."""
+        """Files that changed after this moment are still settling (not registered yet).
+        Objects never settle: a store shows an object only once its upload is complete."""
+        if self._objects is not None:
+            return float("inf")
         return self._clock() - self._settle
 
     def _register_files(self, files: Sequence[_Listed]) -> tuple[int, int]:
@@ -98,7 +123,9 @@ class _FileEnumerator(SplitEnumerator):
         changed = 0
         if self._policy is ChangePolicy.REPROCESS:
             # Files a reader refused as changed: registered again as they are now.
-            changed += reread_refused(self._engine, self._source, target_split_bytes=self._target)
+            changed += reread_refused(
+                self._engine, self._source, target_split_bytes=self._target, storage=self._storage
+            )
         fresh: list[FileSplit] = []
         with self._engine.begin() as conn:
             known = known_versions(conn, self._source, (path for path, *_ in files))
@@ -136,7 +163,7 @@ class _FileEnumerator(SplitEnumerator):
             identity,
             target=self._target,
             version=version,
-            open_file=self._root.open,
+            open_file=self._root.open if self._objects is None else self._objects.open_native,
         )
 
 
@@ -147,7 +174,7 @@ class StaticFileEnumerator(_FileEnumerator):
         self,
         engine: Engine,
         source: str,
-        landing: Path,
+        landing: Path | Location,
         *,
         dates: Sequence[date] | None = None,
         lease_seconds: float = 60.0,
@@ -211,7 +238,7 @@ class ContinuousFileEnumerator(_FileEnumerator):
         self,
         engine: Engine,
         source: str,
-        landing: Path,
+        landing: Path | Location,
         *,
         lease_seconds: float = 60.0,
         lookback_seconds: float = 600.0,

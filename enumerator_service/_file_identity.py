@@ -18,12 +18,21 @@ Change time, not mtime, orders discovery: ``mv``, ``cp -p`` and ``rsync -a`` giv
 mtime but set its ctime to the moment it appeared (rename and ``utime`` both touch ctime), so
 ``max(mtime, ctime)`` is when the file became visible or last changed, never earlier.
 
+On an object store (S3, GCS, ADLS, HDFS through ``pyarrow.fs``) there is no inode, no ctime
+and no symbolic link: identity is ``(size, mtime)`` with the mtime the object's
+``Last-Modified`` cut to whole seconds (:meth:`FileIdentity.of_object`: S3 gives it to the
+second in a HEAD, to the millisecond in a listing — cutting both makes them agree). An
+overwrite (a PUT of the same key) gives the object a new ``Last-Modified``, so it is another
+version. Not seen: an overwrite within the same second with the same size (pyarrow does not
+expose the ETag, which would tell them apart).
+
 Pure values and functions; any thread.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -73,6 +82,11 @@ class FileIdentity:
     def of(cls, st: os.stat_result) -> FileIdentity:
         return cls(st.st_size, st.st_mtime_ns, st.st_ino or None, st.st_ctime_ns)
 
+    @classmethod
+    def of_object(cls, size: int, mtime_ns: int) -> FileIdentity:
+        """An object's identity: no inode, no ctime, the mtime cut to whole seconds."""
+        return cls(size, mtime_ns // 1_000_000_000 * 1_000_000_000, None, 0)
+
     @property
     def changed_at(self) -> float:
         """When the file last changed or appeared under its name (seconds since the epoch)."""
@@ -116,13 +130,18 @@ def current(path: str) -> FileIdentity | None:
         return None
 
 
-def check_unchanged(path: str, recorded: FileIdentity | None) -> None:
+def check_unchanged(
+    path: str,
+    recorded: FileIdentity | None,
+    identity_of: Callable[[str], FileIdentity | None] = current,
+) -> None:
     """Raise :class:`FileChangedError` when ``path`` is no longer the ``recorded`` version
     (nothing recorded: splits registered before identities were kept, never refused). A file
-    that is gone is left to the reader's open (``file not found``)."""
+    that is gone is left to the reader's open (``file not found``). ``identity_of``: how the
+    identity is taken now (a local ``stat`` by default; an object store's HEAD)."""
     if recorded is None:
         return
-    now = current(path)
+    now = identity_of(path)
     if now is not None and not now.same_as(recorded):
         raise FileChangedError(f"{path} {CHANGED_REASON}: {now.difference(recorded)}")
 

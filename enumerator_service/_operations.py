@@ -30,6 +30,7 @@ from enumerator_service._enumerator import DiscoveryResult, SplitEnumerator
 from enumerator_service._file_enumerators import ContinuousFileEnumerator, StaticFileEnumerator
 from enumerator_service._file_identity import ChangePolicy
 from enumerator_service._live_state import LiveState, live_state
+from enumerator_service._object_landing import storage_error
 from enumerator_service._quarantine import QuarantinedSplit, quarantined
 from enumerator_service._schema import (
     checkpoints,
@@ -39,6 +40,7 @@ from enumerator_service._schema import (
 )
 from enumerator_service._secrets import redact_url
 from enumerator_service._split_store import SplitStore
+from enumerator_service._storage import Location
 from enumerator_service._table_enumerator import TableRangeEnumerator
 
 __all__ = [
@@ -73,10 +75,11 @@ class Platform:
 @dataclass(frozen=True, slots=True)
 class FileDiscovery:
     """Files of source ``source`` in ``landing`` (``dt=YYYY-MM-DD`` folders if
-    ``partitioned``, else directly in it)."""
+    ``partitioned``, else directly in it): a local folder, or a Location (a local folder or
+    a prefix on an object store, see ``_storage``)."""
 
     source: str
-    landing: Path
+    landing: Path | Location
     partitioned: bool = True
 
 
@@ -173,13 +176,18 @@ def _discover_once(
             lease_seconds=settings.lease_seconds,
         )
         return enumerator.discover()
-    if not spec.landing.is_dir():
-        raise ConfigError(f"{spec.source}: landing", f"folder does not exist: {spec.landing}")
+    landing = spec.landing
+    on_store = isinstance(landing, Location) and landing.object_store
+    if isinstance(landing, Location) and not on_store:
+        landing = landing.local_path
+    if isinstance(landing, Path) and not landing.is_dir():
+        raise ConfigError(f"{spec.source}: landing", f"folder does not exist: {landing}")
+    # (A prefix on a store holding no object yet is no error: files are to come.)
     if dates is not None:
         enumerator = StaticFileEnumerator(
             platform.engine,
             spec.source,
-            spec.landing,
+            landing,
             dates=dates,
             lease_seconds=settings.lease_seconds,
             target_split_bytes=settings.target_split_bytes,
@@ -194,7 +202,7 @@ def _discover_once(
         enumerator = ContinuousFileEnumerator(
             platform.engine,
             spec.source,
-            spec.landing,
+            landing,
             lease_seconds=settings.lease_seconds,
             target_split_bytes=settings.target_split_bytes,
             max_files_per_tick=settings.discovery_max_files_per_tick,
@@ -203,7 +211,13 @@ def _discover_once(
             settle_seconds=settings.file_settle_seconds,
             change_policy=ChangePolicy(settings.file_change_policy),
         )
-    return enumerator.discover()
+    if not on_store:
+        return enumerator.discover()
+    assert isinstance(landing, Location)
+    try:
+        return enumerator.discover()
+    except OSError as exc:  # unreachable, access denied, no such bucket: one line
+        raise storage_error(f"{spec.source}: landing {landing.uri}", exc, landing.options) from None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from sqlalchemy.engine import Connection, Engine
 from enumerator_service._file_identity import (
     CHANGED_REASON,
     ChangePolicy,
-    current,
     recorded_identity,
 )
 from enumerator_service._file_versions import (
@@ -42,8 +41,10 @@ from enumerator_service._file_versions import (
     register_version,
     supersede,
 )
+from enumerator_service._object_landing import identity_now, open_for_footer
 from enumerator_service._schema import SplitStatus, splits
 from enumerator_service._splits import FileSplit
+from enumerator_service._storage import StorageOptions
 
 __all__ = ["QuarantinedSplit", "quarantined", "reread_refused", "retry_splits"]
 
@@ -129,12 +130,15 @@ def retry_splits(
     *,
     source: str | None = None,
     target_split_bytes: int = 128 << 20,
+    storage: StorageOptions | None = None,
 ) -> list[QuarantinedSplit]:
     """Put FAILED splits back in the pool: the given ones (None: every FAILED split, of
     ``source`` if given). Returns the splits put back (as they were); ids that are not FAILED
     are left alone and missing from the result. A split whose file changed since it was
     registered is re-read as the file is now: a new version of the file, cut into splits of
-    ``target_split_bytes``, replaces it (see the module docstring)."""
+    ``target_split_bytes``, replaces it (see the module docstring). ``storage``: how files
+    on an object store (split URIs ``s3://…``) are reached."""
+    storage = storage or StorageOptions()
     conditions = [splits.c.status == SplitStatus.FAILED]
     if split_ids is not None:
         conditions.append(splits.c.id.in_(list(split_ids)))
@@ -142,15 +146,21 @@ def retry_splits(
         conditions.append(splits.c.source == source)
     with engine.begin() as conn:
         rows = conn.execute(sa.select(splits).where(*conditions).with_for_update()).all()
-        changed = _changed_files(rows)
+        changed = _changed_files(rows, storage)
         for row in changed.values():
-            _reread(conn, row, target_split_bytes)
+            _reread(conn, row, target_split_bytes, storage)
         same = [r.id for r in rows if (r.source, r.uri) not in changed]
         _put_back(conn, same)
     return sorted((QuarantinedSplit.of(r) for r in rows), key=lambda s: s.id)
 
 
-def reread_refused(engine: Engine, source: str, *, target_split_bytes: int) -> int:
+def reread_refused(
+    engine: Engine,
+    source: str,
+    *,
+    target_split_bytes: int,
+    storage: StorageOptions | None = None,
+) -> int:
     """Policy ``reprocess``: the splits a reader refused because their file changed are
     retried — their file is read whole again as it is now. Returns how many were retried."""
     stmt = sa.select(splits.c.id).where(
@@ -162,26 +172,26 @@ def reread_refused(engine: Engine, source: str, *, target_split_bytes: int) -> i
         ids = list(conn.execute(stmt).scalars())
     if not ids:
         return 0
-    return len(retry_splits(engine, ids, target_split_bytes=target_split_bytes))
+    return len(retry_splits(engine, ids, target_split_bytes=target_split_bytes, storage=storage))
 
 
-def _changed_files(rows: Sequence[Any]) -> dict[tuple[str, str], Any]:
+def _changed_files(rows: Sequence[Any], storage: StorageOptions) -> dict[tuple[str, str], Any]:
     """One retried row per file whose identity now differs from the one recorded."""
     changed: dict[tuple[str, str], Any] = {}
     for row in rows:
         recorded = recorded_identity(row._mapping)
         if recorded is None or (row.source, row.uri) in changed:  # no identity: not a file
             continue
-        now = current(row.uri)
+        now = identity_now(row.uri, storage)
         if now is not None and not now.same_as(recorded):
             changed[(row.source, row.uri)] = row
     return changed
 
 
-def _reread(conn: Connection, row: Any, target_split_bytes: int) -> None:
+def _reread(conn: Connection, row: Any, target_split_bytes: int, storage: StorageOptions) -> None:
     """Register the file of ``row`` as it is now (unless its latest version already is it,
     then that version's quarantined splits go back) and supersede the older versions."""
-    now = current(row.uri)
+    now = identity_now(row.uri, storage)
     if now is None:
         return
     version, latest = known_versions(conn, row.source, [row.uri])[row.uri]
@@ -216,6 +226,7 @@ def _reread(conn: Connection, row: Any, target_split_bytes: int) -> None:
         now,
         target=target_split_bytes,
         version=version + 1,
+        open_file=lambda uri: open_for_footer(uri, storage),
     )
     register_version(conn, new, policy=ChangePolicy.REPROCESS, change=change)
     _log.warning("retry: %s re-read as it is now (%s)", row.uri, change)

@@ -35,6 +35,7 @@ __all__ = [
     "OBJECT_STORE_SCHEMES",
     "Location",
     "StorageOptions",
+    "check_uri",
     "is_uri",
     "open_location",
 ]
@@ -128,18 +129,10 @@ class Location:
         return (open_location, (self.uri, self.options))
 
 
-def open_location(
-    uri: str | PathLike[str], options: StorageOptions | None = None, *, what: str = "location"
-) -> Location:
-    """The :class:`Location` of ``uri``; ConfigError(``what``, why) for a URI Sluice cannot use
-    (unknown scheme, credentials in it, no bucket). A relative local path is made absolute
-    against the working folder — callers resolve it against their root first."""
-    options = options or StorageOptions()
-    text = fspath(uri)
-    if "://" not in text:
-        path = str(Path(text).absolute())
-        return Location(path, path, options, pafs.LocalFileSystem())
-    parts = urlsplit(text)
+def check_uri(uri: str, what: str = "location") -> None:
+    """ConfigError(``what``, why) for a URI Sluice cannot use (unknown scheme, credentials in
+    it, no bucket) — its form only: no file system is built, nothing is contacted."""
+    parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if scheme not in _SCHEMES:
         raise ConfigError(
@@ -154,11 +147,27 @@ def open_location(
             "credentials do not belong in the URI: use the standard chain (environment, "
             "profile, instance role)",
         )
+    if scheme != "file" and not parts.netloc:
+        raise ConfigError(what, f"{scheme}:// URI without a bucket or host")
+
+
+def open_location(
+    uri: str | PathLike[str], options: StorageOptions | None = None, *, what: str = "location"
+) -> Location:
+    """The :class:`Location` of ``uri``; ConfigError(``what``, why) for a URI Sluice cannot use
+    (unknown scheme, credentials in it, no bucket). A relative local path is made absolute
+    against the working folder — callers resolve it against their root first."""
+    options = options or StorageOptions()
+    text = fspath(uri)
+    if "://" not in text:
+        path = str(Path(text).absolute())
+        return Location(path, path, options, pafs.LocalFileSystem())
+    check_uri(text, what)
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
     if scheme == "file":
         path = str(Path(unquote(parts.path)).absolute())
         return Location(path, path, options, pafs.LocalFileSystem())
-    if not parts.netloc:
-        raise ConfigError(what, f"{scheme}:// URI without a bucket or host")
     key = unquote(parts.path).strip("/")
     uri_text = f"{scheme}://{parts.netloc}" + (f"/{key}" if key else "")
     if scheme == "s3":

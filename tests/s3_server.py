@@ -19,6 +19,7 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow.fs as pafs
 from moto.server import ThreadedMotoServer
@@ -74,6 +75,33 @@ class S3Server:
     def create_bucket(self, name: str) -> str:
         self.admin().create_dir(name)
         return f"s3://{name}"
+
+    def client(self) -> Any:
+        """A boto3 client (any key, e.g. ``a//b`` or ``a/../b``, which pyarrow refuses)."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )
+
+    @contextmanager
+    def require_auth(self) -> Iterator[None]:
+        """Check credentials while inside: moto knows no access key, so every request is
+        refused (403 InvalidAccessKeyId) as with wrong credentials."""
+        from moto import settings as moto_settings
+        from moto.core.authorization import ActionAuthenticatorMixin
+
+        before = moto_settings.INITIAL_NO_AUTH_ACTION_COUNT
+        moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
+        ActionAuthenticatorMixin.request_count = 0
+        try:
+            yield
+        finally:
+            moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = before
 
     def pause(self) -> None:
         """Refuse connections (the server stops listening); its objects are kept."""

@@ -18,6 +18,7 @@ from enumerator_service import (
     ConfigError,
     Platform,
     Settings,
+    StorageOptions,
     asyncpg_dsn,
     discover,
     load_settings,
@@ -366,7 +367,11 @@ def retry_cmd(
     try:
         ids = None if split is None else [split]
         retried = retry_splits(
-            platform.engine, ids, source=source, target_split_bytes=settings.target_split_bytes
+            platform.engine,
+            ids,
+            source=source,
+            target_split_bytes=settings.target_split_bytes,
+            storage=StorageOptions.of(settings),  # files on an object store: their identity
         )
     finally:
         platform.close()

@@ -31,7 +31,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,6 +94,8 @@ class ReaderContext:
     follow_symlinks: bool = False
     #: The source connector's validated options (``SourceDetails.options`` of the plan).
     options: Any = None
+    #: How object stores are reached in the task (endpoint, region; never credentials).
+    storage: StorageOptions = field(default_factory=StorageOptions)
 
 
 @dataclass(frozen=True, slots=True)

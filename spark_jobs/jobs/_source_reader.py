@@ -53,6 +53,7 @@ def open_source_reader(config: TaskConfig, subtask: int, store: SplitStore) -> S
         root=config.source_root,
         follow_symlinks=config.follow_symlinks,
         options=source.options,
+        storage=config.storage,
     )
     fetcher = SplitFetcher(
         router,

@@ -18,7 +18,7 @@ from spark_jobs.connectors import FileSource, ParquetSink, PostgresSink, TableSo
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._demo_marks import DemoDataRefused, claim_demo_table
 from spark_jobs.pipeline._errors import PipelineDefinitionError
-from spark_jobs.pipeline._paths import discovery_of, landing_path, warehouse_root
+from spark_jobs.pipeline._paths import discovery_of, warehouse_root
 from spark_jobs.pipeline._plan import Column, Plan
 from spark_jobs.pipeline._registry import load_pipelines
 from spark_jobs.pipeline._sample import SampleTarget
@@ -68,7 +68,6 @@ __all__ = [
     "discovery_of",
     "exponential_backoff",
     "fixed_delay",
-    "landing_path",
     "load_pipelines",
     "warehouse_root",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from enumerator_service import LandingRoot
+from enumerator_service import FileIdentity, LandingRoot, ObjectLanding
 from spark_jobs.source._batch import DeadLetter
 from spark_jobs.source._convert import RecordConverter
 from spark_jobs.source._csv_blocks import CsvBlockParser
@@ -37,11 +37,17 @@ class CsvHeaderError(ValueError):
 
 
 def read_csv_header(
-    path: str, *, gz: bool, where: str, max_line_bytes: int, landing: LandingRoot | None = None
+    path: str,
+    *,
+    gz: bool,
+    where: str,
+    max_line_bytes: int,
+    landing: LandingRoot | ObjectLanding | None = None,
+    expected: FileIdentity | None = None,
 ) -> list[str]:
     """The column names on the first line of the file (``[]`` for an empty file); ``where``
     names the split in errors; ``landing`` checks where the file is (see ``open_data_file``)."""
-    with open_data_file(path, gz=gz, landing=landing) as file:
+    with open_data_file(path, gz=gz, landing=landing, expected=expected) as file:
         first = file.readline(max_line_bytes + 2)  # room for the line ending
     if not first:
         return []

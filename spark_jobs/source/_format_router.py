@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from enumerator_service import SplitAssignment
+from enumerator_service import SplitAssignment, StorageOptions
 from spark_jobs.connectors._interface import ReaderContext, SourceConnector
 from spark_jobs.connectors._registry import source_connector_for_split
 from spark_jobs.source._batch import RecordSchema
@@ -86,12 +86,19 @@ class FormatRouter:
         root: Any = None,
         follow_symlinks: bool = False,
         options: Any = None,
+        storage: StorageOptions | None = None,
     ) -> None:
         self.schema = schema
         # ``root``: what the source connector's ``reader_root`` gave (files: the landing
         # folder, opened files must be inside it; None: no check).
         self._context = ReaderContext(
-            max_line_bytes, block_bytes, dsn, root, follow_symlinks, options
+            max_line_bytes,
+            block_bytes,
+            dsn,
+            root,
+            follow_symlinks,
+            options,
+            storage or StorageOptions(),
         )
         self._readers: dict[str, tuple[SourceConnector, BlockReader]] = {}
         self._reads: deque[SplitRead] = deque()

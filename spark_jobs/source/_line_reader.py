@@ -22,7 +22,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from enumerator_service import FileSplit, LandingRoot
+from enumerator_service import FileSplit, LandingRoot, ObjectLanding
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._blocks import JsonLinesParser
 from spark_jobs.source._convert import RecordConverter, new_block
@@ -57,7 +57,7 @@ class LineSplitReader:
         *,
         max_line_bytes: int,
         chunk_bytes: int = 256 << 10,
-        landing: LandingRoot | None = None,
+        landing: LandingRoot | ObjectLanding | None = None,
     ) -> None:
         self._schema = schema
         self._landing = landing  # None: files are opened without the landing folder check
@@ -84,6 +84,7 @@ class LineSplitReader:
                 where=where,
                 max_line_bytes=self._max_line,
                 landing=self._landing,
+                expected=split.file,
             )
             # A header without a required column would make every line a dead letter: the
             # file is wrong as a whole (renamed columns, another file's layout), so it fails.
@@ -103,6 +104,7 @@ class LineSplitReader:
             max_line_bytes=self._max_line,
             chunk_bytes=self._chunk,
             landing=self._landing,
+            expected=split.file,
         )
 
     def fetch(self) -> tuple[ParsedBlock | None, bool]:

@@ -17,7 +17,9 @@ never held whole: only their beginning is kept, as a :class:`LongLine`.
 
 Files are opened by :func:`open_data_file`: through the run's :class:`LandingRoot` when
 there is one, which refuses a file that resolves outside the landing folder (a symbolic link
-swapped in after discovery) unless following such links is on.
+swapped in after discovery) unless following such links is on; or through the run's
+:class:`ObjectLanding` (a prefix on an object store), which opens only keys inside it and
+checks the object's identity after every request to the store.
 
 Threading: a cursor is owned by one fetcher thread; ``wake_up`` may be called from any
 thread and makes a running ``read`` return early.
@@ -31,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from enumerator_service import LandingRoot
+from enumerator_service import FileIdentity, LandingRoot, ObjectLanding
 
 __all__ = ["LineCursor", "LineRun", "LongLine", "lines_of", "open_data_file"]
 
@@ -50,12 +52,20 @@ class _OwningGzipFile(gzip.GzipFile):
             self._raw.close()
 
 
-def open_data_file(path: str, *, gz: bool, landing: LandingRoot | None) -> io.BufferedIOBase:
+def open_data_file(
+    path: str,
+    *,
+    gz: bool,
+    landing: LandingRoot | ObjectLanding | None,
+    expected: FileIdentity | None = None,
+) -> io.BufferedIOBase:
     """``path`` opened for reading (decompressed when ``gz``), through ``landing``'s checks
-    when given (:class:`~enumerator_service.OutsideLandingError` for a file outside it)."""
+    when given (:class:`~enumerator_service.OutsideLandingError` for a file outside it; on
+    an object store, ``FileChangedError`` at the first read after the object stopped being
+    ``expected``)."""
     if landing is None:
         return gzip.open(path, "rb") if gz else open(path, "rb")
-    raw = landing.open(path)
+    raw = landing.open(path, expected) if isinstance(landing, ObjectLanding) else landing.open(path)
     if not gz:
         return raw  # type: ignore[return-value]  # an io.BufferedReader
     try:
@@ -127,10 +137,11 @@ class LineCursor:
         stop: int | None,
         max_line_bytes: int,
         chunk_bytes: int,
-        landing: LandingRoot | None = None,
+        landing: LandingRoot | ObjectLanding | None = None,
+        expected: FileIdentity | None = None,
     ) -> None:
         self._max_line, self._chunk, self._end = max_line_bytes, chunk_bytes, stop
-        self._file = open_data_file(path, gz=gz, landing=landing)
+        self._file = open_data_file(path, gz=gz, landing=landing, expected=expected)
         self._carry = b""  # read, not yet handed out; self._pos is the offset of its first byte
         self._long_start: int | None = None  # inside an over-long line starting here
         self._long_prefix = b""

@@ -25,12 +25,12 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from enumerator_service import LandingRoot
+from enumerator_service import LandingRoot, ObjectLanding
 from spark_jobs.source._batch import ParsedBlock, RecordSchema
 from spark_jobs.source._convert import new_block
 from spark_jobs.source._parquet_rows import BatchConverter
@@ -54,7 +54,11 @@ class ParquetSplitReader:
     """Reads one read of a Parquet split at a time, up to ``batch_rows`` rows per block."""
 
     def __init__(
-        self, schema: RecordSchema, *, batch_rows: int = 1024, landing: LandingRoot | None = None
+        self,
+        schema: RecordSchema,
+        *,
+        batch_rows: int = 1024,
+        landing: LandingRoot | ObjectLanding | None = None,
     ) -> None:
         self._schema = schema
         self._landing = landing  # None: files are opened without the landing folder check
@@ -63,7 +67,7 @@ class ParquetSplitReader:
         self._batch_rows = batch_rows
         self._read: SplitRead | None = None
         self._file: Any = None  # pq.ParquetFile
-        self._raw: BinaryIO | None = None  # the file opened through the landing check
+        self._raw: Any = None  # the file opened through the landing check (or the store)
         self._batches: Iterator[Any] = iter(())  # pa.RecordBatch
         self._row = 0  # row index of the next row the batches yield
         self._first = 0  # first row to emit (rows before it are skipped)
@@ -81,6 +85,11 @@ class ParquetSplitReader:
         split = read.split
         if self._landing is None:
             self._file = pq.ParquetFile(split.path)
+        elif isinstance(self._landing, ObjectLanding):
+            # An Arrow file on the store: the footer, then ranged requests per column chunk
+            # (pyarrow does not close a file it was given: close() does).
+            self._raw = self._landing.open_native(split.path)
+            self._file = pq.ParquetFile(self._raw)
         else:
             self._raw = self._landing.open(split.path)  # the checked file
             if _PROC_FD.is_dir():

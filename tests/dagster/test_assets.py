@@ -61,9 +61,8 @@ from examples._clickstream_data import DemoSpec, generate_events, load_users
 from examples.clickstream import clickstream
 from examples.clickstream_revenue import REVENUE_TABLE
 from spark_jobs import ParquetSink, Pipeline
-from spark_jobs.connectors.files import list_landing
+from spark_jobs.connectors.files import landing_path, list_landing
 from spark_jobs.connectors.parquet import output_path
-from spark_jobs.pipeline._paths import landing_path
 
 DAYS = ["2026-01-01", "2026-01-02"]
 RANGE_TAGS = {

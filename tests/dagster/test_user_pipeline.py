@@ -68,8 +68,8 @@ from dagster_project.definitions import local_resources, pipelines_definitions
 from enumerator_service import Settings, connect_engine
 from enumerator_service._operations import open_platform
 from spark_jobs import FileSource, Filter, Lookup, Map, ParquetSink, PartialCache, Pipeline
+from spark_jobs.connectors.files import landing_path
 from spark_jobs.connectors.parquet import output_path
-from spark_jobs.pipeline._paths import landing_path
 
 pytestmark = pytest.mark.spark
 

@@ -17,9 +17,10 @@ from enumerator_service import asyncpg_dsn
 from enumerator_service._operations import discover, open_platform
 from examples.clickstream import clickstream
 from spark_jobs import SampleTarget
+from spark_jobs.connectors.files import landing_path
 from spark_jobs.connectors.parquet import output_path
 from spark_jobs.jobs import run_pipeline
-from spark_jobs.pipeline._paths import discovery_of, landing_path
+from spark_jobs.pipeline._paths import discovery_of
 
 pytestmark = pytest.mark.spark
 

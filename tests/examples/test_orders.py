@@ -21,8 +21,9 @@ from enumerator_service import asyncpg_dsn
 from enumerator_service._operations import Platform, discover, open_platform, platform_status
 from examples.orders import orders
 from spark_jobs import PostgresSink, SampleTarget
+from spark_jobs.connectors.files import landing_path
 from spark_jobs.jobs import run_pipeline
-from spark_jobs.pipeline._paths import discovery_of, landing_path
+from spark_jobs.pipeline._paths import discovery_of
 
 pytestmark = pytest.mark.spark
 

@@ -15,13 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 from enumerator_service import (
     CHANGED_REASON,
+    ConfigError,
     FileChangedError,
     FileDiscovery,
     FileSplit,
     LandingRoot,
+    ObjectLanding,
     OutsideLandingError,
+    OutsidePrefixError,
     Settings,
-    landing_days,
+    check_uri,
+    days_with_files,
+    is_uri,
 )
 from spark_jobs.connectors._interface import (
     ObservedInput,
@@ -31,8 +36,8 @@ from spark_jobs.connectors._interface import (
     UpstreamAsset,
 )
 from spark_jobs.connectors.files._listing import list_landing
+from spark_jobs.connectors.files._paths import landing_location, landing_path
 from spark_jobs.connectors.files._reader import FileSplitReader
-from spark_jobs.pipeline._paths import landing_path
 from spark_jobs.source._csv import CsvHeaderError
 from spark_jobs.source._line_reader import LINE_KINDS, check_whole_file
 from spark_jobs.source._parquet_reader import ParquetSplitError
@@ -56,6 +61,7 @@ _CONTENT_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
     (gzip.BadGzipFile, "corrupt gzip stream"),
     (EOFError, "truncated compressed stream"),
     (zlib.error, "corrupt compressed stream"),
+    (OutsidePrefixError, "key outside the landing prefix"),
     (OutsideLandingError, "link leads out of the landing folder"),
     (FileNotFoundError, "file not found"),
     (IsADirectoryError, "not a file"),
@@ -67,15 +73,25 @@ _CONTENT_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class FilesOptions:
-    """The validated landing folder as given (relative: under the data folder), or None."""
+    """The validated landing folder as given (relative: under the data folder), a URI
+    (``s3://bucket/prefix``, kept as a string), or None (the default folder)."""
 
-    landing: Path | None
+    landing: Path | str | None
 
 
-def _landing(given: object) -> Path:
-    """An absolute folder, or a relative one that stays under the data folder (no ``..``)."""
+def _landing(given: object) -> Path | str:
+    """An absolute folder, a relative one that stays under the data folder (no ``..``), or a
+    URI (``file://``, ``s3://bucket/prefix``, ``gs://``, ``abfs://``, ``hdfs://``: kept as
+    given, its form checked — a scheme Sluice does not know, credentials in it — without
+    contacting anything)."""
     if not isinstance(given, str | Path) or not str(given) or "\x00" in str(given):
         raise ValueError(f"landing {given!r} is not a folder path")
+    if isinstance(given, str) and "://" in given:
+        try:
+            check_uri(given, what="landing")
+        except ConfigError as exc:
+            raise ValueError(f"landing {given!r}: {exc.problem}") from None
+        return given.rstrip("/")
     path = Path(given)
     if not path.is_absolute() and ".." in path.parts:
         raise ValueError(f"landing {str(given)!r} leads out of the data folder ('..')")
@@ -110,31 +126,41 @@ class FilesConnector(SourceConnector):
         return f"files in {where or given or '<data>/landing/' + pipeline} ({layout})"
 
     def location(self, pipeline: Pipeline, settings: Settings) -> str | None:
-        return str(landing_path(pipeline, settings))
+        return landing_location(pipeline, settings).uri
 
     def sample_folder(self, pipeline: Pipeline, settings: Settings) -> Path | None:
         return landing_path(pipeline, settings)
 
     def discovery(self, pipeline: Pipeline, settings: Settings) -> Discovery:
         partitioned = pipeline.plan.source.partitioned
-        return FileDiscovery(pipeline.name, landing_path(pipeline, settings), partitioned)
+        landing = landing_location(pipeline, settings)
+        where = landing if landing.object_store else landing.local_path
+        return FileDiscovery(pipeline.name, where, partitioned)
 
     def waiting_for_input(self, pipeline: Pipeline, settings: Settings) -> str | None:
-        landing = landing_path(pipeline, settings)
-        return None if landing.is_dir() else f"landing folder {landing} does not exist yet"
+        # A prefix on an object store is never missing: one without objects yet is an empty
+        # listing (its bucket is checked by discovery).
+        landing = landing_location(pipeline, settings)
+        if landing.object_store or landing.local_path.is_dir():
+            return None
+        return f"landing folder {landing.local_path} does not exist yet"
 
     def input_days(self, pipeline: Pipeline, settings: Settings) -> list[date] | None:
-        landing = landing_path(pipeline, settings)
-        root = LandingRoot.of(landing, follow_symlinks=settings.follow_symlinks)
-        return sorted(landing_days(landing, root))
+        landing = landing_location(pipeline, settings)
+        return sorted(days_with_files(landing, follow_symlinks=settings.follow_symlinks))
 
     def reader_root(self, pipeline: Pipeline, settings: Settings) -> Any:
-        # Tasks open landing files only inside it (links out of it: SLUICE_FOLLOW_SYMLINKS).
-        return LandingRoot.of(landing_path(pipeline, settings)).path
+        # Tasks open landing files only inside it (links out of it: SLUICE_FOLLOW_SYMLINKS;
+        # on an object store: keys inside its prefix).
+        landing = landing_location(pipeline, settings)
+        return landing.uri if landing.object_store else LandingRoot.of(landing.path).path
 
     def split_reader(self, schema: RecordSchema, context: ReaderContext) -> BlockReader:
-        landing = None
-        if context.root is not None:
+        landing: LandingRoot | ObjectLanding | None = None
+        if context.root is not None and is_uri(context.root):
+            # The executor builds its own client (its own credential chain) from URI + options.
+            landing = ObjectLanding.of(context.root, context.storage)
+        elif context.root is not None:
             landing = LandingRoot(context.root, context.follow_symlinks)
         return FileSplitReader(
             schema,
@@ -160,10 +186,10 @@ class FilesConnector(SourceConnector):
         partitioned = plan.source.partitioned
 
         def observe(pipeline: Pipeline, settings: Settings) -> tuple[str | None, Mapping[str, Any]]:
-            landing = landing_path(pipeline, settings)
+            landing = landing_location(pipeline, settings)
             listing = list_landing(landing, partitioned=partitioned)
             metadata: dict[str, Any] = {
-                "path": str(landing),
+                "path": landing.uri,
                 "files": listing.files,
                 "total_bytes": listing.total_bytes,
                 "partitions": listing.partitions,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from enumerator_service import PARTITION_DIR as _PARTITION_DIR
+from enumerator_service import Location, ObjectLanding
 from enumerator_service import kind_of as _kind_of
 
 __all__ = ["LandingListing", "list_landing"]
@@ -28,9 +29,21 @@ class LandingListing:
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def list_landing(landing: Path, *, partitioned: bool = True) -> LandingListing:
+def list_landing(landing: Path | Location, *, partitioned: bool = True) -> LandingListing:
     """Count the data files the enumerators would register (same folder and name rules)."""
     files = total = newest = partitions = 0
+    if isinstance(landing, Location) and landing.object_store:
+        days = set()
+        for _uri, _kind, day, identity in ObjectLanding(landing).data_files(
+            partitioned=partitioned, dates=None
+        ):
+            files += 1
+            total += identity.size
+            newest = max(newest, identity.mtime_ns)
+            days.add(day)
+        return LandingListing(files, total, newest, len(days) if partitioned else 0)
+    if isinstance(landing, Location):
+        landing = landing.local_path
     if not landing.is_dir():
         return LandingListing(0, 0, 0, 0)
     folders = [landing]
