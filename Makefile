@@ -51,6 +51,7 @@ bench: install
 	$(BIN)/python bench/async_io.py
 	$(BIN)/python bench/enumerator.py
 	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/s3_discovery.py
 
 ## bench-e2e: Sluice vs naive Spark vs a broadcast join vs pgbench, 1M events (ARGS=--quick)
 bench-e2e: install

@@ -105,10 +105,7 @@ def storage_error(what: str, exc: BaseException, options: StorageOptions) -> Sto
         for marker in ("NETWORK_CONNECTION", "CURLCODE", "COULD NOT CONNECT", "TIMED OUT")
     ):
         endpoint = options.s3_endpoint_url or "the store's default endpoint"
-        why = (
-            f"the storage endpoint {endpoint} is unreachable (setting SLUICE_S3_ENDPOINT_URL); "
-            "nothing was registered, the next discovery tries again"
-        )
+        why = f"the storage endpoint {endpoint} is unreachable (setting SLUICE_S3_ENDPOINT_URL)"
     elif "NO_SUCH_BUCKET" in upper or "NOSUCHBUCKET" in upper:
         why = "the bucket does not exist (check the landing URI)"
     elif any(

@@ -30,7 +30,7 @@ from enumerator_service._enumerator import DiscoveryResult, SplitEnumerator
 from enumerator_service._file_enumerators import ContinuousFileEnumerator, StaticFileEnumerator
 from enumerator_service._file_identity import ChangePolicy
 from enumerator_service._live_state import LiveState, live_state
-from enumerator_service._object_landing import storage_error
+from enumerator_service._object_landing import StorageError, storage_error
 from enumerator_service._quarantine import QuarantinedSplit, quarantined
 from enumerator_service._schema import (
     checkpoints,
@@ -217,7 +217,8 @@ def _discover_once(
     try:
         return enumerator.discover()
     except OSError as exc:  # unreachable, access denied, no such bucket: one line
-        raise storage_error(f"{spec.source}: landing {landing.uri}", exc, landing.options) from None
+        error = storage_error(f"{spec.source}: landing {landing.uri}", exc, landing.options)
+        raise StorageError(error.setting, f"{error.problem}; nothing was registered") from None
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from enumerator_service._file_versions import (
     register_version,
     supersede,
 )
-from enumerator_service._object_landing import identity_now, open_for_footer
+from enumerator_service._object_landing import identity_now, open_for_footer, storage_error
 from enumerator_service._schema import SplitStatus, splits
 from enumerator_service._splits import FileSplit
 from enumerator_service._storage import StorageOptions
@@ -137,7 +137,8 @@ def retry_splits(
     are left alone and missing from the result. A split whose file changed since it was
     registered is re-read as the file is now: a new version of the file, cut into splits of
     ``target_split_bytes``, replaces it (see the module docstring). ``storage``: how files
-    on an object store (split URIs ``s3://…``) are reached."""
+    on an object store (split URIs ``s3://…``) are reached; a split whose store cannot be
+    reached now (unreachable, access denied) stays FAILED — logged, missing from the result."""
     storage = storage or StorageOptions()
     conditions = [splits.c.status == SplitStatus.FAILED]
     if split_ids is not None:
@@ -146,7 +147,8 @@ def retry_splits(
         conditions.append(splits.c.source == source)
     with engine.begin() as conn:
         rows = conn.execute(sa.select(splits).where(*conditions).with_for_update()).all()
-        changed = _changed_files(rows, storage)
+        changed, unreachable = _changed_files(rows, storage)
+        rows = [r for r in rows if r.uri not in unreachable]
         for row in changed.values():
             _reread(conn, row, target_split_bytes, storage)
         same = [r.id for r in rows if (r.source, r.uri) not in changed]
@@ -175,17 +177,37 @@ def reread_refused(
     return len(retry_splits(engine, ids, target_split_bytes=target_split_bytes, storage=storage))
 
 
-def _changed_files(rows: Sequence[Any], storage: StorageOptions) -> dict[tuple[str, str], Any]:
-    """One retried row per file whose identity now differs from the one recorded."""
+def _changed_files(
+    rows: Sequence[Any], storage: StorageOptions
+) -> tuple[dict[tuple[str, str], Any], set[str]]:
+    """One retried row per file whose identity now differs from the one recorded, and the
+    files whose store could not be asked (each store is given up on after its first error:
+    a retry of many splits does not wait out a timeout for each)."""
     changed: dict[tuple[str, str], Any] = {}
+    unreachable: set[str] = set()
+    down: set[str] = set()  # scheme://netloc of stores that failed
     for row in rows:
         recorded = recorded_identity(row._mapping)
         if recorded is None or (row.source, row.uri) in changed:  # no identity: not a file
             continue
-        now = identity_now(row.uri, storage)
+        store = row.uri.split("/", 3)[:3] if "://" in row.uri else None
+        root = "/".join(store) if store else ""
+        if root in down:
+            unreachable.add(row.uri)
+            continue
+        try:
+            now = identity_now(row.uri, storage)
+        except OSError as exc:  # the store of an object: unreachable, access denied
+            if not root:
+                raise
+            down.add(root)
+            unreachable.add(row.uri)
+            error = storage_error(f"retry: {row.uri}", exc, storage)
+            _log.warning("%s; its splits stay quarantined (retry again later)", error)
+            continue
         if now is not None and not now.same_as(recorded):
             changed[(row.source, row.uri)] = row
-    return changed
+    return changed, unreachable
 
 
 def _reread(conn: Connection, row: Any, target_split_bytes: int, storage: StorageOptions) -> None:

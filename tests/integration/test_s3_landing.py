@@ -90,6 +90,12 @@ def _ids(*groups: list[dict[str, Any]]) -> Counter[str]:
     return Counter(str(r["event_id"]) for rows in groups for r in rows)
 
 
+def _closed_endpoint() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
 def _plan_with_landing(pipeline: Pipeline, uri: str) -> Any:
     source = dataclasses.replace(pipeline.source, landing=uri)
     return dataclasses.replace(pipeline, source=source).plan
@@ -238,9 +244,7 @@ def test_s3_bad_inputs_are_one_line_and_leave_nothing_registered(
         return text
 
     # An endpoint nobody listens on: a few seconds (short timeouts), not minutes.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    closed = _closed_endpoint()
     began = time.monotonic()
     text = error_of(settings.model_copy(update={"s3_endpoint_url": closed}), landing.uri)
     assert "unreachable" in text and "SLUICE_S3_ENDPOINT_URL" in text and closed in text
@@ -326,6 +330,15 @@ def test_s3_object_overwritten_before_its_run_is_a_new_version(
             assert counts == {"FAILED": 1, "SUPERSEDED": 1}
             ((reason, error),) = made.quarantined().values()
             assert reason == "changed since discovery" and "size " in error
+            # A retry while the store cannot be reached leaves it quarantined (one warning),
+            # a retry that reaches it puts it back.
+            engine, source = made.platform.engine, settings.source_name
+            down = StorageOptions(_closed_endpoint(), "us-east-1")
+            assert retry_splits(engine, None, source=source, storage=down) == []
+            assert len(made.quarantined()) == 1
+            up = StorageOptions.of(settings)
+            assert len(retry_splits(engine, None, source=source, storage=up)) == 1
+            assert made.quarantined() == {}
         else:
             assert counts == {"UNASSIGNED": 1, "SUPERSEDED": 1}
     finally:
