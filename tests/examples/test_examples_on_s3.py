@@ -319,6 +319,10 @@ def _sluice(args: list[str], env: dict[str, str], cwd: Path) -> str:
     return output
 
 
+# Two subprocesses, each its own Spark JVM (~a minute each on a loaded 2-core machine): left
+# out of `make test` (CI's time budget; the Dagster test below runs both examples there) and
+# run by `make faults`, which runs the `extended` tests of tests/examples too.
+@pytest.mark.extended
 def test_cli_discover_and_run_on_s3_equal_the_oracle(example: Example, tmp_path: Path) -> None:
     settings = example.settings
     objects = example.upload(DAYS)
@@ -357,8 +361,6 @@ def test_cli_discover_and_run_on_s3_equal_the_oracle(example: Example, tmp_path:
     # Again: nothing new, nothing changes.
     again = _sluice(["discover", example.name], env, work)
     assert f"{objects} seen, 0 new splits registered" in again, again
-    _sluice(["run", example.name], env, work)
-    assert example.verdict() == (0, 0, 0)
 
 
 # -- 2 and 3. Dagster: a backfill of two partitions, then the continuous sensor --------------
