@@ -32,9 +32,11 @@ test-fast: install
 	$(BIN)/python -m pytest tests/unit
 
 ## faults: exactly-once under SIGKILLed Spark workers, drivers, Dagster daemon; Postgres restarts;
-## and the error-injection matrix (tests/faults/test_errors_*.py), its `extended` cases included
+## and the error-injection matrix (tests/faults/test_errors_*.py), its `extended` cases included;
+## then the `extended` example runs (the examples on S3 through the CLI)
 faults: install
 	$(BIN)/python -m pytest tests/faults -m faults -s
+	$(BIN)/python -m pytest tests/examples -m extended -s
 
 lint: install
 	$(BIN)/ruff check .
