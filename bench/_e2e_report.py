@@ -118,7 +118,12 @@ def legend(args: argparse.Namespace) -> str:
         f"{CORES}th file in 256 KiB blocks of whole lines -> pyarrow.json -> Parquet, with "
         "or without one array_agg = ANY query per block (asyncpg, one connection per process); "
         f"these and the Sluice clickstream rows are the median of {args.rounds} interleaved "
-        "rounds after one unmeasured run of each."
+        "rounds after one unmeasured run of each.\n"
+        "S3 (bench/_e2e_s3.py): the Sluice L=0 run with landing and warehouse on moto_server "
+        "(127.0.0.1, its own process; the same files uploaded once), in the rounds; discovery: "
+        f"ObjectLanding's listing of {args.discovery_objects:,} objects under one prefix vs a "
+        "bare pyarrow.fs listing of it, best of 3 (moto in this process, its listing made "
+        "linear: bench/s3_discovery.py)."
     )
 
 
