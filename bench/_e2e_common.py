@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -20,7 +21,17 @@ USERS_TABLE = "bench_e2e_users"
 SEED = 7
 START = date(2026, 1, 1)
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
-VARIANTS = ("sluice", "small", "orders", "naive", "broadcast", "pgbench", "ceiling")
+VARIANTS = (
+    "sluice",
+    "small",
+    "orders",
+    "s3",
+    "discovery",
+    "naive",
+    "broadcast",
+    "pgbench",
+    "ceiling",
+)
 USER_COLUMNS = ("name", "country", "tier", "signup_time")
 EVENT_SCHEMA = (
     "event_id STRING, user_id BIGINT, event_time TIMESTAMP, event_type STRING, amount DOUBLE"
@@ -46,6 +57,11 @@ TARGET_ORDERS_VS_CEILING = 0.9
 TARGET_VS_NAIVE_L1 = 100.0  # informational since issue 22
 TARGET_VS_BROADCAST = 1.5  # Sluice wall time / broadcast join wall time, at most
 TARGET_MEMORY = 1.2  # worker peak at 5x the events / at 1x, at most ("flat")
+# Issue 22, files anywhere: the clickstream with landing + warehouse on the local S3 server
+# over the local-disk rate, and discovery of 100,000 objects over a bare pyarrow.fs listing of
+# the same prefix, at least (bench/_e2e_s3.py, bench/s3_discovery.py).
+TARGET_S3_VS_LOCAL = 0.7
+TARGET_DISCOVERY_VS_LISTING = 0.5
 
 
 # -- results ---------------------------------------------------------------------------
@@ -78,6 +94,16 @@ class Context:
     out_root: Path
     spark: Any = None
     orders: Path | None = None  # the orders example's landing folder
+
+
+def median_of(runs: list[Result]) -> Result:
+    """The run of median rate (of an even count, the lower one), its note saying so."""
+    ordered = sorted(runs, key=lambda r: r.rate)
+    median = dataclasses.replace(ordered[(len(ordered) - 1) // 2])
+    if len(runs) > 1:
+        rates = " / ".join(f"{r.rate:,.0f}" for r in runs)
+        median.note = f"median of {len(runs)} rounds ({rates}/s); {median.note}"
+    return median
 
 
 def mib(value: float | None) -> str:

@@ -72,6 +72,8 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
         ceiling = find("pgbench1", 0.0 if latency is None else latency)
         plain, lookup = find("ceiling-plain", None), find("ceiling-lookup", None)
         for r in rows:
+            # (discovery rows count objects listed: no ratio to the events' baselines)
+            same = not r.kind.startswith("discovery")
             wall = f"{r.seconds:,.1f}"
             if r.extrapolated_seconds is not None:
                 wall += f" (full: ~{r.extrapolated_seconds:,.0f})"
@@ -85,10 +87,10 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
                 "-" if r.postgres_cpu is None else f"{r.postgres_cpu:,.1f}",
                 mib(r.worker_mib),
                 mib(r.driver_mib),
-                f"{r.rate / naive.rate:,.1f}x" if naive else "-",
-                f"{r.rate / ceiling.rate:,.2f}x" if ceiling else "-",
-                f"{r.rate / plain.rate:,.2f}x" if plain else "-",
-                f"{r.rate / lookup.rate:,.2f}x" if lookup else "-",
+                f"{r.rate / naive.rate:,.1f}x" if naive and same else "-",
+                f"{r.rate / ceiling.rate:,.2f}x" if ceiling and same else "-",
+                f"{r.rate / plain.rate:,.2f}x" if plain and same else "-",
+                f"{r.rate / lookup.rate:,.2f}x" if lookup and same else "-",
                 r.note,
             )
         table.add_section()
@@ -116,7 +118,12 @@ def legend(args: argparse.Namespace) -> str:
         f"{CORES}th file in 256 KiB blocks of whole lines -> pyarrow.json -> Parquet, with "
         "or without one array_agg = ANY query per block (asyncpg, one connection per process); "
         f"these and the Sluice clickstream rows are the median of {args.rounds} interleaved "
-        "rounds after one unmeasured run of each."
+        "rounds after one unmeasured run of each.\n"
+        "S3 (bench/_e2e_s3.py): the Sluice L=0 run with landing and warehouse on moto_server "
+        "(127.0.0.1, its own process; the same files uploaded once), in the rounds; discovery: "
+        f"ObjectLanding's listing of {args.discovery_objects:,} objects under one prefix vs a "
+        "bare pyarrow.fs listing of it, best of 3 (moto in this process, its listing made "
+        "linear: bench/s3_discovery.py)."
     )
 
 

@@ -24,24 +24,28 @@ from _e2e_pgcpu import breakdown
 from _e2e_procs import MemorySampler, _cmdline, _descendants, _process_table, timed_run
 from _harness import clickstream_over, forget_source
 
-from enumerator_service import Settings, load_settings
+from enumerator_service import Settings, StorageOptions, load_settings, open_location
 from enumerator_service._operations import Platform, discover
 
 # -- 1. Sluice -------------------------------------------------------------------------
 
 
-def sluice_settings(ctx: Context, latency_ms: float, source: str) -> Settings:
+def sluice_settings(
+    ctx: Context, latency_ms: float, source: str, warehouse: str | None = None
+) -> Settings:
+    """The bench's settings; the output under ``warehouse`` (a URI, e.g. ``s3://b/wh``) or
+    under the bench's local folder."""
     return load_settings(
         spark_master=MASTER,
         parallelism=CORES,
-        warehouse_dir=ctx.out_root / source,
+        warehouse_dir=f"{warehouse}/{source}" if warehouse else ctx.out_root / source,
         checkpoint_interval_seconds=1.0,
         checkpointing_mode="EXACTLY_ONCE",
         lookup_injected_latency_ms=latency_ms,
     )
 
 
-def clickstream_pipeline(landing: Path, source: str, cache_rows: int) -> Any:
+def clickstream_pipeline(landing: Path | str, source: str, cache_rows: int) -> Any:
     """The clickstream example over the bench's files and users table (no cache by default:
     with these uniformly random keys a cache hits ~9 % and costs more than it saves)."""
     from spark_jobs import PartialCache
@@ -53,15 +57,18 @@ def clickstream_pipeline(landing: Path, source: str, cache_rows: int) -> Any:
 def run_sluice(
     ctx: Context,
     latency_ms: float,
-    landing: Path | None = None,
+    landing: Path | str | None = None,
     label: str = "",
     cache_rows: int | None = None,
     kind: str | None = None,
+    warehouse: str | None = None,
 ) -> Result:
+    """The clickstream example over ``landing`` (a folder or a URI; default: the bench's
+    files), its output under ``warehouse`` (default: the bench's local folder)."""
     landing = landing or ctx.landing
     source = f"bench_e2e_{uuid.uuid4().hex[:10]}"
     cache = ctx.args.cache_rows if cache_rows is None else cache_rows
-    settings = sluice_settings(ctx, latency_ms, source)
+    settings = sluice_settings(ctx, latency_ms, source, warehouse)
     pipeline = clickstream_pipeline(landing, source, cache)
     summary, wall, cpu, memory = _run_pipeline(ctx, settings, pipeline)
     note = (
@@ -104,7 +111,11 @@ def _run_pipeline(
         wall, cpu, memory, summary = timed_run(run)
     finally:
         forget_source(ctx.platform.engine, pipeline.name)
-        shutil.rmtree(settings.warehouse_path, ignore_errors=True)
+        output = open_location(settings.warehouse_uri, StorageOptions.of(settings))
+        if output.object_store:
+            output.fs.delete_dir(output.path)
+        else:
+            shutil.rmtree(output.local_path, ignore_errors=True)
     assert summary.fenced == 0 and summary.rows_in > 0, summary
     return summary, wall, cpu, memory
 

@@ -1,7 +1,7 @@
 """End-to-end benchmark: Sluice vs. naive Spark vs. a Spark broadcast join vs. the database.
 
     python bench/e2e.py [--events 1000000] [--files 50] [--users 1000000] [--quick]
-                        [--latencies 0,1] [--skip naive,broadcast,pgbench,ceiling]
+                        [--latencies 0,1] [--skip naive,broadcast,pgbench,ceiling,s3,...]
                         [--memory-scaling] [--rounds 3] [--profile /tmp/sluice.svg]
 
 Data (generated once, cached under ``<home>/bench/e2e``, regenerated only when a parameter
@@ -43,8 +43,14 @@ platform database (the embedded Postgres by default). Then, one after another on
    >= 0.5x; with ``--quick`` both runs are 10x smaller) and over one file of 1,000 events
    (wall seconds of discover + run with the session up, target <= 3 s).
 
+7. **S3** (``bench/_e2e_s3.py``, skip with ``s3`` / ``discovery``): Sluice at L=0 with the
+   landing and the warehouse on a local S3 server (moto on 127.0.0.1, the same files uploaded
+   once; target >= 0.7x the local-disk L=0 row), and discovery of ``--discovery-objects``
+   (100,000; 10,000 with ``--quick``) objects under one prefix against a bare ``pyarrow.fs``
+   listing of it (``bench/s3_discovery.py``; target >= 0.5x its rate).
+
 The ceilings and Sluice's clickstream rows are the median of ``--rounds`` (3) interleaved
-rounds (the ceilings, Sluice at each L, the small runs; then again), after one
+rounds (the ceilings, Sluice at each L, the small runs, Sluice on S3; then again), after one
 unmeasured run of each ceiling, each small run and one of Sluice, so that no variant pays
 another's start-up.
 
@@ -72,7 +78,7 @@ charged to the allocating Python frame).
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import functools
 import os
 import sys
@@ -89,12 +95,14 @@ from _e2e_common import (
     Context,
     Result,
     console,
+    median_of,
     mib,
 )
 from _e2e_data import count_lines, landing_files, prepare_events, prepare_orders, prepare_users
 from _e2e_pgbench import pgbench_binary, run_pgbench
 from _e2e_procs import watch_postgres
 from _e2e_report import legend, report, verdicts
+from _e2e_s3 import run_discovery, s3_landing, s3_plans, s3_verdicts
 from _e2e_sluice import profile_sluice, run_orders, run_sluice
 from _e2e_small import small_plans, small_verdicts
 from _e2e_spark import ensure_jdbc_driver, run_broadcast, run_naive, start_spark
@@ -130,6 +138,9 @@ def main() -> None:
         default=100_000,
         help="an extra Sluice run at L=0 with this lookup cache per task (0: none)",
     )
+    parser.add_argument(
+        "--discovery-objects", type=int, default=100_000, help="objects listed (S3 discovery)"
+    )
     parser.add_argument("--pgbench-clients", type=int, default=8)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument("--profile", type=Path, help="py-spy output of an extra Sluice run")
@@ -149,6 +160,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.events, args.naive_seconds, args.pgbench_seconds = 100_000, 10.0, 3
+        args.discovery_objects = 10_000
     latencies = [float(x) for x in args.latencies.split(",") if x.strip()]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if unknown := skip - set(VARIANTS):
@@ -164,6 +176,7 @@ def main() -> None:
     skipped: list[str] = []
     results: list[Result] = []
     memory: tuple[Result, Result] | None = None
+    servers = contextlib.ExitStack()  # the S3 server (started before Spark: its env)
     try:
         landing = prepare_events(settings, args.events, args.files, args.users)
         large = (
@@ -186,6 +199,10 @@ def main() -> None:
             jdbc = missing is None
             if missing is not None:
                 skipped.append(missing)
+        s3 = None
+        if not {"s3", "sluice"} & skip and 0.0 in latencies:
+            with console.status("S3: moto_server on 127.0.0.1, the files uploaded…"):
+                s3 = servers.enter_context(s3_landing(ctx))
         with console.status("Starting Spark (session, Python daemon and workers)…"):
             ctx.spark = start_spark(jdbc)
 
@@ -221,6 +238,8 @@ def main() -> None:
             ]
             if "small" not in skip and 0.0 in latencies:
                 plans += small_plans(ctx, settings)
+            if s3 is not None:
+                plans += s3_plans(ctx, s3)
         try:
             # (The small runs' labels start with "small": they read other files, so each has
             # its own warm-up, like the ceilings.)
@@ -262,6 +281,8 @@ def main() -> None:
                 for run in (small, big):  # reported below the table, not in its groups
                     results.remove(run)
                 memory = (small, big)
+        if "discovery" not in skip:
+            results.extend(run_discovery(ctx))
         if "naive" not in skip:
             naive0: Result | None = None
             for latency in latencies:
@@ -298,25 +319,20 @@ def main() -> None:
                     f"{mib(run.worker_mib)} MiB; largest worker's RSS at 0/25/50/75/100 % of "
                     f"the run: {' / '.join(f'{m:,.0f}' for m in run.worker_rss or [])} MiB"
                 )
-        for text in [*verdicts(results, memory), *small_verdicts(results, args.quick)]:
+        for text in [
+            *verdicts(results, memory),
+            *small_verdicts(results, args.quick),
+            *s3_verdicts(results),
+        ]:
             console.print(text)
     finally:
+        servers.close()
         platform.close()
     load = os.getloadavg()
     console.print(
         f"total {time.perf_counter() - started:,.0f} s; load average at the end: "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
-
-
-def median_of(runs: list[Result]) -> Result:
-    """The run of median rate (of an even count, the lower one), its note saying so."""
-    ordered = sorted(runs, key=lambda r: r.rate)
-    median = dataclasses.replace(ordered[(len(ordered) - 1) // 2])
-    if len(runs) > 1:
-        rates = " / ".join(f"{r.rate:,.0f}" for r in runs)
-        median.note = f"median of {len(runs)} rounds ({rates}/s); {median.note}"
-    return median
 
 
 if __name__ == "__main__":
