@@ -157,8 +157,15 @@ class SplitEnumerator(abc.ABC):
     def cursor(self) -> dict[str, Any]:
         return {}
 
-    def _load_cursor(self, empty: dict[str, Any]) -> dict[str, Any]:
+    def load_cursor(self, empty: dict[str, Any]) -> dict[str, Any]:
         """The discovery cursor persisted in ``enumerator_state`` (``empty`` before any)."""
+        return self._load_cursor(empty)
+
+    def save_cursor(self, cursor: dict[str, Any]) -> None:
+        """Persist the discovery cursor (a small JSON value: bounded state)."""
+        self._save_cursor(cursor)
+
+    def _load_cursor(self, empty: dict[str, Any]) -> dict[str, Any]:
         stmt = sa.select(enumerator_state.c.cursor).where(enumerator_state.c.source == self._source)
         with self._engine.connect() as conn:
             cursor = conn.execute(stmt).scalar()

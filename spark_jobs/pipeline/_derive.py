@@ -33,6 +33,15 @@ if TYPE_CHECKING:
 __all__ = ["PARTITION_COLUMN", "derive", "empty_batch", "probe_map"]
 
 _CRON = re.compile(r"^\S+(\s+\S+){4}$")
+#: What every source spec has (validated here, for every connector).
+_SHARED_SOURCE_FIELDS = (
+    "schema",
+    "required",
+    "event_time",
+    "out_of_orderness",
+    "idle_timeout",
+    "late_records",
+)
 #: The partition column a day-partitioned output adds (``dt=`` folders, or a column).
 PARTITION_COLUMN = "dt"
 
@@ -83,6 +92,12 @@ def _source(ctx: Context, source: object) -> SourcePlan:
     if connector is None:
         known = ", ".join(t.__name__ for t in registered_sources())
         raise ctx.fail(f"must be a registered source spec ({known}), got {type(source).__name__}")
+    missing = [name for name in _SHARED_SOURCE_FIELDS if not hasattr(source, name)]
+    if missing:
+        raise ctx.fail(
+            f"{type(source).__name__} lacks the fields every source spec has: "
+            f"{', '.join(missing)}"
+        )
     spec: Source = source  # type: ignore[assignment]  # a registered spec has the fields
     if not isinstance(spec.schema, Mapping) or not spec.schema:
         raise ctx.fail("schema must map at least one field name to its type")

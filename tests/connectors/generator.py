@@ -220,7 +220,7 @@ class GeneratorEnumerator(SplitEnumerator):
         self._max_splits = max_splits
 
     def cursor(self) -> dict[str, Any]:
-        return self._load_cursor({"next": 0})
+        return self.load_cursor({"next": 0})
 
     def discover(self) -> DiscoveryResult:
         options = self._options
@@ -238,7 +238,7 @@ class GeneratorEnumerator(SplitEnumerator):
         splits = left[: self._max_splits]
         added = self.store.register(splits)
         cursor = {"next": splits[-1].end if splits else start}
-        self._save_cursor(cursor)
+        self.save_cursor(cursor)
         return DiscoveryResult(len(splits), added, cursor, backlog_files=len(left) - len(splits))
 
 
