@@ -32,6 +32,7 @@ test-fast: install
 	$(BIN)/python -m pytest tests/unit
 
 ## faults: exactly-once under SIGKILLed Spark workers, drivers, Dagster daemon; Postgres restarts;
+## the S3 endpoint unreachable (landing and warehouse on the S3 test server);
 ## and the error-injection matrix (tests/faults/test_errors_*.py), its `extended` cases included
 faults: install
 	$(BIN)/python -m pytest tests/faults -m faults -s
