@@ -60,6 +60,8 @@ LEASE_SECONDS = 4.0
 PLAN = ["worker"] * 2 + ["driver"] * 2 + ["postgres"] * 2 + ["s3"] * 2
 KINDS = {"worker", "driver", "postgres", "s3"}
 S3_DOWNTIME = (2.0, 6.0)
+#: At most this much longer when no request of the run met the outage yet.
+S3_MAX_EXTRA = 20.0
 EVENTS = 50_000
 USERS = 20_000
 TOP_UP_EVENTS = 25_000
@@ -68,23 +70,46 @@ MAX_TOP_UPS = 16
 BUCKET = "sluice-faults"
 
 
+#: What a request that met the closed endpoint leaves in a run's log (pyarrow's error in a
+#: task's traceback, or Sluice's one-line storage error).
+REFUSED = ("NETWORK_CONNECTION", "Could not connect", "is unreachable")
+
+
+def _refusals(run: Run) -> int:
+    text = run.output()
+    return sum(text.count(marker) for marker in REFUSED)
+
+
 @dataclass
 class S3Driver(Driver):
     """The harness's driver, with one more kind of fault: the S3 endpoint unreachable."""
 
     s3: S3Server | None = None
+    #: Outages that a request of the run met (its log shows the refusal).
+    felt: int = 0
 
     def _kill(self, run: Run, kind: str) -> str:
         if kind != "s3":
             return super()._kill(run, kind)
         assert self.s3 is not None
-        downtime = self.chaos.rng.uniform(*S3_DOWNTIME)
+        before = _refusals(run)
+        began = time.monotonic()
         self.s3.pause()
         try:
-            time.sleep(downtime)
+            time.sleep(self.chaos.rng.uniform(*S3_DOWNTIME))
+            # An outage between two requests would test nothing: kept (bounded) until a
+            # request of the run met it.
+            deadline = time.monotonic() + S3_MAX_EXTRA
+            while _refusals(run) == before and run.alive() and time.monotonic() < deadline:
+                time.sleep(0.5)
         finally:
             self.s3.resume()
-        return f"S3 endpoint refused connections for {downtime:.1f}s (objects kept), resumed"
+        refused = _refusals(run) - before
+        self.felt += refused > 0
+        return (
+            f"S3 endpoint refused connections for {time.monotonic() - began:.1f}s (objects "
+            f"kept; {refused} refusals in the run's log), resumed"
+        )
 
 
 @pytest.fixture
@@ -187,6 +212,7 @@ def test_s3_landing_and_warehouse_exactly_once_under_kills_and_an_unreachable_en
         )
         assert {kill.kind for kill in chaos.kills} == KINDS
         assert len(chaos.kills) == len(PLAN)
+        assert driver.felt >= 1, "no request of any run met an S3 outage"
 
         table = f"{BUCKET}/warehouse/enriched_events"
         output, other = read_back(s3, table, root / "read-back")
