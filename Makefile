@@ -32,7 +32,8 @@ test-fast: install
 	$(BIN)/python -m pytest tests/unit
 
 ## faults: exactly-once under SIGKILLed Spark workers, drivers, Dagster daemon; Postgres restarts;
-## and the error-injection matrix (tests/faults/test_errors_*.py), its `extended` cases included;
+## the S3 endpoint unreachable (landing and warehouse on the S3 test server); the
+## error-injection matrix (tests/faults/test_errors_*.py), its `extended` cases included;
 ## then the `extended` example runs (the examples on S3 through the CLI)
 faults: install
 	$(BIN)/python -m pytest tests/faults -m faults -s

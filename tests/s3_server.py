@@ -106,6 +106,9 @@ class S3Server:
     def pause(self) -> None:
         """Refuse connections (the server stops listening); its objects are kept."""
         if self._server is not None:
+            # ``resume`` (``start``) waits for this event: cleared, it returns only once the
+            # new server listens.
+            self._server._server_ready_event.clear()
             self._server._server.shutdown()  # the werkzeug server; the moto backend stays
             self._server._thread.join()
             self._server._server.server_close()

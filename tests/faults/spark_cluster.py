@@ -36,9 +36,17 @@ def free_port() -> int:
 
 class StandaloneCluster:
     """Master + one worker with ``cores`` cores; ``worker_env`` is added to the worker's
-    environment (its executors inherit it)."""
+    environment (its executors inherit it); ``worker_cwd``: the worker's working directory
+    (default: the caller's; its executors run in their folders under ``root/work``)."""
 
-    def __init__(self, root: Path, *, cores: int = 2, worker_env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        cores: int = 2,
+        worker_env: dict[str, str],
+        worker_cwd: Path | None = None,
+    ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.secret = secrets.token_hex(16)
@@ -85,17 +93,25 @@ class StandaloneCluster:
                     *("--properties-file", str(properties)),
                 ],
                 {**env, "PYSPARK_PYTHON": sys.executable, **worker_env},
+                cwd=worker_cwd,
             )
             self._wait_for_worker()
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+    def _start(
+        self, name: str, argv: list[str], env: dict[str, str], cwd: Path | None = None
+    ) -> None:
         log = (self.root / "logs" / f"{name}.out").open("wb")
         self._procs.append(
             subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                env=env,
+                cwd=cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         )
         log.close()
