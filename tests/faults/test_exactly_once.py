@@ -253,6 +253,10 @@ def test_exactly_once_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
     assert verdict.duplicates == 0
 
 
+# `extended` (about 2.5 minutes; CI's time budget): poison files are quarantined in a
+# continuous run in tests/integration/test_poison_splits.py and under changing files in
+# tests/faults/test_errors_files.py; the kills are tested by test_exactly_once_under_kills.
+@pytest.mark.extended
 def test_poison_files_are_quarantined_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
     """Poison files among good ones while workers, the driver and Postgres are killed: each is
     quarantined with its reason, the rest is exactly once."""
