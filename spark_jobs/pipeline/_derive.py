@@ -95,8 +95,7 @@ def _source(ctx: Context, source: object) -> SourcePlan:
     missing = [name for name in _SHARED_SOURCE_FIELDS if not hasattr(source, name)]
     if missing:
         raise ctx.fail(
-            f"{type(source).__name__} lacks the fields every source spec has: "
-            f"{', '.join(missing)}"
+            f"{type(source).__name__} lacks the fields every source spec has: {', '.join(missing)}"
         )
     spec: Source = source  # type: ignore[assignment]  # a registered spec has the fields
     if not isinstance(spec.schema, Mapping) or not spec.schema:
