@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow.fs as pafs
 from moto.server import ThreadedMotoServer
 
-__all__ = ["S3Server", "s3_server"]
+__all__ = ["S3Server", "s3_server", "set_standard_chain"]
 
 ACCESS_KEY = "sluice-test-key"
 SECRET_KEY = "sluice-test-secret-do-not-log"  # tests assert it appears nowhere
@@ -122,6 +122,21 @@ class S3Server:
         if self._server is not None:
             self._server.stop()
             self._server = None
+
+
+def set_standard_chain() -> None:
+    """Put the static part of the standard AWS chain (the fake credentials, the region) in
+    ``os.environ`` now. Spark's Python workers get the environment the JVM started with,
+    which may be before a module's server starts (another module may start Spark first), so
+    a test module calls this at collection. The endpoint travels with a run's
+    StorageOptions; credentials never do."""
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_REGION": REGION,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        os.environ.setdefault(key, value)
 
 
 @contextmanager

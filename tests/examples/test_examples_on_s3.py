@@ -40,7 +40,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import TestSettings
 from landing_oracle import expected_events
-from s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, s3_server
+from s3_server import SECRET_KEY, S3Server, s3_server, set_standard_chain
 from test_orders import oracle_rows
 
 from enumerator_service import asyncpg_dsn
@@ -68,17 +68,8 @@ CLICK_COLUMNS = [
     "dt",
 ]
 
-# Spark's Python workers get the environment the JVM started with, which may be before this
-# module's server starts (another module may start Spark first): the static part of the
-# standard AWS chain is set now, at collection (as test_s3_warehouse does). The endpoint
-# travels with the run's StorageOptions; credentials never do.
-for _key, _value in {
-    "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-    "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-    "AWS_REGION": REGION,
-    "AWS_EC2_METADATA_DISABLED": "true",
-}.items():
-    os.environ.setdefault(_key, _value)
+# The fake credentials in os.environ before any Spark session starts (see there).
+set_standard_chain()
 
 
 @pytest.fixture(scope="module")

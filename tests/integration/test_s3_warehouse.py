@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import posixpath
 import secrets
 from collections import Counter
@@ -32,7 +31,7 @@ import sqlalchemy as sa
 from conftest import TestSettings as Settings
 from demo_platform import demo_discover, demo_pipeline, demo_run, prepare_demo
 from landing_oracle import expected_events
-from s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, s3_server
+from s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, s3_server, set_standard_chain
 from sink_harness import DAY1, ORDERS, expected, orders
 
 from enumerator_service import (
@@ -58,17 +57,8 @@ pytestmark = pytest.mark.spark
 DAY = date(2026, 1, 1)
 OTHER_DAY = date(2026, 1, 2)
 
-# Spark's Python workers get the environment the JVM started with, which may be before this
-# module's server starts (another test module may start Spark first): the static part of the
-# standard AWS chain is set now, at collection. The endpoint travels with the run's
-# StorageOptions; credentials never do.
-for _key, _value in {
-    "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-    "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-    "AWS_REGION": REGION,
-    "AWS_EC2_METADATA_DISABLED": "true",
-}.items():
-    os.environ.setdefault(_key, _value)
+# The fake credentials in os.environ before any Spark session starts (see there).
+set_standard_chain()
 
 
 @pytest.fixture(scope="module")
