@@ -34,10 +34,11 @@ test-fast: install
 ## faults: exactly-once under SIGKILLed Spark workers, drivers, Dagster daemon; Postgres restarts;
 ## the S3 endpoint unreachable (landing and warehouse on the S3 test server); the
 ## error-injection matrix (tests/faults/test_errors_*.py), its `extended` cases included;
-## then the `extended` example runs (the examples on S3 through the CLI)
+## then the `extended` cases outside tests/faults (the examples on S3 through the CLI, the
+## external connector through the CLI, the continuous run under a real dagster-daemon)
 faults: install
 	$(BIN)/python -m pytest tests/faults -m faults -s
-	$(BIN)/python -m pytest tests/examples -m extended -s
+	$(BIN)/python -m pytest tests/examples tests/integration tests/dagster -m extended -s
 
 lint: install
 	$(BIN)/ruff check .

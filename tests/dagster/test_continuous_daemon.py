@@ -93,6 +93,8 @@ def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
             daemon.kill()
 
 
+# `extended` (CI's 30-minute budget: `make faults` runs it, `make test` leaves it out).
+@pytest.mark.extended
 def test_a_sparse_continuous_run_under_the_daemon_materialises_its_days_while_alive(
     make_settings: Callable[..., TestSettings], tmp_path: Path, daemons: list[Daemon]
 ) -> None:

@@ -160,6 +160,8 @@ def _published(output: Path) -> tuple[Counter[str], list[str]]:
     return counts, unreadable
 
 
+# `extended` (CI's 30-minute budget: `make faults` runs it, `make test` leaves it out).
+@pytest.mark.extended
 def test_a_full_warehouse_fails_the_run_and_loses_nothing(
     postgres: tuple[OwnPostgres, Path],
 ) -> None:

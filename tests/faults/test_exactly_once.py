@@ -333,6 +333,8 @@ def _orders_fault_run(postgres: tuple[OwnPostgres, Path], mode: str, seed: int) 
     return verdict
 
 
+# `extended` (CI's 30-minute budget: `make faults` runs it, `make test` leaves it out).
+@pytest.mark.extended
 def test_orders_exactly_once_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
     verdict = _orders_fault_run(postgres, "EXACTLY_ONCE", SEED + 2)
     # Every row, dropped row and dead letter was committed exactly once.

@@ -52,6 +52,8 @@ def own_db(server_url: str) -> Iterator[str]:
         yield url
 
 
+# `extended` (CI's 30-minute budget: `make faults` runs it, `make test` leaves it out).
+@pytest.mark.extended
 def test_cli_discover_run_and_status_are_the_oracle(own_db: str, tmp_path: Path) -> None:
     env = cli_env(own_db, tmp_path, SLUICE_DISCOVERY_MAX_FILES_PER_TICK="3")
     listed = ok(sluice(env, tmp_path, "pipelines"))
