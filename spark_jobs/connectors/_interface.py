@@ -291,10 +291,6 @@ class SinkConnector(abc.ABC):
         of it is processed). Default: no."""
         return False
 
-    def uses_folders(self, plan: SinkPlan) -> bool:
-        """Whether a rebuild swaps output folders (file sinks)."""
-        return False
-
     def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline) -> None:
         """Before tasks start (create tables). Default: nothing."""
         return None

@@ -204,7 +204,8 @@ class ReaderRun:
             self.output_root,
             self._sinks,
             source=self.source,
-            folders=self._sink_connector.uses_folders(plan.sink),
+            # A file sink (one with a table folder) swaps a rebuilt day's folder.
+            folders=self.output_root is not None,
         )
         self._finish()  # rebuilds a crash interrupted
         self._sink_connector.prepare(engine, plan, self.pipeline)

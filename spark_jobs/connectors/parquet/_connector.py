@@ -101,14 +101,8 @@ def parquet_objects(folder: Location) -> list[str]:
 
 
 def parquet_files(folder: Path) -> list[Path]:
-    """The data files of one table partition folder (hidden and ``_`` files are not data)."""
-    if not folder.is_dir():
-        return []
-    return sorted(
-        path
-        for path in folder.iterdir()
-        if path.name.endswith(".parquet") and not path.name.startswith((".", "_"))
-    )
+    """:func:`parquet_objects` of a local folder, as paths (none if it does not exist)."""
+    return [Path(path) for path in parquet_objects(open_location(folder))]
 
 
 def partition_folder(pipeline: Pipeline, settings: Settings, day: date | None) -> Location:
@@ -221,9 +215,6 @@ class ParquetConnector(SinkConnector):
 
     def can_replace(self, plan: SinkPlan) -> bool:
         return True  # a day's folder is replaced in one swap
-
-    def uses_folders(self, plan: SinkPlan) -> bool:
-        return True
 
     def committed_rows(
         self, conn: sa.Connection, pipeline: Pipeline, settings: Settings, days: list[date]
