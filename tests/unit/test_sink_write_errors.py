@@ -39,6 +39,9 @@ class FaultyWriter(pq.ParquetWriter):  # type: ignore[misc]
         super().__init__(where, *args, **kw)
         self.where = Path(where)
         self.writes = 0
+        # Each writer keeps the fault of the test that opened it: a writer an earlier test left
+        # open is closed by the garbage collector later, when the class holds another fault.
+        self.fault = dict(type(self).fault)
 
     def write_table(self, table: pa.Table, *args: Any, **kw: Any) -> None:
         self.writes += 1
@@ -112,6 +115,7 @@ def test_a_failed_write_fails_the_next_hand_over_on_the_mailbox_thread(
     io.submit(lambda: None).result(timeout=30)  # the failed write has run
     with pytest.raises(OSError, match="No space left"):
         writer.write_batch("", _batch(CHUNK))  # the task fails now, not at the checkpoint
+    io.submit(writer.abort).result(timeout=30)
 
 
 def test_enospc_from_close_fails_the_pre_commit(
