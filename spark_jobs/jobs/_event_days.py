@@ -50,13 +50,12 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 
 from enumerator_service import COUNTERS, DETAIL, completed_partitions
+from spark_jobs._dead_letters import LATE
 from spark_jobs.runtime import MailboxClosedError, MailboxExecutor
 from spark_jobs.source._batch import OFFSET, user_rows
 
 __all__ = ["LATE", "EventDays", "PartitionSink", "load_completed", "refresh_in_background"]
 
-#: The dead-letter reason of a late record under ``late_records="dead_letter"``.
-LATE = "late"
 _RAW_LIMIT = 4096
 _TALLY = ("rows", "dead_letters", "foreign_rows")
 

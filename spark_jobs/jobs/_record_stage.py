@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from spark_jobs._dead_letters import BAD_VALUE
 from spark_jobs.async_io import (
     NO_RETRY,
     AsyncFunction,
@@ -163,7 +164,7 @@ class RecordStage(OperatorStage):
                 pa.RecordBatch.from_pylist([row], schema=self._schema)
             except _CONVERSION_ERRORS as exc:
                 raw = orjson.dumps(row, default=str)[:_RAW_LIMIT]
-                dead.append((offset, raw, f"bad value: {self.plan.where}: {exc}"))
+                dead.append((offset, raw, f"{BAD_VALUE}: {self.plan.where}: {exc}"))
                 continue
             rows.append(row)
             kept.append(offset)

@@ -21,6 +21,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs._dead_letters import LOOKUP_MISS
 from spark_jobs.source._batch import OFFSET, Batch, DeadLetter
 
 __all__ = ["RAW_LIMIT", "Found", "Joiner", "distinct_keys", "join_keys", "match"]
@@ -196,7 +197,7 @@ class Joiner:
         for offset, record in zip(offsets, records, strict=True):
             raw = orjson.dumps(record, default=str)[:RAW_LIMIT]
             key = ", ".join(f"{name}={_show(record[name])}" for name in self._key_fields)
-            letters.append((offset, raw, f"lookup miss: {self._qualified} has no row for {key}"))
+            letters.append((offset, raw, f"{LOOKUP_MISS}: {self._qualified} has no row for {key}"))
         return letters
 
 

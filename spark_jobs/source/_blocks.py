@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from spark_jobs._dead_letters import INVALID_JSON, INVALID_UTF8, LINE_TOO_LONG, WRONG_TYPE
 from spark_jobs.source._batch import OFFSET, DeadLetter, RecordSchema
 from spark_jobs.source._convert import RecordConverter
 from spark_jobs.source._json_columns import ColumnChecks
@@ -110,17 +111,17 @@ class JsonLinesParser:
         """One line (without its line ending): the row, a dead-letter reason, or None for a
         blank line (not a record)."""
         if truncated:
-            return f"line too long: over {self._limit} bytes"
+            return f"{LINE_TOO_LONG}: over {self._limit} bytes"
         if not content.strip():
             return None
         try:
             obj = orjson.loads(content)
         except orjson.JSONDecodeError as exc:
             if "UTF-8" in str(exc):
-                return "invalid UTF-8: line is not valid UTF-8 text"
-            return f"invalid JSON: {exc}"
+                return f"{INVALID_UTF8}: line is not valid UTF-8 text"
+            return f"{INVALID_JSON}: {exc}"
         if not isinstance(obj, dict):
-            return f"wrong type: expected a JSON object, got {type(obj).__name__}"
+            return f"{WRONG_TYPE}: expected a JSON object, got {type(obj).__name__}"
         return self._converter.from_json(obj)
 
     def _result(self, out: _Out) -> tuple[pa.RecordBatch, list[DeadLetter]]:

@@ -62,6 +62,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs._dead_letters import MISSING_FIELD
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._fields import Convert, FieldError, text_converter, value_converter
 
@@ -102,7 +103,7 @@ class RecordConverter:
     def _convert(self, values: Sequence[Any], converters: list[Convert]) -> tuple[Any, ...] | str:
         missing = [name for i, name in self._required if values[i] is None]
         if missing:
-            return f"missing field: {', '.join(missing)}"
+            return f"{MISSING_FIELD}: {', '.join(missing)}"
         try:
             return tuple(
                 None if value is None else convert(value)

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from enumerator_service import FileIdentity, LandingRoot, ObjectLanding
+from spark_jobs._dead_letters import BAD_VALUE, INVALID_CSV, INVALID_UTF8, LINE_TOO_LONG
 from spark_jobs.source._batch import DeadLetter
 from spark_jobs.source._convert import RecordConverter
 from spark_jobs.source._csv_blocks import CsvBlockParser
@@ -29,7 +30,7 @@ from spark_jobs.source._lines import lines_of, open_data_file
 
 __all__ = ["CsvHeaderError", "CsvLinesParser", "read_csv_header"]
 
-_UNBALANCED = "invalid CSV: unbalanced quotes (quoted fields spanning lines are not supported)"
+_UNBALANCED = f"{INVALID_CSV}: unbalanced quotes (quoted fields spanning lines are not supported)"
 
 
 class CsvHeaderError(ValueError):
@@ -113,20 +114,20 @@ class CsvLinesParser:
         """One data line (without its line ending): the row, a dead-letter reason, or None
         for a blank line (not a record)."""
         if truncated:
-            return f"line too long: over {self._limit} bytes"
+            return f"{LINE_TOO_LONG}: over {self._limit} bytes"
         if not content.strip():
             return None
         try:
             text = content.decode("utf-8")
         except UnicodeDecodeError:
-            return "invalid UTF-8: line is not valid UTF-8 text"
+            return f"{INVALID_UTF8}: line is not valid UTF-8 text"
         if text.count('"') % 2:  # both halves of a quoted field cut at its newline are odd
             return _UNBALANCED
         try:
             fields = next(csv.reader([text], strict=True))
         except csv.Error as exc:
-            return f"invalid CSV: {exc}"
+            return f"{INVALID_CSV}: {exc}"
         if len(fields) != self._width:
-            return f"bad value: expected {self._width} fields, got {len(fields)}"
+            return f"{BAD_VALUE}: expected {self._width} fields, got {len(fields)}"
         values = [None if i is None or not fields[i] else fields[i] for i in self._columns]
         return self._converter.from_text(values)

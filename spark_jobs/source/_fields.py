@@ -18,6 +18,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from spark_jobs._dead_letters import BAD_VALUE, INVALID_UTF8, WRONG_TYPE
+
 __all__ = ["Convert", "FieldError", "text_converter", "value_converter"]
 
 Convert = Callable[[Any], Any]
@@ -63,8 +65,8 @@ def _string(name: str) -> Convert:
             try:
                 return bytes(value).decode()
             except UnicodeDecodeError:
-                raise FieldError(f"invalid UTF-8: {name} is not valid UTF-8 text") from None
-        raise FieldError(f"wrong type: {name} must be a string")
+                raise FieldError(f"{INVALID_UTF8}: {name} is not valid UTF-8 text") from None
+        raise FieldError(f"{WRONG_TYPE}: {name} must be a string")
 
     return convert
 
@@ -74,9 +76,9 @@ def _integer(name: str, kind: pa.DataType) -> Convert:
 
     def convert(value: Any) -> int:
         if not isinstance(value, int) or isinstance(value, bool):
-            raise FieldError(f"wrong type: {name} must be an integer")
+            raise FieldError(f"{WRONG_TYPE}: {name} must be an integer")
         if not low <= value <= high:
-            raise FieldError(f"bad value: {name} {_number(value)} is outside the {kind} range")
+            raise FieldError(f"{BAD_VALUE}: {name} {_number(value)} is outside the {kind} range")
         return value
 
     return convert
@@ -84,12 +86,12 @@ def _integer(name: str, kind: pa.DataType) -> Convert:
 
 def _finite(name: str, number: float, single: bool, shown: str) -> float:
     if not math.isfinite(number):
-        raise FieldError(f"bad value: {name} {shown} is not finite")
+        raise FieldError(f"{BAD_VALUE}: {name} {shown} is not finite")
     if single:
         try:
             struct.pack("<f", number)  # OverflowError iff it rounds to infinity
         except OverflowError:
-            raise FieldError(f"bad value: {name} {shown} is outside the float32 range") from None
+            raise FieldError(f"{BAD_VALUE}: {name} {shown} is outside the float32 range") from None
     return number
 
 
@@ -98,11 +100,11 @@ def _float(name: str, kind: pa.DataType) -> Convert:
 
     def convert(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
-            raise FieldError(f"wrong type: {name} must be a number")
+            raise FieldError(f"{WRONG_TYPE}: {name} must be a number")
         try:
             number = float(value)
         except (OverflowError, ValueError):  # an int beyond a double, a signaling NaN
-            raise FieldError(f"bad value: {name} {_number(value)} is not finite") from None
+            raise FieldError(f"{BAD_VALUE}: {name} {_number(value)} is not finite") from None
         return _finite(name, number, single, _number(number))
 
     return convert
@@ -111,7 +113,7 @@ def _float(name: str, kind: pa.DataType) -> Convert:
 def _bool(name: str) -> Convert:
     def convert(value: Any) -> bool:
         if not isinstance(value, bool):
-            raise FieldError(f"wrong type: {name} must be a boolean")
+            raise FieldError(f"{WRONG_TYPE}: {name} must be a boolean")
         return value
 
     return convert
@@ -120,7 +122,7 @@ def _bool(name: str) -> Convert:
 def _fit(name: str, number: Decimal, kind: pa.DataType, shown: str) -> Decimal:
     """``number`` when it fits ``kind`` (a decimal128) without rounding."""
     if not number.is_finite():
-        raise FieldError(f"bad value: {name} {shown} is not finite")
+        raise FieldError(f"{BAD_VALUE}: {name} {shown} is not finite")
     _, digits, exponent = number.as_tuple()
     assert isinstance(exponent, int)
     significant = len(digits)
@@ -132,7 +134,7 @@ def _fit(name: str, number: Decimal, kind: pa.DataType, shown: str) -> Decimal:
         integer = significant + exponent  # digits left of the point (may be <= 0)
         if fraction > kind.scale or integer > kind.precision - kind.scale:
             raise FieldError(
-                f"bad value: {name} {shown} does not fit decimal({kind.precision},{kind.scale})"
+                f"{BAD_VALUE}: {name} {shown} does not fit decimal({kind.precision},{kind.scale})"
             )
     return number
 
@@ -142,7 +144,7 @@ def _decimal(name: str, kind: pa.DataType) -> Convert:
         if isinstance(value, Decimal):
             number = value
         elif isinstance(value, bool):
-            raise FieldError(f"wrong type: {name} must be a decimal number or string")
+            raise FieldError(f"{WRONG_TYPE}: {name} must be a decimal number or string")
         elif isinstance(value, int):
             number = Decimal(value)
         elif isinstance(value, float):
@@ -152,10 +154,10 @@ def _decimal(name: str, kind: pa.DataType) -> Convert:
                 number = Decimal(value)
             except InvalidOperation:
                 raise FieldError(
-                    f"bad value: {name} {_text(value)} is not a decimal number"
+                    f"{BAD_VALUE}: {name} {_text(value)} is not a decimal number"
                 ) from None
         else:
-            raise FieldError(f"wrong type: {name} must be a decimal number or string")
+            raise FieldError(f"{WRONG_TYPE}: {name} must be a decimal number or string")
         return _fit(name, number, kind, _show(value))
 
     return convert
@@ -167,7 +169,7 @@ def _in_time_zone(name: str, when: datetime, aware: bool, shown: str) -> datetim
     try:
         utc = when.astimezone(UTC)
     except OverflowError:
-        raise FieldError(f"bad value: {name} {shown} is out of range") from None
+        raise FieldError(f"{BAD_VALUE}: {name} {shown} is out of range") from None
     return utc if aware else utc.replace(tzinfo=None)
 
 
@@ -180,11 +182,11 @@ def _timestamp(name: str, kind: pa.DataType, rows: bool) -> Convert:
             try:
                 when = datetime.fromisoformat(value)
             except ValueError:
-                raise FieldError(f"bad value: {name} {_text(value)} is not ISO-8601") from None
+                raise FieldError(f"{BAD_VALUE}: {name} {_text(value)} is not ISO-8601") from None
             return _in_time_zone(name, when, aware, _text(value))
         if isinstance(value, datetime):
             return _in_time_zone(name, value, aware, _number(value))
-        raise FieldError(f"wrong type: {name} must be {expected}")
+        raise FieldError(f"{WRONG_TYPE}: {name} must be {expected}")
 
     return convert
 
@@ -199,10 +201,10 @@ def _date(name: str, rows: bool) -> Convert:
                     return date.fromisoformat(value)
                 except ValueError:
                     pass
-            raise FieldError(f"bad value: {name} {_text(value)} is not a YYYY-MM-DD date")
+            raise FieldError(f"{BAD_VALUE}: {name} {_text(value)} is not a YYYY-MM-DD date")
         if isinstance(value, date) and not isinstance(value, datetime):
             return value
-        raise FieldError(f"wrong type: {name} must be {expected}")
+        raise FieldError(f"{WRONG_TYPE}: {name} must be {expected}")
 
     return convert
 
@@ -217,8 +219,8 @@ def _binary(name: str, rows: bool) -> Convert:
             try:
                 return value.encode()
             except UnicodeEncodeError:  # lone surrogates
-                raise FieldError(f"invalid UTF-8: {name} is not valid UTF-8 text") from None
-        raise FieldError(f"wrong type: {name} must be {expected}")
+                raise FieldError(f"{INVALID_UTF8}: {name} is not valid UTF-8 text") from None
+        raise FieldError(f"{WRONG_TYPE}: {name} must be {expected}")
 
     return convert
 
@@ -254,9 +256,9 @@ def _text_integer(name: str, kind: pa.DataType) -> Convert:
     def convert(value: str) -> int:
         text = value.strip()
         if not _INT_TEXT.fullmatch(text):
-            raise FieldError(f"wrong type: {name} must be an integer, got {_text(value)}")
+            raise FieldError(f"{WRONG_TYPE}: {name} must be an integer, got {_text(value)}")
         if len(text.lstrip("+-").lstrip("0")) > 20 or not low <= (number := int(text)) <= high:
-            raise FieldError(f"bad value: {name} {_text(value)} is outside the {kind} range")
+            raise FieldError(f"{BAD_VALUE}: {name} {_text(value)} is outside the {kind} range")
         return number
 
     return convert
@@ -269,7 +271,7 @@ def _text_float(name: str, kind: pa.DataType) -> Convert:
         try:
             number = float(value)
         except ValueError:
-            raise FieldError(f"wrong type: {name} must be a number, got {_text(value)}") from None
+            raise FieldError(f"{WRONG_TYPE}: {name} must be a number, got {_text(value)}") from None
         return _finite(name, number, single, _text(value))
 
     return convert
@@ -282,7 +284,7 @@ def _text_bool(name: str) -> Convert:
             return True
         if text in _FALSE:
             return False
-        raise FieldError(f"wrong type: {name} must be a boolean, got {_text(value)}")
+        raise FieldError(f"{WRONG_TYPE}: {name} must be a boolean, got {_text(value)}")
 
     return convert
 
@@ -293,7 +295,7 @@ def _text_decimal(name: str, kind: pa.DataType) -> Convert:
             number = Decimal(value)
         except InvalidOperation:
             raise FieldError(
-                f"wrong type: {name} must be a decimal number, got {_text(value)}"
+                f"{WRONG_TYPE}: {name} must be a decimal number, got {_text(value)}"
             ) from None
         return _fit(name, number, kind, _text(value))
 

@@ -23,6 +23,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from enumerator_service import FileSplit, LandingRoot, ObjectLanding
+from spark_jobs._dead_letters import LINE_TOO_LONG
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._blocks import JsonLinesParser
 from spark_jobs.source._convert import RecordConverter, new_block
@@ -128,7 +129,7 @@ class LineSplitReader:
         for line in (run.long_before, run.long_after):
             if line is not None:
                 dead.append(
-                    (line.offset, line.prefix, f"line too long: over {self._max_line} bytes")
+                    (line.offset, line.prefix, f"{LINE_TOO_LONG}: over {self._max_line} bytes")
                 )
         block = new_block(self._schema, self._split_id, bounds[0], bounds[1], rows, dead)
         return block, run.finished

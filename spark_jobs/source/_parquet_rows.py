@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs._dead_letters import BAD_VALUE
 from spark_jobs.source._batch import DeadLetter, RecordSchema
 from spark_jobs.source._convert import RecordConverter, raw_json
 
@@ -156,7 +157,7 @@ class BatchConverter:
                 try:
                     values[name] = column[i].as_py()
                 except (ValueError, OverflowError) as exc:
-                    unreadable = unreadable or f"bad value: {name} cannot be read: {exc}"
+                    unreadable = unreadable or f"{BAD_VALUE}: {name} cannot be read: {exc}"
             parsed = unreadable or self._converter.from_values(
                 [values.get(name) for name in self._names]
             )
