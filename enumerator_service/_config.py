@@ -68,12 +68,21 @@ class Settings(BaseSettings):
 
     database_url: SecretStr | None = Field(
         default=None,
-        description="Postgres URL. Unset: an embedded PostgreSQL under <home>/pg is used.",
+        description="Postgres URL of the platform database (postgresql://user:password@host/db). "
+        "Unset: an embedded PostgreSQL under <home>/pg. Percent-encode @ / : ? # % in a user "
+        "name or password; the password may instead be in SLUICE_DATABASE_PASSWORD or "
+        "SLUICE_DATABASE_PASSWORD_FILE (in one place only). Shown redacted everywhere.",
     )
     home: Path = Field(
-        default=Path(".sluice"), description="State folder (embedded Postgres, Dagster)."
+        default=Path(".sluice"),
+        description="State folder: the embedded PostgreSQL (<home>/pg) and the local Dagster "
+        "home (<home>/dagster).",
     )
-    data_dir: Path = Field(default=Path("data"), description="Root of landing and warehouse data.")
+    data_dir: Path = Field(
+        default=Path("data"),
+        description="Root of the landing folders (<data_dir>/landing/<pipeline> by default) and "
+        "of the warehouse.",
+    )
     pipelines: str = Field(
         default="",
         description="Comma-separated Python modules whose top-level Pipeline objects Sluice "
@@ -85,13 +94,19 @@ class Settings(BaseSettings):
         "(s3://bucket/prefix first-class; gs://, abfs://, hdfs:// through the same pyarrow.fs "
         "code). Default <data_dir>/warehouse.",
     )
-    spark_master: str = Field(default="local[*]", description="Spark master URL.")
+    spark_master: str = Field(
+        default="local[*]",
+        description="Spark master URL (local[N], spark://host:7077). Local masters get the "
+        "same task attempts as a cluster (local[N,F]).",
+    )
     spark_driver_host: str | None = Field(
         default=None,
         description="Address executors use to reach the driver (cluster masters only; "
         "default: this host's name). Local masters stay on 127.0.0.1.",
     )
-    parallelism: int = Field(default=2, ge=1, le=256, description="Reader subtasks per run.")
+    parallelism: int = Field(
+        default=2, ge=1, le=256, description="Reader subtasks (Spark tasks) per run."
+    )
     lookup_capacity: int = Field(
         default=8,
         ge=1,
@@ -101,7 +116,11 @@ class Settings(BaseSettings):
         default=4096, ge=1, description="Default distinct keys per lookup query (a block's keys)."
     )
     lookup_pool_size: int = Field(
-        default=4, ge=1, le=32, description="asyncpg connections per task."
+        default=4,
+        ge=1,
+        le=32,
+        description="Postgres connections per task for lookups (at most this many queries "
+        "at once).",
     )
     lookup_timeout_seconds: float = Field(
         default=30.0, gt=0, description="Bound on one lookup, all retries included."
@@ -117,7 +136,11 @@ class Settings(BaseSettings):
         ge=0,
         description="Benchmarks only: sleep this long per lookup round trip (simulated network).",
     )
-    lease_seconds: float = Field(default=60.0, gt=0, description="Split lease before reassignment.")
+    lease_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Split lease: a dead run's splits return to the pool after it.",
+    )
     checkpoint_interval_seconds: float = Field(
         default=5.0,
         ge=0,
@@ -177,15 +200,21 @@ class Settings(BaseSettings):
         "bench/enumerator.py --backlog-only).",
     )
     target_split_bytes: int = Field(
-        default=128 << 20, ge=1024, description="Files larger than this are cut into byte ranges."
+        default=128 << 20,
+        ge=1024,
+        description="Uncompressed JSON Lines and CSV files larger than this are cut into "
+        "byte-range splits.",
     )
     max_line_bytes: int = Field(
-        default=1 << 20, ge=64, description="Longer lines are dead-lettered."
+        default=1 << 20,
+        ge=64,
+        description="Longer JSON Lines and CSV lines are dead-lettered (line too long).",
     )
     read_block_bytes: int = Field(
         default=256 << 10,
         ge=1024,
-        description="JSON Lines are read, parsed and looked up in blocks of about this size.",
+        description="JSON Lines and CSV files are read, parsed and looked up in blocks of "
+        "about this many bytes of whole lines.",
     )
     # Issue 15: many small files must not make the split store the bottleneck. A reader
     # subtask takes several small splits per request; the byte budget bounds the work one
@@ -210,7 +239,9 @@ class Settings(BaseSettings):
     demo_files_per_day: int = Field(default=4, ge=1, description="Sample files per day.")
     demo_start_date: date = Field(default=date(2026, 1, 1), description="First sample day.")
     demo_seed: int = Field(default=7, description="Seed of the sample data generators.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="WARNING")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="WARNING", description="Python log level of the sluice CLI (its root logger)."
+    )
 
     # -- Issue 13, identifiers and symlinks: links in landing folders -------------------------
     follow_symlinks: bool = Field(
@@ -269,7 +300,8 @@ class Settings(BaseSettings):
     )
     database_password_file: Path | None = Field(
         default=None,
-        description="File holding the password of SLUICE_DATABASE_URL (one line); must exist "
+        description="File whose first line is the password of SLUICE_DATABASE_URL (a mounted "
+        "secret); must exist "
         "at the same path on every executor.",
     )
 

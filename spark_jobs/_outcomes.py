@@ -23,6 +23,7 @@ import enum
 import re
 
 __all__ = [
+    "PRECEDENCE",
     "DeterministicFailure",
     "ExitCode",
     "RunFailed",
@@ -32,6 +33,12 @@ __all__ = [
 
 
 class ExitCode(enum.IntEnum):
+    """How a run or command ended: the exit code of ``sluice`` (and of a Dagster run's op).
+
+    Each member's meaning is :attr:`description`; :data:`PRECEDENCE` says which wins when
+    several apply. The documentation's exit-code reference is generated from them.
+    """
+
     OK = 0
     FAILED = 1
     USAGE = 2
@@ -39,6 +46,39 @@ class ExitCode(enum.IntEnum):
     HELD = 4
     CODE_ERROR = 5
     INTERRUPTED = 130
+
+    @property
+    def description(self) -> str:
+        """What this exit code means, and what to do about it."""
+        return _MEANINGS[self]
+
+
+#: Which code a run ends with when several apply.
+PRECEDENCE = (
+    "3 wins over 4 when both apply: quarantined input needs someone to act, held input is "
+    "read by the run holding it."
+)
+
+_MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "The run completed (or nothing was new) and every split in its scope is "
+    "committed.",
+    ExitCode.FAILED: "The run failed: an error that stayed after the retries, an outage, a "
+    "bug. Spark prints each attempt's traceback; the last line sums them up. Run it again "
+    "once the cause is fixed: committed output is kept, the rest is read again.",
+    ExitCode.USAGE: "Usage, configuration or definition error (or a `--replace` that cannot "
+    "start, a refused `demo-data`, a schema that needs `sluice db upgrade`); one line on "
+    "stderr, nothing was run.",
+    ExitCode.QUARANTINED: "The run completed, but input in its scope is quarantined: poison "
+    "splits, and files refused because they changed after discovery (`sluice status` lists "
+    "them with their reasons, `sluice retry` puts them back).",
+    ExitCode.HELD: "The run completed, but input was left unread: splits held by another live "
+    "run or a pending rebuild, or back in the pool after a failed attempt. A later run reads "
+    "them.",
+    ExitCode.CODE_ERROR: "The run stopped at a deterministic error in the pipeline's code (one "
+    "line names pipeline, step, field and record); nothing was committed past it, its splits "
+    "are back in the pool. Fix the code and run again.",
+    ExitCode.INTERRUPTED: "Interrupted (Ctrl-C).",
+}
 
 
 class DeterministicFailure(RuntimeError):
