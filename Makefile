@@ -6,10 +6,13 @@ STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
+# The docs build imports the code it documents (this checkout's, not another install's); the
+# banners MkDocs' plugins print about a future MkDocs 2 are off.
+MKDOCS := PYTHONPATH=$(CURDIR) NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
 # The example pipelines, unless the environment names the user's own modules.
 export SLUICE_PIPELINES ?= examples.clickstream,examples.orders
 
-.PHONY: install demo test test-fast faults lint ui bench bench-e2e clean
+.PHONY: install demo test test-fast faults lint docs docs-serve ui bench bench-e2e clean
 
 install: $(STAMP)
 
@@ -45,6 +48,15 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports
+	site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && $(MKDOCS) build --strict --quiet -d "$$site"
+
+## docs: build the documentation site into site/ (strict: a broken link or reference fails)
+docs: install
+	$(MKDOCS) build --strict
+
+## docs-serve: the documentation site on http://127.0.0.1:8000, rebuilt on every change
+docs-serve: install
+	$(MKDOCS) serve -a 127.0.0.1:8000
 
 ## ui: Dagster UI on 127.0.0.1:3000 with DAGSTER_HOME under .sluice/ (no telemetry, no dialog)
 ui: install
@@ -62,4 +74,4 @@ bench-e2e: install
 	$(BIN)/python bench/e2e.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .sluice data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .sluice data site .pytest_cache .mypy_cache .ruff_cache

@@ -12,9 +12,9 @@ import mkdocs_gen_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import dagster_project  # noqa: E402
-import spark_jobs  # noqa: E402
-import spark_jobs.connectors  # noqa: E402
+import dagster_project
+import spark_jobs
+import spark_jobs.connectors
 
 PIPELINE_GROUPS: dict[str, list[str]] = {
     "Pipeline": ["Pipeline", "SampleTarget", "claim_demo_table"],

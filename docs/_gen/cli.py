@@ -20,7 +20,7 @@ pipeline is registered. Exit codes: [Exit codes](exit-codes.md).
     :module: spark_jobs.cli
     :command: cli
     :prog_name: sluice
-    :style: table
+    :style: plain
     :list_subcommands: true
     :depth: 1
 """

@@ -10,7 +10,7 @@ import mkdocs_gen_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from spark_jobs._dead_letters import CATEGORIES, COLUMNS  # noqa: E402
+from spark_jobs._dead_letters import CATEGORIES, COLUMNS
 
 PAGE = "reference/dead-letter-reasons.md"
 

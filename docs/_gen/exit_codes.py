@@ -9,7 +9,7 @@ import mkdocs_gen_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from spark_jobs._outcomes import PRECEDENCE, ExitCode  # noqa: E402
+from spark_jobs._outcomes import PRECEDENCE, ExitCode
 
 PAGE = "reference/exit-codes.md"
 

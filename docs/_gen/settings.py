@@ -21,7 +21,7 @@ from pydantic.fields import FieldInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from enumerator_service import Settings  # noqa: E402
+from enumerator_service import Settings
 
 PAGE = "reference/settings.md"
 
@@ -137,7 +137,7 @@ def render() -> str:
         if not description:
             raise SystemExit(f"Settings.{name} has no description: add Field(description=...)")
         secret = (
-            "\n\n!!! note \"Secret\"\n    Never logged or shown; its value is not printed here."
+            '\n\n!!! note "Secret"\n    Never logged or shown; its value is not printed here.'
             if _is_secret(annotation)
             else ""
         )

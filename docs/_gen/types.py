@@ -14,7 +14,7 @@ from pyspark.sql.pandas.types import from_arrow_type
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from spark_jobs.pipeline import _types  # noqa: E402
+from spark_jobs.pipeline import _types
 
 PAGE = "reference/types.md"
 
@@ -67,15 +67,17 @@ def render() -> str:
         "`decimal(p,s)` |"
     )
     assert _types.postgres_type(example) == "numeric(12,2)"
-    refused = getattr(_types, "_AMBIGUOUS", None) or getattr(_types, "_REFUSED", None) or {}
+    refused = _types.AMBIGUOUS
     text = INTRO + "\n".join(rows) + "\n"
     text += (
         "\n`timestamp` values are UTC instants (text without an offset is read as UTC); "
         "`timestamp_naive` keeps wall-clock times without a zone.\n"
     )
     if refused:
-        text += "\n## Refused names\n\nThese names are ambiguous and fail the definition:\n\n"
-        text += "| name | write instead |\n|---|---|\n"
+        text += (
+            "\n## Refused names\n\nThese names are ambiguous and fail the definition with "
+            "this message:\n\n| name | message |\n|---|---|\n"
+        )
         for name, message in refused.items():
             text += f"| `{name}` | {message} |\n"
     text += _catalog()

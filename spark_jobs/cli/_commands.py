@@ -88,7 +88,13 @@ def _pipeline(settings: Settings, name: str | None) -> Pipeline:
 @click.version_option(package_name="sluice", prog_name="sluice")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
-    """Sluice: exactly-once pipelines over FLIP-27 sources, async lookups and Postgres."""
+    """Sluice: exactly-once pipelines over FLIP-27 sources, async lookups and Postgres.
+
+    Every command works on the pipelines registered with SLUICE_PIPELINES; PIPELINE may be
+    left out when exactly one is registered. Settings come from SLUICE_* environment
+    variables. Errors are one line on stderr with exit code 2 (usage, configuration,
+    definition) or the run's own exit code.
+    """
     settings = load_settings()
     logging.basicConfig(level=settings.log_level, format="%(levelname)s %(name)s: %(message)s")
     sweep_secret_files(settings.home_path)  # password files of drivers that were killed
@@ -97,7 +103,11 @@ def cli(ctx: click.Context) -> None:
 
 @cli.group()
 def db() -> None:
-    """Platform database commands."""
+    """The platform database: create or migrate it, see it, stop it, open it.
+
+    Without SLUICE_DATABASE_URL the platform database is an embedded PostgreSQL under
+    SLUICE_HOME/pg, created by 'sluice db upgrade' (or 'sluice demo').
+    """
 
 
 db.add_command(db_status)
@@ -109,7 +119,12 @@ db.add_command(db_shell)
 @db.command("upgrade")
 @click.pass_context
 def db_upgrade(ctx: click.Context) -> None:
-    """Apply the schema migrations (sql/versions) to the platform database."""
+    """Create or migrate the platform database's schema.
+
+    Applies the Alembic migrations (sql/versions) to the platform database, creating the
+    embedded PostgreSQL first when SLUICE_HOME has none. Concurrent upgrades are serialised.
+    Other commands only check the schema version and ask for this command when it is behind.
+    """
     platform = _open(_settings(ctx), migrate=True)
     console.print(f"Schema [bold]sluice[/] is up to date at {redact_url(platform.url)}")
     platform.close()
@@ -118,10 +133,13 @@ def db_upgrade(ctx: click.Context) -> None:
 @cli.command("pipelines")
 @click.pass_context
 def pipelines_cmd(ctx: click.Context) -> None:
-    """The registered pipelines: source, steps, sink and output schema (types of looked-up
-    columns from the catalog). A definition that does not fit the database (a key type, a
-    missing column) is an error: exit code 2 after the listing; a table not created yet is
-    only a note."""
+    """List the registered pipelines with their source, steps, sink and output fields.
+
+    The output fields are shown with their types, those of looked-up columns from the
+    database's catalog. A definition that does not fit the database (a key type, a missing
+    column) is an error: exit code 2 after the listing; a table not created yet is only a
+    note.
+    """
     from spark_jobs.pipeline._catalog import resolve
 
     settings = _settings(ctx)
@@ -180,8 +198,15 @@ def _demo_data(settings: Settings, platform: Platform, pipeline: Pipeline) -> No
 @click.argument("pipeline", required=False)
 @click.pass_context
 def demo_data(ctx: click.Context, pipeline: str | None) -> None:
-    """Write the pipeline's sample data (its landing files and tables): only into tables it
-    created and a landing folder that is empty or holds only its own files."""
+    """Write the pipeline's sample data: landing files and lookup tables.
+
+    Runs the pipeline's sample_data generator (skipped when its data is already there). It
+    writes only into objects it created and marked: tables carrying its demo mark (created
+    when missing, refilled when the sizes change) and a landing folder that is missing,
+    empty or holds only its own files. Anything else (a real table, a folder with other
+    files) is refused with one line and exit code 2, and nothing is changed. Never point it
+    at a production database.
+    """
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
     platform = _open(settings)
@@ -260,7 +285,14 @@ def _discover(platform: Platform, pipeline: Pipeline, dates: list[date] | None) 
 @_date_option
 @click.pass_context
 def discover_cmd(ctx: click.Context, pipeline: str | None, dates: tuple[str, ...]) -> None:
-    """Run the pipeline's split enumerator once: register new files (or key ranges)."""
+    """Register new landing files (or key ranges of a table) as splits.
+
+    Runs the pipeline's split enumerator in ticks of at most
+    SLUICE_DISCOVERY_MAX_FILES_PER_TICK files until no backlog is left (each tick commits
+    its files and cursor). With --date, only those days' dt= folders are listed. A file still
+    being written (changed within SLUICE_FILE_SETTLE_SECONDS) is waited for, up to three
+    times that long, then left for a later discovery.
+    """
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
     days = _dates(dates)
@@ -309,7 +341,15 @@ def _run(
 def run_cmd(
     ctx: click.Context, pipeline: str | None, dates: tuple[str, ...], replace: bool
 ) -> None:
-    """Run the pipeline's PySpark reader job over every unassigned split (of --date)."""
+    """Read every unassigned split (of the --date days) into the pipeline's sink.
+
+    Runs the pipeline's PySpark job. Each record is written exactly once: output and dead
+    letters commit with checkpoints, and the next run resumes a failed one's splits from
+    where their committed output ends.
+    With --replace, the --date days are read again from scratch and their output replaced
+    whole. Exit code: 0, or 3 (quarantined input), 4 (input left to another run), 5 (an
+    error in the pipeline's code), 1 (failed).
+    """
     if replace and not dates:
         raise click.UsageError("--replace needs the partitions to replace (--date)")
     settings = _settings(ctx)
@@ -324,8 +364,13 @@ def run_cmd(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
-    """Splits by state, committed rows, dead letters and the last checkpoint (of one
-    pipeline, or of every registered one)."""
+    """Show where a pipeline is (or every registered one).
+
+    Splits by state, committed rows, rows removed by steps, dead letters by reason,
+    quarantined splits (file, reason, attempts, last error), the last checkpoint, live state
+    (watermark and lag, backlog and oldest waiting split, rows/s, last checkpoint's
+    duration) and complete partitions.
+    """
     settings = _settings(ctx)
     found = load_pipelines(settings)  # (an import error fails before any database is opened)
     platform = _open(settings)
@@ -356,9 +401,13 @@ class UnknownSplitError(click.ClickException):
 def retry_cmd(
     ctx: click.Context, split: int | None, all_failed: bool, pipeline: str | None
 ) -> None:
-    """Put quarantined (FAILED) splits back in the pool, failed attempts reset: SPLIT (its
-    id, from ``sluice status``) or --all-failed. They are read by the next run (or the live
-    continuous one), from where their committed output ends."""
+    """Put quarantined (FAILED) splits back in the pool.
+
+    SPLIT is a split id from 'sluice status'; --all-failed takes every quarantined split
+    (of --pipeline). Their failed attempts are reset; the next run (or the live continuous
+    one) reads them from where their committed output ends. A SPLIT that is not quarantined
+    is a one-line error, exit code 2.
+    """
     if (split is None) == (not all_failed):
         raise click.UsageError("give either a SPLIT id or --all-failed")
     if pipeline is not None and not all_failed:
@@ -389,7 +438,11 @@ def retry_cmd(
 @click.argument("pipeline", required=False)
 @click.pass_context
 def demo(ctx: click.Context, pipeline: str | None) -> None:
-    """Everything on embedded defaults: migrate, sample data, discover, run."""
+    """Set up and run a pipeline on its sample data, in one go.
+
+    The same as 'sluice db upgrade', 'sluice demo-data', 'sluice discover' and 'sluice run'
+    one after the other, on the embedded defaults.
+    """
     settings = _settings(ctx)
     chosen = _pipeline(settings, pipeline)
     platform = _open(settings, migrate=True)
@@ -404,8 +457,11 @@ def demo(ctx: click.Context, pipeline: str | None) -> None:
 @cli.command("dagster-home")
 @click.pass_context
 def dagster_home(ctx: click.Context) -> None:
-    """Create the Dagster home of the local UI (<SLUICE_HOME>/dagster; `make ui`) with a
-    dagster.yaml that turns telemetry and the first-visit dialog off; print its path."""
+    """Create the Dagster home of the local UI and print its path.
+
+    The folder is SLUICE_HOME/dagster (used by 'make ui'); its dagster.yaml turns telemetry
+    and the first-visit dialog off (an existing file is kept, with what it lacks added).
+    """
     from spark_jobs.cli._dagster_home import prepare_dagster_home
 
     click.echo(str(prepare_dagster_home(_settings(ctx).home_path / "dagster")))

@@ -48,8 +48,11 @@ def _schema_line(url: str) -> str:
 @click.command("status")
 @click.pass_context
 def db_status(ctx: click.Context) -> None:
-    """Where the platform database is, whether it runs, and whether its schema is current
-    (starts nothing)."""
+    """Show the platform database's location, state and schema version.
+
+    Where it is, whether it runs (the embedded server's pid), whether its schema is current.
+    Starts nothing: an embedded PostgreSQL that is stopped is reported as stopped.
+    """
     settings = _settings(ctx)
     if settings.database_url is not None:
         url = settings.database_url.get_secret_value()
@@ -73,8 +76,11 @@ def db_status(ctx: click.Context) -> None:
 @click.command("stop")
 @click.pass_context
 def db_stop(ctx: click.Context) -> None:
-    """Stop the embedded PostgreSQL of this home (SLUICE_HOME); nothing running is not an
-    error."""
+    """Stop the embedded PostgreSQL of SLUICE_HOME.
+
+    A fast shutdown. Nothing running, or an external SLUICE_DATABASE_URL (not managed by
+    Sluice), is said and exits 0.
+    """
     settings = _settings(ctx)
     if settings.database_url is not None:
         click.echo("SLUICE_DATABASE_URL is set: that server is not managed by Sluice, not stopped")
@@ -103,9 +109,12 @@ def _libpq_url(settings: Settings) -> tuple[str, str | None]:
 )
 @click.pass_context
 def db_url(ctx: click.Context, show_password: bool) -> None:
-    """Print the platform database's URL, for psql (`psql "$(sluice db url)"`), psycopg or
-    SQLAlchemy. Starts the home's embedded PostgreSQL if it is stopped (creates none: run
-    'sluice db upgrade' first). A password is printed as *** unless --show-password."""
+    """Print the platform database's URL.
+
+    For psql, psycopg or SQLAlchemy, e.g. psql "$(sluice db url)". Starts the home's
+    embedded PostgreSQL if it is stopped (creates none: run 'sluice db upgrade' first). A
+    password is printed as *** unless --show-password.
+    """
     bare, password = _libpq_url(_settings(ctx))
     if password is None:
         click.echo(bare)
@@ -123,10 +132,13 @@ def db_url(ctx: click.Context, show_password: bool) -> None:
 @click.argument("psql_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def db_shell(ctx: click.Context, psql_args: tuple[str, ...]) -> None:
-    """Run psql on the platform database: the psql bundled with the embedded server, with
-    PSQL_ARGS passed on (`sluice db shell -c 'select 1'`, `sluice db shell -f tables.sql`).
-    Starts the home's embedded PostgreSQL if it is stopped. The password goes to psql
-    through the environment (PGPASSWORD), never on its command line."""
+    """Open psql on the platform database.
+
+    Runs the psql bundled with the embedded server, with PSQL_ARGS passed on: sluice db
+    shell -c 'select 1', sluice db shell -f tables.sql. Starts the home's embedded
+    PostgreSQL if it is stopped. The password goes to psql through the environment
+    (PGPASSWORD), never on its command line.
+    """
     bare, password = _libpq_url(_settings(ctx))
     env = dict(os.environ)
     if password is not None:
