@@ -1,8 +1,8 @@
-"""Dagster resources that turn run configuration into Sluice :class:`Settings`.
+"""Dagster resources that turn run configuration into Sluice ``Settings``.
 
 Every field is optional: ``None`` keeps the ``SLUICE_*`` environment variable or the default,
-read when :meth:`SluiceResource.settings` is called (at run time, never at import time). The
-production definitions pass :class:`dagster.EnvVar` values, so the Dagster UI shows the name of
+read when ``SluiceResource.settings`` is called (at run time, never at import time). The
+production definitions pass ``dagster.EnvVar`` values, so the Dagster UI shows the name of
 the variable, never its value (the database password in particular).
 """
 
@@ -87,7 +87,7 @@ _NOT_SETTINGS = frozenset({"database", "spark", "paths", "max_dead_letter_ratio"
 
 
 class SluiceResource(ConfigurableResource["SluiceResource"]):
-    """Optional overrides of :class:`Settings`; ``None`` keeps the ``SLUICE_*`` env / default.
+    """Optional overrides of ``Settings``; ``None`` keeps the ``SLUICE_*`` env / default.
 
     Database, Spark and paths are nested resources (``None``: all from the environment); the
     remaining fields override the Settings field of the same name.

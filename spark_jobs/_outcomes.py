@@ -35,7 +35,7 @@ __all__ = [
 class ExitCode(enum.IntEnum):
     """How a run or command ended: the exit code of ``sluice`` (and of a Dagster run's op).
 
-    Each member's meaning is :attr:`description`; :data:`PRECEDENCE` says which wins when
+    Each member's meaning is ``description``; ``PRECEDENCE`` says which wins when
     several apply. The documentation's exit-code reference is generated from them.
     """
 

@@ -2,7 +2,7 @@
 
 A run's subtasks form one *barrier* stage (gang scheduling, see ``jobs._driver``): this
 module sets how long Spark checks for enough task slots before it gives up
-(:func:`slot_error` turns that failure into one line), how often a failed barrier stage is
+(``slot_error`` turns that failure into one line), how often a failed barrier stage is
 restarted, where the driver listens, and ``spark.authenticate``.
 """
 

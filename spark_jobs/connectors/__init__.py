@@ -1,17 +1,17 @@
 """Connectors: the one way sources and sinks plug into Sluice.
 
-A **source connector** (:class:`SourceConnector`) turns its spec — the immutable value a
+A **source connector** (``SourceConnector``) turns its spec — the immutable value a
 user puts in ``Pipeline(source=...)`` — into the source part of a plan, builds the enumerator
 that discovers its splits and the split reader that reads them inside a Spark task. A **sink
-connector** (:class:`SinkConnector`) turns its spec into the sink part of a plan, opens the
+connector** (``SinkConnector``) turns its spec into the sink part of a plan, opens the
 writer that stages output per checkpoint inside a task and gives the committer that commits
 it with the checkpoint (idempotent on recovery) and replaces one output partition for
-rebuilds. Register one with :func:`register_source` / :func:`register_sink`, keyed by its
+rebuilds. Register one with ``register_source`` / ``register_sink``, keyed by its
 spec type; nothing else in the platform names a concrete connector.
 
-Built in, each in a folder of its own: ``files`` (:class:`FileSource`), ``postgres_table``
-(:class:`TableSource`), ``parquet`` (:class:`ParquetSink`), ``postgres``
-(:class:`PostgresSink`).
+Built in, each in a folder of its own: ``files`` (``FileSource``), ``postgres_table``
+(``TableSource``), ``parquet`` (``ParquetSink``), ``postgres``
+(``PostgresSink``).
 """
 
 from spark_jobs.connectors._interface import (

@@ -4,21 +4,21 @@ Modelled on Flink's ``Source`` (``SplitEnumerator`` + split serializer + ``Sourc
 ``Sink`` (``SinkWriter`` + ``Committer``), with their contracts and not their verbosity:
 
 - a **source connector** turns its *spec* (the user's immutable definition value) into the
-  source part of a plan (:meth:`SourceConnector.validate`), builds the *enumerator* that
+  source part of a plan (``SourceConnector.validate``), builds the *enumerator* that
   discovers its splits (bounded for given days, or one continuous tick, with bounded state;
-  :meth:`SourceConnector.discovery`) and the *split reader* a Spark task reads them with
-  (:meth:`SourceConnector.split_reader`; ``fetch`` may block in the fetcher thread and must
+  ``SourceConnector.discovery``) and the *split reader* a Spark task reads them with
+  (``SourceConnector.split_reader``; ``fetch`` may block in the fetcher thread and must
   return early on ``wake_up()``). Splits are stored in Postgres as rows of the split store
   (``kind``, ``uri``, byte or key range, state): that row is the split's codec.
 - a **sink connector** turns its spec into the sink part of a plan, opens the *writer* that
   stages output inside a task per checkpoint (snapshot and restore travel with the task's
   checkpoint state) and provides the *committer* (a
-  :class:`~enumerator_service.TransactionalSink`: commit inside the checkpoint's Postgres
+  ``TransactionalSink``: commit inside the checkpoint's Postgres
   transaction, publish after it, idempotent on recovery; abort) and, when it can, the
   replacement of one output partition for rebuilds.
 
 Every concrete connector lives in its own folder under ``spark_jobs/connectors/`` and is
-registered there (:mod:`spark_jobs.connectors._registry`); the driver, the reader task, the
+registered there (``spark_jobs.connectors._registry``); the driver, the reader task, the
 CLI and the Dagster factory ask the registry and never name a concrete connector.
 
 Threading: connector objects are stateless and shared; their methods run on the caller's
@@ -152,7 +152,7 @@ class SourceConnector(abc.ABC):
     def discovery(self, pipeline: Pipeline, settings: Settings) -> Discovery:
         """How the enumerator finds the pipeline's splits (bounded or continuous); a
         connector with an enumerator of its own returns an
-        :class:`~enumerator_service.EnumeratorDiscovery` that builds it."""
+        ``EnumeratorDiscovery`` that builds it."""
 
     def waiting_for_input(self, pipeline: Pipeline, settings: Settings) -> str | None:
         """Why there is nothing to discover yet without it being an error (a landing folder
@@ -168,7 +168,7 @@ class SourceConnector(abc.ABC):
         return None
 
     def reader_root(self, pipeline: Pipeline, settings: Settings) -> Any:
-        """What :attr:`ReaderContext.root` carries to the tasks (default: None)."""
+        """What ``ReaderContext.root`` carries to the tasks (default: None)."""
         return None
 
     @abc.abstractmethod
@@ -268,7 +268,7 @@ class SinkConnector(abc.ABC):
         return None
 
     def check_output(self, pipeline: Pipeline, settings: Settings) -> None:
-        """Before a run reads the catalog: one :class:`~enumerator_service.ConfigError`
+        """Before a run reads the catalog: one ``ConfigError``
         line when the output cannot be used at all (an unreachable object store, a missing
         bucket). Default: nothing."""
         return None

@@ -2,10 +2,10 @@
 stored rows that carry the name).
 
 A connector folder registers itself when imported (``register_source(FileSource,
-FilesConnector())``); the built-in ones are imported by :mod:`spark_jobs.connectors`, a user's
+FilesConnector())``); the built-in ones are imported by ``spark_jobs.connectors``, a user's
 by the module that defines its spec (a pipeline module named in ``SLUICE_PIPELINES`` imports
 it). A Spark task gets the run's connectors with its configuration and registers them when
-its process has not (:func:`ensure_registered`: a connector defined in a pipeline module that
+its process has not (``ensure_registered``: a connector defined in a pipeline module that
 is shipped to the workers by value never runs its module's registration there).
 
 Threading: registration happens at import time (under the import lock); lookups are reads of

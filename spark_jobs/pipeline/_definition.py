@@ -18,23 +18,53 @@ __all__ = ["Pipeline"]
 
 @dataclass(frozen=True)
 class Pipeline:
-    """A pipeline definition: records of ``source`` go through ``steps`` in order into
-    ``sink``, exactly once.
+    """A pipeline definition: records of `source` go through `steps` in order into `sink`,
+    exactly once.
+
+    ```python
+    from spark_jobs import FileSource, Lookup, ParquetSink, Pipeline
+
+    orders = Pipeline(
+        name="orders",
+        source=FileSource(
+            schema={"order_id": "int64", "user_id": "int64", "ts": "timestamp"},
+            required=["order_id"],
+            event_time="ts",
+        ),
+        steps=[Lookup("public.users", on="user_id", columns=["country"])],
+        sink=ParquetSink(),
+    )
+    ```
 
     Building one validates it at once: an unknown field, a type a step cannot take, two
     steps producing one field, a malformed option — each raises one
-    :class:`PipelineDefinitionError` naming the pipeline, the step and the field. Key types
-    of lookups are checked against the Postgres catalog when a run opens.
+    `PipelineDefinitionError` naming the pipeline, the step and the field. What needs the
+    database (the types of a lookup's key and columns, a table source's columns, an existing
+    sink table) is checked when a run opens, or by `sluice pipelines`.
 
-    - ``name``: lower-case identifier; names the split source in Postgres, the output folder
-      (by default), the Dagster assets and jobs, and the CLI argument.
-    - ``key``: fields that identify an output record (the unique-key asset check); default:
-      the sink's ``upsert_key``.
-    - ``schedule``: cron of the Dagster incremental schedule (UTC).
-    - ``sample_data``: ``f(settings)`` writing sample input (``sluice demo-data``).
+    Register pipelines by naming their modules in `SLUICE_PIPELINES`: every `Pipeline` at a
+    module's top level is found.
 
-    Register pipelines by naming their modules in ``SLUICE_PIPELINES``: every ``Pipeline``
-    at a module's top level is found.
+    Names: field names are letters, digits and `_` (at most 63 characters, not starting with
+    `__sluice`); table, schema, column and pipeline names are lower-case identifiers of at
+    most 63 characters. Every name is validated, then quoted wherever it reaches SQL, so
+    reserved words such as `order` or `user` work as names.
+
+    Args:
+        name: Lower-case identifier. Names the split source in the platform database, the
+            output folder (by default), the Dagster assets and jobs, and the CLI argument.
+        source: Where records come from: a `FileSource` or a `TableSource` (or a
+            registered connector's spec).
+        steps: `Lookup`, `AsyncMap`, `Map` and `Filter` steps, applied in order.
+        sink: Where output rows go: a `ParquetSink` (the default, under
+            `SLUICE_WAREHOUSE_DIR`) or a `PostgresSink`.
+        key: Output fields that identify a record (the Dagster `unique_key` asset check).
+            Default: the sink's `upsert_key`, if any.
+        schedule: Cron expression (five fields, UTC) of the Dagster incremental schedule.
+        sample_data: `f(target: SampleTarget) -> str`, writing sample input for
+            `sluice demo-data` and `sluice demo` into `target.landing` and, through
+            `claim_demo_table`, tables it creates; returns one line saying what it wrote.
+        description: Shown in Dagster.
     """
 
     name: str

@@ -3,18 +3,18 @@
 A generator fills random rows and files; pointed at a production database or landing folder
 it must not touch anything there. So:
 
-- **tables**: a generator creates its tables through :func:`claim_demo_table`, which creates a
-  missing table and marks it with a ``COMMENT ON TABLE`` starting with :data:`DEMO_COMMENT`.
+- **tables**: a generator creates its tables through ``claim_demo_table``, which creates a
+  missing table and marks it with a ``COMMENT ON TABLE`` starting with ``DEMO_COMMENT``.
   A table that exists without that mark (a real table, or one of the same name sample data did
   not create) is refused — before the generator has written anything, as long as it claims
   its tables first and in one transaction with its writes (the examples do).
-- **landing folders**: :func:`check_landing` (run by the CLI before the generator) accepts a
+- **landing folders**: ``check_landing`` (run by the CLI before the generator) accepts a
   missing folder, one without files, or one holding only files listed in its marker file
-  :data:`LANDING_MARKER` (hidden from discovery: it starts with ``_``), and no symlink;
-  :func:`record_landing` (after the generator, also when it failed half-way) lists every file
+  ``LANDING_MARKER`` (hidden from discovery: it starts with ``_``), and no symlink;
+  ``record_landing`` (after the generator, also when it failed half-way) lists every file
   then there in the marker.
 
-Anything else raises :class:`DemoDataRefused`, one line saying why (the CLI exits with 2).
+Anything else raises ``DemoDataRefused``, one line saying why (the CLI exits with 2).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _quoted(schema: str, table: str) -> str:
 async def claim_demo_table(conn: Any, schema: str, table: str, columns_sql: str) -> bool:
     """Make ``schema.table`` a demo table on the asyncpg connection ``conn``: create it
     (``CREATE TABLE schema.table (columns_sql)``) and mark it when missing (True), accept it
-    when it carries the mark (False), else raise :class:`DemoDataRefused`.
+    when it carries the mark (False), else raise ``DemoDataRefused``.
 
     Call it inside the transaction that then writes the table, so a refusal of a later
     table rolls back the creation of an earlier one. ``columns_sql`` is the generator's own
@@ -112,7 +112,7 @@ def _recorded(landing: Path) -> set[str]:
 
 
 def check_landing(landing: Path) -> None:
-    """Raise :class:`DemoDataRefused` unless ``landing`` is missing, holds no file, or holds
+    """Raise ``DemoDataRefused`` unless ``landing`` is missing, holds no file, or holds
     only files its marker lists (sample data written there before)."""
     if not landing.exists() and not landing.is_symlink():
         return

@@ -80,5 +80,5 @@ def check_table(name: object, what: str) -> tuple[str, str]:
 
 def quote(name: str) -> str:
     """A validated name as a quoted SQL identifier (reserved words such as ``order`` work);
-    see :func:`enumerator_service.quote_identifier`."""
+    see ``enumerator_service.quote_identifier``."""
     return quote_identifier(name)

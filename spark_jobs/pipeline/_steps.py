@@ -46,10 +46,19 @@ MissPolicy: TypeAlias = Literal["keep", "drop", "dead_letter"]
 
 @dataclass(frozen=True)
 class PartialCache:
-    """Flink's partial lookup cache, per task: up to ``max_rows`` keys (least recently used
-    evicted), expired ``expire_after_write`` after they were read from Postgres and/or
-    ``expire_after_access`` after their last use; keys without a row are cached as misses
-    too unless ``cache_missing`` is False (never with ``on_miss="retry"``)."""
+    """Flink's partial lookup cache, per task: keys looked up recently, with their rows.
+
+    Least recently used keys are evicted beyond `max_rows`; entries expire
+    `expire_after_write` after they were read from Postgres and/or `expire_after_access`
+    after their last use.
+
+    Args:
+        max_rows: Most keys kept per task.
+        expire_after_write: A key is read again this long after it was read (`None`: never).
+        expire_after_access: A key unused this long is evicted (`None`: never).
+        cache_missing: Keys without a row are cached too, as misses. Never with
+            `on_miss="retry"` or `RetryOnMiss`.
+    """
 
     max_rows: int
     expire_after_write: Duration | None = "5m"
@@ -59,19 +68,35 @@ class PartialCache:
 
 @dataclass(frozen=True)
 class FullCache:
-    """The whole table (its key and looked-up columns) in Arrow, per task: no query per
-    record at all. Loaded when the task opens and again every ``reload_every`` (None: once);
-    a reload swaps the table atomically between two batches. For small dimension tables."""
+    """The whole lookup table (its key and looked-up columns) in Arrow, per task: no query
+    per record at all. For small dimension tables.
+
+    Loaded when the task opens; a reload swaps the table whole between two batches. A failed
+    reload is logged, the loaded table is kept and the next period tries again.
+
+    Args:
+        reload_every: Reload the table this often (`None`: loaded once per task).
+    """
 
     reload_every: Duration | None = None
 
 
 @dataclass(frozen=True)
 class RetryOnMiss:
-    """FLIP-234's retry on an empty result, for rows that reach the table after the record:
-    rows without a match are looked up again after ``delay``, up to ``attempts`` more times
-    (the whole element waits: its results keep their order); rows still without a match
-    then follow ``then``. The step's ``timeout`` spans all attempts and must exceed them."""
+    """FLIP-234's retry on an empty result, for rows that reach the lookup table after the
+    record: `Lookup(on_miss=RetryOnMiss(...))`.
+
+    Rows without a match are looked up again after `delay`, up to `attempts` times (the
+    whole element waits, so results keep their order); rows still without a match then
+    follow `then`. The step's `timeout` spans all attempts and must exceed
+    `attempts * delay`. `on_miss="retry"` is `RetryOnMiss()`.
+
+    Args:
+        attempts: Lookups again of the keys still without a row (at least 1).
+        delay: Wait before each new attempt.
+        then: What happens to records still without a row: `"keep"`, `"drop"` or
+            `"dead_letter"`.
+    """
 
     attempts: int = 3
     delay: Duration = "1s"
@@ -82,18 +107,44 @@ class RetryOnMiss:
 class Lookup:
     """Enrich each record with columns of the row of a Postgres table that matches its key.
 
-    - ``table``: ``"schema.table"`` (or ``"table"`` in ``public``).
-    - ``on``: record field → table column (a composite key maps several); a string or a list
-      uses the same name on both sides. Key types must match the columns' (checked against
-      the catalog when a run opens).
-    - ``columns``: table columns to add, as a list (same names) or column → output name.
-    - ``on_miss``: a record without a matching row is kept with nulls (``"keep"``, a left
-      join), dropped (``"drop"``), sent to the dead letters (``"dead_letter"``), or looked up
-      again (``"retry"`` or a :class:`RetryOnMiss`).
-    - ``cache``: None, :class:`PartialCache` or :class:`FullCache`.
-    - ``timeout`` (all attempts of one element), ``retries`` (of a failed query: connection
-      errors, with exponential backoff), ``capacity`` (elements in flight; an element is a
-      block of records), ``batch_size`` (distinct keys per query), ``mode``.
+    ```python
+    from spark_jobs import Lookup, PartialCache
+
+    step = Lookup(
+        "public.users",
+        on={"user_id": "id"},
+        columns={"country": "user_country"},
+        on_miss="dead_letter",
+        cache=PartialCache(max_rows=100_000),
+    )
+    ```
+
+    One query per block of records (`= ANY` of its distinct keys; for a composite key, the
+    keys probed through a btree index that begins with its columns, else joined against
+    `unnest` of them), results joined back column-wise in Arrow. The key and
+    column types are checked against the table's catalog when a run opens: key and column
+    must be of one family (integer, float, decimal, string, date, timestamp, bool, binary).
+
+    Args:
+        table: `"schema.table"`, or `"table"` in schema `public`.
+        on: Record field → table column (several for a composite key); a string or a list
+            uses the same name on both sides.
+        columns: Table columns to add: a list (same names), or column → output field name.
+        on_miss: A record without a matching row is kept with nulls (`"keep"`, a left
+            join), dropped (`"drop"`, counted), made a dead letter (`"dead_letter"`, reason
+            `lookup miss: <table> has no row for k=v`), or looked up again (`"retry"` or a
+            `RetryOnMiss`).
+        cache: `None` (a query per block), `PartialCache(...)` or `FullCache(...)`.
+        timeout: Bound on one element, all attempts included; past it the task fails.
+            Default: `SLUICE_LOOKUP_TIMEOUT_SECONDS`.
+        retries: Retries of a query that failed on a connection error (exponential
+            backoff). Default: `SLUICE_LOOKUP_RETRIES`.
+        capacity: Elements (blocks of records) in flight per task. Default:
+            `SLUICE_LOOKUP_CAPACITY`.
+        batch_size: Most distinct keys per query. Default: `SLUICE_LOOKUP_BATCH_SIZE`.
+        mode: `"ordered"` (output in input order) or `"unordered"` (as lookups complete;
+            never across a watermark).
+        name: How errors and metrics name the step. Default: the table.
     """
 
     table: str
@@ -116,24 +167,42 @@ class Lookup:
 
 @dataclass(frozen=True)
 class AsyncMap:
-    """The user's own asynchronous function (Flink's ``AsyncFunction``), e.g. a call to a
-    scoring service.
+    """The user's own asynchronous function (Flink's `AsyncFunction`), e.g. a call to a
+    scoring service; each call is an element of Flink's async wait operator.
 
-    ``function`` is an :class:`~spark_jobs.async_io.AsyncFunction` (callback style
-    ``async_invoke(value, result_future)``, overridable ``timeout(value, result_future)``),
-    a :class:`~spark_jobs.async_io.CoroutineAsyncFunction`, or a plain ``async def``.
+    ```python
+    from spark_jobs import AsyncMap
 
-    - ``per="record"``: the value is one record as a dict (read it, do not change it); the
-      function completes with a list of dicts holding the ``output`` fields, each becoming one
-      output record (the input record plus those fields): ``[]`` drops the record, a
-      missing field is null. ``capacity`` counts records.
-    - ``per="batch"``: the value is a ``pyarrow.RecordBatch`` of records; the function
-      completes with one RecordBatch of the same length holding the ``output`` fields.
 
-    ``output``: the fields it adds (name → type). ``timeout`` bounds one element across all
-    attempts (on expiry the function's ``timeout()`` decides: by default the task fails);
-    ``retry``: an ``AsyncRetryStrategy`` (``fixed_delay``, ``exponential_backoff``, with
-    result and exception predicates; it needs a timeout).
+    async def score(record: dict) -> list[dict]:
+        return [{"score": len(record["event_id"]) / 10}]
+
+
+    step = AsyncMap(score, output={"score": "float64"}, capacity=50, timeout="10s")
+    ```
+
+    `open()` and `close()` of an `AsyncFunction` run on the task's event loop: create
+    clients there.
+
+    Args:
+        function: An `AsyncFunction` (callback style `async_invoke(value, result_future)`,
+            overridable `timeout(value, result_future)`), a `CoroutineAsyncFunction`
+            (`async def invoke(value) -> list`), or a plain `async def`.
+        output: The fields it adds, name → type.
+        per: `"record"`: the value is one record as a dict (read it, do not change it); the
+            function completes with a list of dicts holding the `output` fields, each one
+            output record (the input record plus those fields): `[]` drops the record, a
+            missing field is null. `"batch"`: the value is a `pyarrow.RecordBatch`; the
+            function completes with one RecordBatch of the same length holding the `output`
+            fields.
+        capacity: Elements in flight per task (records, or batches with `per="batch"`).
+            Default: 100.
+        timeout: Bound on one element, all attempts included; on expiry the function's
+            `timeout()` decides (by default the task fails). `None`: no bound.
+        retry: `fixed_delay(...)` or `exponential_backoff(...)`, with result and exception
+            predicates; needs a `timeout`.
+        mode: `"ordered"` or `"unordered"` (as completed; never across a watermark).
+        name: How errors and metrics name the step. Default: the function's name.
     """
 
     function: Any
@@ -157,10 +226,30 @@ class AsyncMap:
 
 @dataclass(frozen=True)
 class Map:
-    """A function of a ``pyarrow.RecordBatch`` returning a RecordBatch with one row per input
-    row (in order): add, replace or drop columns. Its output schema is found by calling it
-    on an empty batch of its input schema, or given as ``output`` (the fields it adds or
-    replaces; every input field is then kept)."""
+    """A function of a `pyarrow.RecordBatch` returning a RecordBatch with one row per input
+    row, in order: add, replace or drop columns. Runs inline on the task's mailbox thread.
+
+    ```python
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from spark_jobs import Map
+
+
+    def with_total(batch: pa.RecordBatch) -> pa.RecordBatch:
+        total = pc.multiply(batch.column("price"), batch.column("qty"))
+        return batch.append_column("total", total)
+
+
+    step = Map(with_total)
+    ```
+
+    Args:
+        function: The function. Its output schema is found by calling it on an empty batch
+            of its input, unless `output` is given.
+        output: The fields it adds or replaces, name → type; every input field is then kept.
+        name: How errors name the step. Default: the function's name.
+    """
 
     function: Callable[[pa.RecordBatch], pa.RecordBatch]
     output: Mapping[str, TypeSpec] | None = None
@@ -174,9 +263,23 @@ class Map:
 
 @dataclass(frozen=True)
 class Filter:
-    """Keep the records for which a ``pyarrow.compute`` expression is true (e.g.
-    ``pc.field("qty") > 0``; compare a decimal field with a ``Decimal``: Arrow compares
-    decimals with integer literals only at small precisions); null counts as false."""
+    """Keep the records for which a `pyarrow.compute` expression is true; null counts as
+    false. Runs inline on the task's mailbox thread.
+
+    ```python
+    import pyarrow.compute as pc
+
+    from spark_jobs import Filter
+
+    step = Filter(pc.field("qty") > 0)
+    ```
+
+    Args:
+        predicate: A `pyarrow.compute.Expression` over the record's fields. Compare a
+            decimal field with a `Decimal`: Arrow compares decimals with integer literals
+            only at small precisions.
+        name: How errors name the step. Default: the expression's text.
+    """
 
     predicate: pc.Expression
     name: str | None = None

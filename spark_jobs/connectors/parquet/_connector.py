@@ -1,6 +1,6 @@
 """The Parquet sink connector: files staged per checkpoint, published into the table folder
-when the checkpoint completes (:mod:`spark_jobs.sink._parquet`); a day is rebuilt by a
-folder swap (:mod:`spark_jobs.sink._rebuild_swap`).
+when the checkpoint completes (``spark_jobs.sink._parquet``); a day is rebuilt by a
+folder swap (``spark_jobs.sink._rebuild_swap``).
 
 Row accounting for the Dagster checks reads the committed transactions' file lists and the
 Parquet footers of the output (no data is read).
@@ -101,7 +101,7 @@ def parquet_objects(folder: Location) -> list[str]:
 
 
 def parquet_files(folder: Path) -> list[Path]:
-    """:func:`parquet_objects` of a local folder, as paths (none if it does not exist)."""
+    """``parquet_objects`` of a local folder, as paths (none if it does not exist)."""
     return [Path(path) for path in parquet_objects(open_location(folder))]
 
 

@@ -10,12 +10,25 @@ __all__ = ["PostgresSink"]
 
 @dataclass(frozen=True)
 class PostgresSink:
-    """Rows in the Postgres table ``table`` (``"schema.table"``; created with the output's
-    columns, plus ``dt`` for a day-partitioned source, when missing), committed in the same
-    transaction as the checkpoint that covers them.
+    """Rows in a Postgres table, committed in the same transaction as the checkpoint that
+    covers them.
 
-    ``upsert_key``: columns with a unique index; a row replaces the row with its key (the
-    last one staged wins within a checkpoint). None: rows are appended.
+    The table is created when missing, with the output's columns (plus `dt` for a
+    day-partitioned source); an existing table must have those columns and, for an upsert,
+    a unique index on the key.
+
+    ```python
+    from spark_jobs import PostgresSink
+
+    sink = PostgresSink("analytics.user_totals", upsert_key=["user_id"])
+    ```
+
+    Args:
+        table: `"schema.table"`, or `"table"` in schema `public`.
+        upsert_key: Output fields with a unique index: a row replaces the row with its key
+            (the last one staged wins within a checkpoint), and rebuilding a day writes its
+            rows again. `None`: rows are appended, and rebuilding a day already processed
+            only processes its new files.
     """
 
     table: str

@@ -13,15 +13,35 @@ __all__ = ["TableSource"]
 
 @dataclass(frozen=True)
 class TableSource:
-    """Rows of a Postgres table, read in ranges of its integer ``key`` column (FLIP-27 splits
-    of about ``rows_per_split`` rows). The first discovery covers the keys present; later
-    ones register ranges of keys appended above the highest one seen (append-only tables are
-    read continuously; rows inserted below it later are not seen).
+    """Rows of a Postgres table, read in ranges of its integer `key` column.
 
-    ``schema`` names the columns to read and their types (checked against the catalog when a
-    run opens); ``required``, ``event_time`` (optional: declare it when the rows have one,
-    else the pipeline has no watermarks), the watermark strategy and ``late_records`` as for
-    :class:`FileSource`. The output is unpartitioned.
+    The first discovery registers splits (`[low, high)` key ranges of about
+    `rows_per_split` rows) over the keys present; later ones register ranges of keys
+    appended above the highest one seen, so an append-only table is read continuously. Rows
+    inserted below the highest key seen, and updates, are not seen. The output is
+    unpartitioned.
+
+    ```python
+    from spark_jobs import TableSource
+
+    source = TableSource(
+        table="shop.orders",
+        key="id",
+        schema={"id": "int64", "amount": "decimal(12,2)", "placed_at": "timestamp"},
+    )
+    ```
+
+    Args:
+        table: `"schema.table"`, or `"table"` in schema `public`.
+        key: An integer column (checked against the catalog when a run opens); splits are
+            ranges of it.
+        schema: Columns to read → types (checked against the catalog when a run opens).
+        required: As for `FileSource`.
+        event_time: As for `FileSource`; optional: declare it when the rows have one.
+        rows_per_split: Target number of rows per split.
+        out_of_orderness: As for `FileSource`.
+        idle_timeout: As for `FileSource`.
+        late_records: As for `FileSource`.
     """
 
     table: str
