@@ -7,7 +7,9 @@ generators ran and found what they document."""
 from __future__ import annotations
 
 import html
+import inspect
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -133,3 +135,20 @@ def test_every_exit_code_is_in_its_page(site: Path) -> None:
         if code(str(int(member))) not in text or code(member.name) not in text
     ]
     assert missing == []
+
+
+def _examples(objects: list[object]) -> Iterator[tuple[str, str]]:
+    for obj in objects:
+        doc = inspect.getdoc(obj) or ""
+        for block in re.findall(r"```python\n(.*?)```", doc, re.S):
+            yield getattr(obj, "__name__", repr(obj)), block
+
+
+DOCUMENTED = [getattr(spark_jobs, name) for name in spark_jobs.__all__]
+DOCUMENTED += [getattr(spark_jobs.connectors, name) for name in spark_jobs.connectors.__all__]
+
+
+@pytest.mark.parametrize(("name", "block"), list(_examples(DOCUMENTED)))
+def test_docstring_examples_run(name: str, block: str) -> None:
+    """The examples in the API reference build what they show (a definition error fails)."""
+    exec(compile(block, f"<{name} docstring>", "exec"), {})  # noqa: S102 (our own docstrings)
