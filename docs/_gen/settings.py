@@ -48,6 +48,15 @@ commands, the Dagster resources) has its password replaced by `***`.
 """
 
 
+def _markdown(text: str) -> str:
+    """A description as Markdown: ``<placeholders>`` outside code spans are escaped (else
+    they would be read as HTML tags and vanish)."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
+
+
 def _is_secret(annotation: Any) -> bool:
     return annotation is SecretStr or SecretStr in typing.get_args(annotation)
 
@@ -133,7 +142,7 @@ def render() -> str:
         default = _default(name, annotation, info)
         anchor = env.lower()
         rows.append(f"| [`{env}`](#{anchor}) | {kind} | {default} |")
-        description = (info.description or "").strip()
+        description = _markdown((info.description or "").strip())
         if not description:
             raise SystemExit(f"Settings.{name} has no description: add Field(description=...)")
         secret = (
