@@ -20,12 +20,14 @@ ExceptionPredicate = Callable[[BaseException], bool]
 
 
 def EMPTY_RESULT(results: Sequence[Any]) -> bool:
-    """Retry when the function returned no result."""
+    """A result predicate for `fixed_delay`/`exponential_backoff`: retry when the function
+    completed with no result."""
     return len(results) == 0
 
 
 def HAS_EXCEPTION(_error: BaseException) -> bool:
-    """Retry on any exception."""
+    """An exception predicate for `fixed_delay`/`exponential_backoff`: retry on any
+    exception."""
     return True
 
 
@@ -67,7 +69,26 @@ def fixed_delay(
     on_result: ResultPredicate | None = None,
     on_exception: ExceptionPredicate | None = None,
 ) -> AsyncRetryStrategy:
-    """Retry up to ``max_attempts`` times, ``delay`` seconds apart."""
+    """A retry strategy for `AsyncMap(retry=...)`: retries `delay` seconds apart.
+
+    ```python
+    from spark_jobs import EMPTY_RESULT, HAS_EXCEPTION, fixed_delay
+
+    retry = fixed_delay(3, 0.5, on_result=EMPTY_RESULT, on_exception=HAS_EXCEPTION)
+    ```
+
+    Without a predicate nothing is retried. The step's `timeout` spans all attempts (a
+    retry strategy needs one); when it fires, the function's `timeout()` decides.
+
+    Args:
+        max_attempts: Retries after the first call (at least 1): at most `max_attempts + 1`
+            calls per element.
+        delay: Seconds between two calls.
+        on_result: Retry when this returns true for the results of a call (e.g.
+            `EMPTY_RESULT`).
+        on_exception: Retry when this returns true for the exception a call completed with
+            (e.g. `HAS_EXCEPTION`); else the exception fails the task.
+    """
     if max_attempts < 1 or delay < 0:
         raise ValueError("fixed_delay needs max_attempts >= 1 and delay >= 0")
     return AsyncRetryStrategy(max_attempts, lambda _n: delay, on_result, on_exception)
@@ -82,7 +103,19 @@ def exponential_backoff(
     on_result: ResultPredicate | None = None,
     on_exception: ExceptionPredicate | None = None,
 ) -> AsyncRetryStrategy:
-    """Retry up to ``max_attempts`` times; delays grow by ``multiplier`` up to ``max_delay``."""
+    """A retry strategy for `AsyncMap(retry=...)`: delays grow by `multiplier` from
+    `initial_delay` up to `max_delay`.
+
+    Without a predicate nothing is retried; see `fixed_delay`.
+
+    Args:
+        max_attempts: Retries after the first call (at least 1).
+        initial_delay: Seconds before the first retry.
+        max_delay: Most seconds between two calls.
+        multiplier: Each delay is the previous one times this (at least 1).
+        on_result: Retry when this returns true for the results of a call.
+        on_exception: Retry when this returns true for the exception a call completed with.
+    """
     if max_attempts < 1 or initial_delay < 0 or max_delay < initial_delay or multiplier < 1:
         raise ValueError("exponential_backoff needs max_attempts >= 1, 0 <= initial <= max, m >= 1")
     return AsyncRetryStrategy(

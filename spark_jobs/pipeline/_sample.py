@@ -18,7 +18,7 @@ class SampleTarget:
     tables), the settings (``SLUICE_DEMO_*`` sizes and seed) and a progress callback taking
     (what, done, total). The generator returns one line saying what it wrote.
 
-    Contract (issue 13: sample data never lands in real data): the command has checked that
+    Contract (sample data never lands in real data): the command has checked that
     ``landing`` is missing, empty or holds only earlier sample files, and lists what is there
     afterwards; the generator creates every table through ``claim_demo_table`` — all of them
     before it writes anything, in the transaction that writes them — so a table it did not
