@@ -52,6 +52,6 @@ def test_a_map_declaring_float_fails_at_definition() -> None:
 def test_a_batch_that_does_not_conform_prints_sluice_type_names() -> None:
     schema = pa.schema([pa.field("v", pa.float64())])
     batch = pa.RecordBatch.from_pydict({"v": pa.array([1.0], pa.float32())})
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(ValueError, match="a batch has") as refused:
         conform_batch(batch, schema, "sink")
     assert str(refused.value) == "sink: a batch has (v float32), the output is (v float64)"
