@@ -33,5 +33,5 @@ def quote_identifier(name: str) -> str:
 
 
 def qualified_name(schema: str, table: str) -> str:
-    """``"schema"."table"``, both parts quoted by :func:`quote_identifier`."""
+    """``"schema"."table"``, both parts quoted by ``quote_identifier``."""
     return f"{quote_identifier(schema)}.{quote_identifier(table)}"

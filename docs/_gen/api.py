@@ -40,6 +40,9 @@ PIPELINE_GROUPS: dict[str, list[str]] = {
     "Spark": ["spark_for"],
 }
 
+#: enumerator_service names a pipeline module uses (examples/_clickstream_data.py).
+SQL_NAMES = ["quote_identifier", "qualified_name"]
+
 CONNECTOR_GROUPS: dict[str, list[str]] = {
     "Source connectors": [
         "SourceConnector",
@@ -101,6 +104,12 @@ def pipeline_page() -> str:
     )
     lines.append("::: dagster_project.definitions.defs\n")
     lines.extend(f"::: dagster_project.{name}\n" for name in dagster_project.__all__)
+    lines.append("## SQL names\n")
+    lines.append(
+        "For a `sample_data` generator's own SQL (table and column names, quoted as Sluice "
+        "quotes them).\n"
+    )
+    lines.extend(f"::: enumerator_service.{name}\n" for name in SQL_NAMES)
     return "\n".join(lines)
 
 
