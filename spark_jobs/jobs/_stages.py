@@ -41,6 +41,7 @@ from spark_jobs.jobs._user_errors import UserCodeError, first_bad_value
 from spark_jobs.jobs._user_functions import Completed
 from spark_jobs.lookup import LookupMetrics
 from spark_jobs.pipeline._plan import FilterPlan, MapPlan, StagePlan
+from spark_jobs.pipeline._types import type_name
 from spark_jobs.runtime import MailboxProcessor
 from spark_jobs.source._batch import OFFSET, Batch, user_rows, with_offsets
 
@@ -136,7 +137,7 @@ def conform(rows: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBat
                 value = "" if bad is None else f" (value {bad[1]})"
                 raise UserCodeError(
                     where,
-                    f"is {column.type}, not {field.type}{value}: {exc}",
+                    f"is {type_name(column.type)}, not {type_name(field.type)}{value}: {exc}",
                     field=field.name,
                     row=None if bad is None else bad[0],
                 ) from None

@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 import pyarrow as pa
 
 __all__ = [
+    "AMBIGUOUS",
     "Duration",
     "TypeSpec",
     "arrow_type",
@@ -43,7 +44,6 @@ _NAMED: dict[str, pa.DataType] = {
     "int": pa.int64(),
     "float32": pa.float32(),
     "float64": pa.float64(),
-    "float": pa.float64(),
     "double": pa.float64(),
     "bool": pa.bool_(),
     "boolean": pa.bool_(),
@@ -51,6 +51,13 @@ _NAMED: dict[str, pa.DataType] = {
     "timestamp": UTC_MICROS,
     "timestamp_naive": pa.timestamp("us"),
     "binary": pa.binary(),
+}
+#: Names that mean different things in Python and in Arrow/Spark, refused with the reason.
+AMBIGUOUS: dict[str, str] = {
+    "float": (
+        "'float' is ambiguous (64-bit in Python, 32-bit in Arrow and Spark): "
+        "write 'float64' (or 'double') or 'float32'"
+    ),
 }
 _DECIMAL = re.compile(r"^decimal\(\s*(\d{1,2})\s*,\s*(\d{1,2})\s*\)$")
 
@@ -76,6 +83,8 @@ def arrow_type(spec: Any, where: str) -> pa.DataType:
                     f"{where}: {spec!r} needs 1 <= precision <= 38, scale <= precision"
                 )
             return pa.decimal128(precision, scale)
+        if text in AMBIGUOUS:
+            raise ValueError(f"{where}: {AMBIGUOUS[text]}")
         if text not in _NAMED:
             raise ValueError(
                 f"{where}: unknown type {spec!r} (use one of {', '.join(sorted(_NAMED))} "
@@ -87,7 +96,7 @@ def arrow_type(spec: Any, where: str) -> pa.DataType:
     if pa.types.is_timestamp(kind) and kind.unit == "us" and kind.tz in ("UTC", "+00:00"):
         return UTC_MICROS
     if not is_supported(kind):
-        raise ValueError(f"{where}: type {kind} is not supported")
+        raise ValueError(f"{where}: type {type_name(kind)} is not supported")
     return kind
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from spark_jobs.pipeline._types import type_name
+
 __all__ = ["StagedOutput", "conform_batch"]
 
 
@@ -38,7 +40,7 @@ def conform_batch(batch: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.Re
         return batch
     got = [(f.name, f.type) for f in batch.schema]
     if got != [(f.name, f.type) for f in schema]:
-        shown = ", ".join(f"{name} {kind}" for name, kind in got)
-        wanted = ", ".join(f"{f.name} {f.type}" for f in schema)
+        shown = ", ".join(f"{name} {type_name(kind)}" for name, kind in got)
+        wanted = ", ".join(f"{f.name} {type_name(f.type)}" for f in schema)
         raise ValueError(f"{where}: a batch has ({shown}), the output is ({wanted})")
     return pa.RecordBatch.from_arrays(batch.columns, schema=schema)

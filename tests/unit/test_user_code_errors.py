@@ -45,7 +45,7 @@ def _as_text(batch: pa.RecordBatch) -> pa.RecordBatch:
 def test_a_value_that_does_not_fit_its_declared_type_names_field_and_record() -> None:
     error = _run(MapStage(_stages(Map(_as_text, output={"score": "double"}))), _batch([1, 2, 3]))
     assert str(error) == (
-        "step 1 (Map _as_text): field 'score': is string, not double (value 'n/a'): Failed "
+        "step 1 (Map _as_text): field 'score': is string, not float64 (value 'n/a'): Failed "
         "to parse string: 'n/a' as a scalar of type double (record: split 7 offset 120)"
     )
     named = error.named("orders", "/landing/a.csv")
