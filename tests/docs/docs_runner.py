@@ -80,6 +80,8 @@ class PageRun:
     #: Output of every bash block run so far, by the line of its fence.
     outputs: dict[int, str] = field(default_factory=dict)
     background: list[tuple[Block, subprocess.Popen[bytes], Path]] = field(default_factory=list)
+    #: (line, what, seconds) of every item run, for the test's report.
+    timings: list[tuple[int, str, float]] = field(default_factory=list)
 
     def fail(self, line: int, what: str, detail: str) -> DocBlockFailure:
         return DocBlockFailure(f"{self.page.path}:{line}: {what}\n{detail}")
@@ -405,27 +407,33 @@ def run_page(page: Page, checks: Checks) -> PageRun:
     """Run every item of the page in order (raises DocBlockFailure on the first failure)."""
     with page_run(page) as run:
         for item in page.items:
-            if isinstance(item, Check):
-                check = checks.get(item.name)
-                if check is None:
-                    raise run.fail(item.line, f"no check named {item.name!r} in docs_checks", "")
-                try:
-                    check(run)
-                except AssertionError as exc:
-                    raise run.fail(item.line, f"check {item.name} failed", str(exc)) from None
-                continue
-            block = item
-            if block.skip is not None:
-                continue
-            if block.expect:
-                check_expect(run, block)
-            elif block.kind == "python-file":
-                write_file(run, block)
-            elif block.kind == "python":
-                run_python(run, block)
-            elif block.kind == "bash":
-                if page.shell:
-                    run_bash(run, block)
-                else:
-                    check_sluice_commands(run, block)
+            started = time.monotonic()
+            _run_item(run, item, checks)
+            what = f"check {item.name}" if isinstance(item, Check) else item.kind
+            run.timings.append((item.line, what, time.monotonic() - started))
         return run
+
+
+def _run_item(run: PageRun, item: Block | Check, checks: Checks) -> None:
+    if isinstance(item, Check):
+        check = checks.get(item.name)
+        if check is None:
+            raise run.fail(item.line, f"no check named {item.name!r} in docs_checks", "")
+        try:
+            check(run)
+        except AssertionError as exc:
+            raise run.fail(item.line, f"check {item.name} failed", str(exc)) from None
+        return
+    if item.skip is not None:
+        return
+    if item.expect:
+        check_expect(run, item)
+    elif item.kind == "python-file":
+        write_file(run, item)
+    elif item.kind == "python":
+        run_python(run, item)
+    elif item.kind == "bash":
+        if run.page.shell:
+            run_bash(run, item)
+        else:
+            check_sluice_commands(run, item)

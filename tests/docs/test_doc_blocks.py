@@ -77,6 +77,9 @@ def _params() -> list[object]:
 def test_doc_blocks(path: Path) -> None:
     page = read_page(path, REPO)
     started = time.monotonic()
-    run_page(page, CHECKS)
-    if page.shell:
-        print(f"{page.path}: {time.monotonic() - started:.1f} s")
+    run = run_page(page, CHECKS)
+    if page.shell:  # where the time goes (pytest -s shows it)
+        print(f"\n{page.path}: {time.monotonic() - started:.1f} s")
+        for line, what, seconds in run.timings:
+            if seconds >= 0.5:
+                print(f"  line {line:4d}  {what:<24} {seconds:6.1f} s")
