@@ -117,8 +117,6 @@ def page_env(sandbox: Path, port: int) -> dict[str, str]:
     # Files appear and are discovered at once (the settle rule has tests of its own).
     env["SLUICE_FILE_SETTLE_SECONDS"] = "0"
     env.update(DEMO_SIZES)
-    # The checkout's venv is the one the test runs in: make never reinstalls it.
-    env["MAKEFLAGS"] = "-o install"
     # `dagster dev` without -p listens here (its options read DAGSTER_CLI_DEV_*), so a test
     # never collides with a UI on 3000; background blocks wait for this port.
     env["SLUICE_DOCS_PORT"] = str(port)
@@ -130,15 +128,26 @@ def page_env(sandbox: Path, port: int) -> dict[str, str]:
 
 
 def _make_checkout(sandbox: Path) -> None:
-    """``<sandbox>/sluice``: what a fresh clone holds (links to this checkout's files and
-    its venv), without its state (.sluice, data)."""
+    """``<sandbox>/sluice``: what a fresh clone holds (links to this checkout's files), without
+    its state (.sluice, data), and a ``.venv`` whose ``bin`` and ``lib`` are the test's venv.
+
+    Its install stamp is fresh, so ``make`` there never reinstalls: ``pip install -e`` from
+    the sandbox would point the (shared) venv's editable install at the sandbox. (``make -o``
+    cannot be passed through MAKEFLAGS: make leaves it out of the environment.)"""
     checkout = sandbox / "sluice"
     checkout.mkdir()
     for entry in REPO.iterdir():
-        if entry.name in _NOT_IN_CHECKOUT:
-            continue
-        target = entry.resolve() if entry.name == ".venv" else entry
-        (checkout / entry.name).symlink_to(target)
+        if entry.name not in _NOT_IN_CHECKOUT and entry.name != ".venv":
+            (checkout / entry.name).symlink_to(entry)
+    venv = VENV_BIN.resolve().parent
+    (checkout / ".venv").mkdir()
+    for entry in venv.iterdir():
+        if not entry.name.startswith(".installed-"):
+            (checkout / ".venv" / entry.name).symlink_to(entry)
+    cksum = subprocess.run(
+        ["cksum", str(REPO / "pyproject.toml")], capture_output=True, text=True, check=True
+    )
+    (checkout / ".venv" / f".installed-{cksum.stdout.split()[0]}").touch()
 
 
 @contextlib.contextmanager

@@ -24,8 +24,9 @@ Extensions (shell pages):
   files). Plain (unexported) shell variables do not.
 - The sandbox holds ``sluice/``: a checkout of this repository (links to its files and its
   venv, no ``.sluice`` or ``data``), which is what ``git clone`` would give (a page's clone
-  command itself is skipped). ``make`` there never reinstalls the venv (``MAKEFLAGS=-o
-  install``); sample data sizes are small (``docs_runner.DEMO_SIZES``); landing files need
+  command itself is skipped). ``make`` there never reinstalls the venv (its install stamp is fresh:
+  an install from the sandbox would repoint the shared venv's editable install);
+  sample data sizes are small (``docs_runner.DEMO_SIZES``); landing files need
   no settle time (``SLUICE_FILE_SETTLE_SECONDS=0``).
 - ``<!-- docs-test: background -->`` before a bash block: the block is started in the
   background (its own session) and the page goes on once something listens on
