@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 #: A shell block that takes longer fails (the whole tutorial must stay far below this).
 BLOCK_TIMEOUT = 300.0
+#: How long background processes get to end after SIGTERM before they are SIGKILLed.
+STOP_GRACE = 5.0
 #: How long a background block may take to listen on its port.
 SERVE_TIMEOUT = 120.0
 #: Not copied into the sandbox's checkout: state, caches, and git's own files.
@@ -287,7 +289,7 @@ def _wait_serving(run: PageRun, block: Block, process: subprocess.Popen[bytes], 
 
 def stop_background(run: PageRun) -> None:
     """SIGTERM every background process and each of its descendants, then SIGKILL what is
-    left after 20 s (a run worker, its Spark JVM)."""
+    left after a few seconds (a run worker, its Spark JVM)."""
     for _, process, _ in run.background:
         try:
             procs = [psutil.Process(process.pid)]
@@ -299,7 +301,7 @@ def stop_background(run: PageRun) -> None:
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 proc.terminate()
-        _, alive = psutil.wait_procs(procs, timeout=20)
+        _, alive = psutil.wait_procs(procs, timeout=STOP_GRACE)
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()

@@ -33,7 +33,7 @@ Extensions (shell pages):
   ``127.0.0.1:$SLUICE_DOCS_PORT`` — a free port the harness picks; it also sets
   ``DAGSTER_CLI_DEV_PORT`` to it, so ``dagster dev`` without ``-p`` listens there (3000 for a
   reader). When the page ends the process and every descendant are stopped (SIGTERM, then
-  SIGKILL after 20 s), and so is the embedded Postgres of the page's ``SLUICE_HOME``.
+  SIGKILL after 5 s), and so is the embedded Postgres of the page's ``SLUICE_HOME``.
 - ``<!-- docs-test: expect -->`` before a ``text`` block: each non-blank line of it must appear,
   in order, in the output of the block run just before (runs of white space match any white
   space; ``...`` or ``…`` matches anything). This is how a page's shown output is kept true.
