@@ -68,8 +68,12 @@ def _pages() -> list[Path]:
 def _params() -> list[object]:
     params: list[object] = []
     for path in _pages():
-        shell = "<!-- docs-test: shell -->" in path.read_text(encoding="utf-8")
-        marks = [pytest.mark.spark, pytest.mark.timeout(900)] if shell else []
+        text = path.read_text(encoding="utf-8")
+        marks = []
+        if "<!-- docs-test: shell -->" in text:  # real commands: Spark, Postgres
+            marks += [pytest.mark.spark, pytest.mark.timeout(900)]
+        if "<!-- docs-test: background -->" in text:  # the tutorial's dagster dev
+            marks.append(pytest.mark.ui)
         params.append(pytest.param(path, id=str(path.relative_to(REPO)), marks=marks))
     return params
 
