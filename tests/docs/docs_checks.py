@@ -211,7 +211,7 @@ def tutorial_sensors(run: PageRun) -> None:
 
 
 def stop_dagster(run: PageRun) -> None:
-    """What ++ctrl+c++ does: stop the page's background processes."""
+    """What Ctrl+C does: stop the page's background processes."""
     stop_background(run)
     run.background.clear()
 
