@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 #: A shell block that takes longer fails (the whole tutorial must stay far below this).
 BLOCK_TIMEOUT = 300.0
+#: How long background processes get to end after SIGTERM before they are SIGKILLed.
+STOP_GRACE = 5.0
 #: How long a background block may take to listen on its port.
 SERVE_TIMEOUT = 120.0
 #: Not copied into the sandbox's checkout: state, caches, and git's own files.
@@ -80,6 +82,8 @@ class PageRun:
     #: Output of every bash block run so far, by the line of its fence.
     outputs: dict[int, str] = field(default_factory=dict)
     background: list[tuple[Block, subprocess.Popen[bytes], Path]] = field(default_factory=list)
+    #: (line, what, seconds) of every item run, for the test's report.
+    timings: list[tuple[int, str, float]] = field(default_factory=list)
 
     def fail(self, line: int, what: str, detail: str) -> DocBlockFailure:
         return DocBlockFailure(f"{self.page.path}:{line}: {what}\n{detail}")
@@ -115,8 +119,6 @@ def page_env(sandbox: Path, port: int) -> dict[str, str]:
     # Files appear and are discovered at once (the settle rule has tests of its own).
     env["SLUICE_FILE_SETTLE_SECONDS"] = "0"
     env.update(DEMO_SIZES)
-    # The checkout's venv is the one the test runs in: make never reinstalls it.
-    env["MAKEFLAGS"] = "-o install"
     # `dagster dev` without -p listens here (its options read DAGSTER_CLI_DEV_*), so a test
     # never collides with a UI on 3000; background blocks wait for this port.
     env["SLUICE_DOCS_PORT"] = str(port)
@@ -128,15 +130,26 @@ def page_env(sandbox: Path, port: int) -> dict[str, str]:
 
 
 def _make_checkout(sandbox: Path) -> None:
-    """``<sandbox>/sluice``: what a fresh clone holds (links to this checkout's files and
-    its venv), without its state (.sluice, data)."""
+    """``<sandbox>/sluice``: what a fresh clone holds (links to this checkout's files), without
+    its state (.sluice, data), and a ``.venv`` whose ``bin`` and ``lib`` are the test's venv.
+
+    Its install stamp is fresh, so ``make`` there never reinstalls: ``pip install -e`` from
+    the sandbox would point the (shared) venv's editable install at the sandbox. (``make -o``
+    cannot be passed through MAKEFLAGS: make leaves it out of the environment.)"""
     checkout = sandbox / "sluice"
     checkout.mkdir()
     for entry in REPO.iterdir():
-        if entry.name in _NOT_IN_CHECKOUT:
-            continue
-        target = entry.resolve() if entry.name == ".venv" else entry
-        (checkout / entry.name).symlink_to(target)
+        if entry.name not in _NOT_IN_CHECKOUT and entry.name != ".venv":
+            (checkout / entry.name).symlink_to(entry)
+    venv = VENV_BIN.resolve().parent
+    (checkout / ".venv").mkdir()
+    for entry in venv.iterdir():
+        if not entry.name.startswith(".installed-"):
+            (checkout / ".venv" / entry.name).symlink_to(entry)
+    cksum = subprocess.run(
+        ["cksum", str(REPO / "pyproject.toml")], capture_output=True, text=True, check=True
+    )
+    (checkout / ".venv" / f".installed-{cksum.stdout.split()[0]}").touch()
 
 
 @contextlib.contextmanager
@@ -276,7 +289,7 @@ def _wait_serving(run: PageRun, block: Block, process: subprocess.Popen[bytes], 
 
 def stop_background(run: PageRun) -> None:
     """SIGTERM every background process and each of its descendants, then SIGKILL what is
-    left after 20 s (a run worker, its Spark JVM)."""
+    left after a few seconds (a run worker, its Spark JVM)."""
     for _, process, _ in run.background:
         try:
             procs = [psutil.Process(process.pid)]
@@ -288,7 +301,7 @@ def stop_background(run: PageRun) -> None:
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 proc.terminate()
-        _, alive = psutil.wait_procs(procs, timeout=20)
+        _, alive = psutil.wait_procs(procs, timeout=STOP_GRACE)
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
@@ -405,27 +418,33 @@ def run_page(page: Page, checks: Checks) -> PageRun:
     """Run every item of the page in order (raises DocBlockFailure on the first failure)."""
     with page_run(page) as run:
         for item in page.items:
-            if isinstance(item, Check):
-                check = checks.get(item.name)
-                if check is None:
-                    raise run.fail(item.line, f"no check named {item.name!r} in docs_checks", "")
-                try:
-                    check(run)
-                except AssertionError as exc:
-                    raise run.fail(item.line, f"check {item.name} failed", str(exc)) from None
-                continue
-            block = item
-            if block.skip is not None:
-                continue
-            if block.expect:
-                check_expect(run, block)
-            elif block.kind == "python-file":
-                write_file(run, block)
-            elif block.kind == "python":
-                run_python(run, block)
-            elif block.kind == "bash":
-                if page.shell:
-                    run_bash(run, block)
-                else:
-                    check_sluice_commands(run, block)
+            started = time.monotonic()
+            _run_item(run, item, checks)
+            what = f"check {item.name}" if isinstance(item, Check) else item.kind
+            run.timings.append((item.line, what, time.monotonic() - started))
         return run
+
+
+def _run_item(run: PageRun, item: Block | Check, checks: Checks) -> None:
+    if isinstance(item, Check):
+        check = checks.get(item.name)
+        if check is None:
+            raise run.fail(item.line, f"no check named {item.name!r} in docs_checks", "")
+        try:
+            check(run)
+        except AssertionError as exc:
+            raise run.fail(item.line, f"check {item.name} failed", str(exc)) from None
+        return
+    if item.skip is not None:
+        return
+    if item.expect:
+        check_expect(run, item)
+    elif item.kind == "python-file":
+        write_file(run, item)
+    elif item.kind == "python":
+        run_python(run, item)
+    elif item.kind == "bash":
+        if run.page.shell:
+            run_bash(run, item)
+        else:
+            check_sluice_commands(run, item)

@@ -24,15 +24,16 @@ Extensions (shell pages):
   files). Plain (unexported) shell variables do not.
 - The sandbox holds ``sluice/``: a checkout of this repository (links to its files and its
   venv, no ``.sluice`` or ``data``), which is what ``git clone`` would give (a page's clone
-  command itself is skipped). ``make`` there never reinstalls the venv (``MAKEFLAGS=-o
-  install``); sample data sizes are small (``docs_runner.DEMO_SIZES``); landing files need
+  command itself is skipped). ``make`` there never reinstalls the venv (its install stamp is fresh:
+  an install from the sandbox would repoint the shared venv's editable install);
+  sample data sizes are small (``docs_runner.DEMO_SIZES``); landing files need
   no settle time (``SLUICE_FILE_SETTLE_SECONDS=0``).
 - ``<!-- docs-test: background -->`` before a bash block: the block is started in the
   background (its own session) and the page goes on once something listens on
   ``127.0.0.1:$SLUICE_DOCS_PORT`` — a free port the harness picks; it also sets
   ``DAGSTER_CLI_DEV_PORT`` to it, so ``dagster dev`` without ``-p`` listens there (3000 for a
   reader). When the page ends the process and every descendant are stopped (SIGTERM, then
-  SIGKILL after 20 s), and so is the embedded Postgres of the page's ``SLUICE_HOME``.
+  SIGKILL after 5 s), and so is the embedded Postgres of the page's ``SLUICE_HOME``.
 - ``<!-- docs-test: expect -->`` before a ``text`` block: each non-blank line of it must appear,
   in order, in the output of the block run just before (runs of white space match any white
   space; ``...`` or ``…`` matches anything). This is how a page's shown output is kept true.
@@ -67,8 +68,12 @@ def _pages() -> list[Path]:
 def _params() -> list[object]:
     params: list[object] = []
     for path in _pages():
-        shell = "<!-- docs-test: shell -->" in path.read_text(encoding="utf-8")
-        marks = [pytest.mark.spark, pytest.mark.timeout(900)] if shell else []
+        text = path.read_text(encoding="utf-8")
+        marks = []
+        if "<!-- docs-test: shell -->" in text:  # real commands: Spark, Postgres
+            marks += [pytest.mark.spark, pytest.mark.timeout(900)]
+        if "<!-- docs-test: background -->" in text:  # the tutorial's dagster dev
+            marks.append(pytest.mark.ui)
         params.append(pytest.param(path, id=str(path.relative_to(REPO)), marks=marks))
     return params
 
@@ -77,6 +82,9 @@ def _params() -> list[object]:
 def test_doc_blocks(path: Path) -> None:
     page = read_page(path, REPO)
     started = time.monotonic()
-    run_page(page, CHECKS)
-    if page.shell:
-        print(f"{page.path}: {time.monotonic() - started:.1f} s")
+    run = run_page(page, CHECKS)
+    if page.shell:  # where the time goes (pytest -s shows it)
+        print(f"\n{page.path}: {time.monotonic() - started:.1f} s")
+        for line, what, seconds in run.timings:
+            if seconds >= 0.5:
+                print(f"  line {line:4d}  {what:<24} {seconds:6.1f} s")
