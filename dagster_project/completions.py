@@ -11,7 +11,9 @@ sensor turns each row it has not reported (``reported_at`` NULL) into
 2. the row's ``reported_at`` mark, and
 3. a request for a run of the output's asset checks for that partition, run key
    ``<pipeline>:checks:<day>:g<generation>`` (the checks attribute their evaluations to the
-   partition's latest materialisation: the one just reported).
+   partition's latest materialisation: the one just reported). When one tick reports several
+   generations of a day (rebuilt or reopened since), only the last is checked: the checks
+   read the day's output as it is now, so the others would repeat the same evaluation.
 
 Why a run for the checks: Dagster runs a check only in a run that selects it, and a runless
 materialisation starts none. Reporting runless ``AssetCheckEvaluation`` events computed in the
@@ -278,6 +280,14 @@ def report_completions(
     return done
 
 
+def _latest_generations(completions: list[PartitionCompletion]) -> list[PartitionCompletion]:
+    """The last generation of each partition, in completion order: the checks evaluate a
+    partition's output as it is now, so an earlier generation reported in the same tick (a
+    day rebuilt or reopened since) would only run the same checks again."""
+    latest = {c.partition_key: c for c in completions}
+    return [c for c in completions if latest[c.partition_key] is c]
+
+
 def _describe(done: list[PartitionCompletion]) -> str:
     return ", ".join(f"{c.partition_key} (generation {c.generation})" for c in done)
 
@@ -315,7 +325,10 @@ def report_completions_sensor(
         ):
             if completions:
                 context.log.info(f"{what}: {_describe(completions)}")
-        requests = [checks_run_request(pipeline, checks, c, partitioned) for c in done.checked]
+        requests = [
+            checks_run_request(pipeline, checks, c, partitioned)
+            for c in _latest_generations(done.checked)
+        ]
         if not requests or not checks:
             return SkipReason("no completion to check (see the tick's log)")
         return SensorResult(run_requests=requests)
