@@ -33,6 +33,7 @@ __all__ = [
     "PartitionBusyError",
     "hold_unread",
     "members",
+    "older_versions",
     "processed_days",
 ]
 
@@ -72,6 +73,13 @@ def _current_version() -> sa.ColumnElement[bool]:
             newer.c.file_version > splits.c.file_version,
         ),
     )
+
+
+def older_versions(source: str) -> sa.Select[tuple[int]]:
+    """The ids of ``source``'s splits cut from an older version of a changed file: no rebuild
+    reads them, and a day's rebuild drops their rows (with the old folder) and their dead
+    letters of that day."""
+    return sa.select(splits.c.id).where(splits.c.source == source, ~_current_version())
 
 
 def processed_days(conn: Connection, source: str, days: Sequence[date]) -> list[date]:

@@ -64,6 +64,7 @@ from enumerator_service._rebuild_members import (
     PartitionBusyError,
     hold_unread,
     members,
+    older_versions,
     processed_days,
 )
 from enumerator_service._rebuild_stats import replace_partition
@@ -281,9 +282,13 @@ class RebuildStore:
             if self._status(conn, rebuild.id) != RebuildStatus.SWAPPING:
                 return  # finished by someone else meanwhile
             # Step 1: D's dead letters the members did not reject again (a reader's dead
-            # letter of a landing file of D included; untagged ones predate partition keys).
+            # letter of a landing file of D included; untagged ones predate partition keys),
+            # and those of older versions of changed files: their rows leave with the old
+            # folder, so a record fixed in the new version is never in both.
             source, day = rebuild.source, rebuild.partition_key
-            members_ = sa.select(splits.c.id).where(splits.c.rebuild_id == rebuild.id)
+            members_ = sa.select(splits.c.id).where(
+                sa.or_(splits.c.rebuild_id == rebuild.id, splits.c.id.in_(older_versions(source)))
+            )
             landing = sa.select(splits.c.id).where(
                 splits.c.source == source, splits.c.partition_key == day
             )

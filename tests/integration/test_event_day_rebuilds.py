@@ -464,3 +464,43 @@ def test_two_days_sharing_a_file_are_not_rebuilt_in_one_run(
             conn.execute(sa.select(splits.c.status).where(splits.c.source == source)).scalars()
         )
     assert statuses == {"COMPLETED"}
+
+
+def test_a_fixed_file_s_old_dead_letters_leave_with_the_rebuild_of_its_day(
+    cross_day: tuple[Settings, Platform, Pipeline],
+) -> None:
+    """A landing file of d1 with a malformed line is replaced by a fixed version (registered
+    as a new version: reprocess) and d1 is rebuilt: the old version's dead letters of d1 go
+    with its rows, so no record is both in the output and in the dead letters (found by a
+    new-user trial: the invalid-JSON line stayed after the fix and the rebuild)."""
+    settings, platform, pipeline = cross_day
+    d1 = settings.demo_start_date
+    source = settings.source_name
+    path = Path(settings.landing_path) / f"dt={d1.isoformat()}" / "cross-b.jsonl"
+    with platform.engine.connect() as conn:
+        (old_split,) = conn.execute(
+            sa.select(splits.c.id).where(splits.c.source == source, splits.c.uri.like("%cross-b%"))
+        ).scalars()
+        before = conn.execute(
+            sa.select(dead_letters.c.partition_key, dead_letters.c.reason).where(
+                dead_letters.c.split_id == old_split
+            )
+        ).all()
+    # The `{not json` line, tagged with its landing day d1; a lookup miss of d2.
+    assert sorted(day for day, _ in before) == [d1, d1 + timedelta(days=1)]
+    fixed = path.with_name(".cross-b.tmp")
+    fixed.write_bytes(path.read_bytes().replace(b"{not json\n", b""))
+    os.replace(fixed, path)
+    reprocess = settings.model_copy(update={"file_change_policy": "reprocess"})
+    demo_discover(open_platform(reprocess))
+    summary = run_pipeline(reprocess, pipeline, dates=[d1], rebuild=True)
+    assert summary.rebuilt == (d1.isoformat(),)
+    with platform.engine.connect() as conn:
+        stale = conn.execute(
+            sa.select(dead_letters.c.partition_key).where(dead_letters.c.split_id == old_split)
+        ).scalars()
+        # d1's went with the rebuild of d1; d2's stays with d2's old rows until d2 is rebuilt.
+        assert list(stale) == [d1 + timedelta(days=1)]
+    letters = _state(platform, d1)["letters"]
+    assert not any(b"not json" in bytes(raw) for *_, raw in letters)
+    assert _state(platform, d1)["stats"]["dead_letters"] == len(letters)
