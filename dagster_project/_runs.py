@@ -11,6 +11,7 @@ from dagster import DagsterRun, Failure, MetadataValue
 from enumerator_service import (
     CrossDayRebuildError,
     DiscoveryResult,
+    PartitionBusyError,
     Settings,
     discover,
     open_platform,
@@ -160,6 +161,9 @@ def discover_and_run(
             metadata={"partition": str(exc.partition_key)},
             allow_retries=False,
         ) from exc
+    except PartitionBusyError as exc:
+        # Refused before anything moved; once the other run ends, a retry can proceed.
+        raise Failure(description=f"cannot re-materialise now: {exc}") from exc
     return discovery, summary
 
 

@@ -224,10 +224,16 @@ def _check_other_days(
             .limit(1)
         ).first()
         if blocking is not None:
+            # What to do depends on why it is unread: a quarantined file waits for a retry.
+            todo = (
+                "put it back with 'sluice retry' (it is quarantined), then rebuild"
+                if blocking.status == SplitStatus.FAILED
+                else "run the pipeline to read it first"
+            )
             raise CrossDayRebuildError(
                 source,
                 day,
                 f"file {blocking.uri} (landing day {blocking.partition_key}, "
                 f"{blocking.status.lower()}) is not read to the end and may hold rows of it: "
-                "process it first",
+                f"{todo}",
             )

@@ -73,6 +73,10 @@ def redact_url(url: str) -> str:
     # A stand-in the renderer does not percent-encode, swapped for the mask afterwards.
     stand_in = "REDACTED0SLUICE"
     shown = parsed.update_query_dict(dict.fromkeys(hidden, stand_in))
+    if not parsed.password:
+        # An empty password ("user:@", what the embedded server's URL has) is no password:
+        # a mask would suggest one.
+        shown = shown._replace(password=None)
     return shown.render_as_string(hide_password=True).replace(stand_in, MASK)
 
 

@@ -885,7 +885,7 @@ def test_re_materialising_a_day_fed_by_a_half_read_file_fails_clearly(
             )
             assert description.endswith(
                 f"(landing day {other}, unassigned) is not read to the end and may hold rows "
-                "of it: process it first"
+                "of it: run the pipeline to read it first"
             )
             assert values(data.user_failure_data.metadata) == {"partition": str(day)}
             assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]

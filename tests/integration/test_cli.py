@@ -278,7 +278,7 @@ def test_replacing_a_day_fed_by_a_half_read_file_is_one_line_and_exit_2(
         ), result.stderr
         assert lines[0].endswith(
             "dt=2026-01-02/part-0.jsonl (landing day 2026-01-02, unassigned) is not read to "
-            "the end and may hold rows of it: process it first"
+            "the end and may hold rows of it: run the pipeline to read it first"
         ), result.stderr
         with engine.connect() as conn:  # nothing started, nothing reset
             statuses = conn.execute(
