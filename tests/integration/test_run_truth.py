@@ -103,7 +103,7 @@ def test_a_map_returning_the_wrong_type_stops_the_run_at_once_with_one_line(
     (line,) = ours
     assert re.fullmatch(
         r"sluice: run failed: pipeline bad_map: step 1 \(Map score\): field 'score': is "
-        r"string, not double \(value 'n/a'\): Failed to parse string: 'n/a' as a scalar of "
+        r"string, not float64 \(value 'n/a'\): Failed to parse string: 'n/a' as a scalar of "
         rf"type double \(record: split \d+ \({re.escape(str(landing / 'a.jsonl'))}\) "
         r"offset 360\)",
         line,
