@@ -83,6 +83,48 @@ STARTUP_TIMEOUT = 180.0
 BACKFILL_TIMEOUT = 420.0
 
 
+#: Automation → the sensor's toggle, on and off (dagster-webserver 1.13).
+START_SENSOR = """
+mutation StartSensor($sensorSelector: SensorSelector!) {
+  startSensor(sensorSelector: $sensorSelector) {
+    __typename
+    ... on Sensor { id sensorState { id status } }
+    ... on PythonError { message stack }
+  }
+}
+"""
+
+STOP_SENSOR = """
+mutation StopSensor($id: String!) {
+  stopSensor(id: $id) {
+    __typename
+    ... on PythonError { message stack }
+  }
+}
+"""
+
+LIVE_RUNS = """
+query LiveRuns($job: String!) {
+  runsOrError(filter: {pipelineName: $job, statuses: [QUEUED, STARTING, STARTED]}) {
+    ... on Runs { results { runId status } }
+  }
+}
+"""
+
+#: A run's Terminate button.
+TERMINATE_RUN = """
+mutation TerminateRun($runId: String!) {
+  terminateRun(runId: $runId) {
+    __typename
+    ... on PythonError { message stack }
+  }
+}
+"""
+
+#: The tutorial promises "within a minute"; a loaded 2-core machine gets twice that.
+CONTINUOUS_TIMEOUT = 150.0
+
+
 def graphql(port: int, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
     """POST one GraphQL operation to the webserver; the ``data`` of the answer."""
     body = json.dumps({"query": query, "variables": variables or {}})
@@ -197,8 +239,21 @@ def tutorial_backfill(run: PageRun) -> None:
     }
 
 
+def _location(run: PageRun) -> tuple[str, str]:
+    """(code location name, repository name) of the loaded location."""
+    workspace = graphql(run.port, WORKSPACE)["workspaceOrError"]
+    for entry in workspace.get("locationEntries", []):
+        loaded = entry["locationOrLoadError"] or {}
+        if loaded.get("__typename") == "RepositoryLocation":
+            return entry["name"], loaded["repositories"][0]["name"]
+    raise AssertionError(f"no loaded code location: {workspace}")
+
+
 def tutorial_sensors(run: PageRun) -> None:
-    """The sensors the tutorial names exist, in the state it describes."""
+    """What the tutorial's reader clicks under Automation: the continuous sensor on. The
+    file of 2026-03-03 the page just wrote is read by the continuous run within the time the
+    page promises; then the sensor goes off again and the run is terminated (what the run
+    modes how-to says to do)."""
     repositories = _repositories(run)
     assert repositories is not None
     states = {
@@ -208,6 +263,30 @@ def tutorial_sensors(run: PageRun) -> None:
     }
     assert states.get("shipments_continuous") == "STOPPED", states
     assert states.get("shipments_report_completions") == "RUNNING", states
+    location, repository = _location(run)
+    selector = {
+        "repositoryLocationName": location,
+        "repositoryName": repository,
+        "sensorName": "shipments_continuous",
+    }
+    started = graphql(run.port, START_SENSOR, {"sensorSelector": selector})["startSensor"]
+    assert started["__typename"] == "Sensor", started
+    day = run.cwd / "data" / "warehouse" / "shipments_by_day" / "dt=2026-03-03"
+
+    def landed() -> list[str] | None:
+        if not any(day.glob("*.parquet")):
+            return None
+        ids = ds.dataset(day, format="parquet").to_table().column("shipment_id").to_pylist()
+        return ids or None
+
+    ids = _until(run, "the continuous run wrote 2026-03-03", CONTINUOUS_TIMEOUT, landed)
+    assert ids == ["S-1014"], ids  # exactly once
+    stopped = graphql(run.port, STOP_SENSOR, {"id": started["sensorState"]["id"]})
+    assert stopped["stopSensor"]["__typename"] == "StopSensorMutationResult", stopped
+    runs = graphql(run.port, LIVE_RUNS, {"job": "shipments_continuous"})["runsOrError"]
+    for live in runs["results"]:
+        done = graphql(run.port, TERMINATE_RUN, {"runId": live["runId"]})["terminateRun"]
+        assert done["__typename"] == "TerminateRunSuccess", done
 
 
 def stop_dagster(run: PageRun) -> None:
