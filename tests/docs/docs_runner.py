@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import shutil
 import signal
 import socket
@@ -19,37 +18,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
 import psutil  # type: ignore[import-untyped]
 from docs_blocks import Block, Check, Page, sluice_commands
+from docs_matching import expect_matches, parse_cli
+from docs_sandbox import VENV_BIN, make_checkout, page_env
 
-REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
 #: A shell block that takes longer fails (the whole tutorial must stay far below this).
 BLOCK_TIMEOUT = 300.0
 #: How long background processes get to end after SIGTERM before they are SIGKILLed.
 STOP_GRACE = 5.0
 #: How long a background block may take to listen on its port.
 SERVE_TIMEOUT = 120.0
-#: Not copied into the sandbox's checkout: state, caches, and git's own files.
-_NOT_IN_CHECKOUT = {
-    ".git",
-    ".sluice",
-    "data",
-    "site",
-    ".pytest_cache",
-    ".mypy_cache",
-    ".ruff_cache",
-    "__pycache__",
-}
-#: Sample data sizes for ``make demo`` / ``sluice demo`` on shell pages (the shipped
-#: defaults, 200,000 events and 1,000,000 users, take a minute of the test's budget).
-DEMO_SIZES = {
-    "SLUICE_DEMO_EVENTS": "3000",
-    "SLUICE_DEMO_USERS": "2000",
-    "SLUICE_DEMO_DAYS": "2",
-    "SLUICE_DEMO_FILES_PER_DAY": "1",
-}
 
 
 class DocBlockFailure(AssertionError):
@@ -104,52 +83,6 @@ class PageRun:
                 f"{command!r} exited {done.returncode}\n{_tail(done.stdout + done.stderr)}"
             )
         return done.stdout
-
-
-def page_env(sandbox: Path, port: int) -> dict[str, str]:
-    """The environment of a page's blocks: the test's own without its SLUICE_* settings,
-    the venv's bin first on PATH, SLUICE_HOME in the sandbox."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("SLUICE_", "DAGSTER_")) and key not in ("VIRTUAL_ENV",)
-    }
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["SLUICE_HOME"] = str(sandbox / ".sluice")
-    # Files appear and are discovered at once (the settle rule has tests of its own).
-    env["SLUICE_FILE_SETTLE_SECONDS"] = "0"
-    env.update(DEMO_SIZES)
-    # `dagster dev` without -p listens here (its options read DAGSTER_CLI_DEV_*), so a test
-    # never collides with a UI on 3000; background blocks wait for this port.
-    env["SLUICE_DOCS_PORT"] = str(port)
-    env["DAGSTER_CLI_DEV_PORT"] = str(port)
-    env["COLUMNS"] = "120"
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    return env
-
-
-def _make_checkout(sandbox: Path) -> None:
-    """``<sandbox>/sluice``: what a fresh clone holds (links to this checkout's files), without
-    its state (.sluice, data), and a ``.venv`` whose ``bin`` and ``lib`` are the test's venv.
-
-    Its install stamp is fresh, so ``make`` there never reinstalls: ``pip install -e`` from
-    the sandbox would point the (shared) venv's editable install at the sandbox. (``make -o``
-    cannot be passed through MAKEFLAGS: make leaves it out of the environment.)"""
-    checkout = sandbox / "sluice"
-    checkout.mkdir()
-    for entry in REPO.iterdir():
-        if entry.name not in _NOT_IN_CHECKOUT and entry.name != ".venv":
-            (checkout / entry.name).symlink_to(entry)
-    venv = VENV_BIN.resolve().parent
-    (checkout / ".venv").mkdir()
-    for entry in venv.iterdir():
-        if not entry.name.startswith(".installed-"):
-            (checkout / ".venv" / entry.name).symlink_to(entry)
-    cksum = subprocess.run(
-        ["cksum", str(REPO / "pyproject.toml")], capture_output=True, text=True, check=True
-    )
-    (checkout / ".venv" / f".installed-{cksum.stdout.split()[0]}").touch()
 
 
 @contextlib.contextmanager
@@ -323,54 +256,6 @@ def check_sluice_commands(run: PageRun, block: Block) -> None:
             )
 
 
-def parse_cli(group: click.Command, args: list[str]) -> str | None:
-    """Parse ``args`` as the click CLI would, invoking nothing: None, or the usage error."""
-    sink = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            ctx = group.make_context("sluice", list(args))
-            command = group
-            while isinstance(command, click.Group):
-                rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
-                if not rest:
-                    break
-                name, sub, remaining = command.resolve_command(ctx, rest)
-                assert sub is not None and name is not None
-                ctx = sub.make_context(name, remaining, parent=ctx)
-                command = sub
-    except click.exceptions.NoArgsIsHelpError:
-        return None
-    except click.exceptions.Exit:  # --help, --version
-        return None
-    except click.UsageError as exc:
-        return exc.format_message()
-    except click.ClickException as exc:
-        return exc.format_message()
-    return None
-
-
-_WILDCARD = re.compile(r"(?:\\\.){3}|…")
-
-
-def expect_matches(expected: str, output: str) -> str | None:
-    """Every non-blank line of ``expected`` appears in ``output``, in order (runs of white
-    space match any white space; ``...`` or ``…`` matches anything): None, or the first line
-    that does not."""
-    position = 0
-    for line in expected.splitlines():
-        if not line.strip():
-            continue
-        pattern = re.escape(line.strip())
-        pattern = re.sub(r"(?:\\\s)+", r"\\s+", pattern)  # escaped spaces
-        pattern = re.sub(r"\s+", r"\\s+", pattern)
-        pattern = _WILDCARD.sub(".*?", pattern)
-        found = re.compile(pattern).search(output, position)
-        if found is None:
-            return line
-        position = found.end()
-    return None
-
-
 def check_expect(run: PageRun, block: Block) -> None:
     missing = expect_matches(block.code, run.last_output)
     if missing is not None:
@@ -392,7 +277,7 @@ def page_run(page: Page) -> Iterator[PageRun]:
     run = PageRun(page=page, sandbox=sandbox, env=page_env(sandbox, port), cwd=sandbox, port=port)
     run.namespace = {"__name__": "__main__"}
     if page.shell:
-        _make_checkout(sandbox)
+        make_checkout(sandbox)
     try:
         yield run
     finally:

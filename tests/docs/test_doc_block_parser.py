@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from docs_blocks import Block, Check, DocParseError, parse_page, sluice_commands
-from docs_runner import expect_matches, parse_cli
+from docs_matching import expect_matches, parse_cli
 
 PAGE = """\
 # A page

@@ -52,7 +52,8 @@ from pathlib import Path
 import pytest
 from docs_blocks import read_page
 from docs_checks import CHECKS
-from docs_runner import REPO, run_page
+from docs_runner import run_page
+from docs_sandbox import REPO
 
 #: dagster 1.13 warns about its own ``owners`` parameter when a ``Definitions`` object attaches
 #: resources to its sensors (``defs().resolve_*``); the sensors set no owners. (Here, not in a
