@@ -93,14 +93,12 @@ def db_stop(ctx: click.Context) -> None:
     click.echo(f"stopped the embedded PostgreSQL in {state.pgdata} (pid {pid})")
 
 
-def _libpq_url(settings: Settings) -> tuple[str, str | None]:
-    """(the platform database's URL in libpq form without its password, the password): a
-    SQLAlchemy driver suffix (``postgresql+psycopg``) is dropped, since psql and psycopg read
-    plain ``postgresql://`` URLs."""
-    url = database_url(settings, create=False)
-    scheme, sep, rest = url.partition("://")
-    bare, password = split_password(f"{scheme.split('+')[0]}{sep}{rest}")
-    return bare, password
+def _libpq_url(settings: Settings) -> str:
+    """The platform database's URL in libpq form, its password included: a SQLAlchemy driver
+    suffix (``postgresql+psycopg``) is dropped, since psql and psycopg read plain
+    ``postgresql://`` URLs."""
+    scheme, sep, rest = database_url(settings, create=False).partition("://")
+    return f"{scheme.split('+')[0]}{sep}{rest}"
 
 
 @click.command("url")
@@ -115,14 +113,8 @@ def db_url(ctx: click.Context, show_password: bool) -> None:
     embedded PostgreSQL if it is stopped (creates none: run 'sluice db upgrade' first). A
     password is printed as *** unless --show-password.
     """
-    bare, password = _libpq_url(_settings(ctx))
-    if password is None:
-        click.echo(bare)
-        return
-    scheme, _, rest = bare.partition("://")
-    shown = password if show_password else "***"
-    user, at, where = rest.partition("@")
-    click.echo(f"{scheme}://{user}:{shown}@{where}" if at else bare)
+    url = _libpq_url(_settings(ctx))
+    click.echo(url if show_password else redact_url(url))
 
 
 @click.command(
@@ -139,7 +131,7 @@ def db_shell(ctx: click.Context, psql_args: tuple[str, ...]) -> None:
     PostgreSQL if it is stopped. The password goes to psql through the environment
     (PGPASSWORD), never on its command line.
     """
-    bare, password = _libpq_url(_settings(ctx))
+    bare, password = split_password(_libpq_url(_settings(ctx)))
     env = dict(os.environ)
     if password is not None:
         env["PGPASSWORD"] = password
