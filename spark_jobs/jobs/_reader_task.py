@@ -294,13 +294,16 @@ class ReaderTask:
     # -- checkpoints (mailbox thread) ----------------------------------------------------
 
     def _on_checkpoint_event(self, event: str, checkpoint_id: int) -> None:
-        """From the listener (event loop = mailbox thread): handled as a priority mail."""
+        """From the listener (event loop = mailbox thread): handled as a priority mail —
+        unless the task loop has ended (quiesced mailbox): a task that ended acknowledges
+        nothing more, and if it failed, its error is the one that counts."""
         action = {
             "trigger": self._on_trigger,
             "complete": self._on_complete,
             "abort": self._on_abort,
         }[event]
-        self._checkpoint_mails.execute(lambda: action(checkpoint_id), f"checkpoint {event}")
+        with contextlib.suppress(MailboxClosedError):
+            self._checkpoint_mails.execute(lambda: action(checkpoint_id), f"checkpoint {event}")
 
     def _on_trigger(self, checkpoint_id: int) -> None:
         if checkpoint_id <= self._last_trigger:
