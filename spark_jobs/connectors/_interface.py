@@ -43,7 +43,7 @@ from sqlalchemy.engine import Engine
 from enumerator_service import Location, Settings, StorageOptions, TransactionalSink
 
 if TYPE_CHECKING:
-    from enumerator_service import Discovery
+    from enumerator_service import Discovery, Rebuild
     from spark_jobs.pipeline._checks import Context
     from spark_jobs.pipeline._definition import Pipeline
     from spark_jobs.pipeline._plan import Column, Plan, SinkPlan, SourcePlan
@@ -290,6 +290,23 @@ class SinkConnector(abc.ABC):
         """Whether re-materialising a partition replaces its output (else only new input
         of it is processed). Default: no."""
         return False
+
+    def finish_rebuilds(
+        self,
+        engine: Engine,
+        pipeline: Pipeline,
+        settings: Settings,
+        sinks: Mapping[str, TransactionalSink],
+    ) -> list[Rebuild]:
+        """Make every ready rebuild of ``pipeline``'s days live (replace each rebuilt day's
+        output by its members' output); returns the rebuilds now live. Called by the driver
+        when it starts, every few seconds while it runs and when its tasks end — from any
+        process, any number of times, after a crash at any point: must be idempotent.
+        Default: bookkeeping only (a sink whose members' rows replaced the day's rows by key
+        as they committed)."""
+        from spark_jobs.sink import finish_rebuilds
+
+        return finish_rebuilds(engine, None, sinks, source=pipeline.name, folders=False)
 
     def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline) -> None:
         """Before tasks start (create tables). Default: nothing."""

@@ -49,7 +49,7 @@ from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
 from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._catalog import Resolved, resolve
-from spark_jobs.sink import build_sinks, finish_rebuilds
+from spark_jobs.sink import build_sinks
 from spark_jobs.sink._object_store import remove_folder
 
 __all__ = ["ReaderRun", "RunSummary", "run_pipeline"]
@@ -199,13 +199,11 @@ class ReaderRun:
         if self.staging_root is not None:  # (a table sink stages rows, never files)
             clean_staging(engine, self.staging_root)
         self._finish = functools.partial(
-            finish_rebuilds,
+            self._sink_connector.finish_rebuilds,
             engine,
-            self.output_root,
+            self.pipeline,
+            self.settings,
             self._sinks,
-            source=self.source,
-            # A file sink (one with a table folder) swaps a rebuilt day's folder.
-            folders=self.output_root is not None,
         )
         self._finish()  # rebuilds a crash interrupted
         self._sink_connector.prepare(engine, plan, self.pipeline)

@@ -380,7 +380,9 @@ def test_a_rebuild_whose_run_died_keeps_the_old_day_live_until_the_next_run_swap
     before = _state(platform, d1)
     bytes_d1, bytes_d2 = _folder_bytes(settings, d1), _folder_bytes(settings, d2)
     _add_missing_user(platform)  # the rebuild's d1 differs: the old generation is visible
-    monkeypatch.setattr("spark_jobs.jobs._driver.finish_rebuilds", lambda *a, **k: [])
+    monkeypatch.setattr(
+        "spark_jobs.connectors.parquet.ParquetConnector.finish_rebuilds", lambda *a, **k: []
+    )
     with pytest.raises(RuntimeError, match="not complete"):
         run_pipeline(settings, pipeline, dates=[d1], rebuild=True)
     monkeypatch.undo()

@@ -227,7 +227,9 @@ def test_a_crash_at_any_step_of_the_swap_is_finished_exactly_once(
     before, rows_and_hash = data_files(settings, DAY), content(settings, DAY)
     dead = dead_letter_count(platform, settings, DAY)
     # The rebuild run completes every member, then "crashes" before swapping.
-    monkeypatch.setattr("spark_jobs.jobs._driver.finish_rebuilds", lambda *a, **k: [])
+    monkeypatch.setattr(
+        "spark_jobs.connectors.parquet.ParquetConnector.finish_rebuilds", lambda *a, **k: []
+    )
     with pytest.raises(RuntimeError, match="not complete"):
         demo_run(settings, dates=[DAY], rebuild=True)
     monkeypatch.undo()

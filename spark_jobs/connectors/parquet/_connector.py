@@ -35,8 +35,10 @@ from spark_jobs.pipeline._checks import names, require
 from spark_jobs.pipeline._errors import check_identifier
 from spark_jobs.sink._object_store import check_reachable, file_paths
 from spark_jobs.sink._parquet import SINK_NAME, ParquetSink, ParquetSinkWriter, publish_files
+from spark_jobs.sink._rebuild_swap import finish_rebuilds
 
 if TYPE_CHECKING:
+    from enumerator_service import Rebuild
     from spark_jobs.pipeline._checks import Context
     from spark_jobs.pipeline._definition import Pipeline
     from spark_jobs.pipeline._plan import Column, Plan, SinkPlan
@@ -215,6 +217,16 @@ class ParquetConnector(SinkConnector):
 
     def can_replace(self, plan: SinkPlan) -> bool:
         return True  # a day's folder is replaced in one swap
+
+    def finish_rebuilds(
+        self,
+        engine: Engine,
+        pipeline: Pipeline,
+        settings: Settings,
+        sinks: Mapping[str, TransactionalSink],
+    ) -> list[Rebuild]:
+        root = output_root(pipeline, settings)
+        return finish_rebuilds(engine, root, sinks, source=pipeline.name, folders=True)
 
     def committed_rows(
         self, conn: sa.Connection, pipeline: Pipeline, settings: Settings, days: list[date]
