@@ -14,6 +14,7 @@ from spark_jobs.sink._rebuild_swap import finish_rebuilds
 from spark_jobs.sink._staged import StagedOutput
 from spark_jobs.sink._table_commit import PostgresTableSink
 from spark_jobs.sink._table_layout import TABLE_SINK_NAME
+from spark_jobs.sink._table_lock import table_lock
 from spark_jobs.sink._table_setup import ensure_tables, sweep_staged
 from spark_jobs.sink._writers import (
     SINKS,
@@ -42,4 +43,5 @@ __all__ = [
     "publish_files",
     "replace_folder",
     "sweep_staged",
+    "table_lock",
 ]

@@ -1,0 +1,38 @@
+"""One lock per lakehouse table, held by everything that commits to it.
+
+A table format's own optimistic concurrency keeps a commit from being lost when two writers
+race, but not Sluice's rules that go beyond one commit: the committer's "is this checkpoint
+in the table's history already?" check and its commit must not interleave with a recovery of
+the same run in another process, and a maintenance job (compaction, snapshot expiry) must
+never replace a day's files while a commit of that day is between its check and its commit.
+So the committers (checkpoint publish, rebuild overwrite) and the maintenance jobs take this
+session-level Postgres advisory lock around their work. Writers outside Sluice do not take
+it: against them the format's conflict detection and retry is the protection.
+
+Threading: blocks on the database; call from the coordinator, a recovery or a job thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+__all__ = ["table_lock"]
+
+
+@contextlib.contextmanager
+def table_lock(engine: Engine, table: str) -> Iterator[None]:
+    """Hold the advisory lock of ``table`` (a catalog identifier or a table URI) for the
+    block; released when the block ends or when the process dies with its connection."""
+    key = {"key": f"sluice.table:{table}"}
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT pg_advisory_lock(hashtextextended(:key, 0))"), key)
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(hashtextextended(:key, 0))"), key)
+            conn.commit()
