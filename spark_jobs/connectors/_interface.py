@@ -308,6 +308,15 @@ class SinkConnector(abc.ABC):
 
         return finish_rebuilds(engine, None, sinks, source=pipeline.name, folders=False)
 
+    def output_metadata(
+        self, pipeline: Pipeline, settings: Settings, run_id: str | None
+    ) -> dict[str, str | int]:
+        """What a Dagster materialisation of the output shows about it as it is now: e.g. a
+        table's URI (key ``dagster/uri``) and name (``dagster/table_name``), its snapshot or
+        version, the rows and files run ``run_id`` added (None: no run in particular). Plain
+        values, never a secret. Default: nothing."""
+        return {}
+
     def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline) -> None:
         """Before tasks start (create tables). Default: nothing."""
         return None
