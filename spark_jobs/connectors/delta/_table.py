@@ -60,7 +60,13 @@ def _delta_types(schema: pa.Schema, what: str) -> dict[str, str]:
         raise ConfigError(
             what, f"the output has a type Delta cannot store ({first_line(exc)})"
         ) from None
-    return {field.name: str(field.type) for field in converted.fields}
+    return {field.name: _type_name(field.type) for field in converted.fields}
+
+
+def _type_name(kind: object) -> str:
+    """A Delta type as people read it (``long``, ``decimal(10,2)``; nested: its JSON)."""
+    name = getattr(kind, "type", None)
+    return name if isinstance(name, str) else str(kind)
 
 
 def ensure_table(
@@ -87,14 +93,14 @@ def ensure_table(
         shown = ", ".join(partitions) or "nothing"
         expected = partition or "nothing (an unpartitioned pipeline)"
         raise ConfigError(what, f"{uri} is partitioned by {shown}, the pipeline needs {expected}")
-    have = {field.name: str(field.type) for field in table.schema().fields}
+    have = {field.name: _type_name(field.type) for field in table.schema().fields}
     clashes = [
         f"{name} is {have[name]} in the table, {kind} in the output"
         for name, kind in wanted.items()
         if name in have and have[name] != kind
     ]
     if clashes:
-        raise ConfigError(what, f"{uri} does not fit the output: {'; '.join(clashes)}")
+        raise ConfigError(what, f"the table does not fit the output: {'; '.join(clashes)}")
     added = [name for name in wanted if name not in have]
     if added:
         new = DeltaSchema.from_arrow(pa.schema([schema.field(name) for name in added]))

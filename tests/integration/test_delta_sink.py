@@ -1,0 +1,145 @@
+"""The Delta sink end to end (real Postgres, real local Spark, real delta-rs): the clickstream
+demo written to a Delta table, read back by delta-rs and by Polars over the log's current
+data files, against the landing oracle; one Delta commit per completed checkpoint carrying
+the run's app transaction; a rebuild of one day in one overwrite commit; bad tables refused
+with one line before a run starts."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+from conftest import TestSettings as Settings
+from deltalake import DeltaTable
+from demo_platform import demo_discover, demo_pipeline, prepare_demo
+from landing_oracle import expected_events
+
+from enumerator_service import ConfigError
+from enumerator_service._operations import open_platform
+from enumerator_service._schema import checkpoints, sink_transactions
+from spark_jobs import DeltaSink, Pipeline
+from spark_jobs.connectors.delta import rebuild_app_id, run_app_id
+from spark_jobs.jobs import run_pipeline
+
+pytestmark = pytest.mark.spark
+
+
+def _pipeline(settings: Settings, table: Path, **sink: Any) -> Pipeline:
+    return dataclasses.replace(demo_pipeline(settings), sink=DeltaSink(str(table), **sink))
+
+
+def _ids(rows: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(str(row["event_id"]) for row in rows)
+
+
+def _check_exact(table: Path, oracle: list[dict[str, Any]]) -> None:
+    """delta-rs and Polars (the log's current files) both hold the oracle's events exactly."""
+    delta = DeltaTable(str(table))
+    rows = delta.to_pyarrow_table().to_pylist()
+    files = delta.file_uris()
+    polars_rows = pl.read_parquet(files).to_dicts() if files else []
+    wanted = _ids(oracle)
+    for got in (_ids(rows), _ids(polars_rows)):
+        assert sum((got - wanted).values()) == 0  # duplicates (or strangers)
+        assert sum((wanted - got).values()) == 0  # missing
+    for row in rows:  # the partition column is the record's output day (UTC event day)
+        assert row["dt"] == row["event_time"].date()
+
+
+def _completed_with_files(settings: Settings, run_id: str) -> list[int]:
+    platform = open_platform(settings)
+    try:
+        with platform.engine.connect() as conn:
+            done = set(
+                conn.execute(
+                    sa.select(checkpoints.c.checkpoint_id).where(
+                        checkpoints.c.run_id == run_id, checkpoints.c.status == "COMPLETED"
+                    )
+                ).scalars()
+            )
+            staged = conn.execute(
+                sa.select(sink_transactions.c.checkpoint_id, sink_transactions.c.staged).where(
+                    sink_transactions.c.run_id == run_id, sink_transactions.c.committed
+                )
+            ).all()
+    finally:
+        platform.close()
+    with_files = {cp for cp, files in staged if files}
+    assert with_files <= done
+    return sorted(with_files)
+
+
+def test_the_demo_into_a_delta_table_exactly_once_then_a_day_rebuilt(
+    make_settings: Any, tmp_path: Path
+) -> None:
+    settings: Settings = make_settings(demo_events=300, demo_days=2, demo_files_per_day=2)
+    platform = open_platform(settings)
+    prepare_demo(settings, platform)
+    demo_discover(platform)
+    platform.close()
+    table = tmp_path / "lake" / "events"
+    pipeline = _pipeline(settings, table)
+    oracle, _bad = expected_events(Path(settings.landing_path))
+
+    summary = run_pipeline(settings, pipeline, run_id="delta-run-1")
+    assert summary.run_id == "delta-run-1"
+    _check_exact(table, oracle)
+    # One Delta commit per completed checkpoint with output, app transaction = last of them.
+    delta = DeltaTable(str(table))
+    commits = [h for h in delta.history() if h["operation"] == "WRITE"]
+    with_files = _completed_with_files(settings, "delta-run-1")
+    assert len(commits) == len(with_files) >= 1
+    app = run_app_id(settings.source_name, "delta-run-1")
+    assert delta.transaction_version(app) == max(with_files)
+
+    # A rebuild of day 1: one overwrite commit, day 2's files untouched, rows exact again.
+    day1 = settings.demo_start_date
+    before = pa.table(delta.get_add_actions(flatten=True)).to_pylist()
+    other = sorted(a["path"] for a in before if a["partition.dt"] != day1)
+    version = delta.version()
+    run_pipeline(settings, pipeline, dates=[day1], rebuild=True, run_id="delta-rebuild")
+    delta = DeltaTable(str(table))
+    assert delta.version() == version + 1
+    assert delta.history(1)[0]["operationParameters"]["mode"] == "Overwrite"
+    assert delta.transaction_version(rebuild_app_id(settings.source_name, day1.isoformat()))
+    after = pa.table(delta.get_add_actions(flatten=True)).to_pylist()
+    assert sorted(a["path"] for a in after if a["partition.dt"] != day1) == other
+    day1_files = [a["path"] for a in after if a["partition.dt"] == day1]
+    assert day1_files and all(p.startswith(f"_rebuilds/dt={day1}/") for p in day1_files)
+    _check_exact(table, oracle)
+
+
+def test_bad_tables_are_refused_with_one_line_before_the_run(
+    make_settings: Any, tmp_path: Path
+) -> None:
+    settings: Settings = make_settings(demo_events=20, demo_days=1, demo_files_per_day=1)
+    platform = open_platform(settings)
+    prepare_demo(settings, platform)
+    demo_discover(platform)
+    platform.close()
+    wrong_type = tmp_path / "wrong_type"
+    DeltaTable.create(
+        str(wrong_type),
+        pa.schema([("event_id", pa.int64()), ("dt", pa.date32())]),
+        partition_by=["dt"],
+    )
+    unpartitioned = tmp_path / "unpartitioned"
+    DeltaTable.create(str(unpartitioned), pa.schema([("event_id", pa.string())]))
+    for table, problem in (
+        (wrong_type, "event_id is long in the table, string in the output"),
+        (unpartitioned, "is partitioned by nothing, the pipeline needs dt"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            run_pipeline(settings, _pipeline(settings, table))
+        message = str(caught.value)
+        assert problem in message and "\n" not in message, message
+    collide = _pipeline(settings, tmp_path / "t", partition_by="event_type")
+    with pytest.raises(ConfigError, match="partition_by") as caught:
+        run_pipeline(settings, collide)
+    assert "\n" not in str(caught.value)
