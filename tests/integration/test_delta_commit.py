@@ -33,7 +33,14 @@ def platform(make_settings: Any) -> Iterator[Platform]:
     p.close()
 
 
-def _stage(table: Path, run_id: str, checkpoint: int, ids: range) -> StagedTransaction:
+def _stage(
+    table: Path,
+    run_id: str,
+    checkpoint: int,
+    ids: range,
+    key: list[str] | None = None,
+    tag: str = "n",
+) -> StagedTransaction:
     """One checkpoint's staged file (written and described by the real writer)."""
     with ThreadPoolExecutor(1) as io:
         writer = DeltaSinkWriter(
@@ -41,12 +48,12 @@ def _stage(table: Path, run_id: str, checkpoint: int, ids: range) -> StagedTrans
             schema=SCHEMA,
             compression="zstd",
             table=open_location(table),
-            meta={"table": str(table), "pipeline": "p", "partition": "dt", "upsert_key": None},
+            meta={"table": str(table), "pipeline": "p", "partition": "dt", "upsert_key": key},
             run_id=run_id,
             subtask=0,
             attempt=f"a{checkpoint}",
         )
-        batch = pa.record_batch([pa.array(list(ids)), pa.array([f"n{i}" for i in ids])], SCHEMA)
+        batch = pa.record_batch([pa.array(list(ids)), pa.array([f"{tag}{i}" for i in ids])], SCHEMA)
         writer.write_batch(writer.output_partition(DAY, None), batch)
         out = writer.pre_commit().result()
     return StagedTransaction(checkpoint, run_id, 0, "a", checkpoint, "delta", out.files, out.rows)
@@ -156,3 +163,23 @@ def test_abort_deletes_only_uncommitted_files(platform: Platform, tmp_path: Path
     assert Path(committed[0].staged[0]["staged"]).exists()
     assert not Path(lost[0].staged[0]["staged"]).exists()
     assert _ids(table) == [0, 1]
+
+
+def test_an_upsert_merges_each_checkpoint_once_by_key(platform: Platform, tmp_path: Path) -> None:
+    table = _new_table(tmp_path)
+    committer = DeltaCommitter(platform.engine)
+    first = [_stage(table, "r6", 1, range(0, 4), key=["id"], tag="old")]
+    committer.publish(first)
+    second = [_stage(table, "r6", 2, range(2, 6), key=["id"], tag="new")]
+    committer.publish(second)
+    committer.publish(first + second)  # recovery: both already merged
+    rows = DeltaTable(str(table)).to_pyarrow_table().sort_by("id").to_pylist()
+    assert [(r["id"], r["name"]) for r in rows] == [
+        (0, "old0"),
+        (1, "old1"),
+        (2, "new2"),
+        (3, "new3"),
+        (4, "new4"),
+        (5, "new5"),
+    ]
+    assert DeltaTable(str(table)).transaction_version(run_app_id("p", "r6")) == 2
