@@ -114,9 +114,10 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, str):
         return value if len(value) <= _MAX_STRING else None
     if isinstance(value, dt.datetime):
-        if value.tzinfo is not None:
+        aware = value.tzinfo is not None  # timestamp (UTC, "Z") or timestamp_ntz (none)
+        if aware:
             value = value.astimezone(dt.UTC).replace(tzinfo=None)
-        return value.isoformat(timespec="microseconds") + "Z"
+        return value.isoformat(timespec="microseconds") + ("Z" if aware else "")
     if isinstance(value, dt.date):
         return value.isoformat()
     return None  # floats (NaN is not in Parquet statistics), decimals, bytes: no pruning
