@@ -6,8 +6,10 @@ with one line before a run starts."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 from collections import Counter
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,15 @@ from deltalake import DeltaTable
 from demo_platform import demo_discover, demo_pipeline, prepare_demo
 from landing_oracle import expected_events
 
-from enumerator_service import ConfigError
-from enumerator_service._operations import open_platform
+from enumerator_service import ConfigError, asyncpg_dsn
+from enumerator_service._operations import discover, open_platform
 from enumerator_service._schema import checkpoints, sink_transactions
-from spark_jobs import DeltaSink, Pipeline
+from examples.orders import orders
+from spark_jobs import DeltaSink, Pipeline, SampleTarget
 from spark_jobs.connectors.delta import rebuild_app_id, run_app_id
+from spark_jobs.connectors.files import landing_path
 from spark_jobs.jobs import run_pipeline
+from spark_jobs.pipeline._paths import discovery_of
 
 pytestmark = pytest.mark.spark
 
@@ -143,3 +148,97 @@ def test_bad_tables_are_refused_with_one_line_before_the_run(
     with pytest.raises(ConfigError, match="partition_by") as caught:
         run_pipeline(settings, collide)
     assert "\n" not in str(caught.value)
+
+
+# -- the orders example, upserted ------------------------------------------------------------
+
+ORDER_FIELDS = ("order_id", "tenant_id", "customer_id", "currency", "amount", "ordered_at")
+
+
+def _landed_orders(landing: Path) -> list[dict[str, Any]]:
+    """Every well-formed CSV order row (the standard library's parse; malformed rows — a
+    missing or mistyped field, more than two decimals, a bad timestamp — left out)."""
+    good = []
+    for path in sorted(landing.glob("dt=*/*.csv")):
+        with path.open(newline="") as handle:
+            for row in csv.reader(handle):
+                if not row or row == list(ORDER_FIELDS) or len(row) != len(ORDER_FIELDS):
+                    continue
+                order_id, tenant, customer, currency, amount, when = row
+                try:
+                    value = Decimal(amount)
+                except InvalidOperation:
+                    continue
+                if (
+                    all(row)
+                    and tenant.lstrip("-").isdigit()
+                    and customer.lstrip("-").isdigit()
+                    and value == value.quantize(Decimal("0.01"))
+                    and when.startswith("20")
+                    and "T" in when
+                ):
+                    good.append(
+                        dict(
+                            zip(
+                                ORDER_FIELDS,
+                                [order_id, int(tenant), int(customer), currency, value, when],
+                                strict=True,
+                            )
+                        )
+                    )
+    return good
+
+
+def test_the_orders_example_upserted_into_a_delta_table(make_settings: Any, tmp_path: Path) -> None:
+    settings: Settings = make_settings(demo_events=1500, demo_users=200)
+    table = tmp_path / "orders"
+    pipeline = dataclasses.replace(
+        orders,
+        name=settings.source_name,
+        source=dataclasses.replace(orders.source, landing=None),
+        sink=DeltaSink(str(table), upsert_key=["order_id"]),
+    )
+    platform = open_platform(settings)
+    try:
+        pipeline.sample_data(
+            SampleTarget(settings, landing_path(pipeline, settings), asyncpg_dsn(platform.url))
+        )
+        discover(platform, discovery_of(pipeline, settings))
+        run_pipeline(settings, pipeline)
+        # The oracle: the landing rows joined in SQL (rates, customers), refunds left out.
+        with platform.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "CREATE TEMP TABLE landed (order_id text, tenant_id bigint,"
+                    " customer_id bigint, currency text, amount numeric(12,2),"
+                    " ordered_at timestamptz)"
+                )
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO landed VALUES (:order_id, :tenant_id, :customer_id,"
+                    " :currency, :amount, CAST(:ordered_at AS timestamptz))"
+                ),
+                _landed_orders(landing_path(pipeline, settings)),
+            )
+            expected = {
+                row[0]: (row[1], row[2])
+                for row in conn.execute(
+                    sa.text(
+                        "SELECT l.order_id, round(l.amount * r.rate_to_eur, 2),"
+                        " (l.ordered_at AT TIME ZONE 'UTC')::date"
+                        " FROM landed l JOIN ref.fx_rates r ON r.code = l.currency"
+                        " WHERE round(l.amount * r.rate_to_eur, 2) > 0"
+                    )
+                )
+            }
+    finally:
+        platform.close()
+    rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    got = Counter(row["order_id"] for row in rows)
+    assert max(got.values()) == 1  # one row per key
+    assert {r["order_id"]: (r["amount_eur"], r["dt"]) for r in rows} == expected
+    # Run again: nothing new, nothing merged twice.
+    version = DeltaTable(str(table)).version()
+    assert run_pipeline(settings, pipeline).nothing_new
+    assert DeltaTable(str(table)).version() == version
