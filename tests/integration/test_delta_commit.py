@@ -183,3 +183,16 @@ def test_an_upsert_merges_each_checkpoint_once_by_key(platform: Platform, tmp_pa
         (5, "new5"),
     ]
     assert DeltaTable(str(table)).transaction_version(run_app_id("p", "r6")) == 2
+
+
+def test_an_added_output_field_adds_the_column(platform: Platform, tmp_path: Path) -> None:
+    table = _new_table(tmp_path)
+    DeltaCommitter(platform.engine).publish([_stage(table, "r7", 1, range(2))])
+    wider = SCHEMA.append(pa.field("score", pa.float64()))
+    ensure_table(str(table), {}, table_schema(wider, "dt"), "dt", "test")
+    fields = DeltaTable(str(table)).schema().to_arrow()
+    assert [f.name for f in fields] == ["id", "name", "dt", "score"]
+    rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    assert [r["score"] for r in rows] == [None, None]
+    ensure_table(str(table), {}, table_schema(wider, "dt"), "dt", "test")  # no change now
+    assert DeltaTable(str(table)).version() == 2  # create, append, add column

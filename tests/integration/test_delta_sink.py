@@ -144,6 +144,12 @@ def test_bad_tables_are_refused_with_one_line_before_the_run(
             run_pipeline(settings, _pipeline(settings, table))
         message = str(caught.value)
         assert problem in message and "\n" not in message, message
+    (tmp_path / "a-file").write_text("not a folder")
+    for unusable in (tmp_path / "a-file" / "t", Path("/proc/sluice-delta-test/t")):
+        with pytest.raises(ConfigError) as caught:
+            run_pipeline(settings, _pipeline(settings, unusable))
+        message = str(caught.value)
+        assert str(unusable) in message and "\n" not in message, message
     collide = _pipeline(settings, tmp_path / "t", partition_by="event_type")
     with pytest.raises(ConfigError, match="partition_by") as caught:
         run_pipeline(settings, collide)
@@ -242,3 +248,19 @@ def test_the_orders_example_upserted_into_a_delta_table(make_settings: Any, tmp_
     version = DeltaTable(str(table)).version()
     assert run_pipeline(settings, pipeline).nothing_new
     assert DeltaTable(str(table)).version() == version
+
+
+def test_an_at_least_once_run_appends_every_row(make_settings: Any, tmp_path: Path) -> None:
+    """AT_LEAST_ONCE: each acknowledgement's files appended at once (no failure here, so
+    exactly the oracle)."""
+    settings: Settings = make_settings(
+        demo_events=120, demo_days=2, demo_files_per_day=1, checkpointing_mode="AT_LEAST_ONCE"
+    )
+    platform = open_platform(settings)
+    prepare_demo(settings, platform)
+    demo_discover(platform)
+    platform.close()
+    table = tmp_path / "alo"
+    run_pipeline(settings, _pipeline(settings, table))
+    oracle, _bad = expected_events(Path(settings.landing_path))
+    _check_exact(table, oracle)
