@@ -116,7 +116,12 @@ def test_the_demo_into_a_delta_table_exactly_once_then_a_day_rebuilt(
     after = pa.table(delta.get_add_actions(flatten=True)).to_pylist()
     assert sorted(a["path"] for a in after if a["partition.dt"] != day1) == other
     day1_files = [a["path"] for a in after if a["partition.dt"] == day1]
-    assert day1_files and all(p.startswith(f"_rebuilds/dt={day1}/") for p in day1_files)
+    assert day1_files and all(p.startswith(f"dt={day1}/rebuild-") for p in day1_files)
+    # The swapped-out generation is VACUUM's to remove (none of it in a `_` folder).
+    removed = {a["path"] for a in before if a["partition.dt"] == day1}
+    vacuumable = delta.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=True)
+    assert removed and removed <= set(vacuumable)
+    assert not set(vacuumable) & {a["path"] for a in after}
     _check_exact(table, oracle)
 
 

@@ -15,7 +15,7 @@ under the table's advisory lock (``table_lock``: no other Sluice process interle
    a bounded number of times, then fail loudly (the checkpoint stays committed in Postgres
    and unpublished: the next recovery publishes it).
 
-Files of a rebuild's members (``_rebuilds/dt=D/<r>/``) are not added here: the rebuild's
+Files of a rebuild's members (``dt=D/rebuild-<r>/``) are not added here: the rebuild's
 ``finish_rebuilds`` replaces day D with them in one commit (``_rebuild``). An upsert sink
 merges instead of appending (``_merge``). ``abort`` deletes staged files no commit added.
 
@@ -40,6 +40,7 @@ from enumerator_service import StagedTransaction, StorageOptions, open_location
 from spark_jobs.connectors.delta._merge import merge_files
 from spark_jobs.connectors.delta._paths import delta_storage
 from spark_jobs.connectors.delta._table import first_line, live_paths, load_table
+from spark_jobs.connectors.delta._writer import rebuild_of
 from spark_jobs.sink._object_store import delete_object
 from spark_jobs.sink._table_lock import table_lock
 
@@ -58,7 +59,8 @@ def run_app_id(pipeline: str, run_id: str) -> str:
 
 
 def is_rebuild_file(entry: dict[str, Any]) -> bool:
-    return str(entry["path"]).startswith("_rebuilds/")
+    """A file of a rebuild's member (added by the rebuild's day swap, not by publish)."""
+    return rebuild_of(str(entry["path"])) is not None
 
 
 def add_action(entry: dict[str, Any]) -> AddAction:

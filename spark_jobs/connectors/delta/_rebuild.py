@@ -1,6 +1,6 @@
 """Rebuilds of one day of a Delta table: day D replaced in one commit.
 
-A rebuild's members stage their files in ``_rebuilds/dt=D/<r>/`` inside the table folder and
+A rebuild's members stage their files in ``dt=D/rebuild-<r>/`` inside the table folder and
 commit them in Postgres like any checkpoint, but ``publish`` leaves them out of the table.
 Once every member completed, :func:`finish_delta_rebuilds` runs the steps of
 ``spark_jobs.sink._rebuild_swap`` with one Delta commit as its swap:
@@ -41,6 +41,7 @@ from enumerator_service import (
     publish_committed,
 )
 from spark_jobs.connectors.delta._commit import SINK_NAME, add_action, commit_retrying
+from spark_jobs.connectors.delta._writer import data_folder
 from spark_jobs.sink._rebuild_swap import rebuild_folder
 from spark_jobs.sink._table_lock import table_lock
 
@@ -88,7 +89,8 @@ def finish_delta_rebuilds(
             if _status_of(engine, rebuild.id) != RebuildStatus.SWAPPING:
                 continue  # another process finished it while we waited
             # Step 3: day D replaced in one commit (skipped when it is in the table).
-            files = _member_files(engine, source, rebuild_folder(day, rebuild.id) + "/")
+            prefix = data_folder(rebuild_folder(day, rebuild.id)) + "/"
+            files = _member_files(engine, source, prefix)
             _replace_day(uri, storage, partition, source, day, rebuild.id, files)
             # Step 4: DONE.
             store.end_swap(rebuild)

@@ -2,9 +2,10 @@
 
 ``committed_rows``: what the platform committed, from the committed transactions' file
 lists in Postgres (each day's current generation: files committed since its latest rebuild
-was swapped in, or that rebuild's files — the Parquet sink's rule). ``rows_out``: what the
-table's current version holds, from its add actions' ``numRecords`` (no data read).
-``duplicate_keys``: the key columns of one day read through delta-rs.
+was swapped in, or that rebuild's files in ``dt=D/rebuild-<r>/`` — the Parquet sink's
+rule). ``rows_out``: what the table's current version holds, from its add actions'
+``numRecords`` (no data read). ``duplicate_keys``: the key columns of one day read through
+delta-rs.
 
 Threading: blocking database and store calls; the caller's thread.
 """
@@ -44,10 +45,11 @@ FROM wanted AS w
 LEFT JOIN latest AS l ON l.partition_key = w.day
 JOIN files ON (
     starts_with(files.final, :root || 'dt=' || w.day || '/')
+    AND NOT starts_with(files.final, :root || 'dt=' || w.day || '/rebuild-')
     AND (l.swapped_at IS NULL OR files.committed_at > l.swapped_at)
 ) OR (
     l.id IS NOT NULL
-    AND starts_with(files.final, :root || '_rebuilds/dt=' || w.day || '/' || l.id || '/')
+    AND starts_with(files.final, :root || 'dt=' || w.day || '/rebuild-' || l.id || '/')
 )
 GROUP BY w.day
 """

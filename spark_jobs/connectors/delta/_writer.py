@@ -2,7 +2,8 @@
 
 :class:`DeltaSinkWriter` is a :class:`~spark_jobs.sink.ParquetSinkWriter` that writes each
 checkpoint interval's files straight at their final names inside the table folder, under
-their partition folder (``dt=D/``, or ``_rebuilds/dt=D/<r>/`` for a rebuild's members). A
+their partition folder (``dt=D/``; a rebuild's members, whose output partition is
+``_rebuilds/dt=D/<r>``, in ``dt=D/rebuild-<r>/``: see :func:`data_folder`). A
 file that no commit in ``_delta_log`` adds is invisible to every Delta reader, so there is
 no rename (which an object store does not have). The Parquet writer verifies every file's
 footer and fails the pre-commit on any write error; this wrapper then adds to each staged
@@ -26,9 +27,12 @@ import pyarrow.parquet as pq
 
 from enumerator_service import Location
 from spark_jobs.sink import ParquetSinkWriter, StagedOutput
+from spark_jobs.sink._rebuild_swap import REBUILDS_FOLDER
 
-__all__ = ["DeltaSinkWriter", "file_stats", "relative_path"]
+__all__ = ["DeltaSinkWriter", "data_folder", "file_stats", "rebuild_of", "relative_path"]
 
+#: The folder of a rebuild's files inside its day's folder: ``rebuild-<r>``.
+REBUILD_PREFIX = "rebuild-"
 #: Longest string kept as an exact min/max (Delta truncates longer ones; we omit them).
 _MAX_STRING = 32
 
@@ -64,6 +68,10 @@ class DeltaSinkWriter:
             stage_in_place=True,
         )
 
+    def write_batch(self, partition: str, batch: pa.RecordBatch) -> None:
+        """Rows into ``partition``'s file (an ``output_partition`` result)."""
+        self._parquet.write_batch(data_folder(partition), batch)
+
     def __getattr__(self, name: str) -> Any:
         # write_batch, count_dropped, dead_letter, abort, close, output_partition, …
         return getattr(self._parquet, name)
@@ -91,6 +99,26 @@ class DeltaSinkWriter:
         return out
 
 
+def data_folder(partition: str) -> str:
+    """Where the files of an output partition go in the table folder: the partition itself,
+    except a rebuild's (``_rebuilds/dt=D/<r>``), which goes to ``dt=D/rebuild-<r>``. VACUUM
+    never looks into ``_`` folders, so files there would outlive their removal from the
+    table; inside the day's folder the removed generation is vacuumed like any file."""
+    parts = partition.split("/")
+    if len(parts) == 3 and parts[0] == REBUILDS_FOLDER and parts[2].isdigit():
+        return f"{parts[1]}/{REBUILD_PREFIX}{parts[2]}"
+    return partition
+
+
+def rebuild_of(path: str) -> int | None:
+    """The rebuild id of a data file staged by a rebuild's member (``dt=D/rebuild-<r>/…``)."""
+    parts = path.split("/")
+    if len(parts) == 3 and parts[1].startswith(REBUILD_PREFIX):
+        number = parts[1].removeprefix(REBUILD_PREFIX)
+        return int(number) if number.isdigit() else None
+    return None
+
+
 def relative_path(table: Location, final: str) -> str:
     """``final`` (a staged entry's URI or local path) relative to the table folder."""
     root = table.uri.rstrip("/") + "/"
@@ -101,7 +129,7 @@ def relative_path(table: Location, final: str) -> str:
 
 def _day_of(path: str) -> str | None:
     """The output day of a data file from its partition folder (``dt=D/…`` or
-    ``_rebuilds/dt=D/<r>/…``), or None at the root (an unpartitioned table)."""
+    ``dt=D/rebuild-<r>/…``), or None at the root (an unpartitioned table)."""
     for part in path.split("/")[:-1]:
         if part.startswith("dt="):
             return dt.date.fromisoformat(part[3:]).isoformat()
