@@ -52,9 +52,10 @@ def table_uri(location: Location) -> str:
 
 def delta_storage(location: Location | StorageOptions | None) -> dict[str, str]:
     """delta-rs ``storage_options`` for ``location`` (or for object stores reached with
-    these options): endpoint and region only. Sluice serialises its own commits with
-    ``table_lock``; writers outside Sluice are refused a lost update by delta-rs only where
-    the store has conditional writes (S3 ``If-None-Match``), hence unsafe rename allowed."""
+    these options): endpoint and region only. No locking provider and no "unsafe rename":
+    delta-rs 1.x writes each log entry with a conditional put (S3 ``If-None-Match``), so a
+    writer outside Sluice racing a commit gets a conflict, never a lost update (Sluice's own
+    commits are serialised by ``table_lock`` besides)."""
     options = location.options if isinstance(location, Location) else location
     storage: dict[str, str] = {}
     if isinstance(location, Location) and location.scheme != "s3":
@@ -67,7 +68,6 @@ def delta_storage(location: Location | StorageOptions | None) -> dict[str, str]:
             storage["AWS_ALLOW_HTTP"] = "true"
     if options.s3_region:
         storage["AWS_REGION"] = options.s3_region
-    storage["AWS_S3_ALLOW_UNSAFE_RENAME"] = "true"
     return storage
 
 
