@@ -15,6 +15,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import sqlalchemy as sa
 from conftest import TestSettings as Settings
@@ -26,7 +27,7 @@ from enumerator_service import ConfigError, asyncpg_dsn
 from enumerator_service._operations import discover, open_platform
 from enumerator_service._schema import checkpoints, sink_transactions
 from examples.orders import orders
-from spark_jobs import DeltaSink, Pipeline, SampleTarget
+from spark_jobs import DeltaSink, FileSource, Filter, Pipeline, SampleTarget
 from spark_jobs.connectors.delta import rebuild_app_id, run_app_id
 from spark_jobs.connectors.files import landing_path
 from spark_jobs.jobs import run_pipeline
@@ -269,3 +270,45 @@ def test_an_at_least_once_run_appends_every_row(make_settings: Any, tmp_path: Pa
     run_pipeline(settings, _pipeline(settings, table))
     oracle, _bad = expected_events(Path(settings.landing_path))
     _check_exact(table, oracle)
+
+
+def test_a_user_pipeline_of_csv_files_into_an_unpartitioned_table(
+    make_settings: Any, tmp_path: Path
+) -> None:
+    """A pipeline defined here: unpartitioned CSV files → a Filter → DeltaSink; the table is
+    unpartitioned, its files at its root, its rows exactly the kept CSV rows."""
+    settings: Settings = make_settings()
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    written: list[tuple[str, int]] = []
+    for f in range(3):
+        lines = ["sku,qty"]
+        for i in range(40):
+            sku, qty = f"s{f}-{i}", (i * 7 + f) % 11 - 3
+            lines.append(f"{sku},{qty}")
+            written.append((sku, qty))
+        (landing / f"part-{f}.csv").write_text("\n".join(lines) + "\n")
+    table = tmp_path / "stock"
+    pipeline = Pipeline(
+        name=settings.source_name,
+        source=FileSource(
+            schema={"sku": "string", "qty": "int64"}, landing=str(landing), partition_by=None
+        ),
+        steps=[Filter(pc.field("qty") > 0)],
+        sink=DeltaSink(str(table)),
+    )
+    platform = open_platform(settings)
+    try:
+        discover(platform, discovery_of(pipeline, settings))
+    finally:
+        platform.close()
+    summary = run_pipeline(settings, pipeline)
+    assert (summary.rows_out, summary.dropped) == (sum(q > 0 for _s, q in written), 45)
+    delta = DeltaTable(str(table))
+    assert delta.metadata().partition_columns == []
+    assert all(
+        "/" not in path for path in delta.get_add_actions(flatten=True).column("path").to_pylist()
+    )
+    got = Counter((r["sku"], r["qty"]) for r in delta.to_pyarrow_table().to_pylist())
+    wanted = Counter((sku, qty) for sku, qty in written if qty > 0)
+    assert got == wanted and max(got.values()) == 1
