@@ -177,7 +177,10 @@ class DeltaConnector(SinkConnector):
         append_unaligned(staged, storage)
 
     def can_replace(self, plan: SinkPlan) -> bool:
-        return True  # a day is replaced in one overwrite commit (upsert: rows by key)
+        # A day is replaced in one overwrite commit of its partition (upsert: rows by key);
+        # a table without the partition column has no day to replace.
+        options: DeltaOptions = plan.options
+        return bool(plan.upsert_key) or options.partition_by is not None
 
     def finish_rebuilds(
         self,
