@@ -148,7 +148,10 @@ def test_a_crash_around_the_delta_commit_is_recovered_exactly(
     commits_before = len(DeltaTable(_table(pipeline)).history())
     run_pipeline(settings, pipeline)  # its recovery publishes the committed checkpoint
     history = DeltaTable(_table(pipeline)).history()
-    assert len(history) > commits_before
+    if when == "before the commit":  # the recovery made the commit the crash prevented
+        assert len(history) > commits_before
+    # (after the commit: whether the first run got further depends on timing; exactness and
+    # strictly increasing app transaction versions below say nothing was committed twice)
     _assert_exact(settings, pipeline)
 
 
