@@ -11,7 +11,7 @@ spec type; nothing else in the platform names a concrete connector.
 
 Built in, each in a folder of its own: ``files`` (``FileSource``), ``postgres_table``
 (``TableSource``), ``parquet`` (``ParquetSink``), ``postgres``
-(``PostgresSink``).
+(``PostgresSink``), ``delta`` (``DeltaSink``).
 """
 
 from spark_jobs.connectors._interface import (
@@ -37,6 +37,7 @@ from spark_jobs.connectors._registry import (
     source_connector_for_split,
     source_connector_named,
 )
+from spark_jobs.connectors.delta import DeltaSink
 from spark_jobs.connectors.files import FileSource
 from spark_jobs.connectors.parquet import ParquetSink
 from spark_jobs.connectors.postgres import PostgresSink
@@ -44,6 +45,7 @@ from spark_jobs.connectors.postgres_table import TableSource
 from spark_jobs.pipeline._checks import Context as ValidationContext
 
 __all__ = [
+    "DeltaSink",
     "FileSource",
     "ObservedInput",
     "ParquetSink",

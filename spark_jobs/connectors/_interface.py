@@ -321,6 +321,13 @@ class SinkConnector(abc.ABC):
         """Before tasks start (create tables). Default: nothing."""
         return None
 
+    def prepare_output(
+        self, engine: Engine, plan: Plan, pipeline: Pipeline, settings: Settings
+    ) -> None:
+        """What the driver calls before tasks start, with the run's settings (a table whose
+        location depends on them: the warehouse, the object store). Default: ``prepare``."""
+        self.prepare(engine, plan, pipeline)
+
     def wrap_up(self, engine: Engine, plan: Plan) -> None:
         """After a run's tasks end (sweep leftovers). Default: nothing."""
         return None
