@@ -30,9 +30,14 @@ def test_orders_are_scored_and_slow_answers_fall_back(make_settings: Any) -> Non
     platform = open_platform(settings)
     try:
         prepare_demo(settings, platform)
-        with ScoringService(slow_share=SLOW_SHARE, slow_seconds=4.0) as service:
+        # Fast answers must stay fast under a loaded machine: 4 s of headroom below the
+        # timeout (a 2 s timeout failed once at load 7 on 2 cores), slow ones well above it.
+        with ScoringService(slow_share=SLOW_SHARE, slow_seconds=9.0) as service:
             pipeline = scoring_pipeline(
-                service.url, name=settings.source_name, landing=str(settings.landing_path)
+                service.url,
+                name=settings.source_name,
+                landing=str(settings.landing_path),
+                timeout="4s",
             )
             capacity = pipeline.plan.stages[1].capacity  # type: ignore[attr-defined]
             discover(platform, discovery_of(pipeline, settings))
