@@ -12,6 +12,11 @@ spec type; nothing else in the platform names a concrete connector.
 Built in, each in a folder of its own: ``files`` (``FileSource``), ``postgres_table``
 (``TableSource``), ``parquet`` (``ParquetSink``), ``postgres``
 (``PostgresSink``).
+
+A lakehouse sink also offers its table's maintenance (``SinkConnector.maintenance``: a
+``TableMaintenance`` that compacts a day, expires snapshots, removes orphan files); the
+Iceberg and Delta functions are ``spark_jobs.connectors.iceberg._maintenance`` and
+``spark_jobs.connectors.delta._maintenance``.
 """
 
 from spark_jobs.connectors._interface import (
@@ -24,6 +29,15 @@ from spark_jobs.connectors._interface import (
     SourceDetails,
     TableInput,
     UpstreamAsset,
+)
+from spark_jobs.connectors._maintenance import (
+    DEFAULT_GRACE,
+    DEFAULT_RETENTION,
+    CompactionResult,
+    ExpiryResult,
+    OrphanResult,
+    TableMaintenance,
+    sweep_orphans,
 )
 from spark_jobs.connectors._registry import (
     ensure_registered,
@@ -44,8 +58,13 @@ from spark_jobs.connectors.postgres_table import TableSource
 from spark_jobs.pipeline._checks import Context as ValidationContext
 
 __all__ = [
+    "DEFAULT_GRACE",
+    "DEFAULT_RETENTION",
+    "CompactionResult",
+    "ExpiryResult",
     "FileSource",
     "ObservedInput",
+    "OrphanResult",
     "ParquetSink",
     "PostgresSink",
     "ReaderContext",
@@ -55,6 +74,7 @@ __all__ = [
     "SourceConnector",
     "SourceDetails",
     "TableInput",
+    "TableMaintenance",
     "TableSource",
     "UpstreamAsset",
     "ValidationContext",
@@ -68,4 +88,5 @@ __all__ = [
     "source_connector",
     "source_connector_for_split",
     "source_connector_named",
+    "sweep_orphans",
 ]

@@ -1,0 +1,288 @@
+"""Maintenance of an Iceberg table written by Sluice (PyIceberg 0.12): compact a day, expire
+snapshots, remove orphan data files.
+
+Every function takes the PyIceberg ``Table`` and the Sluice database ``Engine`` and does its
+work under ``table_lock(engine, <table id>)`` (by default the identifier ``namespace.name``,
+the key every Sluice committer of the table takes), after refreshing the table: maintenance
+then never runs between a committer's "is this checkpoint committed already?" check and its
+commit. A writer outside Sluice does not take the lock; against it Iceberg's optimistic
+commit (the overwrite asserts the snapshot it was planned on) makes the compaction fail
+with ``CommitFailedException`` rather than lose that writer's rows — the next run retries.
+
+Threading: each call blocks on the database lock, the catalog and the object store; run it
+on a job thread (a Dagster op), never a mailbox thread. ``Table`` objects are not shared
+between threads by these functions (each refreshes the one it is given).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, date, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.expressions import AlwaysTrue, EqualTo
+from pyiceberg.io.pyarrow import (
+    ArrowScan,
+    PyArrowFileIO,
+    parquet_file_to_data_file,
+    schema_to_pyarrow,
+)
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import FileScanTask, Table
+from pyiceberg.types import DateType
+from sqlalchemy.engine import Engine
+
+from spark_jobs.connectors._maintenance import (
+    CompactionResult,
+    ExpiryResult,
+    OrphanResult,
+    sweep_orphans,
+)
+from spark_jobs.sink import table_lock
+
+__all__ = [
+    "COMPACTION_PROPERTY",
+    "IcebergMaintenance",
+    "compact_day",
+    "expire_snapshots",
+    "lock_id",
+    "remove_orphans",
+]
+
+log = logging.getLogger(__name__)
+
+#: The snapshot summary property of a compaction's snapshot (its value: the day).
+COMPACTION_PROPERTY = "sluice.compaction"
+#: Target size of a compacted file (Iceberg's ``write.target-file-size-bytes`` overrides).
+_TARGET_BYTES = 128 * 1024 * 1024
+
+
+def lock_id(table: Table) -> str:
+    """The advisory-lock key of ``table``: its identifier without the catalog name."""
+    return ".".join(table.name())
+
+
+def _day_literal(table: Table, column: str, day: date) -> date | str:
+    """``day`` as the ``column`` field takes it (a ``date`` column, or an ISO string)."""
+    try:
+        field = table.schema().find_field(column)
+    except ValueError:
+        raise ValueError(f"table {lock_id(table)} has no day column {column!r}") from None
+    return day if isinstance(field.field_type, DateType) else day.isoformat()
+
+
+def _data_root(table: Table) -> str:
+    """Where the table's data files go (``write.data.path``, else ``<location>/data``)."""
+    default = f"{table.location().rstrip('/')}/data"
+    return str(table.properties.get("write.data.path", default)).rstrip("/")
+
+
+def _write_compacted(table: Table, rows: pa.Table, folder: str, files: int) -> list[DataFile]:
+    """Write ``rows`` as ``files`` files of equal row counts under ``folder``; their DataFiles.
+    Files are written with the table schema's field ids (what every Iceberg reader maps
+    columns by). A failure deletes what was written (nothing was committed)."""
+    schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
+    rows = rows.select(schema.names).cast(schema)
+    per_file = max(1, -(-rows.num_rows // files))
+    codec = str(table.properties.get("write.parquet.compression-codec", "zstd"))
+    name = f"sluice-compact-{uuid.uuid4().hex}"
+    written: list[str] = []
+    try:
+        for n, start in enumerate(range(0, max(rows.num_rows, 1), per_file)):
+            path = f"{folder}/{name}-{n:05d}.parquet"
+            with table.io.new_output(path).create(overwrite=False) as out:
+                written.append(path)
+                pq.write_table(rows.slice(start, per_file), out, compression=codec)
+        return [parquet_file_to_data_file(table.io, table.metadata, path) for path in written]
+    except BaseException:
+        for path in written:
+            table.io.delete(path)
+        raise
+
+
+def _day_tasks(table: Table, column: str, day: date) -> list[FileScanTask]:
+    """The current data files holding rows of ``day`` (whole files: a file is rewritten
+    whole, so content outside the day, if any, is kept too)."""
+    row_filter = EqualTo(term=column, value=_day_literal(table, column, day))
+    return list(table.scan(row_filter=row_filter).plan_files())
+
+
+def compact_day(
+    table: Table,
+    engine: Engine,
+    day: date,
+    *,
+    column: str = "dt",
+    target_file_bytes: int | None = None,
+    lock: str | None = None,
+) -> CompactionResult:
+    """Rewrite the data files of ``day`` (``column`` = day) as one or a few files of about
+    ``target_file_bytes`` in ONE overwrite snapshot (summary ``sluice.compaction=<day>``)
+    that deletes the old files and adds the new. Skipped — nothing committed — when the day
+    has ≤ 1 file or the rewrite would not make fewer files, so a second run is a no-op.
+    Rows are read through Iceberg (delete files and schema evolution applied), so content
+    and row count are unchanged."""
+    ident = lock or lock_id(table)
+    target = target_file_bytes or int(
+        table.properties.get("write.target-file-size-bytes", _TARGET_BYTES)
+    )
+    if target <= 0:
+        raise ValueError(f"target_file_bytes {target} must be positive")
+    with table_lock(engine, ident):
+        # Step 1: the day's current files, read after the lock (no commit is in flight).
+        table.refresh()
+        tasks = _day_tasks(table, column, day)
+        old = [task.file for task in tasks]
+        rows = sum(f.record_count for f in old)
+        size = sum(f.file_size_in_bytes for f in old)
+        wanted = max(1, -(-size // target))
+        if len(old) <= 1 or wanted >= len(old):
+            return CompactionResult(ident, day, len(old), len(old), rows, size, size, None, True)
+        # Step 2: read them whole (deletes applied) and write the new files (invisible until
+        # committed; a crash leaves orphans for remove_orphans).
+        scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
+        data = scan.to_table(tasks)
+        if data.num_rows != rows and not any(task.delete_files for task in tasks):
+            raise RuntimeError(f"{ident} {day}: read {data.num_rows} rows, manifests say {rows}")
+        folder = f"{_data_root(table)}/{column}={day.isoformat()}"
+        new = _write_compacted(table, data, folder, wanted)
+        # Step 3: one snapshot deleting the old files and adding the new; on failure the new
+        # files are deleted (the old ones are still the table's).
+        try:
+            props = {COMPACTION_PROPERTY: day.isoformat()}
+            with (
+                table.transaction() as tx,
+                tx.update_snapshot(snapshot_properties=props).overwrite() as rewrite,
+            ):
+                for data_file in old:
+                    rewrite.delete_data_file(data_file)
+                for data_file in new:
+                    rewrite.append_data_file(data_file)
+        except BaseException:
+            for data_file in new:
+                table.io.delete(data_file.file_path)
+            raise
+        snapshot = table.current_snapshot()
+        return CompactionResult(
+            table=ident,
+            day=day,
+            files_before=len(old),
+            files_after=len(new),
+            rows=data.num_rows,
+            bytes_before=size,
+            bytes_after=sum(f.file_size_in_bytes for f in new),
+            snapshot=snapshot.snapshot_id if snapshot else None,
+            skipped=False,
+        )
+
+
+def expire_snapshots(
+    table: Table,
+    engine: Engine,
+    retention: timedelta,
+    *,
+    now: datetime | None = None,
+    lock: str | None = None,
+) -> ExpiryResult:
+    """Expire every snapshot older than ``retention`` that is not a branch head or tag (the
+    current snapshot is ``main``'s head: always kept). One metadata commit, none when
+    nothing is that old (idempotent). PyIceberg 0.12 removes no files here: the data files
+    only expired snapshots referenced become orphans, which ``remove_orphans`` deletes."""
+    if retention < timedelta(0):
+        raise ValueError(f"retention {retention} is negative")
+    ident = lock or lock_id(table)
+    with table_lock(engine, ident):
+        table.refresh()
+        before = len(table.metadata.snapshots)
+        cutoff = (now or datetime.now(UTC)) - retention
+        # Branch heads (the current snapshot is main's) and tags are protected; commit only
+        # when some snapshot is old enough, so a second run commits nothing.
+        protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
+        old = [
+            snapshot.snapshot_id
+            for snapshot in table.metadata.snapshots
+            if snapshot.timestamp_ms < cutoff.timestamp() * 1000
+            and snapshot.snapshot_id not in protected
+        ]
+        if old:
+            table.maintenance.expire_snapshots().by_ids(old).commit()
+            table.refresh()
+        current = table.current_snapshot()
+        return ExpiryResult(
+            table=ident,
+            snapshots_before=before,
+            snapshots_after=len(table.metadata.snapshots),
+            current=current.snapshot_id if current else None,
+            files_removed=0,
+        )
+
+
+def _referenced(table: Table) -> set[str]:
+    """Every file path any retained snapshot references (data and delete files of all its
+    manifests), as the table's FileIO spells them."""
+    paths: set[str] = set()
+    seen_manifests: set[str] = set()
+    for snapshot in table.metadata.snapshots:
+        for manifest in snapshot.manifests(table.io):
+            if manifest.manifest_path in seen_manifests:
+                continue
+            seen_manifests.add(manifest.manifest_path)
+            # A DELETED entry names a file its snapshot no longer reads (a retained parent
+            # that still reads it lists it as ADDED or EXISTING in its own manifests).
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                paths.add(entry.data_file.file_path)
+    return paths
+
+
+def remove_orphans(
+    table: Table,
+    engine: Engine,
+    grace: timedelta,
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    lock: str | None = None,
+) -> OrphanResult:
+    """Delete the files under the table's data location that no snapshot references (all
+    manifests of all snapshots) and that are older than ``grace``. Needs the table's FileIO
+    to be PyIceberg's ``PyArrowFileIO`` (local, S3, GCS, ADLS through ``pyarrow.fs``)."""
+    ident = lock or lock_id(table)
+    io = table.io
+    if not isinstance(io, PyArrowFileIO):
+        raise ValueError(
+            f"table {ident}: orphan removal needs py-io-impl PyArrowFileIO, not {type(io).__name__}"
+        )
+    with table_lock(engine, ident):
+        table.refresh()
+        root = _data_root(table)
+        scheme, netloc, path = io.parse_location(root, io.properties)
+        fs = io.fs_by_scheme(scheme, netloc)
+        referenced = {io.parse_location(p, io.properties)[2] for p in _referenced(table)}
+        return sweep_orphans(ident, fs, path, referenced, grace, now=now, dry_run=dry_run)
+
+
+class IcebergMaintenance:
+    """``TableMaintenance`` of one Iceberg table (``spark_jobs.connectors.TableMaintenance``)
+    for the Dagster jobs; ``column``: the day column the table is partitioned by.
+
+    Threading: one instance per job run; each call locks the table (see the module)."""
+
+    def __init__(self, table: Table, engine: Engine, *, column: str = "dt") -> None:
+        self._table = table
+        self._engine = engine
+        self._column = column
+
+    @property
+    def table(self) -> str:
+        return lock_id(self._table)
+
+    def compact_day(self, day: date) -> CompactionResult:
+        return compact_day(self._table, self._engine, day, column=self._column)
+
+    def expire(self, retention: timedelta) -> ExpiryResult:
+        return expire_snapshots(self._table, self._engine, retention)
+
+    def remove_orphans(self, grace: timedelta) -> OrphanResult:
+        return remove_orphans(self._table, self._engine, grace)
