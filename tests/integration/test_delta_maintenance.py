@@ -1,0 +1,163 @@
+"""Delta table maintenance (``spark_jobs.connectors.delta._maintenance``) on real tables
+written by delta-rs (``write_deltalake``, many small appends: one file and one version
+each) in ``tmp_path``, locked through the test Postgres.
+
+The oracle is the rows appended (``lakehouse_tables``); the table's content is read back by
+DuckDB from the files the current version names: duplicates = 0, missing = 0.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+from deltalake import DeltaTable, write_deltalake
+from lakehouse_tables import DAYS, assert_same_rows, batch, delta_rows, fill_delta, pg_engine
+
+from spark_jobs.connectors import CompactionResult
+from spark_jobs.connectors.delta._maintenance import (
+    COMPACTION_PROPERTY,
+    compact_day,
+    remove_orphans,
+    vacuum,
+)
+from spark_jobs.sink import table_lock
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    engine = pg_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+def test_compaction_rewrites_a_day_in_one_commit_and_twice_is_a_no_op(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    uri = str(tmp_path / "events")
+    oracle = fill_delta(uri, 6)
+    day, other = DAYS
+    version = DeltaTable(uri).version()
+    _, before = delta_rows(uri)
+    assert len(before) == 12
+
+    done = compact_day(uri, None, engine, day)
+
+    assert (done.files_before, done.files_after, done.skipped) == (6, 1, False)
+    assert done.rows == sum(1 for row in oracle if row[1] == day) == 120
+    table = DeltaTable(uri)
+    assert table.version() == version + 1 == done.snapshot  # ONE commit
+    last = table.history(1)[0]
+    assert (last["operation"], last[COMPACTION_PROPERTY]) == ("OPTIMIZE", day.isoformat())
+    found, after = delta_rows(uri)
+    assert_same_rows(found, oracle)
+    assert len(after) == 7
+    assert sorted(p for p in after if f"dt={other}" in p) == sorted(
+        p for p in before if f"dt={other}" in p
+    )
+
+    again = compact_day(uri, None, engine, day)
+    assert (again.skipped, again.snapshot) == (True, None)
+    assert DeltaTable(uri).version() == version + 1
+
+
+def test_compaction_waits_for_a_commit_holding_the_lock(engine: sa.Engine, tmp_path: Path) -> None:
+    uri = str(tmp_path / "events")
+    oracle = fill_delta(uri, 3)
+    day = DAYS[0]
+    results: list[CompactionResult] = []
+    locked = threading.Event()
+    release = threading.Event()
+    late = batch(10_000, 20, day)
+
+    def commit_holding_the_lock() -> None:
+        with table_lock(engine, uri):
+            locked.set()
+            release.wait(10)
+            data = late.set_column(1, "dt", pa.array([day.isoformat()] * late.num_rows))
+            write_deltalake(uri, data, partition_by=["dt"], mode="append")
+
+    holder = threading.Thread(target=commit_holding_the_lock)
+    holder.start()
+    assert locked.wait(10)
+    compactor = threading.Thread(target=lambda: results.append(compact_day(uri, None, engine, day)))
+    compactor.start()
+    time.sleep(1.0)
+    assert results == [] and compactor.is_alive()
+    release.set()
+    holder.join(10)
+    compactor.join(20)
+
+    [done] = results
+    assert done.files_before == 4 and done.files_after == 1
+    oracle += list(
+        zip(
+            late.column("id").to_pylist(),
+            late.column("dt").to_pylist(),
+            late.column("payload").to_pylist(),
+            strict=True,
+        )
+    )
+    assert_same_rows(delta_rows(uri)[0], oracle)
+
+
+def test_vacuum_removes_files_of_old_versions_only_and_is_idempotent(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    uri = str(tmp_path / "events")
+    oracle = fill_delta(uri, 3)
+    compact_day(uri, None, engine, DAYS[0])
+    # A long retention: the compaction's tombstones are young, nothing goes.
+    kept = vacuum(uri, None, engine, timedelta(days=7))
+    assert kept.files_removed == 0
+    assert len(list((tmp_path / "events" / f"dt={DAYS[0]}").glob("*.parquet"))) == 4
+
+    done = vacuum(uri, None, engine, timedelta(0))
+
+    assert done.files_removed == 3
+    assert done.current == DeltaTable(uri).version()
+    found, paths = delta_rows(uri)
+    assert_same_rows(found, oracle)
+    assert all(Path(p.removeprefix("file://")).exists() for p in paths)
+    version = DeltaTable(uri).version()
+    again = vacuum(uri, None, engine, timedelta(0))
+    assert again.files_removed == 0
+    assert DeltaTable(uri).version() == version  # nothing committed the second time
+
+
+def test_orphans_older_than_the_grace_are_removed_young_ones_kept(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    uri = str(tmp_path / "events")
+    oracle = fill_delta(uri, 3)
+    folder = tmp_path / "events" / f"dt={DAYS[1]}"
+    stray_old = folder / "part-failed-attempt.parquet"
+    stray_young = folder / "part-in-flight.parquet"
+    for stray in (stray_old, stray_young):
+        stray.write_bytes(b"PAR1 not committed")
+    two_hours_ago = time.time() - 7200
+    os.utime(stray_old, (two_hours_ago, two_hours_ago))
+    log_files = sorted((tmp_path / "events" / "_delta_log").iterdir())
+    for path in log_files:
+        os.utime(path, (two_hours_ago, two_hours_ago))
+
+    done = remove_orphans(uri, None, engine, timedelta(hours=1))
+
+    assert (done.files_seen, done.orphans_removed, done.young_kept) == (8, 1, 1)
+    assert not stray_old.exists() and stray_young.exists()
+    assert sorted((tmp_path / "events" / "_delta_log").iterdir()) == log_files  # never taken
+    assert_same_rows(delta_rows(uri)[0], oracle)
+
+    # Files a compaction removed are still in the log (older versions read them): kept.
+    compact_day(uri, None, engine, DAYS[0])
+    swept = remove_orphans(uri, None, engine, timedelta(0))
+    assert (swept.orphans_removed, swept.referenced) == (1, 7)  # the young stray only
+    assert_same_rows(delta_rows(uri)[0], oracle)
+    assert remove_orphans(uri, None, engine, timedelta(0)).orphans_removed == 0
