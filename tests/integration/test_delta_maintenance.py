@@ -12,18 +12,30 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 from deltalake import DeltaTable, write_deltalake
-from lakehouse_tables import DAYS, assert_same_rows, batch, delta_rows, fill_delta, pg_engine
+from lakehouse_tables import (
+    DAYS,
+    Row,
+    assert_same_rows,
+    batch,
+    delta_rows,
+    fill_delta,
+    pg_engine,
+)
+from s3_server import S3Server, s3_server
 
 from spark_jobs.connectors import CompactionResult
 from spark_jobs.connectors.delta._maintenance import (
     COMPACTION_PROPERTY,
+    DeltaMaintenance,
     compact_day,
     remove_orphans,
     vacuum,
@@ -161,3 +173,57 @@ def test_orphans_older_than_the_grace_are_removed_young_ones_kept(
     assert (swept.orphans_removed, swept.referenced) == (1, 7)  # the young stray only
     assert_same_rows(delta_rows(uri)[0], oracle)
     assert remove_orphans(uri, None, engine, timedelta(0)).orphans_removed == 0
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    with s3_server() as server:
+        yield server
+
+
+def test_compaction_vacuum_and_orphans_on_an_object_store(
+    engine: sa.Engine, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # delta-rs takes its options; the orphan listing (pyarrow.fs) the standard chain.
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    options = {
+        "AWS_ENDPOINT_URL": s3.endpoint_url,
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "sluice-test-key",
+        "AWS_SECRET_ACCESS_KEY": "sluice-test-secret-do-not-log",
+        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+    }
+    uri = f"{s3.create_bucket('maint-delta')}/warehouse/events"
+    oracle = fill_delta(uri, 3, storage_options=options)
+    fs = s3.admin()
+
+    def rows() -> list[Row]:
+        found: list[Row] = []
+        for path in DeltaTable(uri, storage_options=options).file_uris():
+            key = path.removeprefix("s3://")
+            day = date.fromisoformat(key.split("dt=")[1].split("/")[0])
+            data = pq.read_table(key, filesystem=fs)
+            found += [
+                (i, day, p)
+                for i, p in zip(
+                    *(data.column(c).to_pylist() for c in ("id", "payload")), strict=True
+                )
+            ]
+        return found
+
+    done = compact_day(uri, options, engine, DAYS[1])
+    assert (done.files_before, done.files_after) == (3, 1)
+    assert_same_rows(rows(), oracle)
+    stray = f"maint-delta/warehouse/events/dt={DAYS[1]}/part-stray.parquet"
+    with fs.open_output_stream(stray) as out:
+        out.write(b"PAR1 not committed")
+    swept = remove_orphans(uri, options, engine, timedelta(0))
+    assert (swept.orphans_removed, swept.referenced) == (1, 7)  # 6 appended + 1 compacted
+    assert fs.get_file_info(stray).type == pafs.FileType.NotFound
+    vacuumed = vacuum(uri, options, engine, timedelta(0))
+    assert vacuumed.files_removed == 3
+    assert_same_rows(rows(), oracle)
+    assert remove_orphans(uri, options, engine, timedelta(0)).orphans_removed == 0
+    assert "do-not-log" not in repr(DeltaMaintenance(uri, options, engine))

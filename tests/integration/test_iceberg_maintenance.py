@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -26,9 +27,11 @@ from lakehouse_tables import (
     make_iceberg_table,
     pg_engine,
 )
+from pyiceberg.exceptions import ValidationException
 from s3_server import S3Server, s3_server
 
 from spark_jobs.connectors import CompactionResult
+from spark_jobs.connectors.iceberg import _maintenance as maintenance
 from spark_jobs.connectors.iceberg._maintenance import (
     COMPACTION_PROPERTY,
     compact_day,
@@ -209,3 +212,29 @@ def test_compaction_and_orphans_on_an_object_store(
     assert (swept.orphans_removed, swept.referenced) == (4, 4)  # 3 compacted away + stray
     assert not table.io.new_input(stray).exists()
     assert_same_rows(iceberg_rows(table)[0], oracle)
+
+
+def test_a_writer_outside_sluice_wins_and_the_compaction_leaves_nothing(
+    db_url: str, engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog = iceberg_catalog(db_url, f"file://{tmp_path}")
+    table, oracle = make_iceberg_table(catalog, 3)
+    day = DAYS[0]
+    outsider = catalog.load_table(table.name())
+    write = maintenance._write_compacted
+
+    def write_then_commit_outside(*args: Any) -> Any:
+        written = write(*args)
+        # A writer that does not take the lock commits between planning and commit.
+        oracle.extend(append_rows(outsider, 20_000, 20, day))
+        return written
+
+    monkeypatch.setattr(maintenance, "_write_compacted", write_then_commit_outside)
+    with pytest.raises(ValidationException, match="Added data files"):
+        compact_day(table, engine, day)
+
+    found, paths = iceberg_rows(table)
+    assert_same_rows(found, oracle)  # the outsider's rows and all the others, once
+    assert len(paths) == 7
+    data = Path(table.location().removeprefix("file://")) / "data"
+    assert list(data.rglob("sluice-compact-*")) == []  # the refused files were deleted

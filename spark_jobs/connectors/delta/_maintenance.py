@@ -2,10 +2,11 @@
 clean up the log, remove orphan data files.
 
 Every function takes the table URI, the delta-rs ``storage_options`` and the Sluice
-database ``Engine`` and works under ``table_lock(engine, <uri>)`` — the key every Sluice
-committer of the table takes — so it never runs between a committer's "is this checkpoint
-committed already?" check and its commit. Writers outside Sluice are handled by Delta's
-optimistic concurrency (a conflicting OPTIMIZE fails, nothing is lost).
+database ``Engine`` and works under ``table_lock(engine, <uri>)`` (``lock=`` names another
+key), the lock every Sluice committer of the table takes, so it never runs between a
+committer's "is this checkpoint committed already?" check and its commit. Writers outside
+Sluice are handled by Delta's optimistic concurrency (a conflicting OPTIMIZE fails,
+nothing is lost).
 
 ``storage_options`` are delta-rs's (they may hold credentials): they are passed to delta-rs
 and never logged, formatted into an error or returned. The orphan sweep lists the table
@@ -76,12 +77,13 @@ def compact_day(
     *,
     column: str = "dt",
     target_file_bytes: int | None = None,
+    lock: str | None = None,
 ) -> CompactionResult:
     """``OPTIMIZE`` (bin-packing compaction) of the partition ``column = day``: one commit
     removing the small files and adding the compacted ones (commit info
     ``sluice.compaction=<day>``). Skipped when the day has ≤ 1 file; delta-rs itself
     commits nothing when no bin holds two files, so a second run is a no-op."""
-    with table_lock(engine, uri):
+    with table_lock(engine, lock or uri):
         # Step 1: the day's files at the current version (read under the lock).
         table = _open(uri, storage_options)
         files, rows, size = _day_files(table, column, day)
@@ -134,6 +136,7 @@ def vacuum(
     retention: timedelta,
     *,
     storage: StorageOptions | None = None,
+    lock: str | None = None,
 ) -> ExpiryResult:
     """``VACUUM`` the files that versions older than ``retention`` removed (the current
     version's files are never touched; ``enforce_retention_duration=False`` so a retention
@@ -144,13 +147,15 @@ def vacuum(
         raise ValueError(f"retention {retention} is negative")
     location = open_location(uri, storage or _storage(storage_options))
     hours = int(retention.total_seconds() // 3600)
-    with table_lock(engine, uri):
+    with table_lock(engine, lock or uri):
         table = _open(uri, storage_options)
         before = len(_log_versions(location.fs, location.path))
         # Step 1: the expired tombstones whose files still exist. delta-rs lists a tombstone
         # again after its file is gone and commits VACUUM START/END every time: only a run
         # with something to delete vacuums, so a second run commits nothing.
-        planned = table.vacuum(retention_hours=hours, enforce_retention_duration=False)
+        planned = table.vacuum(
+            retention_hours=hours, enforce_retention_duration=False, dry_run=True
+        )
         paths = [_fs_path(location.path, unquote(p)) for p in planned]
         present = [i for i in location.fs.get_file_info(paths) if i.type == pafs.FileType.File]
         if present:
@@ -230,12 +235,13 @@ def remove_orphans(
     storage: StorageOptions | None = None,
     now: datetime | None = None,
     dry_run: bool = False,
+    lock: str | None = None,
 ) -> OrphanResult:
     """Delete the files under the table folder that no commit or checkpoint in the log
     names and that are older than ``grace`` (hidden ``_``/``.`` paths, the log among them,
     are never touched)."""
     location = open_location(uri, storage or _storage(storage_options))
-    with table_lock(engine, uri):
+    with table_lock(engine, lock or uri):
         referenced = _referenced(location.fs, location.path)
         return sweep_orphans(
             uri,

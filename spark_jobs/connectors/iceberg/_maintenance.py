@@ -6,8 +6,9 @@ work under ``table_lock(engine, <table id>)`` (by default the identifier ``names
 the key every Sluice committer of the table takes), after refreshing the table: maintenance
 then never runs between a committer's "is this checkpoint committed already?" check and its
 commit. A writer outside Sluice does not take the lock; against it Iceberg's optimistic
-commit (the overwrite asserts the snapshot it was planned on) makes the compaction fail
-with ``CommitFailedException`` rather than lose that writer's rows — the next run retries.
+commit and PyIceberg's conflict validation make the compaction fail (``ValidationException``
+when that writer added files to the day) rather than lose that writer's rows — the next
+run retries.
 
 Threading: each call blocks on the database lock, the catalog and the object store; run it
 on a job thread (a Dagster op), never a mailbox thread. ``Table`` objects are not shared
@@ -22,6 +23,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import AlwaysTrue, EqualTo
 from pyiceberg.io.pyarrow import (
     ArrowScan,
@@ -97,8 +99,7 @@ def _write_compacted(table: Table, rows: pa.Table, folder: str, files: int) -> l
                 pq.write_table(rows.slice(start, per_file), out, compression=codec)
         return [parquet_file_to_data_file(table.io, table.metadata, path) for path in written]
     except BaseException:
-        for path in written:
-            table.io.delete(path)
+        _delete_quietly(table, written)
         raise
 
 
@@ -107,6 +108,39 @@ def _day_tasks(table: Table, column: str, day: date) -> list[FileScanTask]:
     whole, so content outside the day, if any, is kept too)."""
     row_filter = EqualTo(term=column, value=_day_literal(table, column, day))
     return list(table.scan(row_filter=row_filter).plan_files())
+
+
+def _commit_rewrite(table: Table, day: date, old: list[DataFile], new: list[DataFile]) -> None:
+    """ONE overwrite snapshot deleting ``old`` and adding ``new``. A writer outside Sluice
+    that committed meanwhile makes PyIceberg retry on the new head and validate: files added
+    to the day since the plan refuse it (``ValidationException``), and so does the catalog
+    after the retries (``CommitFailedException``). Refused, the old files stay the table's
+    and the new ones are deleted at once; any other failure may have committed (a timeout
+    after the catalog's write), so they are left to ``remove_orphans``, which only takes
+    files no snapshot names."""
+    props = {COMPACTION_PROPERTY: day.isoformat()}
+    try:
+        with (
+            table.transaction() as tx,
+            tx.update_snapshot(snapshot_properties=props).overwrite() as rewrite,
+        ):
+            for data_file in old:
+                rewrite.delete_data_file(data_file)
+            for data_file in new:
+                rewrite.append_data_file(data_file)
+    except (CommitFailedException, ValidationException):
+        _delete_quietly(table, [f.file_path for f in new])
+        raise
+
+
+def _delete_quietly(table: Table, paths: list[str]) -> None:
+    """Delete uncommitted files; one that cannot be deleted is left to ``remove_orphans``
+    (the failure being handled is the one to report)."""
+    for path in paths:
+        try:
+            table.io.delete(path)
+        except OSError as exc:
+            log.warning("uncommitted file %s left for the orphan sweep: %s", path, exc)
 
 
 def compact_day(
@@ -148,22 +182,8 @@ def compact_day(
             raise RuntimeError(f"{ident} {day}: read {data.num_rows} rows, manifests say {rows}")
         folder = f"{_data_root(table)}/{column}={day.isoformat()}"
         new = _write_compacted(table, data, folder, wanted)
-        # Step 3: one snapshot deleting the old files and adding the new; on failure the new
-        # files are deleted (the old ones are still the table's).
-        try:
-            props = {COMPACTION_PROPERTY: day.isoformat()}
-            with (
-                table.transaction() as tx,
-                tx.update_snapshot(snapshot_properties=props).overwrite() as rewrite,
-            ):
-                for data_file in old:
-                    rewrite.delete_data_file(data_file)
-                for data_file in new:
-                    rewrite.append_data_file(data_file)
-        except BaseException:
-            for data_file in new:
-                table.io.delete(data_file.file_path)
-            raise
+        # Step 3: one snapshot deleting the old files and adding the new.
+        _commit_rewrite(table, day, old, new)
         snapshot = table.current_snapshot()
         return CompactionResult(
             table=ident,
