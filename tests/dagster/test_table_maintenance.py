@@ -18,10 +18,12 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from dagster import (
     AssetMaterialization,
     DagsterInstance,
+    DynamicPartitionsDefinition,
     SensorResult,
     SkipReason,
     build_schedule_context,
@@ -88,10 +90,11 @@ def test_a_parquet_pipeline_gets_no_maintenance(make_settings: Any) -> None:
     assert [s.name for s in built.schedules] == [f"{generated.name}_schedule"]
 
 
+@pytest.mark.parametrize("partitions", ["daily", "discovered"])
 def test_a_completed_day_is_compacted_and_the_daily_job_expires_and_sweeps(
-    make_settings: Any, db_url: str, tmp_path: Path
+    make_settings: Any, db_url: str, tmp_path: Path, partitions: str
 ) -> None:
-    settings = make_settings()
+    settings = make_settings(dagster_partitions=partitions)
     warehouse = f"file://{tmp_path}/iceberg"
     table, oracle = make_iceberg_table(iceberg_catalog(db_url, warehouse), 4)
     _TABLES[maintained.name] = (warehouse, ".".join(table.name()))
@@ -100,6 +103,8 @@ def test_a_completed_day_is_compacted_and_the_daily_job_expires_and_sweeps(
     built = pipeline_definitions(maintained, settings)
     jobs = {job.name: job for job in built.jobs}
     compact = jobs["maintained_compact"]
+    dynamic = isinstance(compact.partitions_def, DynamicPartitionsDefinition)
+    assert dynamic == (partitions == "discovered")
     expire = jobs["maintained_table_maintenance"]
     [sensor] = [s for s in built.sensors if s.name == "maintained_compact_completed_days"]
     [schedule] = [s for s in built.schedules if s.name == "maintained_table_maintenance_schedule"]
@@ -108,7 +113,10 @@ def test_a_completed_day_is_compacted_and_the_daily_job_expires_and_sweeps(
     with DagsterInstance.ephemeral() as instance:
         # Nothing complete yet: no run.
         assert isinstance(sensor(build_sensor_context(instance=instance)), SkipReason)
-        # The completion reporter's runless materialisation of the day.
+        # What the completion reporter does: the day is a partition (discovered: added by
+        # sync_partitions), then its runless materialisation.
+        if partitions == "discovered":
+            instance.add_dynamic_partitions(f"{maintained.name}_days", [day.isoformat()])
         instance.report_runless_asset_event(
             AssetMaterialization(asset_key=built.output.key, partition=day.isoformat())
         )
