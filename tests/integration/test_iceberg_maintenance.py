@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 import sqlalchemy as sa
 from lakehouse_tables import (
@@ -238,3 +239,37 @@ def test_a_writer_outside_sluice_wins_and_the_compaction_leaves_nothing(
     assert len(paths) == 7
     data = Path(table.location().removeprefix("file://")) / "data"
     assert list(data.rglob("sluice-compact-*")) == []  # the refused files were deleted
+
+
+def test_a_target_size_makes_a_few_files_and_leaves_files_that_are_not_small(
+    db_url: str, engine: sa.Engine, tmp_path: Path
+) -> None:
+    # 500 rows a file: data, not the footer, makes a file's size (two appends' rows in one
+    # file are ~1.7 times one append's file).
+    catalog = iceberg_catalog(db_url, f"file://{tmp_path}")
+    table, oracle = make_iceberg_table(catalog, 6, per_append=500)
+    day = DAYS[0]
+    sizes = [t.file.file_size_in_bytes for t in maintenance._day_tasks(table, "dt", day)]
+    target = 2 * max(sizes) + 600  # every file is small (< target / 2); 6 ≈ 2.7 targets
+
+    done = compact_day(table, engine, day, target_file_bytes=target)
+
+    assert (done.files_before, done.files_after, done.rows) == (6, 3, 3000)
+    found, paths = iceberg_rows(table)
+    assert_same_rows(found, oracle)
+    compacted = sorted(p for p in paths if "sluice-compact-" in p)
+    assert len(compacted) == 3
+    per_file = duckdb.sql(
+        "SELECT count(*) FROM read_parquet($p, filename=true) GROUP BY filename",
+        params={"p": [p.removeprefix("file://") for p in compacted]},
+    ).fetchall()
+    assert sorted(n for (n,) in per_file) == [1000, 1000, 1000]
+    assert compact_day(table, engine, day, target_file_bytes=target).skipped  # none small
+
+    # Two new small files: only they are rewritten, the compacted ones stay as they are.
+    oracle += append_rows(table, 50_000, 500, day) + append_rows(table, 50_500, 500, day)
+    more = compact_day(table, engine, day, target_file_bytes=target)
+    assert (more.files_before, more.files_after, more.rows) == (5, 4, 4000)
+    found, paths = iceberg_rows(table)
+    assert_same_rows(found, oracle)
+    assert set(compacted) < set(paths)

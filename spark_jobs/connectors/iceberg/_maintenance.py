@@ -17,8 +17,10 @@ between threads by these functions (each refreshes the one it is given).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
@@ -81,26 +83,46 @@ def _data_root(table: Table) -> str:
     return str(table.properties.get("write.data.path", default)).rstrip("/")
 
 
-def _write_compacted(table: Table, rows: pa.Table, folder: str, files: int) -> list[DataFile]:
-    """Write ``rows`` as ``files`` files of equal row counts under ``folder``; their DataFiles.
-    Files are written with the table schema's field ids (what every Iceberg reader maps
-    columns by). A failure deletes what was written (nothing was committed)."""
+def _write_compacted(
+    table: Table, batches: Iterable[pa.RecordBatch], folder: str, per_file: int
+) -> tuple[list[DataFile], int]:
+    """Stream ``batches`` into files of ``per_file`` rows under ``folder`` (memory: one
+    batch, not the day); their DataFiles and the rows written. Files carry the table
+    schema's field ids (what every Iceberg reader maps columns by). A failure deletes what
+    was written (nothing was committed)."""
     schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
-    rows = rows.select(schema.names).cast(schema)
-    per_file = max(1, -(-rows.num_rows // files))
     codec = str(table.properties.get("write.parquet.compression-codec", "zstd"))
     name = f"sluice-compact-{uuid.uuid4().hex}"
     written: list[str] = []
-    try:
-        for n, start in enumerate(range(0, max(rows.num_rows, 1), per_file)):
-            path = f"{folder}/{name}-{n:05d}.parquet"
-            with table.io.new_output(path).create(overwrite=False) as out:
-                written.append(path)
-                pq.write_table(rows.slice(start, per_file), out, compression=codec)
-        return [parquet_file_to_data_file(table.io, table.metadata, path) for path in written]
-    except BaseException:
-        _delete_quietly(table, written)
-        raise
+    rows = in_file = 0
+    with contextlib.ExitStack() as open_file:
+        writer: pq.ParquetWriter | None = None
+        try:
+            for batch in batches:
+                data = pa.Table.from_batches([batch]).select(schema.names).cast(schema)
+                offset = 0
+                while offset < data.num_rows:
+                    if writer is None:
+                        path = f"{folder}/{name}-{len(written):05d}.parquet"
+                        out = open_file.enter_context(table.io.new_output(path).create())
+                        written.append(path)
+                        writer = pq.ParquetWriter(out, schema, compression=codec)
+                    take = min(per_file - in_file, data.num_rows - offset)
+                    writer.write_table(data.slice(offset, take))
+                    offset, in_file, rows = offset + take, in_file + take, rows + take
+                    if in_file == per_file:
+                        writer.close()
+                        open_file.close()  # the file's stream: the object is complete
+                        writer, in_file = None, 0
+            if writer is not None:
+                writer.close()
+            open_file.close()
+            files = [parquet_file_to_data_file(table.io, table.metadata, p) for p in written]
+            return files, rows
+        except BaseException:
+            open_file.close()
+            _delete_quietly(table, written)
+            raise
 
 
 def _day_tasks(table: Table, column: str, day: date) -> list[FileScanTask]:
@@ -152,12 +174,13 @@ def compact_day(
     target_file_bytes: int | None = None,
     lock: str | None = None,
 ) -> CompactionResult:
-    """Rewrite the data files of ``day`` (``column`` = day) as one or a few files of about
-    ``target_file_bytes`` in ONE overwrite snapshot (summary ``sluice.compaction=<day>``)
-    that deletes the old files and adds the new. Skipped — nothing committed — when the day
-    has ≤ 1 file or the rewrite would not make fewer files, so a second run is a no-op.
+    """Rewrite the small data files of ``day`` (``column`` = day; small: under half of
+    ``target_file_bytes``, default the table's ``write.target-file-size-bytes`` or 128 MiB)
+    as one or a few files of about the target, in ONE overwrite snapshot (summary
+    ``sluice.compaction=<day>``) that deletes them and adds the new. Files written this way
+    are not small, so a second run finds ≤ 1 small file and skips: nothing committed.
     Rows are read through Iceberg (delete files and schema evolution applied), so content
-    and row count are unchanged."""
+    and row count are unchanged. ``rows``/``bytes_before`` of the result: the day's."""
     ident = lock or lock_id(table)
     target = target_file_bytes or int(
         table.properties.get("write.target-file-size-bytes", _TARGET_BYTES)
@@ -168,31 +191,39 @@ def compact_day(
         # Step 1: the day's current files, read after the lock (no commit is in flight).
         table.refresh()
         tasks = _day_tasks(table, column, day)
-        old = [task.file for task in tasks]
-        rows = sum(f.record_count for f in old)
-        size = sum(f.file_size_in_bytes for f in old)
-        wanted = max(1, -(-size // target))
-        if len(old) <= 1 or wanted >= len(old):
-            return CompactionResult(ident, day, len(old), len(old), rows, size, size, None, True)
+        rows = sum(task.file.record_count for task in tasks)
+        size = sum(task.file.file_size_in_bytes for task in tasks)
+        small = [task for task in tasks if task.file.file_size_in_bytes < target / 2]
+        if len(small) <= 1:
+            return CompactionResult(
+                ident, day, len(tasks), len(tasks), rows, size, size, None, True
+            )
+        old = [task.file for task in small]
         # Step 2: read them whole (deletes applied) and write the new files (invisible until
-        # committed; a crash leaves orphans for remove_orphans).
+        # committed; a crash leaves orphans for remove_orphans). Rounding to the nearest
+        # count keeps each new file above half the target: never small itself.
+        small_rows = sum(f.record_count for f in old)
+        wanted = max(1, int(sum(f.file_size_in_bytes for f in old) / target + 0.5))
         scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
-        data = scan.to_table(tasks)
-        if data.num_rows != rows and not any(task.delete_files for task in tasks):
-            raise RuntimeError(f"{ident} {day}: read {data.num_rows} rows, manifests say {rows}")
         folder = f"{_data_root(table)}/{column}={day.isoformat()}"
-        new = _write_compacted(table, data, folder, wanted)
+        per_file = max(1, -(-small_rows // wanted))
+        new, read = _write_compacted(table, scan.to_record_batches(small), folder, per_file)
+        if read != small_rows and not any(task.delete_files for task in small):
+            _delete_quietly(table, [f.file_path for f in new])
+            raise RuntimeError(f"{ident} {day}: read {read} rows, the manifests say {small_rows}")
         # Step 3: one snapshot deleting the old files and adding the new.
         _commit_rewrite(table, day, old, new)
         snapshot = table.current_snapshot()
         return CompactionResult(
             table=ident,
             day=day,
-            files_before=len(old),
-            files_after=len(new),
-            rows=data.num_rows,
+            files_before=len(tasks),
+            files_after=len(tasks) - len(old) + len(new),
+            rows=rows - small_rows + read,
             bytes_before=size,
-            bytes_after=sum(f.file_size_in_bytes for f in new),
+            bytes_after=size
+            - sum(f.file_size_in_bytes for f in old)
+            + sum(f.file_size_in_bytes for f in new),
             snapshot=snapshot.snapshot_id if snapshot else None,
             skipped=False,
         )
