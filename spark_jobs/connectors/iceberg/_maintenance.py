@@ -165,6 +165,25 @@ def _delete_quietly(table: Table, paths: list[str]) -> None:
             log.warning("uncommitted file %s left for the orphan sweep: %s", path, exc)
 
 
+def _rewrite(
+    table: Table, ident: str, day: date, column: str, small: list[FileScanTask], target: int
+) -> tuple[list[DataFile], int]:
+    """Read ``small`` whole (deletes applied) and write their rows as files of about
+    ``target`` bytes: (their DataFiles, the rows). Rounding the count to the nearest keeps
+    each new file above half the target: never small itself."""
+    rows = sum(task.file.record_count for task in small)
+    wanted = max(1, int(sum(task.file.file_size_in_bytes for task in small) / target + 0.5))
+    scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
+    folder = f"{_data_root(table)}/{column}={day.isoformat()}"
+    per_file = max(1, -(-rows // wanted))
+    new, read = _write_compacted(table, scan.to_record_batches(small), folder, per_file)
+    # Without delete files every row the manifests count must have been read and written.
+    if read != rows and not any(task.delete_files for task in small):
+        _delete_quietly(table, [f.file_path for f in new])
+        raise RuntimeError(f"{ident} {day}: read {read} rows, the manifests say {rows}")
+    return new, read
+
+
 def compact_day(
     table: Table,
     engine: Engine,
@@ -199,18 +218,8 @@ def compact_day(
                 ident, day, len(tasks), len(tasks), rows, size, size, None, True
             )
         old = [task.file for task in small]
-        # Step 2: read them whole (deletes applied) and write the new files (invisible until
-        # committed; a crash leaves orphans for remove_orphans). Rounding to the nearest
-        # count keeps each new file above half the target: never small itself.
-        small_rows = sum(f.record_count for f in old)
-        wanted = max(1, int(sum(f.file_size_in_bytes for f in old) / target + 0.5))
-        scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
-        folder = f"{_data_root(table)}/{column}={day.isoformat()}"
-        per_file = max(1, -(-small_rows // wanted))
-        new, read = _write_compacted(table, scan.to_record_batches(small), folder, per_file)
-        if read != small_rows and not any(task.delete_files for task in small):
-            _delete_quietly(table, [f.file_path for f in new])
-            raise RuntimeError(f"{ident} {day}: read {read} rows, the manifests say {small_rows}")
+        # Step 2: the new files (invisible until committed; a crash leaves orphans).
+        new, read = _rewrite(table, ident, day, column, small, target)
         # Step 3: one snapshot deleting the old files and adding the new.
         _commit_rewrite(table, day, old, new)
         snapshot = table.current_snapshot()
@@ -219,7 +228,7 @@ def compact_day(
             day=day,
             files_before=len(tasks),
             files_after=len(tasks) - len(old) + len(new),
-            rows=rows - small_rows + read,
+            rows=rows - sum(f.record_count for f in old) + read,
             bytes_before=size,
             bytes_after=size
             - sum(f.file_size_in_bytes for f in old)
