@@ -10,6 +10,7 @@ files on disk, not PyIceberg's or delta-rs's own view.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections import Counter
 from datetime import date
@@ -39,7 +40,9 @@ __all__ = [
     "iceberg_catalog",
     "iceberg_rows",
     "make_iceberg_table",
+    "mark_published",
     "pg_engine",
+    "record_transaction",
 ]
 
 DAYS = (date(2026, 5, 1), date(2026, 5, 2))
@@ -168,3 +171,34 @@ def delta_rows(uri: str) -> tuple[list[Row], list[str]]:
         params={"paths": [p.removeprefix("file://") for p in paths]},
     ).fetchall()
     return [(int(a), b, str(c)) for a, b, c in found], paths
+
+
+def record_transaction(
+    engine: sa.Engine, source: str, staged: list[dict[str, Any]], *, published: bool
+) -> int:
+    """A committed ``sink_transactions`` row naming ``staged`` files (what a lakehouse
+    sink's checkpoint leaves: published, or waiting for its publish); its id."""
+    with engine.begin() as conn:
+        found = conn.execute(
+            sa.text(
+                "INSERT INTO sluice.sink_transactions (run_id, source, subtask, attempt, "
+                "checkpoint_id, sink, staged, row_count, dead_letters, committed, published) "
+                "VALUES (:run, :source, 0, 'a', 1, 'lake', CAST(:staged AS jsonb), 1, "
+                "'[]'::jsonb, true, :published) RETURNING id"
+            ),
+            {
+                "run": f"run-{secrets.token_hex(4)}",
+                "source": source,
+                "staged": json.dumps(staged),
+                "published": published,
+            },
+        ).scalar_one()
+    return int(found)
+
+
+def mark_published(engine: sa.Engine, txn: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE sluice.sink_transactions SET published = true WHERE id = :id"),
+            {"id": txn},
+        )

@@ -61,6 +61,7 @@ CONNECTOR_GROUPS: dict[str, list[str]] = {
         "DEFAULT_RETENTION",
         "DEFAULT_GRACE",
         "sweep_orphans",
+        "pending_files",
     ],
     "Registry": [
         "register_source",

@@ -37,6 +37,7 @@ from spark_jobs.connectors._maintenance import (
     ExpiryResult,
     OrphanResult,
     TableMaintenance,
+    pending_files,
     sweep_orphans,
 )
 from spark_jobs.connectors._registry import (
@@ -79,6 +80,7 @@ __all__ = [
     "UpstreamAsset",
     "ValidationContext",
     "ensure_registered",
+    "pending_files",
     "register_sink",
     "register_source",
     "registered_sinks",

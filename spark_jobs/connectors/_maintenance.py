@@ -13,7 +13,11 @@ Three operations undo that, each idempotent (running it again does nothing new):
 - **remove orphans**: delete files under the table's data location that no retained
   snapshot (Iceberg: all manifests of all snapshots; Delta: the log) references and that
   are older than a grace period, so a file of a checkpoint being committed right now
-  (written, not yet committed) is never taken.
+  (written, not yet committed) is never taken. Nor is, whatever its age, a file Sluice's
+  own bookkeeping still expects to commit (:func:`pending_files`): a lakehouse sink writes
+  its files in place, so a checkpoint committed in Postgres whose table commit (publish)
+  failed, and a rebuild's files waiting for their swap, are unreferenced until recovery or
+  ``finish_rebuilds`` commits them — possibly days later.
 
 A sink connector offers them through ``SinkConnector.maintenance`` (a
 :class:`TableMaintenance`, or None: the sink needs none); the Dagster factory then builds the
@@ -31,8 +35,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Protocol, runtime_checkable
+from urllib.parse import unquote, urlsplit
 
 import pyarrow.fs as pafs
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 __all__ = [
     "DEFAULT_GRACE",
@@ -41,6 +48,7 @@ __all__ = [
     "ExpiryResult",
     "OrphanResult",
     "TableMaintenance",
+    "pending_files",
     "sweep_orphans",
 ]
 
@@ -93,6 +101,8 @@ class OrphanResult:
     orphans_removed: int
     bytes_removed: int
     young_kept: int
+    #: Unreferenced files Sluice still expects to commit (``pending_files``): kept.
+    pending_kept: int = 0
     dry_run: bool = False
 
 
@@ -122,6 +132,49 @@ class TableMaintenance(Protocol):
         ...
 
 
+# Every string in the staged entries of a transaction that is not final yet — in flight (not
+# committed; an abort deletes the row), committed and not published, or a member of a
+# rebuild that has not swapped (its files are committed by finish_rebuilds) — that contains
+# the table's root. Generic over sinks: entries name their files by URI or path.
+_PENDING = sa.text(
+    """
+    SELECT DISTINCT v.value #>> '{}'
+    FROM sluice.sink_transactions AS t
+    CROSS JOIN LATERAL jsonb_path_query(t.staged, '$.** ? (@.type() == "string")') AS v(value)
+    WHERE strpos(v.value #>> '{}', :root) > 0
+      AND (
+        NOT (t.committed AND t.published)
+        OR EXISTS (
+            SELECT 1 FROM sluice.partition_rebuilds AS r
+            WHERE r.source = t.source
+              AND r.status IN ('BUILDING', 'SWAPPING')
+              AND t.created_at >= r.created_at
+        )
+      )
+    """
+)
+
+
+def _fs_path(value: str) -> str:
+    """A URI or path as a ``pyarrow.fs`` path (``s3://b/k`` → ``b/k``, ``file:///p`` → ``/p``)."""
+    if "://" not in value:
+        return value
+    parts = urlsplit(value)
+    path = unquote(parts.path)
+    return path if parts.scheme == "file" else f"{parts.netloc}{path}"
+
+
+def pending_files(engine: Engine, root: str) -> set[str]:
+    """The files under ``root`` (a path on the table's file system) that Sluice's
+    ``sink_transactions`` still expect to commit (see the module's docstring), as paths on
+    that file system. Read with the table's lock held: a committer cannot change them
+    meanwhile."""
+    base = root.rstrip("/") + "/"
+    with engine.connect() as conn:
+        values = conn.execute(_PENDING, {"root": base}).scalars().all()
+    return {path for path in map(_fs_path, values) if path.startswith(base)}
+
+
 def sweep_orphans(
     table: str,
     fs: pafs.FileSystem,
@@ -129,6 +182,7 @@ def sweep_orphans(
     referenced: Iterable[str],
     grace: timedelta,
     *,
+    pending: Iterable[str] = (),
     now: datetime | None = None,
     skip_hidden: bool = False,
     dry_run: bool = False,
@@ -145,8 +199,9 @@ def sweep_orphans(
         raise ValueError(f"grace {grace} is negative")
     cutoff = (now or datetime.now(UTC)) - grace
     wanted = {path.rstrip("/") for path in referenced}
+    expected = {path.rstrip("/") for path in pending} - wanted
     base = root.rstrip("/") + "/"
-    seen = removed = removed_bytes = young = 0
+    seen = removed = removed_bytes = young = kept = 0
     selector = pafs.FileSelector(root, allow_not_found=True, recursive=True)
     for info in fs.get_file_info(selector):
         if info.type != pafs.FileType.File:
@@ -156,6 +211,9 @@ def sweep_orphans(
             continue
         seen += 1
         if info.path in wanted:
+            continue
+        if info.path in expected:
+            kept += 1
             continue
         # An object store's listing gives the upload time; a file without one is taken as
         # young (never removed on a guess).
@@ -170,9 +228,10 @@ def sweep_orphans(
     return OrphanResult(
         table=table,
         files_seen=seen,
-        referenced=seen - removed - young,
+        referenced=seen - removed - young - kept,
         orphans_removed=removed,
         bytes_removed=removed_bytes,
         young_kept=young,
+        pending_kept=kept,
         dry_run=dry_run,
     )

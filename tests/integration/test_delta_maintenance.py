@@ -9,6 +9,7 @@ DuckDB from the files the current version names: duplicates = 0, missing = 0.
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +29,9 @@ from lakehouse_tables import (
     batch,
     delta_rows,
     fill_delta,
+    mark_published,
     pg_engine,
+    record_transaction,
 )
 from s3_server import S3Server, s3_server
 
@@ -227,3 +230,46 @@ def test_compaction_vacuum_and_orphans_on_an_object_store(
     assert_same_rows(rows(), oracle)
     assert remove_orphans(uri, options, engine, timedelta(0)).orphans_removed == 0
     assert "do-not-log" not in repr(DeltaMaintenance(uri, options, engine))
+
+
+def test_files_sluice_still_has_to_commit_are_never_orphans(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    uri = str(tmp_path / "events")
+    oracle = fill_delta(uri, 2)
+    source = f"maint_{secrets.token_hex(3)}"
+    folder = tmp_path / "events" / f"dt={DAYS[0]}"
+    unpublished = folder / "part-checkpoint-committed-publish-failed.parquet"
+    rebuilt = folder / "rebuild-7" / "part-rebuild-member.parquet"
+    rebuilt.parent.mkdir()
+    for path in (unpublished, rebuilt):
+        path.write_bytes(b"PAR1 written in place, not in the log yet")
+        os.utime(path, (time.time() - 86_400, time.time() - 86_400))  # a day old
+    txn = record_transaction(
+        engine, source, [{"staged": str(unpublished), "path": unpublished.name}], published=False
+    )
+    with engine.begin() as conn:
+        rebuild = conn.execute(
+            sa.text(
+                "INSERT INTO sluice.partition_rebuilds (source, partition_key, run_id) "
+                "VALUES (:source, :day, 'r') RETURNING id"
+            ),
+            {"source": source, "day": DAYS[0]},
+        ).scalar_one()
+    record_transaction(engine, source, [{"final": f"file://{rebuilt}"}], published=True)
+
+    kept = remove_orphans(uri, None, engine, timedelta(hours=1))
+
+    assert (kept.orphans_removed, kept.pending_kept) == (0, 2)
+    assert unpublished.exists() and rebuilt.exists()
+    # Published (recovery gave up on it: it is an orphan now) and the rebuild abandoned.
+    mark_published(engine, txn)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE sluice.partition_rebuilds SET status = 'ABANDONED' WHERE id = :id"),
+            {"id": rebuild},
+        )
+    swept = remove_orphans(uri, None, engine, timedelta(hours=1))
+    assert (swept.orphans_removed, swept.pending_kept) == (2, 0)
+    assert not unpublished.exists() and not rebuilt.exists()
+    assert_same_rows(delta_rows(uri)[0], oracle)

@@ -26,7 +26,9 @@ from lakehouse_tables import (
     iceberg_catalog,
     iceberg_rows,
     make_iceberg_table,
+    mark_published,
     pg_engine,
+    record_transaction,
 )
 from pyiceberg.exceptions import ValidationException
 from s3_server import S3Server, s3_server
@@ -273,3 +275,24 @@ def test_a_target_size_makes_a_few_files_and_leaves_files_that_are_not_small(
     found, paths = iceberg_rows(table)
     assert_same_rows(found, oracle)
     assert set(compacted) < set(paths)
+
+
+def test_a_file_whose_publish_is_still_to_come_is_kept(
+    db_url: str, engine: sa.Engine, tmp_path: Path
+) -> None:
+    table, oracle = make_iceberg_table(iceberg_catalog(db_url, f"file://{tmp_path}"), 2)
+    staged = f"{table.location()}/data/dt={DAYS[1]}/00000-checkpoint-9.parquet"
+    local = Path(staged.removeprefix("file://"))
+    local.write_bytes(b"PAR1 committed in Postgres, not in the table yet")
+    os.utime(local, (time.time() - 86_400, time.time() - 86_400))
+    txn = record_transaction(engine, "iceberg_events", [{"staged": staged}], published=False)
+
+    kept = remove_orphans(table, engine, timedelta(hours=1))
+    assert (kept.orphans_removed, kept.pending_kept, kept.referenced) == (0, 1, 4)
+    assert local.exists()
+
+    mark_published(engine, txn)
+    swept = remove_orphans(table, engine, timedelta(hours=1))
+    assert (swept.orphans_removed, swept.pending_kept) == (1, 0)
+    assert not local.exists()
+    assert_same_rows(iceberg_rows(table)[0], oracle)

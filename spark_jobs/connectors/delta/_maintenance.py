@@ -35,6 +35,7 @@ from spark_jobs.connectors._maintenance import (
     CompactionResult,
     ExpiryResult,
     OrphanResult,
+    pending_files,
     sweep_orphans,
 )
 from spark_jobs.sink import table_lock
@@ -239,7 +240,9 @@ def remove_orphans(
 ) -> OrphanResult:
     """Delete the files under the table folder that no commit or checkpoint in the log
     names and that are older than ``grace`` (hidden ``_``/``.`` paths, the log among them,
-    are never touched)."""
+    are never touched; nor are files Sluice still expects to commit, ``pending_files``: the
+    Delta sink writes in place, so a checkpoint whose publish failed and a rebuild waiting
+    for its swap have files the log does not name yet)."""
     location = open_location(uri, storage or _storage(storage_options))
     with table_lock(engine, lock or uri):
         referenced = _referenced(location.fs, location.path)
@@ -249,6 +252,7 @@ def remove_orphans(
             location.path,
             referenced,
             grace,
+            pending=pending_files(engine, location.path),
             now=now or datetime.now(UTC),
             skip_hidden=True,
             dry_run=dry_run,

@@ -42,6 +42,7 @@ from spark_jobs.connectors._maintenance import (
     CompactionResult,
     ExpiryResult,
     OrphanResult,
+    pending_files,
     sweep_orphans,
 )
 from spark_jobs.sink import table_lock
@@ -306,8 +307,10 @@ def remove_orphans(
     lock: str | None = None,
 ) -> OrphanResult:
     """Delete the files under the table's data location that no snapshot references (all
-    manifests of all snapshots) and that are older than ``grace``. Needs the table's FileIO
-    to be PyIceberg's ``PyArrowFileIO`` (local, S3, GCS, ADLS through ``pyarrow.fs``)."""
+    manifests of all snapshots) and that are older than ``grace``; files Sluice still
+    expects to commit (``pending_files``: a publish or a rebuild swap to come) are kept.
+    Needs the table's FileIO to be PyIceberg's ``PyArrowFileIO`` (local, S3, GCS, ADLS
+    through ``pyarrow.fs``)."""
     ident = lock or lock_id(table)
     io = table.io
     if not isinstance(io, PyArrowFileIO):
@@ -320,7 +323,10 @@ def remove_orphans(
         scheme, netloc, path = io.parse_location(root, io.properties)
         fs = io.fs_by_scheme(scheme, netloc)
         referenced = {io.parse_location(p, io.properties)[2] for p in _referenced(table)}
-        return sweep_orphans(ident, fs, path, referenced, grace, now=now, dry_run=dry_run)
+        pending = pending_files(engine, path)
+        return sweep_orphans(
+            ident, fs, path, referenced, grace, pending=pending, now=now, dry_run=dry_run
+        )
 
 
 class IcebergMaintenance:
