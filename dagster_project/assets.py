@@ -36,6 +36,7 @@ __all__ = [
     "DayPartitions",
     "output_asset",
     "output_location",
+    "output_metadata",
     "partition_days",
     "partitions_name",
     "partitions_of",
@@ -87,6 +88,18 @@ def partition_days(context: AssetExecutionContext) -> list[date]:
     return [partition_date(key, "Dagster partition key") for key in context.partition_keys]
 
 
+def output_metadata(
+    pipeline: Pipeline, settings: Settings, run_id: str | None
+) -> dict[str, MetadataValue[Any]]:
+    """What the sink connector tells about its output now (a table's URI, snapshot, what
+    ``run_id`` added), as Dagster metadata."""
+    connector = sink_connector_named(pipeline.plan.sink.kind)
+    return {
+        key: MetadataValue.int(value) if isinstance(value, int) else MetadataValue.text(value)
+        for key, value in connector.output_metadata(pipeline, settings, run_id).items()
+    }
+
+
 def output_location(pipeline: Pipeline, settings: Settings, days: Sequence[date] | None) -> str:
     """Where the output of ``days`` is (a folder, or a table and its ``dt`` values)."""
     connector = sink_connector_named(pipeline.plan.sink.kind)
@@ -135,6 +148,7 @@ def output_asset(
             metadata: dict[str, Any] = summary_metadata(
                 discovery, summary, output_location(pipeline, settings, days)
             )
+            metadata.update(output_metadata(pipeline, settings, summary.run_id))
             if days:
                 metadata["partitions"] = MetadataValue.int(len(days))
                 metadata["partition_range"] = MetadataValue.text(f"{days[0]}..{days[-1]}")

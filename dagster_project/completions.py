@@ -48,6 +48,7 @@ database engine.
 
 # No "from __future__ import annotations": Dagster inspects the context annotations.
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,7 @@ from dagster import (
 
 from dagster_project._partitions import sync_partitions
 from dagster_project._runs import PIPELINE_TAG
+from dagster_project.assets import output_metadata
 from dagster_project.resources import SluiceResource
 from enumerator_service import (
     PartitionCompletion,
@@ -122,11 +124,16 @@ def completion_tags(completion: PartitionCompletion) -> dict[str, str]:
 
 
 def completion_materialization(
-    key: AssetKey, completion: PartitionCompletion, partitioned: bool
+    key: AssetKey,
+    completion: PartitionCompletion,
+    partitioned: bool,
+    output: Mapping[str, MetadataValue[Any]] | None = None,
 ) -> AssetMaterialization:
-    """The materialisation that reports ``completion`` (the whole output when unpartitioned)."""
+    """The materialisation that reports ``completion`` (the whole output when unpartitioned);
+    ``output``: what the sink tells about its output now (``output_metadata``)."""
     day = completion.partition_key.isoformat()
     metadata: dict[str, Any] = {
+        **(output or {}),
         "rows": MetadataValue.int(completion.rows),
         "dead_letters": MetadataValue.int(completion.dead_letters),
         "late_records": MetadataValue.int(completion.late_records),
@@ -270,8 +277,9 @@ def report_completions(
             elif is_reported(instance, key, completion, partitioned):
                 done.recovered.append(completion)
             else:
+                output = output_metadata(pipeline, settings, completion.run_id)
                 instance.report_runless_asset_event(
-                    completion_materialization(key, completion, partitioned)
+                    completion_materialization(key, completion, partitioned, output)
                 )
                 done.reported.append(completion)
             mark_reported(engine, completion)

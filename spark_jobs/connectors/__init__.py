@@ -11,7 +11,7 @@ spec type; nothing else in the platform names a concrete connector.
 
 Built in, each in a folder of its own: ``files`` (``FileSource``), ``postgres_table``
 (``TableSource``), ``parquet`` (``ParquetSink``), ``postgres``
-(``PostgresSink``).
+(``PostgresSink``), ``delta`` (``DeltaSink``).
 
 A lakehouse sink also offers its table's maintenance (``SinkConnector.maintenance``: a
 ``TableMaintenance`` that compacts a day, expires snapshots, removes orphan files); the
@@ -52,6 +52,7 @@ from spark_jobs.connectors._registry import (
     source_connector_for_split,
     source_connector_named,
 )
+from spark_jobs.connectors.delta import DeltaSink
 from spark_jobs.connectors.files import FileSource
 from spark_jobs.connectors.parquet import ParquetSink
 from spark_jobs.connectors.postgres import PostgresSink
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_RETENTION",
     "CompactionResult",
+    "DeltaSink",
     "ExpiryResult",
     "FileSource",
     "ObservedInput",

@@ -320,9 +320,25 @@ class SinkConnector(abc.ABC):
         no maintenance)."""
         return None
 
+    def output_metadata(
+        self, pipeline: Pipeline, settings: Settings, run_id: str | None
+    ) -> dict[str, str | int]:
+        """What a Dagster materialisation of the output shows about it as it is now: e.g. a
+        table's URI (key ``dagster/uri``) and name (``dagster/table_name``), its snapshot or
+        version, the rows and files run ``run_id`` added (None: no run in particular). Plain
+        values, never a secret. Default: nothing."""
+        return {}
+
     def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline) -> None:
         """Before tasks start (create tables). Default: nothing."""
         return None
+
+    def prepare_output(
+        self, engine: Engine, plan: Plan, pipeline: Pipeline, settings: Settings
+    ) -> None:
+        """What the driver calls before tasks start, with the run's settings (a table whose
+        location depends on them: the warehouse, the object store). Default: ``prepare``."""
+        self.prepare(engine, plan, pipeline)
 
     def wrap_up(self, engine: Engine, plan: Plan) -> None:
         """After a run's tasks end (sweep leftovers). Default: nothing."""

@@ -14,7 +14,7 @@ from spark_jobs.async_io import (
     exponential_backoff,
     fixed_delay,
 )
-from spark_jobs.connectors import FileSource, ParquetSink, PostgresSink, TableSource
+from spark_jobs.connectors import DeltaSink, FileSource, ParquetSink, PostgresSink, TableSource
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._demo_marks import DemoDataRefused, claim_demo_table
 from spark_jobs.pipeline._errors import PipelineDefinitionError
@@ -43,6 +43,7 @@ __all__ = [
     "AsyncMap",
     "Column",
     "CoroutineAsyncFunction",
+    "DeltaSink",
     "DemoDataRefused",
     "Duration",
     "FileSource",

@@ -79,7 +79,9 @@ class ParquetSinkWriter:
     mailbox thread and never block: file I/O runs on ``io`` (one thread, so the order of
     batches and pre-commits is kept). ``dictionary``: the columns to dictionary-encode (only
     worth it where values repeat: tried on unique ids it is given up page by page, after the
-    work); ``compression``: the Parquet codec.
+    work); ``compression``: the Parquet codec. ``stage_in_place``: each file is staged at
+    its final name in the table folder (a table format whose log, not a rename, makes files
+    visible: Delta); ``staging_root`` is then unused.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class ParquetSinkWriter:
         run_id: str,
         subtask: int,
         attempt: str,
+        stage_in_place: bool = False,
     ) -> None:
         unknown = [name for name in dictionary if name not in schema.names]
         if unknown:
@@ -102,8 +105,12 @@ class ParquetSinkWriter:
         self._schema = schema
         self._dictionary = list(dictionary)
         self._compression = compression
-        self._staging = _location(staging_root).child(safe_name(run_id, "run_id"))
         self._output = _location(output_root)
+        self._staging = (
+            self._output
+            if stage_in_place
+            else _location(staging_root).child(safe_name(run_id, "run_id"))
+        )
         self._local = not self._staging.object_store
         self._prefix = f"part-{run_id}-t{subtask:03d}-{attempt}"
         self._batches: dict[str, list[pa.RecordBatch]] = {}

@@ -1,0 +1,84 @@
+"""Upserts: a checkpoint's staged rows merged into the Delta table by key.
+
+The staged files of an upsert sink are never added to the table: they are the source of one
+``MERGE`` (delta-rs ``DeltaTable.merge``) per checkpoint — a target row whose key matches a
+staged row is replaced by it (partition column included: a row may move to another day), a
+staged row without a match is inserted. Within a checkpoint the last row staged for a key
+wins (transactions by id, then file order), as in the Postgres sink. The merge commit
+carries the same app transaction as an append would, so the checkpoint's committer checks
+(and recovery repeats) it the same way; once committed, the staged files are deleted.
+A null key never matches (SQL equality): such rows are inserted every time.
+
+Threading: blocking store I/O; the committer's thread, under the table lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable
+
+from enumerator_service import StorageOptions, open_location
+from spark_jobs.sink._object_store import delete_object
+
+__all__ = ["merge_files"]
+
+_SEQ = "__sluice_seq"
+
+
+def _source(
+    table: DeltaTable,
+    entries: list[dict[str, Any]],
+    key: list[str],
+    options: StorageOptions | None,
+) -> pa.Table:
+    """The staged rows (with the partition column), the last per key."""
+    target = pa.schema(table.schema().to_arrow())
+    parts = []
+    for entry in entries:
+        location = open_location(entry["staged"], options)
+        rows = pq.read_table(location.path, filesystem=location.fs)
+        partition = entry.get("partition")
+        if partition:
+            day = pa.scalar(entry["day"]).cast(pa.date32())
+            rows = rows.append_column(partition, pa.array([day] * rows.num_rows, pa.date32()))
+        for field in target:  # columns the table has and the output not (yet): nulls
+            if field.name not in rows.column_names:
+                rows = rows.append_column(field.name, pa.nulls(rows.num_rows, field.type))
+        parts.append(rows.select(target.names).cast(target))
+    rows = pa.concat_tables(parts)
+    rows = rows.append_column(_SEQ, pa.array(range(rows.num_rows), pa.int64()))
+    last = rows.group_by(key, use_threads=False).aggregate([(_SEQ, "max")])
+    keep = pc.is_in(rows.column(_SEQ), value_set=last.column(f"{_SEQ}_max"))
+    return rows.filter(keep).drop_columns([_SEQ])
+
+
+def merge_files(
+    table: DeltaTable,
+    entries: list[dict[str, Any]],
+    key: list[str],
+    properties: CommitProperties,
+    options: StorageOptions | None = None,
+) -> None:
+    """Merge the staged files of ``entries`` into ``table`` in one commit, then delete them."""
+    source = _source(table, entries, key, options)
+    predicate = " AND ".join(f't."{name}" = s."{name}"' for name in key)
+    (
+        table.merge(
+            source,
+            predicate,
+            source_alias="s",
+            target_alias="t",
+            commit_properties=properties,
+        )
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute()
+    )
+    for entry in entries:
+        with contextlib.suppress(OSError):  # (left over: invisible, removed by VACUUM)
+            delete_object(open_location(entry["staged"], options))
