@@ -19,6 +19,13 @@ from dagster_project.completions import report_completions_sensor
 from dagster_project.continuous import continuous_job, continuous_sensor
 from dagster_project.jobs import incremental_job
 from dagster_project.live import freshness_check, live_state_sensor
+from dagster_project.maintenance import (
+    compaction_job,
+    compaction_sensor,
+    has_maintenance,
+    maintenance_job,
+    maintenance_schedule,
+)
 from dagster_project.observations import table_asset, upstream_assets
 from dagster_project.schedules import incremental_schedule
 from dagster_project.sensors import new_files_sensor
@@ -46,10 +53,13 @@ class PipelineDefinitions:
     continuous_job: JobDefinition
     sensors: list[SensorDefinition] = field(default_factory=list)
     schedules: list[ScheduleDefinition] = field(default_factory=list)
+    #: A lakehouse sink's table maintenance (``dagster_project.maintenance``): the compaction
+    #: of a completed day (day-partitioned pipelines) and the daily expiry and orphan removal.
+    maintenance_jobs: list[JobDefinition] = field(default_factory=list)
 
     @property
     def jobs(self) -> list[JobDefinition]:
-        return [self.incremental_job, self.continuous_job]
+        return [self.incremental_job, self.continuous_job, *self.maintenance_jobs]
 
 
 def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefinitions:
@@ -77,7 +87,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
     checks = pipeline_checks(pipeline, output.key, partitions)
     incremental = incremental_job(pipeline)
     continuous = continuous_job(pipeline)
-    return PipelineDefinitions(
+    built = PipelineDefinitions(
         pipeline=pipeline,
         partitions=partitions,
         output=output,
@@ -99,3 +109,18 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
         ],
         schedules=[incremental_schedule(pipeline, incremental)],
     )
+    if has_maintenance(pipeline):
+        _add_maintenance(built)
+    return built
+
+
+def _add_maintenance(built: PipelineDefinitions) -> None:
+    """The table maintenance jobs, sensor and schedule of a lakehouse sink's pipeline."""
+    pipeline = built.pipeline
+    if built.partitions is not None:
+        compact = compaction_job(pipeline, built.partitions)
+        built.maintenance_jobs.append(compact)
+        built.sensors.append(compaction_sensor(pipeline, built.output.key, compact))
+    expire = maintenance_job(pipeline)
+    built.maintenance_jobs.append(expire)
+    built.schedules.append(maintenance_schedule(pipeline, expire))

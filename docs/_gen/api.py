@@ -53,6 +53,16 @@ CONNECTOR_GROUPS: dict[str, list[str]] = {
         "UpstreamAsset",
     ],
     "Sink connectors": ["SinkConnector", "SinkDetails", "SinkWriterContext"],
+    "Table maintenance": [
+        "TableMaintenance",
+        "CompactionResult",
+        "ExpiryResult",
+        "OrphanResult",
+        "DEFAULT_RETENTION",
+        "DEFAULT_GRACE",
+        "sweep_orphans",
+        "pending_files",
+    ],
     "Registry": [
         "register_source",
         "register_sink",

@@ -12,6 +12,11 @@ spec type; nothing else in the platform names a concrete connector.
 Built in, each in a folder of its own: ``files`` (``FileSource``), ``postgres_table``
 (``TableSource``), ``parquet`` (``ParquetSink``), ``postgres``
 (``PostgresSink``), ``delta`` (``DeltaSink``).
+
+A lakehouse sink also offers its table's maintenance (``SinkConnector.maintenance``: a
+``TableMaintenance`` that compacts a day, expires snapshots, removes orphan files); the
+Iceberg and Delta functions are ``spark_jobs.connectors.iceberg._maintenance`` and
+``spark_jobs.connectors.delta._maintenance``.
 """
 
 from spark_jobs.connectors._interface import (
@@ -24,6 +29,16 @@ from spark_jobs.connectors._interface import (
     SourceDetails,
     TableInput,
     UpstreamAsset,
+)
+from spark_jobs.connectors._maintenance import (
+    DEFAULT_GRACE,
+    DEFAULT_RETENTION,
+    CompactionResult,
+    ExpiryResult,
+    OrphanResult,
+    TableMaintenance,
+    pending_files,
+    sweep_orphans,
 )
 from spark_jobs.connectors._registry import (
     ensure_registered,
@@ -45,9 +60,14 @@ from spark_jobs.connectors.postgres_table import TableSource
 from spark_jobs.pipeline._checks import Context as ValidationContext
 
 __all__ = [
+    "DEFAULT_GRACE",
+    "DEFAULT_RETENTION",
+    "CompactionResult",
     "DeltaSink",
+    "ExpiryResult",
     "FileSource",
     "ObservedInput",
+    "OrphanResult",
     "ParquetSink",
     "PostgresSink",
     "ReaderContext",
@@ -57,10 +77,12 @@ __all__ = [
     "SourceConnector",
     "SourceDetails",
     "TableInput",
+    "TableMaintenance",
     "TableSource",
     "UpstreamAsset",
     "ValidationContext",
     "ensure_registered",
+    "pending_files",
     "register_sink",
     "register_source",
     "registered_sinks",
@@ -70,4 +92,5 @@ __all__ = [
     "source_connector",
     "source_connector_for_split",
     "source_connector_named",
+    "sweep_orphans",
 ]

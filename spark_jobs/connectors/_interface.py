@@ -41,6 +41,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import Location, Settings, StorageOptions, TransactionalSink
+from spark_jobs.connectors._maintenance import TableMaintenance
 
 if TYPE_CHECKING:
     from enumerator_service import Discovery, Rebuild
@@ -307,6 +308,17 @@ class SinkConnector(abc.ABC):
         from spark_jobs.sink import finish_rebuilds
 
         return finish_rebuilds(engine, None, sinks, source=pipeline.name, folders=False)
+
+    def maintenance(
+        self, engine: Engine, pipeline: Pipeline, settings: Settings
+    ) -> TableMaintenance | None:
+        """The maintenance of ``pipeline``'s output table (compact a complete day, expire
+        old snapshots, remove orphan files: a lakehouse table's), bound to ``engine``; the
+        Dagster factory builds the pipeline's maintenance jobs when it is not None. Called
+        when a maintenance run or sensor tick starts (not when the code location loads);
+        must not open the table before a method is called. Default: None (the sink needs
+        no maintenance)."""
+        return None
 
     def output_metadata(
         self, pipeline: Pipeline, settings: Settings, run_id: str | None
