@@ -26,7 +26,7 @@ from enumerator_service._operations import open_platform
 from enumerator_service._schema import sink_transactions
 from spark_jobs import DeltaSink
 from spark_jobs.connectors import pending_files, sink_connector
-from spark_jobs.connectors.delta._maintenance import DeltaMaintenance
+from spark_jobs.connectors.delta import DeltaMaintenance
 from spark_jobs.connectors.delta._paths import delta_storage, table_uri
 from spark_jobs.jobs import run_pipeline
 

@@ -32,6 +32,7 @@ from enumerator_service import (
 )
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
 from spark_jobs.connectors.delta._commit import SINK_NAME, DeltaCommitter, append_unaligned
+from spark_jobs.connectors.delta._maintenance import DeltaMaintenance
 from spark_jobs.connectors.delta._paths import (
     DeltaOptions,
     delta_storage,
@@ -200,6 +201,13 @@ class DeltaConnector(SinkConnector):
             partition=_partition(pipeline.plan),
             sinks=sinks,
         )
+
+    def maintenance(
+        self, engine: Engine, pipeline: Pipeline, settings: Settings
+    ) -> DeltaMaintenance | None:
+        location = table_location(pipeline, settings)
+        column = _partition(pipeline.plan) or "dt"
+        return DeltaMaintenance(table_uri(location), delta_storage(location), engine, column=column)
 
     def committed_rows(
         self, conn: sa.Connection, pipeline: Pipeline, settings: Settings, days: list[date]
