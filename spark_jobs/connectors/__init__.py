@@ -11,7 +11,7 @@ spec type; nothing else in the platform names a concrete connector.
 
 Built in, each in a folder of its own: ``files`` (``FileSource``), ``postgres_table``
 (``TableSource``), ``parquet`` (``ParquetSink``), ``postgres``
-(``PostgresSink``).
+(``PostgresSink``), ``iceberg`` (``IcebergSink``).
 """
 
 from spark_jobs.connectors._interface import (
@@ -38,6 +38,7 @@ from spark_jobs.connectors._registry import (
     source_connector_named,
 )
 from spark_jobs.connectors.files import FileSource
+from spark_jobs.connectors.iceberg import IcebergSink
 from spark_jobs.connectors.parquet import ParquetSink
 from spark_jobs.connectors.postgres import PostgresSink
 from spark_jobs.connectors.postgres_table import TableSource
@@ -45,6 +46,7 @@ from spark_jobs.pipeline._checks import Context as ValidationContext
 
 __all__ = [
     "FileSource",
+    "IcebergSink",
     "ObservedInput",
     "ParquetSink",
     "PostgresSink",

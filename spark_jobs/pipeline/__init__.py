@@ -14,7 +14,7 @@ from spark_jobs.async_io import (
     exponential_backoff,
     fixed_delay,
 )
-from spark_jobs.connectors import FileSource, ParquetSink, PostgresSink, TableSource
+from spark_jobs.connectors import FileSource, IcebergSink, ParquetSink, PostgresSink, TableSource
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._demo_marks import DemoDataRefused, claim_demo_table
 from spark_jobs.pipeline._errors import PipelineDefinitionError
@@ -51,6 +51,7 @@ __all__ = [
     "LatePolicy",
     "Lookup",
     "Map",
+    "IcebergSink",
     "ParquetSink",
     "PartialCache",
     "Pipeline",
