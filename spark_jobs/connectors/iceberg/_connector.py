@@ -96,9 +96,9 @@ class IcebergOptions:
     compression: str = "zstd"
 
 
-def _table_name(given: object) -> str:
+def _table_name(given: object, what: str = "table") -> str:
     if not isinstance(given, str) or given.count(".") != 1:
-        raise ValueError(f"table must be 'namespace.name', got {given!r}")
+        raise ValueError(f"{what} must be 'namespace.name', got {given!r}")
     namespace, name = given.split(".")
     check_identifier(namespace, "namespace")
     check_identifier(name, "table name")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -58,7 +59,7 @@ def iceberg_schema(arrow: pa.Schema) -> Schema:
 
 
 def expected_partition(
-    pipeline: str, source: Any, outputs: pa.Schema, partition_by: str | None
+    pipeline: str, source: Any, outputs: Sequence[str], partition_by: str | None
 ) -> str | None:
     """The event-time field the table is partitioned by day on, or None (unpartitioned);
     ConfigError naming ``IcebergSink(partition_by)`` when the pipeline's partitions cannot
@@ -79,7 +80,7 @@ def expected_partition(
         raise ConfigError(
             what, f"{partition_by!r} does not match the pipeline's partitions (day of {field!r})"
         )
-    if field not in outputs.names:
+    if field not in outputs:
         raise ConfigError(what, f"event-time field {field!r} is not in the output")
     if field not in source.required:
         raise ConfigError(what, f"event-time field {field!r} is nullable (make it required)")
