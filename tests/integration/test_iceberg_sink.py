@@ -16,7 +16,6 @@ from conftest import TestSettings as Settings
 from demo_platform import demo_discover, demo_pipeline, prepare_demo
 from landing_oracle import expected_events
 
-from enumerator_service import connect_engine
 from enumerator_service._operations import Platform, open_platform
 from spark_jobs import IcebergSink, Pipeline
 from spark_jobs.connectors.iceberg._catalog import open_catalog
@@ -63,9 +62,7 @@ def event_ids_duckdb(table: Any) -> Counter[str]:
 
 def oracle(settings: Settings, days: set[date] | None = None) -> Counter[str]:
     events, _ = expected_events(settings.landing_path)
-    return Counter(
-        e["event_id"] for e in events if days is None or e["event_time"].date() in days
-    )
+    return Counter(e["event_id"] for e in events if days is None or e["event_time"].date() in days)
 
 
 def assert_exact(table: Any, expected: Counter[str]) -> None:

@@ -43,8 +43,8 @@ __all__ = [
     "default_warehouse",
     "ensure_namespace",
     "file_io_properties",
-    "lock_name",
     "location_of",
+    "lock_name",
     "one_line",
     "open_catalog",
     "planned_location",
@@ -114,7 +114,8 @@ def open_catalog(
         return load_catalog(name)
     except Exception as exc:  # any catalog implementation's own errors
         shown = DEFAULT_CATALOG if name is None else name
-        raise ConfigError(what, f"cannot open Iceberg catalog {shown!r}: {one_line(exc, url)}")
+        problem = f"cannot open Iceberg catalog {shown!r}: {one_line(exc, url)}"
+        raise ConfigError(what, problem) from None
 
 
 def lock_name(catalog: str | None, table: str) -> str:

@@ -128,7 +128,10 @@ def delete_staged(entries: Iterable[dict[str, Any]], storage: StorageOptions | N
 
 
 def _upsert_rows(
-    table: Table, entries: Sequence[dict[str, Any]], key: Sequence[str], storage: StorageOptions | None
+    table: Table,
+    entries: Sequence[dict[str, Any]],
+    key: Sequence[str],
+    storage: StorageOptions | None,
 ) -> pa.Table:
     """The checkpoint's rows, one per key (the last staged wins, as in the Postgres sink)."""
     import pyarrow.parquet as pq
@@ -178,7 +181,10 @@ class IcebergCommitter:
         # Step 1: the group's id and files (a rebuild's files wait for its overwrite).
         checkpoint = max(txn.checkpoint_id for txn in group)
         entries = [
-            e for txn in group for e in txn.staged if e["table"] == identifier and not is_rebuild_entry(e)
+            e
+            for txn in group
+            for e in txn.staged
+            if e["table"] == identifier and not is_rebuild_entry(e)
         ]
         if not entries:
             return
@@ -193,7 +199,11 @@ class IcebergCommitter:
             # Step 3: one snapshot (one commit for an upsert) for the whole group.
             tx = Transaction(table, autocommit=False)
             if key:
-                tx.upsert(_upsert_rows(table, entries, key, self._storage), join_cols=list(key), snapshot_properties=props)
+                tx.upsert(
+                    _upsert_rows(table, entries, key, self._storage),
+                    join_cols=list(key),
+                    snapshot_properties=props,
+                )
             else:
                 with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
                     for data_file in data_files(table, entries):

@@ -139,14 +139,21 @@ class IcebergConnector(SinkConnector):
         warehouse = None if settings is None or options.catalog else default_warehouse(settings)
         storage = None if settings is None else StorageOptions.of(settings)
         return open_catalog(
-            engine, options.catalog, storage, warehouse, what=f"pipeline {pipeline.name}: IcebergSink(catalog)"
+            engine,
+            options.catalog,
+            storage,
+            warehouse,
+            what=f"pipeline {pipeline.name}: IcebergSink(catalog)",
         )
 
     def _table(self, pipeline: Pipeline, settings: Settings) -> Table | None:
         engine = catalog_engine(settings)
         try:
             try:
-                return self._open(engine, pipeline, settings).load_table(pipeline.plan.sink.options.table)  # type: ignore[no-any-return]
+                table: Table = self._open(engine, pipeline, settings).load_table(
+                    pipeline.plan.sink.options.table
+                )
+                return table
             except NoSuchTableError:
                 return None
         finally:
@@ -191,13 +198,20 @@ class IcebergConnector(SinkConnector):
         expected_partition(pipeline.name, pipeline.plan.source, outputs, options.partition_by)
         root = self.output_root(pipeline, settings)
         assert root is not None
-        check_reachable(root, "SLUICE_WAREHOUSE_DIR" if options.catalog is None else f"pipeline {pipeline.name}: IcebergSink(table) location")
+        check_reachable(
+            root,
+            "SLUICE_WAREHOUSE_DIR"
+            if options.catalog is None
+            else f"pipeline {pipeline.name}: IcebergSink(table) location",
+        )
         if not root.object_store:
             _check_writable(root.path)
         engine = catalog_engine(settings)
         try:
             warehouse = None if options.catalog else default_warehouse(settings)
-            ensure_namespace(self._open(engine, pipeline, settings), options.table.split(".")[0], warehouse)
+            ensure_namespace(
+                self._open(engine, pipeline, settings), options.table.split(".")[0], warehouse
+            )
         finally:
             engine.dispose()
 
@@ -209,10 +223,17 @@ class IcebergConnector(SinkConnector):
     def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline) -> None:
         options: IcebergOptions = plan.sink.options
         schema = plan.output_schema()
-        partition = expected_partition(pipeline.name, plan.source, schema.names, options.partition_by)
+        partition = expected_partition(
+            pipeline.name, plan.source, schema.names, options.partition_by
+        )
         catalog = self._open(engine, pipeline, None)
         ensure_table(
-            catalog, options.table, schema, partition, what=f"pipeline {pipeline.name}: IcebergSink", storage=None
+            catalog,
+            options.table,
+            schema,
+            partition,
+            what=f"pipeline {pipeline.name}: IcebergSink",
+            storage=None,
         )
 
     def open_writer(
@@ -236,7 +257,11 @@ class IcebergConnector(SinkConnector):
         return plan.options.partition_by is not None  # a day partition is replaced whole
 
     def finish_rebuilds(
-        self, engine: Engine, pipeline: Pipeline, settings: Settings, sinks: Mapping[str, TransactionalSink]
+        self,
+        engine: Engine,
+        pipeline: Pipeline,
+        settings: Settings,
+        sinks: Mapping[str, TransactionalSink],
     ) -> list[Rebuild]:
         options: IcebergOptions = pipeline.plan.sink.options
         source = pipeline.plan.source
@@ -267,7 +292,11 @@ class IcebergConnector(SinkConnector):
         return [] if field is None else day_files(table, field, day)
 
     def rows_out(
-        self, conn: sa.Connection, pipeline: Pipeline, settings: Settings, days: Sequence[date | None]
+        self,
+        conn: sa.Connection,
+        pipeline: Pipeline,
+        settings: Settings,
+        days: Sequence[date | None],
     ) -> dict[date | None, int]:
         table = self._table(pipeline, settings)
         if table is None:
@@ -297,4 +326,6 @@ def _check_writable(path: str) -> None:
     while not os.path.exists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError("SLUICE_WAREHOUSE_DIR", f"{probe} is not writable (Iceberg data folder {path})")
+        raise ConfigError(
+            "SLUICE_WAREHOUSE_DIR", f"{probe} is not writable (Iceberg data folder {path})"
+        )

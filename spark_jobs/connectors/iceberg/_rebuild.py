@@ -47,7 +47,7 @@ from spark_jobs.connectors.iceberg._commit import (
 from spark_jobs.sink._rebuild_swap import rebuild_folder
 from spark_jobs.sink._table_lock import table_lock
 
-__all__ = ["day_filter", "day_files", "finish_iceberg_rebuilds"]
+__all__ = ["day_files", "day_filter", "finish_iceberg_rebuilds"]
 
 _log = logging.getLogger(__name__)
 _EPOCH = date(1970, 1, 1)
@@ -57,8 +57,8 @@ def day_filter(field: str, day: date) -> BooleanExpression:
     """Rows whose ``field`` (timestamptz) falls on ``day`` (UTC)."""
     start, end = day.isoformat(), (day + timedelta(days=1)).isoformat()
     return And(
-        GreaterThanOrEqual(field, f"{start}T00:00:00+00:00"),
-        LessThan(field, f"{end}T00:00:00+00:00"),
+        GreaterThanOrEqual(term=field, value=f"{start}T00:00:00+00:00"),
+        LessThan(term=field, value=f"{end}T00:00:00+00:00"),
     )
 
 
@@ -142,7 +142,9 @@ def finish_iceberg_rebuilds(
             if field is None:
                 raise RuntimeError(f"rebuild {rebuild.id} of an unpartitioned iceberg table")
             entries = _member_entries(engine, rebuild)
-            _replace_day(open_catalog(engine, catalog, storage), identifier, field, rebuild, entries)
+            _replace_day(
+                open_catalog(engine, catalog, storage), identifier, field, rebuild, entries
+            )
             # Step 4: DONE; the previous generation's dead letters go, HELD splits released.
             store.end_swap(rebuild)
         swapped.append(rebuild)

@@ -54,7 +54,8 @@ _FIELD_ID = b"PARQUET:field_id"
 def iceberg_schema(arrow: pa.Schema) -> Schema:
     """The Iceberg schema of an Arrow schema, field ids 1…n in order (all fields optional:
     Sluice's output fields are nullable)."""
-    schema: Schema = visit_pyarrow(arrow, _ConvertToIcebergWithoutIDs())
+    schema = visit_pyarrow(arrow, _ConvertToIcebergWithoutIDs())
+    assert isinstance(schema, Schema)
     return assign_fresh_schema_ids(schema)
 
 
@@ -92,7 +93,9 @@ def _spec_for(schema: Schema, field: str | None) -> PartitionSpec:
         return UNPARTITIONED_PARTITION_SPEC
     source_id = schema.find_field(field).field_id
     return PartitionSpec(
-        PartitionField(source_id=source_id, field_id=1000, transform=DayTransform(), name=f"{field}_day")
+        PartitionField(
+            source_id=source_id, field_id=1000, transform=DayTransform(), name=f"{field}_day"
+        )
     )
 
 
@@ -113,16 +116,15 @@ def ensure_table(
 ) -> Table:
     """The table, created or evolved for ``outputs`` (``partition``: the event-time field of
     a ``day()`` spec, or None); its field ids published for the tasks."""
-    namespace, name = identifier.split(".", 1)
     try:
         table = catalog.load_table(identifier)
     except NoSuchTableError:
         table = _create(catalog, identifier, outputs, partition, what=what)
     else:
         wanted = _spec_for(table.schema(), partition) if _has(table, partition) else None
-        if wanted is None or [
-            (f.source_id, str(f.transform)) for f in table.spec().fields
-        ] != [(f.source_id, str(f.transform)) for f in wanted.fields]:
+        if wanted is None or [(f.source_id, str(f.transform)) for f in table.spec().fields] != [
+            (f.source_id, str(f.transform)) for f in wanted.fields
+        ]:
             shown = f"day({partition})" if partition else "nothing (unpartitioned)"
             raise ConfigError(
                 f"{what}(partition_by)",
@@ -147,10 +149,15 @@ def _create(
         catalog.create_namespace_if_not_exists(namespace)
         location = planned_location(catalog, namespace, name)
         return catalog.create_table(
-            identifier, schema=schema, partition_spec=_spec_for(schema, partition), location=location
+            identifier,
+            schema=schema,
+            partition_spec=_spec_for(schema, partition),
+            location=location,
         )
     except Exception as exc:
-        raise ConfigError(what, f"cannot create Iceberg table {identifier}: {one_line(exc)}") from None
+        raise ConfigError(
+            what, f"cannot create Iceberg table {identifier}: {one_line(exc)}"
+        ) from None
 
 
 def _evolve(table: Table, identifier: str, outputs: pa.Schema, *, what: str) -> Table:
@@ -158,7 +165,9 @@ def _evolve(table: Table, identifier: str, outputs: pa.Schema, *, what: str) -> 
     cannot make (a type that is no promotion, a required column the output lacks) fails."""
     current = table.schema()
     wanted = iceberg_schema(outputs)
-    missing_required = [f.name for f in current.fields if f.required and f.name not in outputs.names]
+    missing_required = [
+        f.name for f in current.fields if f.required and f.name not in outputs.names
+    ]
     if missing_required:
         raise ConfigError(
             f"{what}(table)",
@@ -186,7 +195,7 @@ def _evolve(table: Table, identifier: str, outputs: pa.Schema, *, what: str) -> 
             for name, kind in added:
                 update.add_column(name, kind)
             for name, kind in widened:
-                update.update_column(name, field_type=kind)  # type: ignore[arg-type]
+                update.update_column(name, field_type=kind)
     return table
 
 
@@ -234,5 +243,8 @@ def with_field_ids(schema: pa.Schema, ids: dict[str, int]) -> pa.Schema:
     if missing:
         raise ValueError(f"iceberg sink: no field id for output field(s) {', '.join(missing)}")
     return pa.schema(
-        [f.with_metadata({**(f.metadata or {}), _FIELD_ID: str(ids[f.name]).encode()}) for f in schema]
+        [
+            f.with_metadata({**(f.metadata or {}), _FIELD_ID: str(ids[f.name]).encode()})
+            for f in schema
+        ]
     )
