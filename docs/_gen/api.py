@@ -30,7 +30,7 @@ PIPELINE_GROUPS: dict[str, list[str]] = {
         "EMPTY_RESULT",
         "HAS_EXCEPTION",
     ],
-    "Sinks": ["ParquetSink", "PostgresSink"],
+    "Sinks": ["ParquetSink", "PostgresSink", "IcebergSink"],
     "Errors and outcomes": [
         "PipelineDefinitionError",
         "DeterministicFailure",
@@ -66,7 +66,7 @@ CONNECTOR_GROUPS: dict[str, list[str]] = {
         "sink_connector_named",
     ],
     "Validation": ["ValidationContext"],
-    "Built-in specs": ["FileSource", "TableSource", "ParquetSink", "PostgresSink"],
+    "Built-in specs": ["FileSource", "TableSource", "ParquetSink", "PostgresSink", "IcebergSink"],
 }
 
 
