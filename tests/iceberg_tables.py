@@ -63,9 +63,7 @@ def scan_ids(table: Any) -> Counter[str]:
 def oracle(settings: TestSettings, days: set[date] | None = None) -> Counter[str]:
     """event_id counts the landing files must produce (every valid event once)."""
     events, _ = expected_events(settings.landing_path)
-    return Counter(
-        e["event_id"] for e in events if days is None or e["event_time"].date() in days
-    )
+    return Counter(e["event_id"] for e in events if days is None or e["event_time"].date() in days)
 
 
 def differences(got: Counter[str], expected: Counter[str]) -> tuple[int, int, int]:

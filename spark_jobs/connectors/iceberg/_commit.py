@@ -15,6 +15,11 @@ completion transaction and again on recovery. Exactly once (Flink's Iceberg comm
    committed meanwhile) reloads the table and repeats 2-3, a bounded number of times, then
    fails loudly (the transactions stay committed and unpublished; recovery retries).
 
+PyIceberg (0.12) itself retries a conflicting commit a few times by re-applying the same
+append onto the refreshed table, without our step 2: safe, because the table lock keeps any
+other Sluice committer (the only writer of ``sluice.checkpoint-id`` snapshots) out until we
+are done; a foreign writer's snapshots never carry our ids.
+
 The rule relies on one run's completions being published in checkpoint order, which the
 coordinator guarantees (it publishes each completion before starting the next). The group's
 id is the largest ``checkpoint_id`` of its transactions (output of an aborted checkpoint
