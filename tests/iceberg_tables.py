@@ -20,11 +20,11 @@ from spark_jobs import IcebergSink, Pipeline
 from spark_jobs.connectors.iceberg._catalog import open_catalog
 from spark_jobs.connectors.iceberg._commit import CHECKPOINT_ID, RUN_ID
 
-NAMESPACE = "sluice_test"
-
 
 def table_name(settings: TestSettings) -> str:
-    return f"{NAMESPACE}.{settings.source_name}"
+    """A namespace per test (the session's database is shared, and a namespace keeps the
+    warehouse location it was created with)."""
+    return f"{settings.source_name}.enriched"
 
 
 def iceberg_pipeline(settings: TestSettings, **sink: Any) -> Pipeline:

@@ -26,8 +26,8 @@ id is the largest ``checkpoint_id`` of its transactions (output of an aborted ch
 rolls into the next completion: it is published with it).
 
 Rebuild members' files (output partition ``_rebuilds/dt=D/<r>/``) are not added here: the
-rebuild's ``overwrite`` adds them (``_rebuild``). An upsert sink reads the checkpoint's rows
-and commits them with PyIceberg's ``Transaction.upsert`` (copy-on-write).
+rebuild's ``overwrite`` adds them (``_rebuild``). An upsert sink's group is one
+``overwrite`` snapshot instead: delete by key, then append (``_upsert``).
 
 Threading: ``publish`` blocks on the database, the catalog and the store; the coordinator,
 the driver or recovery calls it, never a mailbox thread.
@@ -40,7 +40,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
@@ -51,6 +50,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from enumerator_service import StagedTransaction, StorageOptions, is_uri, open_location
 from spark_jobs.connectors.iceberg._catalog import lock_name, open_catalog, table_uri
+from spark_jobs.connectors.iceberg._upsert import stage_upsert
 from spark_jobs.sink._object_store import delete_object
 from spark_jobs.sink._rebuild_swap import REBUILDS_FOLDER
 from spark_jobs.sink._table_lock import table_lock
@@ -132,25 +132,6 @@ def delete_staged(entries: Iterable[dict[str, Any]], storage: StorageOptions | N
             Path(staged).unlink(missing_ok=True)
 
 
-def _upsert_rows(
-    table: Table,
-    entries: Sequence[dict[str, Any]],
-    key: Sequence[str],
-    storage: StorageOptions | None,
-) -> pa.Table:
-    """The checkpoint's rows, one per key (the last staged wins, as in the Postgres sink)."""
-    import pyarrow.parquet as pq
-
-    parts = []
-    for entry in entries:
-        where = open_location(str(entry["staged"]), storage)
-        parts.append(pq.read_table(where.path, filesystem=where.fs))
-    rows = pa.concat_tables(parts)
-    rows = rows.append_column("__n", pa.array(range(rows.num_rows), pa.int64()))
-    last = rows.group_by(list(key)).aggregate([("__n", "max")]).column("__n_max")
-    return rows.take(last).drop_columns(["__n"])
-
-
 class IcebergCommitter:
     """Commit side of the Iceberg sink (coordinator and recovery). ``engine``: the platform
     database (Sluice's catalog lives in it, and the table lock); ``storage``: object-store
@@ -204,11 +185,7 @@ class IcebergCommitter:
             # Step 3: one snapshot (one commit for an upsert) for the whole group.
             tx = Transaction(table, autocommit=False)
             if key:
-                tx.upsert(
-                    _upsert_rows(table, entries, key, self._storage),
-                    join_cols=list(key),
-                    snapshot_properties=props,
-                )
+                stage_upsert(tx, table, entries, key, self._storage, props)
             else:
                 with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
                     for data_file in data_files(table, entries):
@@ -218,8 +195,6 @@ class IcebergCommitter:
 
         # Step 4: conflicts with concurrent writers reload and retry.
         commit_with_retries(catalog, identifier, attempt, f"checkpoint {checkpoint} of run {run}")
-        if key:
-            delete_staged(entries, self._storage)  # rewritten by upsert: never referenced
 
     def abort(self, txns: Sequence[StagedTransaction]) -> None:
         # Staged files no snapshot references: deleting them changes nothing a reader sees.

@@ -325,6 +325,10 @@ def _check_writable(path: str) -> None:
     probe = path
     while not os.path.exists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(
+            "SLUICE_WAREHOUSE_DIR", f"{probe} is not a folder (Iceberg data folder {path})"
+        )
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(
             "SLUICE_WAREHOUSE_DIR", f"{probe} is not writable (Iceberg data folder {path})"
