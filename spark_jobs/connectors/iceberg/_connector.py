@@ -106,7 +106,14 @@ def _table_name(given: object, what: str = "table") -> str:
 
 
 class IcebergConnector(SinkConnector):
+    """Stateless but for one memo: ``prepare`` gets no settings, so the object-store options
+    (endpoint, region: never credentials) ``check_output`` saw for a pipeline — Step 1 of
+    the same run, in the same process — are kept by pipeline name for its ``prepare``."""
+
     name = SINK_NAME
+
+    def __init__(self) -> None:
+        self._storage: dict[str, StorageOptions] = {}  # (one dict store: atomic)
 
     def validate(
         self, spec: Any, ctx: Context, *, pipeline: str, columns: tuple[Column, ...], is_open: bool
@@ -137,7 +144,9 @@ class IcebergConnector(SinkConnector):
     def _open(self, engine: Engine, pipeline: Pipeline, settings: Settings | None) -> Any:
         options: IcebergOptions = pipeline.plan.sink.options
         warehouse = None if settings is None or options.catalog else default_warehouse(settings)
-        storage = None if settings is None else StorageOptions.of(settings)
+        storage = (
+            self._storage.get(pipeline.name) if settings is None else StorageOptions.of(settings)
+        )
         return open_catalog(
             engine,
             options.catalog,
@@ -188,6 +197,7 @@ class IcebergConnector(SinkConnector):
 
     def check_output(self, pipeline: Pipeline, settings: Settings) -> None:
         options: IcebergOptions = pipeline.plan.sink.options
+        self._storage[pipeline.name] = StorageOptions.of(settings)
         if settings.checkpointing_mode != "EXACTLY_ONCE":
             raise ConfigError(
                 "SLUICE_CHECKPOINTING_MODE",
@@ -233,7 +243,7 @@ class IcebergConnector(SinkConnector):
             schema,
             partition,
             what=f"pipeline {pipeline.name}: IcebergSink",
-            storage=None,
+            storage=self._storage.get(pipeline.name),
         )
 
     def open_writer(
