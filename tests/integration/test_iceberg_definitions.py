@@ -82,6 +82,38 @@ def test_an_upsert_pipeline_keeps_the_latest_row_per_key(
     assert upserts[-1].summary.operation.value == "overwrite"  # one snapshot: delete + add
 
 
+def test_a_field_the_pipeline_adds_becomes_a_column(
+    platform: tuple[Settings, Platform], tmp_path: Path
+) -> None:
+    settings, plat = platform
+    landing = tmp_path / "landing"
+    source = FileSource(
+        schema={"id": "int64", "name": "string"},
+        required=["id"],
+        partition_by=None,
+        landing=landing,
+    )
+    first = Pipeline(
+        name=settings.source_name,
+        source=source,
+        sink=IcebergSink(f"{settings.source_name}.items"),
+    )
+    write_csv(landing, "a.csv", [(i, f"n{i}", 1) for i in range(5)])
+    discover(plat, discovery_of(first, settings))
+    run_pipeline(settings, first)
+    wider = dataclasses.replace(
+        first,
+        source=dataclasses.replace(source, schema={**source.schema, "version": "int64"}),
+    )
+    write_csv(landing, "b.csv", [(i, f"m{i}", 2) for i in range(5, 8)])
+    discover(plat, discovery_of(wider, settings))
+    run_pipeline(settings, wider)
+    table = open_catalog(plat.engine, None, None).load_table(f"{settings.source_name}.items")
+    assert [f.name for f in table.schema().fields] == ["id", "name", "version"]
+    rows = {r["id"]: r["version"] for r in table.scan().to_arrow().to_pylist()}
+    assert rows == {**dict.fromkeys(range(5)), **dict.fromkeys(range(5, 8), 2)}
+
+
 def refusal(settings: Settings, pipeline: Pipeline) -> str:
     with pytest.raises(ConfigError) as caught:
         run_pipeline(settings, pipeline)
