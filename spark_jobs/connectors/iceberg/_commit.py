@@ -182,7 +182,7 @@ class IcebergCommitter:
             done = max((int(v) for v in snapshot_values(table, CHECKPOINT_ID, run)), default=-1)
             if done >= checkpoint:
                 return False  # published before a crash, or by a concurrent recovery
-            # Step 3: one snapshot (one commit for an upsert) for the whole group.
+            # Step 3: one snapshot for the whole group (an overwrite for an upsert).
             tx = Transaction(table, autocommit=False)
             if key:
                 stage_upsert(tx, table, entries, key, self._storage, props)

@@ -42,9 +42,10 @@ class IcebergSink:
         partition_by: `"auto"`: `day(<event_time>)` for a day-partitioned pipeline,
             unpartitioned otherwise. The event-time field's name says the same explicitly;
             `None` asks for an unpartitioned table (only for a pipeline without partitions).
-        upsert_key: Output fields: each checkpoint's rows replace the table's rows with
-            their key (PyIceberg `upsert`: the matching data files are rewritten,
-            copy-on-write). `None`: rows are appended.
+        upsert_key: Output fields: each checkpoint's rows (the last one per key) replace
+            the table's rows with their key, in one `overwrite` snapshot (the data files
+            holding a key are rewritten without it: copy-on-write). `None`: rows are
+            appended.
         compression: The Parquet codec of the data files: `"zstd"`, `"snappy"`, `"gzip"`,
             `"lz4"`, `"brotli"` or `"none"`.
     """
