@@ -12,6 +12,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pyiceberg.catalog
 import pytest
 from conftest import TestSettings as Settings
@@ -25,7 +26,8 @@ from enumerator_service import ConfigError
 from enumerator_service._operations import Platform, discover, open_platform
 from spark_jobs import FileSource, IcebergSink, Pipeline
 from spark_jobs.connectors.iceberg._catalog import default_warehouse, ensure_namespace, open_catalog
-from spark_jobs.connectors.iceberg._table import iceberg_schema
+from spark_jobs.connectors.iceberg._commit import data_files
+from spark_jobs.connectors.iceberg._table import iceberg_schema, with_field_ids
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.pipeline._paths import discovery_of
 
@@ -196,3 +198,20 @@ def test_a_warehouse_that_cannot_be_written_is_refused(make_settings: Any, tmp_p
     finally:
         platform.close()
     assert line.startswith("SLUICE_WAREHOUSE_DIR") and "not a folder" in line
+
+
+def test_a_data_file_whose_field_ids_do_not_match_the_table_is_never_added(
+    platform: tuple[Settings, Platform], tmp_path: Path
+) -> None:
+    settings, plat = platform
+    catalog = open_catalog(plat.engine, None, None)
+    ensure_namespace(catalog, settings.source_name, default_warehouse(settings))
+    arrow = pa.schema([("a", pa.string()), ("b", pa.string())])
+    table = catalog.create_table(f"{settings.source_name}.ids", schema=iceberg_schema(arrow))
+    rows = {"a": ["x"], "b": ["y"]}
+    good, swapped = tmp_path / "good.parquet", tmp_path / "swapped.parquet"
+    pq.write_table(pa.table(rows, schema=with_field_ids(arrow, {"a": 1, "b": 2})), good)
+    pq.write_table(pa.table(rows, schema=with_field_ids(arrow, {"a": 2, "b": 1})), swapped)
+    assert len(data_files(table, [{"staged": str(good)}])) == 1
+    with pytest.raises(ValueError, match="field 'a' has id 2, the table's column has 1"):
+        data_files(table, [{"staged": str(swapped)}])

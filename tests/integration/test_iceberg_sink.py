@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 from conftest import TestSettings as Settings
 from demo_platform import demo_discover, prepare_demo
 from iceberg_tables import (
@@ -24,6 +25,8 @@ from iceberg_tables import (
 )
 
 from enumerator_service._operations import Platform, open_platform
+from enumerator_service._rebuilds import RebuildStore
+from enumerator_service._schema import partition_rebuilds
 from spark_jobs.connectors import sink_connector_named
 from spark_jobs.connectors.iceberg._commit import REBUILD_ID
 from spark_jobs.jobs import run_pipeline
@@ -120,3 +123,36 @@ def test_rebuild_of_a_day_is_one_overwrite_and_leaves_other_days_alone(
     for day in days:
         assert connector.duplicate_keys(pipeline, settings, day, ["event_id"]) == (0, [])
     assert "enriched" in connector.location(pipeline, settings, days)
+
+
+def test_a_crash_after_the_rebuild_overwrite_does_not_overwrite_twice(
+    platform: tuple[Settings, Platform], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, plat = platform
+    pipeline = iceberg_pipeline(settings)
+    run_pipeline(settings, pipeline)
+    other = files_of_day(load(plat.engine, settings), OTHER_DAY)
+    real_end_swap, crashed = RebuildStore.end_swap, []
+
+    def end_swap(self: RebuildStore, rebuild: Any) -> None:
+        if not crashed:
+            crashed.append(rebuild.id)
+            raise RuntimeError("injected: crash after the overwrite, before DONE")
+        real_end_swap(self, rebuild)
+
+    monkeypatch.setattr(RebuildStore, "end_swap", end_swap)
+    with pytest.raises(Exception, match="injected"):
+        run_pipeline(settings, pipeline, dates=[DAY], rebuild=True)
+    assert crashed
+    # The next run's recovery finishes the rebuild: DONE, without a second overwrite.
+    run_pipeline(settings, pipeline)
+    table = load(plat.engine, settings)
+    rebuilds = [s.summary.get(REBUILD_ID) for s in table.snapshots()]
+    assert [r for r in rebuilds if r is not None] == [str(crashed[0])]
+    with plat.engine.connect() as conn:
+        status = conn.execute(
+            sa.select(partition_rebuilds.c.status).where(partition_rebuilds.c.id == crashed[0])
+        ).scalar_one()
+    assert status == "DONE"
+    assert_exact(table, oracle(settings))
+    assert files_of_day(table, OTHER_DAY) == other

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
@@ -74,6 +75,7 @@ SINK_NAME = "iceberg"
 RUN_ID = "sluice.run-id"
 CHECKPOINT_ID = "sluice.checkpoint-id"
 REBUILD_ID = "sluice.rebuild-id"
+_FIELD_ID = b"PARQUET:field_id"
 #: Commits tried against concurrent writers before a publish fails.
 RETRIES = 8
 
@@ -98,11 +100,26 @@ def snapshot_values(table: Table, key: str, run: str | None = None) -> Iterable[
 
 
 def data_files(table: Table, entries: Sequence[dict[str, Any]]) -> list[DataFile]:
-    """The DataFiles of staged Parquet files (their footers read for statistics)."""
-    return [
-        parquet_file_to_data_file(table.io, table.metadata, table_uri(str(e["staged"])))
-        for e in entries
-    ]
+    """The DataFiles of staged Parquet files (their footers read for statistics), each
+    checked to carry the table's field ids (a column renamed or re-added by another engine
+    since the run started would otherwise be read as the wrong column)."""
+    schema = table.schema()
+    found = []
+    for entry in entries:
+        uri = table_uri(str(entry["staged"]))
+        with table.io.new_input(uri).open() as stream:
+            fields = pq.read_schema(stream)
+        for field in fields:
+            raw = (field.metadata or {}).get(_FIELD_ID)
+            given = None if raw is None else int(raw)
+            column = schema._name_to_id.get(field.name)
+            if given is None or given != column:
+                raise ValueError(
+                    f"data file {uri}: field {field.name!r} has id {given!r}, the table's "
+                    f"column has {column!r} (the table's schema changed during the run)"
+                )
+        found.append(parquet_file_to_data_file(table.io, table.metadata, uri))
+    return found
 
 
 def commit_with_retries(
