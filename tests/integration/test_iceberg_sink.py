@@ -4,6 +4,7 @@ snapshot's data files, compared with an oracle computed from the landing files."
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Iterator
 from datetime import date
@@ -156,3 +157,40 @@ def test_a_crash_after_the_rebuild_overwrite_does_not_overwrite_twice(
     assert status == "DONE"
     assert_exact(table, oracle(settings))
     assert files_of_day(table, OTHER_DAY) == other
+
+
+def test_a_dagster_backfill_and_its_checks_read_the_iceberg_table(
+    platform: tuple[Settings, Platform],
+) -> None:
+    from dagster import DagsterInstance, materialize
+    from sluice_resource import resource_for
+
+    from dagster_project import pipeline_definitions
+    from dagster_project._counts import partition_counts
+
+    settings, plat = platform
+    pipeline = iceberg_pipeline(settings)
+    source = dataclasses.replace(pipeline.source, start_date=settings.demo_start_date)
+    built = pipeline_definitions(dataclasses.replace(pipeline, source=source), settings)
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize(
+            [built.output, *built.checks],
+            tags={
+                "dagster/asset_partition_range_start": DAY.isoformat(),
+                "dagster/asset_partition_range_end": OTHER_DAY.isoformat(),
+            },
+            resources={"sluice": resource_for(settings)},
+            instance=instance,
+        )
+    assert result.success
+    checks = result.get_asset_check_evaluations()
+    assert len(checks) == 2 * len(built.checks) and all(check.passed for check in checks)
+    materialized = result.asset_materializations_for_node(pipeline.name)
+    metadata = {key: value.value for key, value in materialized[0].metadata.items()}
+    assert metadata["rows_out"] == sum(oracle(settings).values())
+    assert str(metadata["output"]).startswith(f"iceberg sluice.{settings.source_name}.enriched")
+    counts = {c.day: c for c in partition_counts(pipeline, settings, [DAY, OTHER_DAY])}
+    for day in (DAY, OTHER_DAY):
+        assert counts[day].reconciles, counts[day]
+        assert counts[day].rows_out == sum(oracle(settings, {day}).values())
+    assert_exact(load(plat.engine, settings), oracle(settings))
