@@ -132,7 +132,7 @@ def ensure_table(
                 f"writes {shown}",
             )
         table = _evolve(table, identifier, outputs, what=what)
-    _write_field_ids(table, outputs, storage)
+    _write_field_ids(table, storage)
     return table
 
 
@@ -211,9 +211,10 @@ def field_ids_location(data: Location) -> Location:
     return data.child(*FIELD_IDS)
 
 
-def _write_field_ids(table: Table, outputs: pa.Schema, storage: StorageOptions | None) -> None:
-    schema = table.schema()
-    ids = {name: schema.find_field(name).field_id for name in outputs.names}
+def _write_field_ids(table: Table, storage: StorageOptions | None) -> None:
+    # Every top-level column, not only this pipeline's: another pipeline writing the same
+    # table (other fields) reads the same file.
+    ids = {field.name: field.field_id for field in table.schema().fields}
     target = field_ids_location(data_root(table, storage))
     text = json.dumps(ids, sort_keys=True).encode()
     if target.object_store:
