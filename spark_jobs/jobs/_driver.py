@@ -206,7 +206,7 @@ class ReaderRun:
             self._sinks,
         )
         self._finish()  # rebuilds a crash interrupted
-        self._sink_connector.prepare_output(engine, plan, self.pipeline, self.settings)
+        self._sink_connector.prepare(engine, plan, self.pipeline, self.settings)
 
     def _assign(self) -> tuple[list[Rebuild], int]:
         settings, store = self.settings, SplitStore(self._engine)

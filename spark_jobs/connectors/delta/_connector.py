@@ -138,9 +138,7 @@ class DeltaConnector(SinkConnector):
                 f"{partition!r} is an output field (name the partition column otherwise)",
             )
 
-    def prepare_output(
-        self, engine: Engine, plan: Plan, pipeline: Pipeline, settings: Settings
-    ) -> None:
+    def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline, settings: Settings) -> None:
         location = table_location(pipeline, settings)
         partition = _partition(plan)
         schema = table_schema(plan.output_schema(), partition)
