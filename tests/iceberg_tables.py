@@ -73,8 +73,10 @@ def differences(got: Counter[str], expected: Counter[str]) -> tuple[int, int, in
 
 
 def assert_exact(table: Any, expected: Counter[str], connection: Any = None) -> None:
-    assert differences(scan_ids(table), expected) == (0, 0, 0)
-    assert differences(duckdb_ids(table, connection), expected) == (0, 0, 0)
+    found = differences(scan_ids(table), expected)
+    assert found == (0, 0, 0), f"(duplicates, missing, unexpected) = {found} (PyIceberg scan)"
+    found = differences(duckdb_ids(table, connection), expected)
+    assert found == (0, 0, 0), f"(duplicates, missing, unexpected) = {found} (DuckDB)"
 
 
 def checkpoints(table: Any) -> list[tuple[str, str]]:

@@ -44,11 +44,11 @@ def test_the_iceberg_sinks_own_maintenance_compacts_expires_and_sweeps(
     pipeline = iceberg_pipeline(settings)
     try:
         demo_discover(platform)
-        run_pipeline(settings, pipeline, run_id="m-1")
+        run_pipeline(settings, pipeline, run_id=f"{settings.source_name}-m1")
         for n, path in enumerate(later):
             (aside / str(n) / path.name).rename(path)
         demo_discover(platform)
-        run_pipeline(settings, pipeline, run_id="m-2")
+        run_pipeline(settings, pipeline, run_id=f"{settings.source_name}-m2")
         expected = oracle(settings)
         table = load(platform.engine, settings)
         assert_exact(table, expected)
