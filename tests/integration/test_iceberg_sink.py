@@ -189,6 +189,14 @@ def test_a_dagster_backfill_and_its_checks_read_the_iceberg_table(
     metadata = {key: value.value for key, value in materialized[0].metadata.items()}
     assert metadata["rows_out"] == sum(oracle(settings).values())
     assert str(metadata["output"]).startswith(f"iceberg sluice.{settings.source_name}.enriched")
+    # The table as the run left it: its name and URI (Dagster's catalog keys), the snapshot,
+    # and what this run's checkpoints added.
+    table = load(plat.engine, settings)
+    assert metadata["dagster/table_name"] == f"sluice.{settings.source_name}.enriched"
+    assert metadata["dagster/uri"] == table.location()
+    assert metadata["snapshot_id"] == table.current_snapshot().snapshot_id
+    assert metadata["rows_added"] == metadata["rows_out"]
+    assert metadata["files_added"] == len(current_files(table)) > 0
     counts = {c.day: c for c in partition_counts(pipeline, settings, [DAY, OTHER_DAY])}
     for day in (DAY, OTHER_DAY):
         assert counts[day].reconciles, counts[day]

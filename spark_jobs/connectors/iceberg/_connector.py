@@ -38,6 +38,7 @@ from spark_jobs.connectors.iceberg._catalog import (
 )
 from spark_jobs.connectors.iceberg._commit import SINK_NAME, IcebergCommitter
 from spark_jobs.connectors.iceberg._maintenance import IcebergMaintenance
+from spark_jobs.connectors.iceberg._metadata import table_metadata
 from spark_jobs.connectors.iceberg._rebuild import day_files, day_filter, finish_iceberg_rebuilds
 from spark_jobs.connectors.iceberg._table import ensure_table, expected_partition
 from spark_jobs.connectors.iceberg._writer import IcebergSinkWriter
@@ -276,6 +277,14 @@ class IcebergConnector(SinkConnector):
             identifier=options.table,
             field=source.event_time if source.event_day_partitions else None,
             storage=StorageOptions.of(settings),
+        )
+
+    def output_metadata(
+        self, pipeline: Pipeline, settings: Settings, run_id: str | None
+    ) -> dict[str, str | int]:
+        options: IcebergOptions = pipeline.plan.sink.options
+        return table_metadata(
+            self._table(pipeline, settings), options.catalog, options.table, run_id
         )
 
     def maintenance(
