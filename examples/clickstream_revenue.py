@@ -48,7 +48,7 @@ from enumerator_service import ConfigError, Settings
 from examples._revenue_output import REVENUE_TABLE, output_location, preview, replace_day
 from examples.clickstream_iceberg import clickstream_iceberg
 from spark_jobs.connectors.iceberg import sink_table, sink_table_name
-from spark_jobs.pipeline import warehouse_root
+from spark_jobs.pipeline import Pipeline, warehouse_root
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -154,16 +154,18 @@ def write_days(settings: Settings, written: "dict[date, pa.Table]") -> None:
         replace_day(target, day, table)
 
 
-def build_daily_revenue(settings: Settings, days: Sequence[date]) -> DailyRevenue:
-    """Read ``days`` from the Iceberg table's current snapshot, aggregate, write; returns the
-    table, the snapshot read and what was written. The table must exist and have a
-    snapshot: an upstream that never committed is an error, not an empty result."""
-    table = sink_table(clickstream_iceberg, settings)
+def build_daily_revenue(
+    settings: Settings, days: Sequence[date], upstream: Pipeline = clickstream_iceberg
+) -> DailyRevenue:
+    """Read ``days`` from the current snapshot of ``upstream``'s Iceberg table, aggregate,
+    write; returns the table, the snapshot read and what was written. The table must exist
+    and have a snapshot: an upstream that never committed is an error, not an empty result."""
+    table = sink_table(upstream, settings)
     snapshot = table.current_snapshot()
-    name = sink_table_name(clickstream_iceberg)
+    name = sink_table_name(upstream)
     if snapshot is None:
         raise ConfigError(
-            f"pipeline {clickstream_iceberg.name}: IcebergSink(table)",
+            f"pipeline {upstream.name}: IcebergSink(table)",
             f"{name} has no snapshot yet (no checkpoint of the pipeline has completed)",
         )
     written = aggregate_days(settings, read_days(table, days, snapshot.snapshot_id))
@@ -188,20 +190,23 @@ def refresh_condition() -> AutomationCondition:
     ).with_label("upstream_day_completed")
 
 
-def daily_revenue_asset(settings: Settings) -> AssetsDefinition:
-    """The ``daily_revenue_by_country`` asset, with the partitions ``settings`` give the
-    Iceberg clickstream pipeline (built when the code location loads: the settings are read
-    then, not when this module is imported)."""
+def daily_revenue_asset(
+    settings: Settings, upstream: Pipeline = clickstream_iceberg
+) -> AssetsDefinition:
+    """The ``daily_revenue_by_country`` asset downstream of ``upstream`` (an Iceberg
+    pipeline of the clickstream's output fields: the example's, or a test's), with the
+    partitions ``settings`` give it (built when the code location loads: the settings are
+    read then, not when this module is imported)."""
     # BackfillPolicy is a beta parameter of @asset in dagster 1.13: opting in is deliberate.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BetaWarning)
 
         @asset(
             name=REVENUE_TABLE,
-            partitions_def=partitions_of(clickstream_iceberg, settings),
+            partitions_def=partitions_of(upstream, settings),
             backfill_policy=BackfillPolicy.single_run(),
-            deps=[clickstream_iceberg.name],
-            group_name=clickstream_iceberg.name,
+            deps=[upstream.name],
+            group_name=upstream.name,
             kinds={"spark", "iceberg", "parquet"},
             automation_condition=refresh_condition(),
         )
@@ -210,7 +215,7 @@ def daily_revenue_asset(settings: Settings) -> AssetsDefinition:
         ) -> MaterializeResult[None]:
             """Revenue (sum of order amounts), orders and events per user country and day,
             from a snapshot of the Iceberg clickstream table (named in the metadata)."""
-            return _materialize(context, sluice.settings())
+            return _materialize(context, sluice.settings(), upstream)
 
     return daily_revenue_by_country
 
@@ -222,9 +227,11 @@ def _column_sum(table: "pa.Table", column: str) -> float:
     return float(total) if total is not None else 0.0
 
 
-def _materialize(context: AssetExecutionContext, settings: Settings) -> MaterializeResult[None]:
+def _materialize(
+    context: AssetExecutionContext, settings: Settings, upstream: Pipeline
+) -> MaterializeResult[None]:
     days = partition_days(context)
-    built = build_daily_revenue(settings, days)
+    built = build_daily_revenue(settings, days, upstream)
     written = built.written
     rows = sum(table.num_rows for table in written.values())
     revenue = sum(_column_sum(table, "revenue") for table in written.values())

@@ -54,7 +54,7 @@ from spark_jobs import FileSource, Filter, Lookup, ParquetSink, Pipeline, Postgr
 
 REPO = Path(__file__).resolve().parents[2]
 MakeSettings = Callable[..., TestSettings]
-EXAMPLES = "examples.clickstream,examples.orders"
+EXAMPLES = "examples.clickstream,examples.clickstream_iceberg,examples.orders"
 
 # Dagster 1.13 itself passes ``owners=[]`` when it binds resources to a sensor's job, which
 # raises this beta warning (an error under the suite's filterwarnings) for any sensor.
