@@ -145,9 +145,22 @@ def test_revenue_of_a_day_equals_the_landing_oracle_and_names_its_snapshot(ran: 
         assert actual[country][1:] == (orders, events), country
     assert metadata["events"] == sum(events for _, _, events in expected.values())
     assert metadata["row_count"] == len(expected)
+    assert metadata["preview"].startswith("| dt | user_country | revenue | orders | events |")
     # The snapshot the asset read holds the day exactly once: duplicates = missing = 0.
     (ids,) = read_days_ids(table, DAY, snapshot.snapshot_id)
     assert differences(ids, oracle(settings, {DAY})) == (0, 0, 0)
+
+    # A re-run replaces the day's folder whole: one new file, the same rows, no staging left.
+    folder = settings.warehouse_path / REVENUE_TABLE / f"dt={DAY.isoformat()}"
+    (old,) = folder.glob("*.parquet")
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(f"{ran.pipeline.name}_days", [DAY.isoformat()])
+        again = materialize_day(ran, instance, DAY)
+    assert again["output_path"] == str(folder)
+    assert again["source_snapshot_id"] == snapshot.snapshot_id  # no commit since
+    assert written_revenue(settings, DAY) == actual
+    assert not old.exists()
+    assert not list((settings.warehouse_path / REVENUE_TABLE).glob("_*"))
 
 
 def read_days_ids(table: Any, day: date, snapshot_id: int) -> list[Counter[str]]:
