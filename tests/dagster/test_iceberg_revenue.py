@@ -38,10 +38,22 @@ from sluice_resource import resource_for
 
 from dagster_project import pipeline_definitions
 from dagster_project.completions import completion_materialization
-from enumerator_service import connect_engine, database_url, unreported_completions
+from enumerator_service import (
+    ConfigError,
+    connect_engine,
+    database_url,
+    unreported_completions,
+)
 from enumerator_service._operations import open_platform
-from examples.clickstream_revenue import REVENUE_TABLE, daily_revenue_asset, read_days
+from examples.clickstream import clickstream
+from examples.clickstream_revenue import (
+    REVENUE_TABLE,
+    build_daily_revenue,
+    daily_revenue_asset,
+    read_days,
+)
 from spark_jobs import Pipeline
+from spark_jobs.connectors.iceberg import sink_table_name
 from spark_jobs.jobs import run_pipeline
 
 pytestmark = pytest.mark.spark
@@ -236,3 +248,19 @@ def test_a_completed_day_requests_its_revenue_and_a_rebuilt_day_again(ran: Ran) 
         result = tick(result.cursor)
         assert requested(result, ran.revenue.key) == {DAY.isoformat()}
         assert result.total_requested == 1
+
+
+def test_an_upstream_table_not_written_yet_is_one_line_not_an_empty_revenue(
+    make_settings: Any,
+) -> None:
+    settings: TestSettings = make_settings()
+    with pytest.raises(ConfigError) as failed:
+        build_daily_revenue(settings, [DAY], iceberg_pipeline(settings))
+    message = str(failed.value)
+    assert message == (
+        f"pipeline {settings.source_name}: IcebergSink(table): {table_name(settings)} does not "
+        "exist yet (no run of the pipeline has committed to it)"
+    )
+    assert not (settings.warehouse_path / REVENUE_TABLE).exists()  # nothing written
+    with pytest.raises(ConfigError, match=r"^pipeline clickstream: sink: is parquet, not an"):
+        sink_table_name(clickstream)
