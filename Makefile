@@ -10,7 +10,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 # banners MkDocs' plugins print about a future MkDocs 2 are off.
 MKDOCS := PYTHONPATH=$(CURDIR) NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
 # The example pipelines, unless the environment names the user's own modules.
-export SLUICE_PIPELINES ?= examples.clickstream,examples.orders
+export SLUICE_PIPELINES ?= examples.clickstream,examples.clickstream_iceberg,examples.orders
 
 .PHONY: install demo test test-fast faults lint docs docs-serve ui bench bench-e2e clean
 

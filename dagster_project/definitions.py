@@ -15,7 +15,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from dagster import AssetsDefinition, Definitions, EnvVar, definitions
+from dagster import (
+    AssetKey,
+    AssetsDefinition,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+    Definitions,
+    EnvVar,
+    definitions,
+)
 
 from dagster_project._factory import pipeline_definitions
 from dagster_project.continuous import release_failed_run_splits
@@ -29,6 +37,7 @@ from enumerator_service import load_settings
 from spark_jobs.pipeline import load_pipelines
 
 __all__ = [
+    "AUTOMATION_SENSOR",
     "DEPLOYMENTS",
     "defs",
     "local_resources",
@@ -63,6 +72,38 @@ def production_resources() -> dict[str, Any]:
     )
 
 
+#: The sensor evaluating the automation conditions of the code location's assets.
+AUTOMATION_SENSOR = "sluice_automation"
+
+
+def automation_sensor(assets: list[Any]) -> AutomationConditionSensorDefinition | None:
+    """The ``AutomationConditionSensorDefinition`` of the assets that have an
+    ``automation_condition`` (those a module's ``dagster_assets()`` adds: the pipelines'
+    own assets have none), running by default; None when no asset has one.
+
+    Declared here rather than left to Dagster's implicit default sensor so that it is
+    running from the first deployment and its interval is ours; it evaluates in the daemon
+    (``use_user_code_server=False``, Dagster's default) and reads only the event log.
+    """
+    keys: list[AssetKey] = [
+        key
+        for definition in assets
+        if isinstance(definition, AssetsDefinition)
+        for key, condition in definition.automation_conditions_by_key.items()
+        if condition is not None
+    ]
+    if not keys:
+        return None
+    return AutomationConditionSensorDefinition(
+        AUTOMATION_SENSOR,
+        target=keys,
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=30,
+        description="Requests the runs the automation conditions of these assets ask for "
+        "(e.g. daily_revenue_by_country when its upstream day completes).",
+    )
+
+
 DEPLOYMENTS: dict[str, Callable[[], dict[str, Any]]] = {
     "local": local_resources,
     "production": production_resources,
@@ -72,7 +113,8 @@ DEPLOYMENTS: dict[str, Callable[[], dict[str, Any]]] = {
 def pipelines_definitions(resources: dict[str, Any]) -> Definitions:
     """Assets, checks, jobs, sensors and schedules of every registered pipeline
     (``SLUICE_PIPELINES``), the assets their modules add (a module-level ``dagster_assets()``
-    returning a list), and the failed-run sensor."""
+    returning a list), the failed-run sensor and, when one of those assets has an
+    ``automation_condition``, the sensor evaluating it (``automation_sensor``)."""
     settings = load_settings()
     pipelines = load_pipelines(settings)
     assets: dict[Any, AssetsDefinition] = {}
@@ -92,6 +134,9 @@ def pipelines_definitions(resources: dict[str, Any]) -> Definitions:
         if callable(hook):
             extra += hook()
     unique = list(dict.fromkeys(assets.values()))
+    automation = automation_sensor([*unique, *extra])
+    if automation is not None:
+        sensors.append(automation)
     return Definitions(
         assets=[*unique, *extra],
         asset_checks=checks,

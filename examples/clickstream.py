@@ -3,7 +3,8 @@
 JSON Lines events (``data/landing/events/dt=YYYY-MM-DD/*.jsonl``) are looked up in
 ``public.users`` by ``user_id`` (a left join: events of unknown users are kept) and written
 as Parquet, by day, to ``data/warehouse/enriched_events``. ``make demo`` runs it on sample
-data (``sluice demo clickstream``).
+data (``sluice demo clickstream``). ``examples.clickstream_iceberg`` is the same pipeline
+writing an Iceberg table, with the revenue-by-country asset downstream of it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from examples._clickstream_data import DemoSpec, generate_events, load_users
 from spark_jobs import FileSource, Lookup, ParquetSink, Pipeline, SampleTarget
 
-__all__ = ["clickstream", "dagster_assets", "write_sample_data"]
+__all__ = ["clickstream", "write_sample_data"]
 
 
 def write_sample_data(target: SampleTarget) -> str:
@@ -91,12 +92,3 @@ clickstream = Pipeline(
     key=["event_id"],
     sample_data=write_sample_data,
 )
-
-
-def dagster_assets() -> list[object]:
-    """Assets downstream of this pipeline, for the Dagster code location (called when it
-    loads, so the settings are read then)."""
-    from enumerator_service import load_settings
-    from examples.clickstream_revenue import daily_revenue_asset
-
-    return [daily_revenue_asset(load_settings())]

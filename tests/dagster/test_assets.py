@@ -4,8 +4,8 @@ One dataset (two days of landing files plus a users table of its own) and one Sp
 serve every Spark test of this module: a module-scoped fixture materialises the test's
 pipeline (the clickstream example under a name of its own, writing ``enriched_events`` in its
 own warehouse) for both days in ONE run (the single-run backfill path: a partition range),
-then the example's ``daily_revenue_by_country`` for the same range; the tests read what those
-runs left.
+the tests read what that run left (the revenue example, downstream of the Iceberg variant of
+the pipeline, is tested in test_iceberg_revenue.py).
 
 No ``__init__.py`` in this folder on purpose (see test_definitions.py).
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import secrets
 import shutil
 from collections.abc import Iterator, Mapping
@@ -23,8 +22,6 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
@@ -34,8 +31,9 @@ from dagster import (
     AssetCheckKey,
     AssetsDefinition,
     AssetSelection,
+    AutomationConditionSensorDefinition,
     DagsterInstance,
-    DailyPartitionsDefinition,
+    DefaultSensorStatus,
     Definitions,
     ExecuteInProcessResult,
     build_resources,
@@ -49,6 +47,7 @@ from demo_platform import DICTIONARY, demo_pipeline
 from sluice_resource import resource_for
 
 from dagster_project import PipelineDefinitions, pipeline_definitions
+from dagster_project.definitions import AUTOMATION_SENSOR
 from dagster_project.definitions import defs as load_defs
 from dagster_project.resources import (
     DatabaseResource,
@@ -59,7 +58,6 @@ from dagster_project.resources import (
 from enumerator_service import Settings, asyncpg_dsn
 from examples._clickstream_data import DemoSpec, generate_events, load_users
 from examples.clickstream import clickstream
-from examples.clickstream_revenue import REVENUE_TABLE
 from spark_jobs import ParquetSink, Pipeline
 from spark_jobs.connectors.files import landing_path, list_landing
 from spark_jobs.connectors.parquet import output_path
@@ -218,25 +216,59 @@ def test_local_definitions_leave_everything_to_the_environment(
         "clickstream_landing",
         "public/users",
         "clickstream",
-        "daily_revenue_by_country",  # added by the pipeline's module (dagster_assets)
     }
-    # Lineage: landing folder + users table -> clickstream -> daily_revenue_by_country.
+    # Lineage: landing folder + users table -> clickstream.
     output = defs.resolve_assets_def("clickstream")
-    revenue = defs.resolve_assets_def("daily_revenue_by_country")
     assert {k.to_user_string() for k in graph.get(output.key).parent_keys} == {
         "clickstream_landing",
         "public/users",
     }
-    assert graph.get(revenue.key).parent_keys == {output.key}
-    for asset in (output, revenue):
-        assert asset.backfill_policy is not None
-        assert asset.backfill_policy.max_partitions_per_run is None  # single run
+    assert output.backfill_policy is not None
+    assert output.backfill_policy.max_partitions_per_run is None  # single run
     assert {key.name for key in graph.asset_check_keys} == {*CHECKS, "watermark_freshness"}
     assert {key.asset_key for key in graph.asset_check_keys} == {output.key}
+    # No asset with an automation condition: no automation sensor.
+    assert AUTOMATION_SENSOR not in {sensor.name for sensor in defs.sensors or ()}
 
     monkeypatch.setenv("DAGSTER_DEPLOYMENT", "staging")
     with pytest.raises(ValueError, match="DAGSTER_DEPLOYMENT: 'staging'"):
         load_defs()
+
+
+@OWNERS_WARNING
+def test_the_iceberg_example_adds_the_revenue_asset_and_the_automation_sensor(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The default pipelines: ``daily_revenue_by_country`` is downstream of
+    ``clickstream_iceberg`` (its partitions, its group) with an automation condition, which
+    the code location's ``sluice_automation`` sensor (running by default) evaluates."""
+    monkeypatch.delenv("DAGSTER_DEPLOYMENT", raising=False)
+    monkeypatch.setenv(
+        "SLUICE_PIPELINES", "examples.clickstream,examples.clickstream_iceberg,examples.orders"
+    )
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path))
+    defs = load_defs()
+    graph = defs.resolve_asset_graph()
+    output = defs.resolve_assets_def("clickstream_iceberg")
+    revenue = defs.resolve_assets_def("daily_revenue_by_country")
+    assert graph.get(revenue.key).parent_keys == {output.key}
+    assert {k.to_user_string() for k in graph.get(output.key).parent_keys} == {
+        "clickstream_iceberg_landing",
+        "public/users",
+    }
+    assert revenue.partitions_def == output.partitions_def
+    assert revenue.group_names_by_key[revenue.key] == "clickstream_iceberg"
+    assert revenue.backfill_policy is not None
+    assert revenue.backfill_policy.max_partitions_per_run is None  # single run
+    assert revenue.automation_conditions_by_key[revenue.key] is not None
+    assert (
+        output.automation_conditions_by_key.get(output.key) is None
+    )  # Sluice reports the pipeline's days itself
+    (sensor,) = [s for s in defs.sensors or () if s.name == AUTOMATION_SENSOR]
+    assert isinstance(sensor, AutomationConditionSensorDefinition)
+    assert sensor.default_status == DefaultSensorStatus.RUNNING
+    assert sensor.asset_selection is not None
+    assert sensor.asset_selection.resolve(graph) == {revenue.key}
 
 
 @OWNERS_WARNING
@@ -353,10 +385,8 @@ def test_lookup_table_observation_reports_the_row_count(db_url: str, tmp_path: P
 class Materialized:
     settings: TestSettings
     built: PipelineDefinitions
-    revenue_asset: AssetsDefinition
     instance: DagsterInstance
     enriched: ExecuteInProcessResult
-    revenue: ExecuteInProcessResult
 
     @property
     def sluice(self) -> SluiceResource:
@@ -408,45 +438,11 @@ def run_output(
     )
 
 
-def run_revenue(
-    revenue: AssetsDefinition,
-    sluice: SluiceResource,
-    instance: DagsterInstance,
-    *,
-    partition_key: str | None = None,
-    tags: Mapping[str, str] | None = None,
-) -> ExecuteInProcessResult:
-    return materialize(
-        [revenue],
-        partition_key=partition_key,
-        tags=tags,
-        resources={"sluice": sluice},
-        instance=instance,
-    )
-
-
 @pytest.fixture(scope="module")
-def revenue_asset() -> Iterator[AssetsDefinition]:
-    """The example's ``daily_revenue_by_country``, partitioned daily from ``DAYS[0]``."""
-    from examples.clickstream_revenue import daily_revenue_asset
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(
-            importlib.import_module("dagster_project.assets")._PARTITIONS,
-            clickstream.name,
-            DailyPartitionsDefinition(start_date=DAYS[0]),
-        )
-        yield daily_revenue_asset(Settings(dagster_partitions="daily"))
-
-
-@pytest.fixture(scope="module")
-def materialized(
-    db_url: str, tmp_path_factory: pytest.TempPathFactory, revenue_asset: AssetsDefinition
-) -> Iterator[Materialized]:
-    """Both days of the pipeline's output in one run, then their revenue in one run."""
+def materialized(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Materialized]:
+    """Both days of the pipeline's output in one run."""
     settings = base_settings(db_url, tmp_path_factory.mktemp("assets"))
     users = f"users_{secrets.token_hex(3)}"
-    # The revenue asset reads <warehouse>/enriched_events: the test's own warehouse.
     built = pipeline_definitions(own_pipeline(settings, users, "enriched_events"), settings)
     generate_events(settings.landing_path, DemoSpec.from_settings(settings))
     (settings.landing_path / "dt=2026-01-01" / "part-extra.jsonl").write_bytes(EXTRA_FILE)
@@ -454,8 +450,7 @@ def materialized(
     sluice = resource_for(settings)
     with DagsterInstance.ephemeral() as instance:
         enriched = run_output(built, sluice, instance, tags=RANGE_TAGS)
-        revenue = run_revenue(revenue_asset, sluice, instance, tags=RANGE_TAGS)
-        yield Materialized(settings, built, revenue_asset, instance, enriched, revenue)
+        yield Materialized(settings, built, instance, enriched)
 
 
 @pytest.mark.spark
@@ -486,17 +481,16 @@ def test_a_range_of_partitions_materializes_in_one_run(materialized: Materialize
 def test_no_password_or_url_in_any_metadata(materialized: Materialized) -> None:
     assert materialized.settings.database_url is not None
     url = materialized.settings.database_url.get_secret_value()
-    for result in (materialized.enriched, materialized.revenue):
-        shown = repr(
-            [
-                event.event_specific_data
-                for event in result.all_events
-                if event.event_type_value in ("ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION")
-            ]
-        )
-        assert url not in shown
-        assert "postgresql://" not in shown
-        assert "password" not in shown.lower()
+    shown = repr(
+        [
+            event.event_specific_data
+            for event in materialized.enriched.all_events
+            if event.event_type_value in ("ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION")
+        ]
+    )
+    assert url not in shown
+    assert "postgresql://" not in shown
+    assert "password" not in shown.lower()
 
 
 @pytest.mark.spark
@@ -534,93 +528,6 @@ def test_checks_pass_on_the_materialized_partitions(materialized: Materialized) 
     # What the instance holds: a current, passed result per partition.
     for name in CHECKS:
         assert materialized.stored_check_status(name) == dict.fromkeys(DAYS, ("SUCCEEDED", True))
-
-
-def expected_revenue(folder: Path) -> dict[str | None, tuple[float, int, int]]:
-    """Revenue, orders and events by country, straight from the enriched Parquet."""
-    table = pq.read_table(parquet_files(folder))
-    orders = pc.equal(table.column("event_type"), "order")
-    table = table.append_column(
-        "order_amount", pc.if_else(orders, table.column("amount"), pa.scalar(0.0))
-    ).append_column("is_order", pc.cast(orders, pa.int64()))
-    grouped = table.group_by("user_country", use_threads=False).aggregate(
-        [("order_amount", "sum"), ("is_order", "sum"), ("event_id", "count")]
-    )
-    return {
-        row["user_country"]: (row["order_amount_sum"], row["is_order_sum"], row["event_id_count"])
-        for row in grouped.to_pylist()
-    }
-
-
-def revenue_of(folder: Path) -> dict[str | None, tuple[float, int, int]]:
-    files = parquet_files(folder)
-    assert len(files) == 1, files  # one file per day
-    return {
-        row["user_country"]: (row["revenue"], row["orders"], row["events"])
-        for row in pq.read_table(files[0]).to_pylist()
-    }
-
-
-@pytest.mark.spark
-def test_daily_revenue_matches_the_enriched_events(materialized: Materialized) -> None:
-    settings, result = materialized.settings, materialized.revenue
-    assert result.success
-    events = result.asset_materializations_for_node("daily_revenue_by_country")
-    assert sorted(e.partition or "" for e in events) == DAYS
-    table = settings.warehouse_path / REVENUE_TABLE
-    rows = 0
-    for day in DAYS:
-        expected = expected_revenue(materialized.output / f"dt={day}")
-        actual = revenue_of(table / f"dt={day}")
-        assert actual.keys() == expected.keys()
-        for country, (revenue, orders, count) in expected.items():
-            assert actual[country][0] == pytest.approx(revenue), country
-            assert actual[country][1:] == (orders, count), country
-        rows += len(actual)
-    assert None in expected_revenue(materialized.output / f"dt={DAYS[0]}")  # unknown users
-    metadata = values(events[0].metadata)
-    assert metadata["row_count"] == rows
-    assert metadata["events"] == sum(
-        parquet_rows(materialized.output / f"dt={day}") for day in DAYS
-    )
-    assert metadata["preview"].startswith("| dt | user_country | revenue | orders | events |")
-    assert not list(table.glob("_*")), "staging folders left behind"
-
-
-@pytest.mark.spark
-def test_daily_revenue_rerun_replaces_the_partition(materialized: Materialized) -> None:
-    settings = materialized.settings
-    folder = settings.warehouse_path / REVENUE_TABLE / f"dt={DAYS[0]}"
-    before = revenue_of(folder)
-    (old,) = parquet_files(folder)
-    again = run_revenue(
-        materialized.revenue_asset,
-        materialized.sluice,
-        materialized.instance,
-        partition_key=DAYS[0],
-    )
-    assert again.success
-    (event,) = again.asset_materializations_for_node("daily_revenue_by_country")
-    assert event.partition == DAYS[0]
-    assert values(event.metadata)["output_path"] == str(folder)
-    assert revenue_of(folder) == before
-    assert not old.exists()  # the previous file went with the previous folder
-
-
-@pytest.mark.spark
-def test_daily_revenue_of_a_day_without_events_is_empty(materialized: Materialized) -> None:
-    day = "2026-01-05"
-    result = run_revenue(
-        materialized.revenue_asset,
-        materialized.sluice,
-        materialized.instance,
-        partition_key=day,
-    )
-    assert result.success
-    (event,) = result.asset_materializations_for_node("daily_revenue_by_country")
-    assert values(event.metadata)["row_count"] == 0
-    folder = materialized.settings.warehouse_path / REVENUE_TABLE / f"dt={day}"
-    assert revenue_of(folder) == {}
 
 
 @pytest.mark.spark

@@ -44,7 +44,7 @@ from demo_platform import prepare_demo
 from sluice_resource import resource_for
 
 from dagster_project import pipeline_definitions
-from dagster_project.definitions import local_resources, pipelines_definitions
+from dagster_project.definitions import AUTOMATION_SENSOR, local_resources, pipelines_definitions
 from dagster_project.resources import SluiceResource, SparkResource
 from dagster_project.sensors import FilesSensorCursor
 from enumerator_service import ConfigError
@@ -54,7 +54,7 @@ from spark_jobs import FileSource, Filter, Lookup, ParquetSink, Pipeline, Postgr
 
 REPO = Path(__file__).resolve().parents[2]
 MakeSettings = Callable[..., TestSettings]
-EXAMPLES = "examples.clickstream,examples.orders"
+EXAMPLES = "examples.clickstream,examples.clickstream_iceberg,examples.orders"
 
 # Dagster 1.13 itself passes ``owners=[]`` when it binds resources to a sensor's job, which
 # raises this beta warning (an error under the suite's filterwarnings) for any sensor.
@@ -103,9 +103,9 @@ def test_every_registered_pipeline_gets_its_asset_jobs_sensors_and_schedule(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     defs = load_examples(monkeypatch, tmp_path / "data")
-    for name in ("clickstream", "orders"):
+    for name in ("clickstream", "clickstream_iceberg", "orders"):
         asset = defs.resolve_assets_def(name)
-        assert asset.partitions_def is not None  # both read day-partitioned files
+        assert asset.partitions_def is not None  # all read day-partitioned files
         assert asset.backfill_policy is not None
         assert asset.backfill_policy.max_partitions_per_run is None  # a backfill: one run
 
@@ -137,9 +137,12 @@ def test_every_registered_pipeline_gets_its_asset_jobs_sensors_and_schedule(
         "release_failed_run_splits",
         *(
             f"{p}_{kind}"
-            for p in ("clickstream", "orders")
+            for p in ("clickstream", "clickstream_iceberg", "orders")
             for kind in ("new_files", "continuous", "report_completions", "live_state")
         ),
+        # The Iceberg table's compaction of completed days; the revenue asset's automation.
+        "clickstream_iceberg_compact_completed_days",
+        AUTOMATION_SENSOR,
     }
     assert isinstance(defs.resources["sluice"], SluiceResource)
 

@@ -740,8 +740,10 @@ def test_sluice_services_register_pipelines_the_image_ships(
         )
     }
     assert set(configured) >= {"sluice-cli", "dagster-webserver", "dagster-daemon"}
-    # The default: the two example pipelines (docker/.env may name the user's own modules).
-    assert set(configured.values()) == {"examples.clickstream,examples.orders"}
+    # The default: the three example pipeline modules (docker/.env may name the user's own modules).
+    assert set(configured.values()) == {
+        "examples.clickstream,examples.clickstream_iceberg,examples.orders"
+    }
     for name, modules in configured.items():
         assert pipeline_problems(modules, copied) == [], name
 

@@ -11,6 +11,7 @@ from spark_jobs.connectors.iceberg._maintenance import (
     expire_snapshots,
     remove_orphans,
 )
+from spark_jobs.connectors.iceberg._read import sink_table, sink_table_name
 from spark_jobs.connectors.iceberg._spec import IcebergSink
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "compact_day",
     "expire_snapshots",
     "remove_orphans",
+    "sink_table",
+    "sink_table_name",
 ]
 
 register_sink(IcebergSink, IcebergConnector())
