@@ -62,14 +62,20 @@ def run_sluice(
     cache_rows: int | None = None,
     kind: str | None = None,
     warehouse: str | None = None,
+    sink: Any = None,
+    source: str | None = None,
 ) -> Result:
     """The clickstream example over ``landing`` (a folder or a URI; default: the bench's
-    files), its output under ``warehouse`` (default: the bench's local folder)."""
+    files), its output under ``warehouse`` (default: the bench's local folder), written by
+    ``sink`` (default: the example's Parquet sink), as the pipeline ``source`` (default: a
+    fresh name)."""
     landing = landing or ctx.landing
-    source = f"bench_e2e_{uuid.uuid4().hex[:10]}"
+    source = source or f"bench_e2e_{uuid.uuid4().hex[:10]}"
     cache = ctx.args.cache_rows if cache_rows is None else cache_rows
     settings = sluice_settings(ctx, latency_ms, source, warehouse)
     pipeline = clickstream_pipeline(landing, source, cache)
+    if sink is not None:
+        pipeline = dataclasses.replace(pipeline, sink=sink)
     summary, wall, cpu, memory = _run_pipeline(ctx, settings, pipeline)
     note = (
         f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
@@ -89,6 +95,7 @@ def run_sluice(
         note,
         worker_rss=memory.worker_profile(),
         postgres_cpu=memory.postgres_cpu,
+        checkpoint_p50_ms=summary.checkpoint_p50_ms,
     )
 
 
