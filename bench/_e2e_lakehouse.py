@@ -19,6 +19,9 @@
   identical table whose day holds many small files; rate = the day's rows / median wall s of
   ``--rounds`` rounds; target >= 0.5x the bare rate. It runs after the rounds, in this process.
 
+After each run, untimed, the table's current snapshot / version must hold exactly the run's
+output rows (data files' record counts / add actions' ``num_records`` against the summary's
+``rows_out``), else the bench stops: a sink that committed nothing is not measured as fast.
 Both runs are in the interleaved rounds with a warm-up of their own (their labels do not
 start with "Sluice"), so that neither pays the other's or the Parquet run's start-up.
 """
@@ -26,9 +29,12 @@ start with "Sluice"), so that neither pays the other's or the Parquet run's star
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
 from collections.abc import Callable
+from typing import Any
 
+import pyarrow as pa
 from _e2e_common import (
     TARGET_CHECKPOINT_VS_PARQUET,
     TARGET_COMPACTION_VS_BARE,
@@ -39,6 +45,8 @@ from _e2e_common import (
 )
 from _e2e_sluice import run_sluice
 from _harness import verdict_line
+
+from enumerator_service import Settings
 
 ICEBERG_LABEL = "Sluice into Iceberg (IcebergSink, Sluice's catalog)"
 DELTA_LABEL = "Sluice into Delta (DeltaSink)"
@@ -64,6 +72,7 @@ def run_iceberg(ctx: Context) -> Result:
             kind="iceberg",
             sink=IcebergSink(f"{source}.{TABLE}"),
             source=source,
+            verify=functools.partial(_verify_iceberg, ctx, f"{source}.{TABLE}"),
         )
     finally:
         # Only catalog rows (drop_table does not read the already deleted metadata; a run
@@ -80,7 +89,39 @@ def run_delta(ctx: Context) -> Result:
     (deleted with it)."""
     from spark_jobs import DeltaSink
 
-    return run_sluice(ctx, 0.0, label=DELTA_LABEL, kind="delta", sink=DeltaSink(TABLE))
+    return run_sluice(
+        ctx, 0.0, label=DELTA_LABEL, kind="delta", sink=DeltaSink(TABLE), verify=_verify_delta
+    )
+
+
+def _check_rows(what: str, table_rows: int, summary: Any) -> None:
+    """A run whose table does not hold exactly its output rows measured nothing: raise."""
+    if table_rows != summary.rows_out:
+        raise AssertionError(
+            f"{what}: {table_rows:,} rows in the table, run wrote {summary.rows_out:,}"
+        )
+
+
+def _verify_iceberg(ctx: Context, identifier: str, _settings: Settings, summary: Any) -> None:
+    """The table's current snapshot holds the run's output rows (data files' record counts)."""
+    from spark_jobs.connectors.iceberg._catalog import open_catalog
+
+    table = open_catalog(ctx.platform.engine, None, None).load_table(identifier)
+    rows = sum(task.file.record_count for task in table.scan().plan_files())
+    _check_rows(f"Iceberg {identifier}", rows, summary)
+
+
+def _verify_delta(settings: Settings, summary: Any) -> None:
+    """The Delta table's current version holds the run's output rows (add actions' counts)."""
+    from deltalake import DeltaTable
+
+    from spark_jobs.connectors.delta._paths import table_uri
+    from spark_jobs.pipeline._paths import warehouse_root
+
+    path = table_uri(warehouse_root(settings).child(TABLE))  # DeltaSink(TABLE) is relative
+    actions = DeltaTable(path).get_add_actions(flatten=True)
+    rows = sum(pa.table(actions).column("num_records").to_pylist())
+    _check_rows(f"Delta {path}", rows, summary)
 
 
 def lakehouse_plans(ctx: Context, skip: set[str]) -> list[tuple[str, Callable[[], Result]]]:
