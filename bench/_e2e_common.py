@@ -27,6 +27,9 @@ VARIANTS = (
     "orders",
     "s3",
     "discovery",
+    "iceberg",
+    "delta",
+    "compaction",
     "naive",
     "broadcast",
     "pgbench",
@@ -62,6 +65,13 @@ TARGET_MEMORY = 1.2  # worker peak at 5x the events / at 1x, at most ("flat")
 # the same prefix, at least (bench/_e2e_s3.py, bench/s3_discovery.py).
 TARGET_S3_VS_LOCAL = 0.7
 TARGET_DISCOVERY_VS_LISTING = 0.5
+# Lakehouse sinks (bench/_e2e_lakehouse.py): the clickstream into Iceberg and into Delta over
+# the same run into the Parquet sink (L=0, medians of the rounds), at least; Iceberg's
+# checkpoint p50 over the Parquet run's, at most; compaction of a day over a bare PyIceberg
+# read + overwrite of the same day (rate = rows of the day / wall s), at least.
+TARGET_LAKEHOUSE_VS_PARQUET = 0.85
+TARGET_CHECKPOINT_VS_PARQUET = 2.0
+TARGET_COMPACTION_VS_BARE = 0.5
 
 
 # -- results ---------------------------------------------------------------------------
@@ -82,6 +92,10 @@ class Result:
     extrapolated_seconds: float | None = None  # naive prefix: the full input at this rate
     worker_rss: list[float] | None = None  # the largest worker's RSS at 0, 25, .., 100 %
     postgres_cpu: float | None = None  # CPU seconds of the database server (when local)
+    # Sluice runs: the run summary's checkpoint p50 (triggered -> completed in Postgres; the
+    # sink's publish, e.g. an Iceberg or Delta commit, runs after and is not in it). In a
+    # median_of row: the median of the rounds' values.
+    checkpoint_p50_ms: float | None = None
 
 
 @dataclass
@@ -100,6 +114,9 @@ def median_of(runs: list[Result]) -> Result:
     """The run of median rate (of an even count, the lower one), its note saying so."""
     ordered = sorted(runs, key=lambda r: r.rate)
     median = dataclasses.replace(ordered[(len(ordered) - 1) // 2])
+    p50s = sorted(r.checkpoint_p50_ms for r in runs if r.checkpoint_p50_ms is not None)
+    if p50s:
+        median.checkpoint_p50_ms = p50s[(len(p50s) - 1) // 2]
     if len(runs) > 1:
         rates = " / ".join(f"{r.rate:,.0f}" for r in runs)
         median.note = f"median of {len(runs)} rounds ({rates}/s); {median.note}"

@@ -73,7 +73,8 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
         plain, lookup = find("ceiling-plain", None), find("ceiling-lookup", None)
         for r in rows:
             # (discovery rows count objects listed: no ratio to the events' baselines)
-            same = not r.kind.startswith("discovery")
+            # (nor compaction rows: rows of a rewritten day, not events)
+            same = not r.kind.startswith(("discovery", "compaction"))
             wall = f"{r.seconds:,.1f}"
             if r.extrapolated_seconds is not None:
                 wall += f" (full: ~{r.extrapolated_seconds:,.0f})"
@@ -123,7 +124,11 @@ def legend(args: argparse.Namespace) -> str:
         "(127.0.0.1, its own process; the same files uploaded once), in the rounds; discovery: "
         f"ObjectLanding's listing of {args.discovery_objects:,} objects under one prefix vs a "
         "bare pyarrow.fs listing of it, best of 3 (moto in this process, its listing made "
-        "linear: bench/s3_discovery.py)."
+        "linear: bench/s3_discovery.py).\n"
+        "Iceberg / Delta (bench/_e2e_lakehouse.py): the Sluice L=0 run with IcebergSink (Sluice's "
+        "catalog, day(event_time)) / DeltaSink (dt) instead of Parquet, a fresh table each run, "
+        "in the rounds; compaction: compact_day vs a bare PyIceberg scan + overwrite of the "
+        "same day of small files, rows of the day / median wall s (bench/iceberg_compaction.py)."
     )
 
 

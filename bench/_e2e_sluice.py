@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +63,23 @@ def run_sluice(
     cache_rows: int | None = None,
     kind: str | None = None,
     warehouse: str | None = None,
+    sink: Any = None,
+    source: str | None = None,
+    verify: Callable[[Settings, Any], None] | None = None,
 ) -> Result:
     """The clickstream example over ``landing`` (a folder or a URI; default: the bench's
-    files), its output under ``warehouse`` (default: the bench's local folder)."""
+    files), its output under ``warehouse`` (default: the bench's local folder), written by
+    ``sink`` (default: the example's Parquet sink), as the pipeline ``source`` (default: a
+    fresh name). ``verify(settings, summary)``, not timed, runs before the output is removed
+    (e.g. a lakehouse sink's committed row count against ``summary.rows_out``)."""
     landing = landing or ctx.landing
-    source = f"bench_e2e_{uuid.uuid4().hex[:10]}"
+    source = source or f"bench_e2e_{uuid.uuid4().hex[:10]}"
     cache = ctx.args.cache_rows if cache_rows is None else cache_rows
     settings = sluice_settings(ctx, latency_ms, source, warehouse)
     pipeline = clickstream_pipeline(landing, source, cache)
-    summary, wall, cpu, memory = _run_pipeline(ctx, settings, pipeline)
+    if sink is not None:
+        pipeline = dataclasses.replace(pipeline, sink=sink)
+    summary, wall, cpu, memory = _run_pipeline(ctx, settings, pipeline, verify)
     note = (
         f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
         f"{summary.lookup_queries:,} queries, {summary.cache_hit_rate:.0%} cache hits, "
@@ -89,14 +98,18 @@ def run_sluice(
         note,
         worker_rss=memory.worker_profile(),
         postgres_cpu=memory.postgres_cpu,
+        checkpoint_p50_ms=summary.checkpoint_p50_ms,
     )
 
 
 def _run_pipeline(
-    ctx: Context, settings: Settings, pipeline: Any
+    ctx: Context,
+    settings: Settings,
+    pipeline: Any,
+    verify: Callable[[Settings, Any], None] | None = None,
 ) -> tuple[Any, float, float, MemorySampler]:
-    """(summary, wall, CPU, memory) of discovering and running ``pipeline``; its splits and
-    output are forgotten afterwards."""
+    """(summary, wall, CPU, memory) of discovering and running ``pipeline``; ``verify``
+    (untimed) sees the output; its splits and output are forgotten afterwards."""
     from spark_jobs.jobs import run_pipeline
     from spark_jobs.pipeline._paths import discovery_of
 
@@ -109,6 +122,8 @@ def _run_pipeline(
 
     try:
         wall, cpu, memory, summary = timed_run(run)
+        if verify is not None:
+            verify(settings, summary)
     finally:
         forget_source(ctx.platform.engine, pipeline.name)
         output = open_location(settings.warehouse_uri, StorageOptions.of(settings))

@@ -49,8 +49,18 @@ platform database (the embedded Postgres by default). Then, one after another on
    (100,000; 10,000 with ``--quick``) objects under one prefix against a bare ``pyarrow.fs``
    listing of it (``bench/s3_discovery.py``; target >= 0.5x its rate).
 
+8. **Lakehouse sinks** (``bench/_e2e_lakehouse.py``, skip with ``iceberg`` / ``delta`` /
+   ``compaction``): Sluice at L=0 with the clickstream's sink replaced by an ``IcebergSink``
+   (Sluice's catalog in the platform database) and by a ``DeltaSink``, each run into a fresh
+   table removed after it (files and catalog entries); their rates over the Parquet sink's
+   L=0 row (target >= 0.85x, both), Iceberg's checkpoint p50 over the Parquet row's (target
+   <= 2x); and compaction of a day of small files (``compact_day``) against a bare PyIceberg
+   read + overwrite of the same day (``bench/iceberg_compaction.py``'s measurement, median
+   of ``--rounds``; target >= 0.5x its rate).
+
 The ceilings and Sluice's clickstream rows are the median of ``--rounds`` (3) interleaved
-rounds (the ceilings, Sluice at each L, the small runs, Sluice on S3; then again), after one
+rounds (the ceilings, Sluice at each L, the small runs, Sluice on S3, into Iceberg and into
+Delta; then again), after one
 unmeasured run of each ceiling, each small run and one of Sluice, so that no variant pays
 another's start-up.
 
@@ -99,6 +109,7 @@ from _e2e_common import (
     mib,
 )
 from _e2e_data import count_lines, landing_files, prepare_events, prepare_orders, prepare_users
+from _e2e_lakehouse import lakehouse_plans, lakehouse_verdicts, run_compaction
 from _e2e_pgbench import pgbench_binary, run_pgbench
 from _e2e_procs import watch_postgres
 from _e2e_report import legend, report, verdicts
@@ -240,6 +251,8 @@ def main() -> None:
                 plans += small_plans(ctx, settings)
             if s3 is not None:
                 plans += s3_plans(ctx, s3)
+            if 0.0 in latencies:
+                plans += lakehouse_plans(ctx, skip)
         try:
             # (The small runs' labels start with "small": they read other files, so each has
             # its own warm-up, like the ceilings.)
@@ -283,6 +296,8 @@ def main() -> None:
                 memory = (small, big)
         if "discovery" not in skip:
             results.extend(run_discovery(ctx))
+        if "compaction" not in skip:
+            results.extend(run_compaction(ctx))
         if "naive" not in skip:
             naive0: Result | None = None
             for latency in latencies:
@@ -323,6 +338,7 @@ def main() -> None:
             *verdicts(results, memory),
             *small_verdicts(results, args.quick),
             *s3_verdicts(results),
+            *lakehouse_verdicts(results),
         ]:
             console.print(text)
     finally:

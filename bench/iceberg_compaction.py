@@ -22,11 +22,13 @@ import secrets
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import sqlalchemy as sa
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.expressions import EqualTo
 from pyiceberg.partitioning import PartitionField, PartitionSpec
@@ -88,45 +90,79 @@ def day_rows(table: Table) -> list[tuple[int, str, float]]:
     return sorted(zip(*(data.column(c).to_pylist() for c in ("id", "user", "amount")), strict=True))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--files", type=int, default=200)
-    parser.add_argument("--rows", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    settings = load_settings()
-    platform = open_platform(settings, pool_size=2)
-    url = make_url(platform.engine.url).set(drivername="postgresql+psycopg")
+@dataclass(frozen=True)
+class Measurement:
+    """Wall seconds of each round's compaction and bare rewrite, and the day's rows."""
+
+    compaction: list[float]
+    bare: list[float]
+    rows: int  # rows of the rewritten day (per table)
+
+    @property
+    def compaction_median(self) -> float:
+        return statistics.median(self.compaction)
+
+    @property
+    def bare_median(self) -> float:
+        return statistics.median(self.bare)
+
+
+def measure(
+    engine: sa.Engine, files: int, rows: int, rounds: int, report: bool = True
+) -> Measurement:
+    """``rounds`` rounds of compaction vs the bare rewrite, on two fresh identical tables
+    each (a SQL catalog on ``engine``'s database, a namespace of its own, a temporary
+    warehouse; all dropped at the end). Raises when the two rewrites' rows differ or the
+    compaction did not leave one file. Threading: the caller's thread only."""
+    url = make_url(engine.url).set(drivername="postgresql+psycopg")
     namespace = f"bench_{secrets.token_hex(4)}"
-    compaction, bare = [], []
+    compaction: list[float] = []
+    bare: list[float] = []
+    day = 0
     with tempfile.TemporaryDirectory() as warehouse:
         catalog = SqlCatalog(
             "bench", uri=url.render_as_string(hide_password=False), warehouse=f"file://{warehouse}"
         )
         catalog.create_namespace(namespace)
         try:
-            for n in range(args.rounds):
-                a = build(catalog, namespace, f"a{n}", args.files, args.rows, Path(warehouse))
-                b = build(catalog, namespace, f"b{n}", args.files, args.rows, Path(warehouse))
+            for n in range(rounds):
+                a = build(catalog, namespace, f"a{n}", files, rows, Path(warehouse))
+                b = build(catalog, namespace, f"b{n}", files, rows, Path(warehouse))
                 start = time.perf_counter()
-                done = compact_day(a, platform.engine, DAY)
+                done = compact_day(a, engine, DAY)
                 compaction.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 data = b.scan(row_filter=EqualTo(term="dt", value=DAY)).to_arrow()
                 b.overwrite(data, overwrite_filter=EqualTo(term="dt", value=DAY))
                 bare.append(time.perf_counter() - start)
-                assert (done.files_before, done.files_after) == (args.files, 1), done
+                assert (done.files_before, done.files_after) == (files, 1), done
                 assert day_rows(a) == day_rows(b), "the two rewrites differ"
-                print(
-                    f"round {n + 1}: compaction {compaction[-1]:.3f}s, bare {bare[-1]:.3f}s "
-                    f"({done.rows} rows, {args.files} files → 1)"
-                )
+                day = done.rows
+                if report:
+                    print(
+                        f"round {n + 1}: compaction {compaction[-1]:.3f}s, bare {bare[-1]:.3f}s "
+                        f"({done.rows} rows, {files} files → 1)"
+                    )
         finally:
             for ident in catalog.list_tables(namespace):
                 catalog.purge_table(ident)
             catalog.drop_namespace(namespace)
-            platform.engine.dispose()
-    c, b = statistics.median(compaction), statistics.median(bare)
+            catalog.engine.dispose()
+    return Measurement(compaction, bare, day)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=200)
+    parser.add_argument("--rows", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    platform = open_platform(load_settings(), pool_size=2)
+    try:
+        m = measure(platform.engine, args.files, args.rows, args.rounds)
+    finally:
+        platform.engine.dispose()
+    c, b = m.compaction_median, m.bare_median
     ratio = b / c
     verdict = "OK" if ratio >= 0.5 else "BELOW TARGET"
     print(f"compaction median {c:.3f}s, bare read+overwrite median {b:.3f}s")
