@@ -33,6 +33,7 @@ __all__ = [
     "delta_commits",
     "delta_reads",
     "load_into_postgres",
+    "pending_paths",
     "published_checkpoints",
     "to_folder",
     "unreferenced_files",
@@ -49,9 +50,9 @@ def delta_reads(table: Path) -> dict[str, pa.Table]:
     files = [uri.removeprefix("file://") for uri in delta.file_uris()]
     assert files, f"{table}: the current version names no file"
     listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-    by_duckdb = duckdb.sql(
-        f"SELECT * FROM read_parquet([{listed}], hive_partitioning = true)"
-    ).to_arrow_table()
+    relation = duckdb.sql(f"SELECT * FROM read_parquet([{listed}], hive_partitioning = true)")
+    assert relation is not None
+    by_duckdb = relation.to_arrow_table()
     return {"delta-rs": by_delta, "duckdb": by_duckdb}
 
 
@@ -180,3 +181,21 @@ def published_checkpoints(db_url: str, source: str) -> dict[str, dict[str, Any]]
         if committed and not published:
             run["unpublished"] += 1
     return runs
+
+
+def pending_paths(db_url: str, source: str) -> set[str]:
+    """The data files (relative to the table) of ``source``'s sink transactions that are not
+    committed-and-published: a recovery still has to commit (or abort) them."""
+    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
+    try:
+        with engine.connect() as conn:
+            staged = conn.execute(
+                sa.text(
+                    "SELECT staged FROM sluice.sink_transactions"
+                    " WHERE source = :s AND NOT (committed AND published)"
+                ),
+                {"s": source},
+            ).scalars()
+            return {str(entry["path"]) for entries in staged for entry in entries}
+    finally:
+        engine.dispose()

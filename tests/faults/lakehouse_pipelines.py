@@ -25,6 +25,8 @@ import os
 import signal
 from collections.abc import Mapping, Sequence
 
+from sqlalchemy.engine import Connection, Engine
+
 import examples.clickstream as _clickstream
 import examples.orders as _orders
 from enumerator_service import StagedTransaction, StorageOptions, TransactionalSink
@@ -62,8 +64,8 @@ class KillingDeltaCommitter:
         self.name = name
         self._publishes = 0
 
-    def commit(self, conn: object, txns: Sequence[StagedTransaction]) -> None:
-        self._real.commit(conn, txns)  # type: ignore[arg-type]
+    def commit(self, conn: Connection, txns: Sequence[StagedTransaction]) -> None:
+        self._real.commit(conn, txns)
 
     def abort(self, txns: Sequence[StagedTransaction]) -> None:
         self._real.abort(txns)
@@ -86,10 +88,9 @@ class KillingDeltaConnector(DeltaConnector):
     name = "delta_kill"
 
     def committers(
-        self, engine: object, storage: StorageOptions | None = None
+        self, engine: Engine | None, storage: StorageOptions | None = None
     ) -> Mapping[str, TransactionalSink]:
-        real = DeltaCommitter(engine, storage)  # type: ignore[arg-type]
-        return {self.name: KillingDeltaCommitter(real, self.name)}  # type: ignore[dict-item]
+        return {self.name: KillingDeltaCommitter(DeltaCommitter(engine, storage), self.name)}
 
 
 register_sink(KillingDeltaSink, KillingDeltaConnector())
