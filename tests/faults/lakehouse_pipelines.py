@@ -11,11 +11,16 @@
   staged and the checkpoint committed in Postgres; no Delta commit yet) or ``after:N`` (the
   Delta commit is made; the transactions are not marked published). Unset: it never kills,
   so a plain re-run of the same pipeline is the recovery under test. No product code knows.
+  With ``SLUICE_TEST_KILL_WORKER`` = a flag file's path, the first Spark Python worker whose
+  pre-commit staged files (closed, verified) creates the flag and SIGKILLs itself before the
+  pre-commit is acknowledged: its files stay in the table folder, named by no transaction
+  and no log entry (the orphans the maintenance removes).
 
 The Iceberg sink (branch ``wip-iceberg``) is one more entry of ``SINKS`` once it lands.
 
-Threading: the killing committer's counter is touched only by the coordinator thread (and a
-recovery, which runs before it, in the same thread); a plain int suffices.
+Threading: the dying writer's pre-commit runs on the task's mailbox thread (it waits for the
+writer thread's close, as the acknowledgement would); the killing committer's counter is
+touched only by the coordinator thread (a recovery runs before it, in the same thread).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import dataclasses
 import os
 import signal
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -31,11 +38,16 @@ import examples.clickstream as _clickstream
 import examples.orders as _orders
 from enumerator_service import StagedTransaction, StorageOptions, TransactionalSink
 from spark_jobs import DeltaSink, Pipeline
-from spark_jobs.connectors import register_sink
+from spark_jobs.connectors import SinkWriterContext, register_sink
 from spark_jobs.connectors.delta import DeltaCommitter, DeltaConnector
+from spark_jobs.sink import StagedOutput
+
+if TYPE_CHECKING:
+    from spark_jobs.pipeline._plan import SinkPlan
 
 __all__ = [
     "KILL_SETTING",
+    "WORKER_KILL_SETTING",
     "KillingDeltaSink",
     "clickstream_delta",
     "clickstream_delta_kill",
@@ -44,6 +56,8 @@ __all__ = [
 
 #: ``before:N`` | ``after:N``: where the N-th publish with files kills the driver.
 KILL_SETTING = "SLUICE_TEST_KILL_AT"
+#: A flag file: the first worker that creates it dies after staging files.
+WORKER_KILL_SETTING = "SLUICE_TEST_KILL_WORKER"
 #: The table folders (relative to ``SLUICE_WAREHOUSE_DIR``).
 CLICKSTREAM_TABLE = "lake/enriched_events"
 ORDERS_TABLE = "lake/orders_enriched"
@@ -82,10 +96,43 @@ class KillingDeltaCommitter:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class DyingWriter:
+    """The real task-side writer; its pre-commit kills the worker once files are staged,
+    the first time in the whole test (the flag file, created exclusively, says who)."""
+
+    def __init__(self, real: Any, flag: str) -> None:
+        self._real = real
+        self._flag = flag
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def pre_commit(self) -> Future[StagedOutput]:
+        future: Future[StagedOutput] = self._real.pre_commit()
+        if future.result().files and _claim(self._flag):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return future
+
+
+def _claim(flag: str) -> bool:
+    try:
+        os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 class KillingDeltaConnector(DeltaConnector):
     """The Delta connector (another name: one connector per name in the registry)."""
 
     name = "delta_kill"
+
+    def open_writer(
+        self, plan: SinkPlan, io: ThreadPoolExecutor, context: SinkWriterContext
+    ) -> Any:
+        writer = super().open_writer(plan, io, context)
+        flag = os.environ.get(WORKER_KILL_SETTING)
+        return DyingWriter(writer, flag) if flag else writer
 
     def committers(
         self, engine: Engine | None, storage: StorageOptions | None = None

@@ -26,62 +26,25 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
-from fault_harness import (
-    REPO,
-    Chaos,
-    Driver,
-    OwnPostgres,
-    Run,
-    expected_events,
-    log,
-    make_root,
-    remove,
-    sluice,
-    sluice_env,
-    verify,
-    wait_gone,
+from fault_harness import Chaos, Driver, OwnPostgres, Run, log, make_root, remove, wait_gone
+from lakehouse_oracle import delta_commits, published_checkpoints
+from lakehouse_runs import (
+    LEASE_SECONDS,
+    Case,
+    check_orphan_removal,
+    check_pending_kept,
+    check_table,
+    prepare,
 )
-from lakehouse_oracle import (
-    delta_commits,
-    delta_reads,
-    load_into_postgres,
-    pending_paths,
-    published_checkpoints,
-    to_folder,
-    unreferenced_files,
-)
-from orders_oracle import landed_orders, verify_orders
-
-from enumerator_service._database import asyncpg_dsn
-from examples._clickstream_data import DemoSpec, generate_events, load_users
-from spark_jobs.connectors.delta import DeltaMaintenance
 
 pytestmark = [pytest.mark.faults, pytest.mark.spark, pytest.mark.timeout(900)]
 
 SEED = int(os.environ.get("SLUICE_FAULTS_SEED", "20260101")) + 40
-MODULE = "tests.faults.lakehouse_pipelines"
-LEASE_SECONDS = 4.0
 KINDS = {"worker", "driver", "postgres"}
 PLAN = ["worker"] * 2 + ["driver"] * 2 + ["postgres"] * 2
-USERS = 20_000
-MAX_TOP_UPS = 12
-
-
-@dataclass(frozen=True)
-class Case:
-    """One pipeline into one table format: its name, table folder and landing."""
-
-    sink: str  # "delta" (Iceberg: one more once it lands)
-    pipeline: str
-    table: str  # relative to the warehouse
-    landing: str  # relative to the data folder
-
 
 CASES = {
     "clickstream-delta": Case("delta", "clickstream_delta", "lake/enriched_events", "events"),
@@ -107,136 +70,6 @@ def fault_root(request: pytest.FixtureRequest) -> Iterator[tuple[Path, OwnPostgr
             remove(root)
 
 
-def _env(work: Path, db_url: str, orders: bool) -> dict[str, str]:
-    python_path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return sluice_env(
-        {
-            "SLUICE_DATABASE_URL": db_url,
-            "SLUICE_PIPELINES": MODULE,
-            "SLUICE_HOME": str(work / "home"),
-            "SLUICE_DATA_DIR": str(work / "data"),
-            "SLUICE_SPARK_MASTER": "local[2]",
-            "SLUICE_PARALLELISM": "2",
-            "SLUICE_LEASE_SECONDS": str(LEASE_SECONDS),
-            "SLUICE_CHECKPOINT_INTERVAL_SECONDS": "1",
-            "SLUICE_CHECKPOINT_TIMEOUT_SECONDS": "20",
-            "SLUICE_LOOKUP_TIMEOUT_SECONDS": "20",
-            "SLUICE_TARGET_SPLIT_BYTES": str((32 if orders else 256) << 10),
-            "SLUICE_READ_BLOCK_BYTES": str((8 if orders else 64) << 10),
-            "PYTHONPATH": python_path,
-        },
-        work,
-    )
-
-
-class Lander:
-    """Lands batches (a stream that keeps arriving) and registers them (``sluice discover``)."""
-
-    def __init__(self, env: dict[str, str], work: Path, case: Case, chaos: Chaos) -> None:
-        self.env, self.work, self.case, self.chaos = env, work, case, chaos
-        self.batches: list[int] = []
-        self.landing = work / "data" / "landing" / case.landing
-
-    def __call__(self, first_size: int = 0) -> bool:
-        if len(self.batches) > MAX_TOP_UPS:
-            return False
-        first = not self.batches
-        start = date(2026, 1, 1) + timedelta(days=len(self.batches) + (not first))
-        orders = self.case.pipeline.startswith("orders")
-        base = (6_000 if orders else 60_000) if first else (3_000 if orders else 30_000)
-        last = self.batches[-1] if len(self.batches) > 1 else base
-        size = first_size or (base if first else self.chaos.next_batch_size(last, base * 64))
-        if orders:
-            demo = {
-                "SLUICE_DEMO_EVENTS": str(size),
-                "SLUICE_DEMO_DAYS": str(2 if first else 1),
-                "SLUICE_DEMO_FILES_PER_DAY": "3",
-                "SLUICE_DEMO_USERS": "5000",
-                "SLUICE_DEMO_START_DATE": start.isoformat(),
-                "SLUICE_DEMO_SEED": str(11 + len(self.batches)),
-            }
-            sluice({**self.env, **demo}, self.work, "demo-data", self.case.pipeline)
-        else:
-            spec = DemoSpec(
-                events=size,
-                days=2 if first else 1,
-                files_per_day=4,
-                users=USERS,
-                start_date=start,
-                seed=7 + len(self.batches),
-            )
-            generate_events(self.landing, spec)
-        self.batches.append(size)
-        said = sluice(self.env, self.work, "discover", self.case.pipeline).strip()
-        log(f"landed {size:,} records from {start}; {said}")
-        return True
-
-
-def _prepare(root: Path, server: OwnPostgres, case: Case, chaos: Chaos, name: str) -> Lander:
-    work = root / name
-    work.mkdir()
-    db_url = server.create_database(f"faults_{name}")
-    orders = case.pipeline.startswith("orders")
-    env = _env(work, db_url, orders)
-    sluice(env, work, "db", "upgrade")
-    if not orders:
-        load_users(
-            asyncpg_dsn(db_url), schema="public", table="users", key="id", users=USERS, seed=7
-        )
-    return Lander(env, work, case, chaos)
-
-
-def _check_table(lander: Lander, db_url: str, label: str) -> None:
-    """The table equals the oracle by both reads; the log's app transactions are each once
-    and exactly the checkpoints Postgres committed with files (all of them published)."""
-    case, work = lander.case, lander.work
-    table = work / "data" / "warehouse" / case.table
-    reads = delta_reads(table)
-    if case.pipeline.startswith("orders"):
-        landed = landed_orders(lander.landing)
-        for reader, rows in reads.items():
-            twice = load_into_postgres(db_url, rows, reader.replace("-", "_"))
-            verdict = verify_orders(
-                db_url,
-                case.pipeline,
-                landed,
-                table=f"lake_read.{reader.replace('-', '_')}",
-                staged=None,
-            )
-            print(f"{verdict.line(f'{label} {reader}')} key_duplicates={twice}", flush=True)
-            assert twice == 0 and verdict.missing == 0 and verdict.unexpected == 0
-            assert verdict.wrong == 0 and verdict.rows == verdict.expected_rows
-            assert verdict.dead_letters == verdict.expected_dead_letters
-    else:
-        expected = expected_events(lander.landing)
-        for reader, rows in reads.items():
-            folder = to_folder(rows, work / f"read-{reader}")
-            verdict = verify(folder, db_url, case.pipeline, expected)
-            print(verdict.line(f"{label} {reader}"), flush=True)
-            assert verdict.duplicates == 0 and verdict.missing == 0
-            assert verdict.unexpected == 0 and verdict.wrong == 0
-            assert verdict.dead_letters == verdict.malformed
-    commits = delta_commits(table)
-    by_app = commits.versions_by_app()
-    runs = published_checkpoints(db_url, case.pipeline)
-    print(
-        f"RESULT {label} versions: {sum(len(v) for v in by_app.values())} app-transaction "
-        f"commits in {len(commits.txns)} log versions, {len(by_app)} runs with commits, "
-        f"committed twice: {commits.once()}",
-        flush=True,
-    )
-    assert commits.once() == []
-    for run_id, run in runs.items():
-        assert run["unpublished"] == 0, f"run {run_id}: committed, never published"
-        versions = by_app.get(f"sluice-{case.pipeline}-{run_id}", [])
-        assert versions == sorted(versions), f"run {run_id}: versions out of order {versions}"
-        # Each log version is a checkpoint Postgres committed with files, and the run's last
-        # such checkpoint is in the log (a recovery may fold several into one commit).
-        assert set(versions) <= run["checkpoints"], (run_id, versions, run["checkpoints"])
-        if run["checkpoints"]:
-            assert versions and versions[-1] == max(run["checkpoints"]), (run_id, versions)
-
-
 @pytest.mark.extended
 @pytest.mark.parametrize("name", list(CASES))
 def test_lakehouse_exactly_once_under_kills(
@@ -245,7 +78,7 @@ def test_lakehouse_exactly_once_under_kills(
     root, server = fault_root
     case = CASES[name]
     chaos = Chaos(SEED + len(name), list(PLAN))
-    lander = _prepare(root, server, case, chaos, name.replace("-", "_"))
+    lander = prepare(root, server, case, chaos, name.replace("-", "_"))
     db_url = lander.env["SLUICE_DATABASE_URL"]
     lander()
     driver = Driver(
@@ -270,55 +103,10 @@ def test_lakehouse_exactly_once_under_kills(
         f"{time.monotonic() - started:.1f}s, {sum(lander.batches):,} records landed"
     )
     assert {kill.kind for kill in chaos.kills} == KINDS
-    _check_table(lander, db_url, name)
-    _check_orphan_removal(lander, db_url, name)
+    check_table(lander, db_url, name)
+    check_orphan_removal(lander, db_url, name)
 
 
-def _check_pending_kept(lander: Lander, db_url: str) -> None:
-    """Right after a kill before the Delta commit, the checkpoint's files are in the folder,
-    unreferenced but pending (committed in Postgres): the orphan removal (grace 0) must keep
-    every one of them and remove only the rest (an attempt that died before acknowledging)."""
-    table = lander.work / "data" / "warehouse" / lander.case.table
-    unreferenced = unreferenced_files(table, delta_commits(table))
-    pending = pending_paths(db_url, lander.case.pipeline) & unreferenced
-    assert pending, "the kill left no staged file of the committed checkpoint"
-    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
-    try:
-        result = DeltaMaintenance(str(table), None, engine).remove_orphans(timedelta(0))
-    finally:
-        engine.dispose()
-    left = unreferenced_files(table, delta_commits(table))
-    print(
-        f"RESULT kill-before orphans: {len(unreferenced)} unreferenced, {len(pending)} of them "
-        f"pending; removed {result.orphans_removed}, pending kept {result.pending_kept}",
-        flush=True,
-    )
-    assert result.pending_kept == len(pending) and left == pending
-    assert result.orphans_removed == len(unreferenced - pending)
-
-
-def _check_orphan_removal(lander: Lander, db_url: str, label: str) -> None:
-    """Count the unreferenced files; the maintenance's removal (grace 0) takes exactly them."""
-    table = lander.work / "data" / "warehouse" / lander.case.table
-    orphans = unreferenced_files(table, delta_commits(table))
-    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
-    try:
-        result = DeltaMaintenance(str(table), None, engine).remove_orphans(timedelta(0))
-    finally:
-        engine.dispose()
-    after = unreferenced_files(table, delta_commits(table))
-    print(
-        f"RESULT {label} orphans: {len(orphans)} unreferenced files before, "
-        f"{result.orphans_removed} removed, {result.pending_kept} pending kept, "
-        f"{result.young_kept} young kept, {len(after)} left",
-        flush=True,
-    )
-    assert result.pending_kept == 0 and result.young_kept == 0
-    assert result.orphans_removed == len(orphans) and after == set()
-    _check_table(lander, db_url, f"{label} after orphan removal")
-
-
-# The smoke variant (`make test`): "before"; "after" is `extended`.
 @pytest.mark.parametrize("point", ["before", pytest.param("after", marks=pytest.mark.extended)])
 def test_driver_killed_around_the_delta_commit_recovers_exactly(
     fault_root: tuple[Path, OwnPostgres], point: str
@@ -326,7 +114,7 @@ def test_driver_killed_around_the_delta_commit_recovers_exactly(
     """SIGKILL of the driver at the first publish with files; a plain re-run recovers."""
     root, server = fault_root
     case = Case("delta", "clickstream_delta_kill", "lake/enriched_events_kill", "events")
-    lander = _prepare(root, server, case, Chaos(SEED, []), f"kill_{point}")
+    lander = prepare(root, server, case, Chaos(SEED, []), f"kill_{point}")
     db_url = lander.env["SLUICE_DATABASE_URL"]
     lander(first_size=6_000)
     table = lander.work / "data" / "warehouse" / case.table
@@ -343,7 +131,7 @@ def test_driver_killed_around_the_delta_commit_recovers_exactly(
     before = delta_commits(table).versions_by_app().get(app, [])
     assert before == ([checkpoint] if point == "after" else []), before
     if point == "before":
-        _check_pending_kept(lander, db_url)
+        check_pending_kept(lander, db_url)
     time.sleep(LEASE_SECONDS + 1)
     driver = Driver(
         Chaos(SEED, []), lander.env, lander.work, server, db_url, case.pipeline, LEASE_SECONDS
@@ -360,4 +148,30 @@ def test_driver_killed_around_the_delta_commit_recovers_exactly(
         flush=True,
     )
     assert after.count(checkpoint) == 1 and after[-1] == checkpoint
-    _check_table(lander, db_url, f"kill-{point}")
+    check_table(lander, db_url, f"kill-{point}")
+
+
+@pytest.mark.extended
+def test_files_of_an_attempt_killed_before_acknowledging_are_the_orphans_removed(
+    fault_root: tuple[Path, OwnPostgres],
+) -> None:
+    """A Spark Python worker SIGKILLed after its pre-commit closed its files, before the
+    acknowledgement: runs until everything is committed; the dead attempt's files are the
+    table's only unreferenced files, and the orphan removal takes exactly them."""
+    root, server = fault_root
+    case = Case("delta", "clickstream_delta_kill", "lake/enriched_events_kill", "events")
+    lander = prepare(root, server, case, Chaos(SEED, []), "orphans")
+    db_url = lander.env["SLUICE_DATABASE_URL"]
+    lander(first_size=6_000)
+    flag = lander.work / "worker-killed.flag"
+    lander.env["SLUICE_TEST_KILL_WORKER"] = str(flag)
+    driver = Driver(
+        Chaos(SEED, []), lander.env, lander.work, server, db_url, case.pipeline, LEASE_SECONDS
+    )
+    try:
+        driver.drain()
+    finally:
+        driver.close()
+    assert flag.exists(), "no worker staged files (the kill never came)"
+    check_table(lander, db_url, "dead-attempt")
+    assert check_orphan_removal(lander, db_url, "dead-attempt") >= 1
