@@ -13,7 +13,7 @@ in subprocesses against a Postgres server of the test's own (``fault_harness``).
   committed in Postgres, before the Delta commit, (b) after the Delta commit, before the
   transactions are marked published. A plain re-run recovers: exact output, and that
   checkpoint's version in the log exactly once. (a) is the smoke variant that `make test`
-  runs (~25 s idle, ~50 s at load 4 on 2 cores); it also sweeps orphans right after the
+  runs (53 s measured at load 3-5 on 2 cores); it also sweeps orphans right after the
   kill: the checkpoint's staged files are unreferenced but pending, and must be kept.
 - Orphans: files of attempts that died before acknowledging are in the table folder, named by
   no log entry. A worker SIGKILLed after its pre-commit closed its files (``extended``) makes
