@@ -136,7 +136,7 @@ def test_driver_killed_around_the_delta_commit_recovers_exactly(
     assert before == ([checkpoint] if point == "after" else []), before
     if point == "before":
         check_pending_kept(lander, db_url)
-    time.sleep(LEASE_SECONDS + 1)
+    # (no wait for the dead run's leases: drain waits for them only if a split is left)
     driver = Driver(
         Chaos(SEED, []), lander.env, lander.work, server, db_url, case.pipeline, LEASE_SECONDS
     )
