@@ -184,7 +184,7 @@ def published_checkpoints(db_url: str, source: str) -> dict[str, dict[str, Any]]
 
 
 def pending_paths(db_url: str, source: str) -> set[str]:
-    """The data files (relative to the table) of ``source``'s sink transactions that are not
+    """The data files (absolute local paths) of ``source``'s sink transactions that are not
     committed-and-published: a recovery still has to commit (or abort) them."""
     engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
     try:
@@ -196,6 +196,12 @@ def pending_paths(db_url: str, source: str) -> set[str]:
                 ),
                 {"s": source},
             ).scalars()
-            return {str(entry["path"]) for entries in staged for entry in entries}
+            return {
+                str(entry[key]).removeprefix("file://")
+                for entries in staged
+                for entry in entries
+                for key in ("staged", "final")
+                if key in entry
+            }
     finally:
         engine.dispose()

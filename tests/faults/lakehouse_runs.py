@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import sqlalchemy as sa
 from fault_harness import (
     REPO,
@@ -23,6 +24,7 @@ from fault_harness import (
     verify,
 )
 from lakehouse_oracle import (
+    Commits,
     delta_commits,
     delta_reads,
     load_into_postgres,
@@ -35,6 +37,7 @@ from orders_oracle import landed_orders, verify_orders
 
 from enumerator_service._database import asyncpg_dsn
 from examples._clickstream_data import DemoSpec, generate_events, load_users
+from spark_jobs.connectors import OrphanResult
 from spark_jobs.connectors.delta import DeltaMaintenance
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "check_pending_kept",
     "check_table",
     "prepare",
+    "view",
 ]
 
 MODULE = "tests.faults.lakehouse_pipelines"
@@ -57,10 +61,86 @@ MAX_TOP_UPS = 12
 class Case:
     """One pipeline into one table format: its name, table folder and landing."""
 
-    sink: str  # "delta" (Iceberg: one more once it lands)
+    sink: str  # "delta" | "iceberg"
     pipeline: str
-    table: str  # relative to the warehouse
+    table: str  # delta: a folder relative to the warehouse; iceberg: "namespace.name"
     landing: str  # relative to the data folder
+    event_time: str = "event_time"  # the day of a row (an Iceberg table has no dt column)
+
+
+class View:
+    """A case's table as the checks see it (``DeltaView``, ``IcebergView``)."""
+
+    def reads(self) -> dict[str, pa.Table]:
+        raise NotImplementedError
+
+    def commits(self) -> Commits:
+        raise NotImplementedError
+
+    def unreferenced(self) -> set[str]:
+        raise NotImplementedError
+
+    def remove_orphans(self) -> OrphanResult:
+        raise NotImplementedError
+
+
+class DeltaView(View):
+    def __init__(self, folder: Path, db_url: str) -> None:
+        self.folder, self.db_url = folder, db_url
+
+    def reads(self) -> dict[str, pa.Table]:
+        return delta_reads(self.folder)
+
+    def commits(self) -> Commits:
+        return delta_commits(self.folder)
+
+    def unreferenced(self) -> set[str]:
+        return {str(self.folder / p) for p in unreferenced_files(self.folder, self.commits())}
+
+    def remove_orphans(self) -> OrphanResult:
+        engine = sa.create_engine(sa.make_url(self.db_url).set(drivername="postgresql+psycopg"))
+        try:
+            return DeltaMaintenance(str(self.folder), None, engine).remove_orphans(timedelta(0))
+        finally:
+            engine.dispose()
+
+
+class IcebergView(View):
+    def __init__(self, case: Case, db_url: str) -> None:
+        from lakehouse_iceberg import iceberg_table
+
+        self.case, self.db_url = case, db_url
+        self.table = iceberg_table(db_url, case.table)
+
+    def reads(self) -> dict[str, pa.Table]:
+        from lakehouse_iceberg import iceberg_reads
+
+        self.table.refresh()
+        return iceberg_reads(self.table, self.case.event_time)
+
+    def commits(self) -> Commits:
+        from lakehouse_iceberg import iceberg_commits
+
+        self.table.refresh()
+        return iceberg_commits(self.table, self.case.pipeline)
+
+    def unreferenced(self) -> set[str]:
+        from lakehouse_iceberg import iceberg_unreferenced
+
+        return iceberg_unreferenced(self.table)
+
+    def remove_orphans(self) -> OrphanResult:
+        from lakehouse_iceberg import iceberg_remove_orphans
+
+        result: OrphanResult = iceberg_remove_orphans(self.table, self.db_url)
+        return result
+
+
+def view(lander: Lander, db_url: str) -> View:
+    """The table of ``lander``'s case."""
+    if lander.case.sink == "iceberg":
+        return IcebergView(lander.case, db_url)
+    return DeltaView(lander.work / "data" / "warehouse" / lander.case.table, db_url)
 
 
 def _env(work: Path, db_url: str, orders: bool) -> dict[str, str]:
@@ -146,8 +226,8 @@ def check_table(lander: Lander, db_url: str, label: str) -> None:
     """The table equals the oracle by both reads; the log's app transactions are each once
     and exactly the checkpoints Postgres committed with files (all of them published)."""
     case, work = lander.case, lander.work
-    table = work / "data" / "warehouse" / case.table
-    reads = delta_reads(table)
+    table = view(lander, db_url)
+    reads = table.reads()
     if case.pipeline.startswith("orders"):
         landed = landed_orders(lander.landing)
         for reader, rows in reads.items():
@@ -172,7 +252,7 @@ def check_table(lander: Lander, db_url: str, label: str) -> None:
             assert verdict.duplicates == 0 and verdict.missing == 0
             assert verdict.unexpected == 0 and verdict.wrong == 0
             assert verdict.dead_letters == verdict.malformed
-    commits = delta_commits(table)
+    commits = table.commits()
     by_app = commits.versions_by_app()
     runs = published_checkpoints(db_url, case.pipeline)
     print(
@@ -197,16 +277,12 @@ def check_pending_kept(lander: Lander, db_url: str) -> None:
     """Right after a kill before the Delta commit, the checkpoint's files are in the folder,
     unreferenced but pending (committed in Postgres): the orphan removal (grace 0) must keep
     every one of them and remove only the rest (an attempt that died before acknowledging)."""
-    table = lander.work / "data" / "warehouse" / lander.case.table
-    unreferenced = unreferenced_files(table, delta_commits(table))
+    table = view(lander, db_url)
+    unreferenced = table.unreferenced()
     pending = pending_paths(db_url, lander.case.pipeline) & unreferenced
     assert pending, "the kill left no staged file of the committed checkpoint"
-    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
-    try:
-        result = DeltaMaintenance(str(table), None, engine).remove_orphans(timedelta(0))
-    finally:
-        engine.dispose()
-    left = unreferenced_files(table, delta_commits(table))
+    result = table.remove_orphans()
+    left = table.unreferenced()
     print(
         f"RESULT kill-before orphans: {len(unreferenced)} unreferenced, {len(pending)} of them "
         f"pending; removed {result.orphans_removed}, pending kept {result.pending_kept}",
@@ -218,14 +294,10 @@ def check_pending_kept(lander: Lander, db_url: str) -> None:
 
 def check_orphan_removal(lander: Lander, db_url: str, label: str) -> int:
     """Count the unreferenced files; the maintenance's removal (grace 0) takes exactly them."""
-    table = lander.work / "data" / "warehouse" / lander.case.table
-    orphans = unreferenced_files(table, delta_commits(table))
-    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
-    try:
-        result = DeltaMaintenance(str(table), None, engine).remove_orphans(timedelta(0))
-    finally:
-        engine.dispose()
-    after = unreferenced_files(table, delta_commits(table))
+    table = view(lander, db_url)
+    orphans = table.unreferenced()
+    result = table.remove_orphans()
+    after = table.unreferenced()
     print(
         f"RESULT {label} orphans: {len(orphans)} unreferenced files before, "
         f"{result.orphans_removed} removed, {result.pending_kept} pending kept, "

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 from fault_harness import Chaos, Driver, OwnPostgres, Run, log, make_root, remove, wait_gone
-from lakehouse_oracle import delta_commits, published_checkpoints
+from lakehouse_oracle import published_checkpoints
 from lakehouse_runs import (
     LEASE_SECONDS,
     Case,
@@ -42,6 +42,7 @@ from lakehouse_runs import (
     check_pending_kept,
     check_table,
     prepare,
+    view,
 )
 
 pytestmark = [pytest.mark.faults, pytest.mark.spark, pytest.mark.timeout(900)]
@@ -53,8 +54,17 @@ PLAN = ["worker"] * 2 + ["driver"] * 2 + ["postgres"] * 2
 CASES = {
     "clickstream-delta": Case("delta", "clickstream_delta", "lake/enriched_events", "events"),
     "orders-delta": Case("delta", "orders_delta", "lake/orders_enriched", "orders_delta"),
-    # ICEBERG HOOK: "clickstream-iceberg"/"orders-iceberg" Cases (IcebergSink pipelines in
-    # lakehouse_pipelines.py, snapshot-summary reads in lakehouse_oracle.py) once it lands.
+    "clickstream-iceberg": Case(
+        "iceberg", "clickstream_iceberg", "faults.enriched_events", "events"
+    ),
+    "orders-iceberg": Case(
+        "iceberg", "orders_iceberg", "faults.orders_enriched", "orders_iceberg", "ordered_at"
+    ),
+}
+#: The kill-point pipelines (the test connectors of ``lakehouse_pipelines``), per sink.
+KILL_CASES = {
+    "delta": Case("delta", "clickstream_delta_kill", "lake/enriched_events_kill", "events"),
+    "iceberg": Case("iceberg", "clickstream_iceberg_kill", "faults.enriched_events_kill", "events"),
 }
 
 
@@ -111,17 +121,18 @@ def test_lakehouse_exactly_once_under_kills(
     check_orphan_removal(lander, db_url, name)
 
 
+@pytest.mark.parametrize("sink", ["delta", pytest.param("iceberg", marks=pytest.mark.extended)])
 @pytest.mark.parametrize("point", ["before", pytest.param("after", marks=pytest.mark.extended)])
-def test_driver_killed_around_the_delta_commit_recovers_exactly(
-    fault_root: tuple[Path, OwnPostgres], point: str
+def test_driver_killed_around_the_table_commit_recovers_exactly(
+    fault_root: tuple[Path, OwnPostgres], point: str, sink: str
 ) -> None:
-    """SIGKILL of the driver at the first publish with files; a plain re-run recovers."""
+    """SIGKILL of the driver at the first publish with files, before or after the table
+    commit (Delta commit / Iceberg snapshot); a plain re-run recovers."""
     root, server = fault_root
-    case = Case("delta", "clickstream_delta_kill", "lake/enriched_events_kill", "events")
-    lander = prepare(root, server, case, Chaos(SEED, []), f"kill_{point}")
+    case = KILL_CASES[sink]
+    lander = prepare(root, server, case, Chaos(SEED, []), f"kill_{sink}_{point}")
     db_url = lander.env["SLUICE_DATABASE_URL"]
     lander(first_size=6_000)
-    table = lander.work / "data" / "warehouse" / case.table
     killed = Run(1, {**lander.env, "SLUICE_TEST_KILL_AT": f"{point}:1"}, lander.work, case.pipeline)
     rc = killed.wait(180)
     assert rc == -9, f"the run was not killed at its publish (exit {rc}):\n{killed.output()}"
@@ -132,7 +143,7 @@ def test_driver_killed_around_the_delta_commit_recovers_exactly(
     assert runs[run_id]["unpublished"] > 0 and runs[run_id]["checkpoints"]
     checkpoint = max(runs[run_id]["checkpoints"])
     app = f"sluice-{case.pipeline}-{run_id}"
-    before = delta_commits(table).versions_by_app().get(app, [])
+    before = view(lander, db_url).commits().versions_by_app().get(app, [])
     assert before == ([checkpoint] if point == "after" else []), before
     if point == "before":
         check_pending_kept(lander, db_url)
@@ -145,14 +156,14 @@ def test_driver_killed_around_the_delta_commit_recovers_exactly(
         driver.drain()
     finally:
         driver.close()
-    after = delta_commits(table).versions_by_app().get(app, [])
+    after = view(lander, db_url).commits().versions_by_app().get(app, [])
     print(
         f"RESULT kill {point} the Delta commit: checkpoint {checkpoint} of the killed run in "
         f"the log {after.count(checkpoint)} time(s), versions {after}",
         flush=True,
     )
     assert after.count(checkpoint) == 1 and after[-1] == checkpoint
-    check_table(lander, db_url, f"kill-{point}")
+    check_table(lander, db_url, f"kill-{sink}-{point}")
 
 
 @pytest.mark.extended
@@ -163,7 +174,7 @@ def test_files_of_an_attempt_killed_before_acknowledging_are_the_orphans_removed
     acknowledgement: runs until everything is committed; the dead attempt's files are the
     table's only unreferenced files, and the orphan removal takes exactly them."""
     root, server = fault_root
-    case = Case("delta", "clickstream_delta_kill", "lake/enriched_events_kill", "events")
+    case = KILL_CASES["delta"]
     lander = prepare(root, server, case, Chaos(SEED, []), "orphans")
     db_url = lander.env["SLUICE_DATABASE_URL"]
     lander(first_size=6_000)
