@@ -1,7 +1,7 @@
 """Sluice work discovery: settings, schema, splits, the split store and enumerators."""
 
 from enumerator_service._assignment_tracker import NO_CHECKPOINT, SplitAssignmentTracker
-from enumerator_service._bookkeeping import prune_finished_runs
+from enumerator_service._bookkeeping import prune_finished_runs, run_id_used
 from enumerator_service._checkpoint_store import (
     CHECKPOINT_CHANNEL,
     COORDINATOR_CHANNEL,
@@ -222,6 +222,7 @@ __all__ = [
     "relative_under",
     "require_current_schema",
     "retry_splits",
+    "run_id_used",
     "safe_name",
     "sink_transactions",
     "split_password",

@@ -43,7 +43,13 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-__all__ = ["CheckpointHistory", "PrunedRuns", "prune_checkpoints", "prune_finished_runs"]
+__all__ = [
+    "CheckpointHistory",
+    "PrunedRuns",
+    "prune_checkpoints",
+    "prune_finished_runs",
+    "run_id_used",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -249,3 +255,23 @@ def _prune_finished_runs(
         conn.execute(_DROP_WATERMARKS, {"runs": runs})
     _log.info("pruned the bookkeeping of %d finished run(s): %d checkpoints", len(runs), deleted)
     return PrunedRuns(len(runs), deleted, True)
+
+
+# A run id names one run: every table that keys state by it.
+_RUN_ID_USED = sa.text(
+    """
+    SELECT EXISTS (SELECT 1 FROM sluice.checkpoints WHERE run_id = :run)
+        OR EXISTS (SELECT 1 FROM sluice.run_watermarks WHERE run_id = :run)
+        OR EXISTS (SELECT 1 FROM sluice.sink_transactions WHERE run_id = :run)
+    """
+)
+
+
+def run_id_used(engine: Engine, run_id: str) -> bool:
+    """Whether an earlier run left state under ``run_id`` (checkpoints, its watermark,
+    staged output). A run reusing the id would read that state as its own — an earlier
+    run's COMPLETED checkpoint or finished watermark taken for its own, its output never
+    committed — so the driver refuses it before anything moves. (Splits assigned to the id
+    are not such state: the continuous sensor assigns splits to a run before it starts.)"""
+    with engine.connect() as conn:
+        return bool(conn.execute(_RUN_ID_USED, {"run": run_id}).scalar_one())

@@ -30,7 +30,7 @@ PIPELINE_GROUPS: dict[str, list[str]] = {
         "EMPTY_RESULT",
         "HAS_EXCEPTION",
     ],
-    "Sinks": ["ParquetSink", "PostgresSink", "DeltaSink"],
+    "Sinks": ["ParquetSink", "PostgresSink", "DeltaSink", "IcebergSink"],
     "Errors and outcomes": [
         "PipelineDefinitionError",
         "DeterministicFailure",
@@ -76,7 +76,14 @@ CONNECTOR_GROUPS: dict[str, list[str]] = {
         "sink_connector_named",
     ],
     "Validation": ["ValidationContext"],
-    "Built-in specs": ["FileSource", "TableSource", "ParquetSink", "PostgresSink", "DeltaSink"],
+    "Built-in specs": [
+        "FileSource",
+        "TableSource",
+        "ParquetSink",
+        "PostgresSink",
+        "DeltaSink",
+        "IcebergSink",
+    ],
 }
 
 

@@ -11,12 +11,12 @@ spec type; nothing else in the platform names a concrete connector.
 
 Built in, each in a folder of its own: ``files`` (``FileSource``), ``postgres_table``
 (``TableSource``), ``parquet`` (``ParquetSink``), ``postgres``
-(``PostgresSink``), ``delta`` (``DeltaSink``).
+(``PostgresSink``), ``delta`` (``DeltaSink``), ``iceberg`` (``IcebergSink``).
 
 A lakehouse sink also offers its table's maintenance (``SinkConnector.maintenance``: a
 ``TableMaintenance`` that compacts a day, expires snapshots, removes orphan files); the
-Iceberg and Delta functions are ``spark_jobs.connectors.iceberg._maintenance`` and
-``spark_jobs.connectors.delta._maintenance``.
+Iceberg and Delta functions are public names of ``spark_jobs.connectors.iceberg`` and
+``spark_jobs.connectors.delta``.
 """
 
 from spark_jobs.connectors._interface import (
@@ -54,6 +54,7 @@ from spark_jobs.connectors._registry import (
 )
 from spark_jobs.connectors.delta import DeltaSink
 from spark_jobs.connectors.files import FileSource
+from spark_jobs.connectors.iceberg import IcebergSink
 from spark_jobs.connectors.parquet import ParquetSink
 from spark_jobs.connectors.postgres import PostgresSink
 from spark_jobs.connectors.postgres_table import TableSource
@@ -66,6 +67,7 @@ __all__ = [
     "DeltaSink",
     "ExpiryResult",
     "FileSource",
+    "IcebergSink",
     "ObservedInput",
     "OrphanResult",
     "ParquetSink",

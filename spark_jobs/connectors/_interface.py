@@ -329,16 +329,10 @@ class SinkConnector(abc.ABC):
         values, never a secret. Default: nothing."""
         return {}
 
-    def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline) -> None:
-        """Before tasks start (create tables). Default: nothing."""
+    def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline, settings: Settings) -> None:
+        """Before tasks start, with the run's settings (create tables; a table whose location
+        depends on them: the warehouse, the object store). Default: nothing."""
         return None
-
-    def prepare_output(
-        self, engine: Engine, plan: Plan, pipeline: Pipeline, settings: Settings
-    ) -> None:
-        """What the driver calls before tasks start, with the run's settings (a table whose
-        location depends on them: the warehouse, the object store). Default: ``prepare``."""
-        self.prepare(engine, plan, pipeline)
 
     def wrap_up(self, engine: Engine, plan: Plan) -> None:
         """After a run's tasks end (sweep leftovers). Default: nothing."""

@@ -185,12 +185,15 @@ def sweep_orphans(
     pending: Iterable[str] = (),
     now: datetime | None = None,
     skip_hidden: bool = False,
+    keep: tuple[str, ...] = (),
     dry_run: bool = False,
 ) -> OrphanResult:
     """Delete every file under ``root`` (a path on ``fs``, listed recursively) that is not
         in ``referenced`` (paths on ``fs``) and was last modified more than ``grace`` before
         ``now``. ``skip_hidden``: never touch a file with a path component (below ``root``) that
-    starts with ``_`` or ``.`` (Delta's rule: its log, change data, checkpoints' temporaries).
+    starts with ``_`` or ``.`` (Delta's rule: its log, change data, checkpoints' temporaries);
+    ``keep``: prefixes (below ``root``) of files that are never data (the Iceberg sink's
+    ``_sluice/`` folder of field ids its writers read).
 
         Called with the table's lock held: a committer cannot reference a file between the
         listing of references and the deletion (and a file written after the listing is young).
@@ -208,6 +211,8 @@ def sweep_orphans(
             continue
         relative = info.path[len(base) :] if info.path.startswith(base) else info.path
         if skip_hidden and any(part.startswith(("_", ".")) for part in relative.split("/")):
+            continue
+        if relative.startswith(keep):
             continue
         seen += 1
         if info.path in wanted:

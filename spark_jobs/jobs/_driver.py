@@ -30,6 +30,7 @@ from enumerator_service import (
     database_url,
     prune_finished_runs,
     recover,
+    run_id_used,
     safe_name,
     sweep_secret_files,
 )
@@ -158,6 +159,13 @@ class ReaderRun:
             # definition that does not fit the database fails here, before anything moves.
             # An output that cannot be used at all (an unreachable object store): one line.
             self._sink_connector.check_output(self.pipeline, self.settings)
+            if run_id_used(self._engine, self.run_id):
+                raise ConfigError(
+                    "run id",
+                    f"{self.run_id!r} names an earlier run (its checkpoints, splits or output "
+                    "are recorded under it): a run id names one run — give a new one, or "
+                    "none (a Dagster re-execution: drop the copied sluice/run_id tag)",
+                )
             resolved = resolve(self.pipeline, self._engine)
             # Step 2: recovery — dead runs' leases back, committed output published, dead
             # runs' staged output aborted, interrupted rebuild swaps finished.
@@ -206,7 +214,7 @@ class ReaderRun:
             self._sinks,
         )
         self._finish()  # rebuilds a crash interrupted
-        self._sink_connector.prepare_output(engine, plan, self.pipeline, self.settings)
+        self._sink_connector.prepare(engine, plan, self.pipeline, self.settings)
 
     def _assign(self) -> tuple[list[Rebuild], int]:
         settings, store = self.settings, SplitStore(self._engine)

@@ -14,7 +14,14 @@ from spark_jobs.async_io import (
     exponential_backoff,
     fixed_delay,
 )
-from spark_jobs.connectors import DeltaSink, FileSource, ParquetSink, PostgresSink, TableSource
+from spark_jobs.connectors import (
+    DeltaSink,
+    FileSource,
+    IcebergSink,
+    ParquetSink,
+    PostgresSink,
+    TableSource,
+)
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._demo_marks import DemoDataRefused, claim_demo_table
 from spark_jobs.pipeline._errors import PipelineDefinitionError
@@ -49,6 +56,7 @@ __all__ = [
     "FileSource",
     "Filter",
     "FullCache",
+    "IcebergSink",
     "LatePolicy",
     "Lookup",
     "Map",

@@ -59,11 +59,11 @@ def test_maintenance_of_a_table_the_delta_sink_wrote(make_settings: Any, tmp_pat
     table = tmp_path / "lake" / "events"
     pipeline = dataclasses.replace(demo_pipeline(settings), sink=DeltaSink(str(table)))
     demo_discover(platform)
-    run_pipeline(settings, pipeline, run_id="m-1")
+    run_pipeline(settings, pipeline, run_id=f"{settings.source_name}-m1")
     for n, path in enumerate(later):
         (aside / str(n) / path.name).rename(path)
     demo_discover(platform)
-    run_pipeline(settings, pipeline, run_id="m-2")
+    run_pipeline(settings, pipeline, run_id=f"{settings.source_name}-m2")
     oracle, _bad = expected_events(landing)
     _exact(table, oracle)
     location = open_location(str(table))
@@ -91,7 +91,10 @@ def test_maintenance_of_a_table_the_delta_sink_wrote(make_settings: Any, tmp_pat
         with platform.engine.begin() as conn:
             txn, staged = conn.execute(
                 sa.select(sink_transactions.c.id, sink_transactions.c.staged)
-                .where(sink_transactions.c.run_id == "m-2", sink_transactions.c.committed)
+                .where(
+                    sink_transactions.c.run_id == f"{settings.source_name}-m2",
+                    sink_transactions.c.committed,
+                )
                 .order_by(sink_transactions.c.id.desc())
                 .limit(1)
             ).one()

@@ -46,6 +46,12 @@ from spark_jobs.sink._table_lock import table_lock
 
 __all__ = ["SINK_NAME", "DeltaCommitter", "add_action", "commit_retrying", "run_app_id"]
 
+#: Commit-info keys of a checkpoint's commit.
+RUN_ID = "sluice.run-id"
+CHECKPOINT_ID = "sluice.checkpoint-id"
+ROWS = "sluice.rows"
+FILES = "sluice.files"
+
 _log = logging.getLogger(__name__)
 
 SINK_NAME = "delta"
@@ -161,7 +167,17 @@ def publish_group(
         if not entries:
             return False
         version = max(t.checkpoint_id for t in pending)
-        properties = CommitProperties(app_transactions=[Transaction(app_id, version)])
+        # The app transaction is the rule; the commit info tells people (and Dagster's
+        # metadata) which run and checkpoint a version is, with its rows.
+        info = {
+            RUN_ID: txns[0].run_id,
+            CHECKPOINT_ID: str(version),
+            ROWS: str(sum(int(e.get("rows", 0)) for e in entries)),
+            FILES: str(len(entries)),
+        }
+        properties = CommitProperties(
+            custom_metadata=info, app_transactions=[Transaction(app_id, version)]
+        )
         if key:
             merge_files(table, entries, list(key), properties, options)
             return True

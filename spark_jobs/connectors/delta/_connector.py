@@ -20,6 +20,8 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from sqlalchemy.engine import Engine
 
 from enumerator_service import (
@@ -31,7 +33,14 @@ from enumerator_service import (
     open_location,
 )
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
-from spark_jobs.connectors.delta._commit import SINK_NAME, DeltaCommitter, append_unaligned
+from spark_jobs.connectors.delta._commit import (
+    FILES,
+    ROWS,
+    RUN_ID,
+    SINK_NAME,
+    DeltaCommitter,
+    append_unaligned,
+)
 from spark_jobs.connectors.delta._maintenance import DeltaMaintenance
 from spark_jobs.connectors.delta._paths import (
     DeltaOptions,
@@ -56,6 +65,10 @@ if TYPE_CHECKING:
 __all__ = ["DeltaConnector"]
 
 _COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
+
+
+#: Commits of the Delta log read for a run's materialisation metadata (newest first).
+_HISTORY = 1000
 
 
 def _table_path(given: object) -> str:
@@ -138,9 +151,7 @@ class DeltaConnector(SinkConnector):
                 f"{partition!r} is an output field (name the partition column otherwise)",
             )
 
-    def prepare_output(
-        self, engine: Engine, plan: Plan, pipeline: Pipeline, settings: Settings
-    ) -> None:
+    def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline, settings: Settings) -> None:
         location = table_location(pipeline, settings)
         partition = _partition(plan)
         schema = table_schema(plan.output_schema(), partition)
@@ -201,6 +212,26 @@ class DeltaConnector(SinkConnector):
             partition=_partition(pipeline.plan),
             sinks=sinks,
         )
+
+    def output_metadata(
+        self, pipeline: Pipeline, settings: Settings, run_id: str | None
+    ) -> dict[str, str | int]:
+        location = table_location(pipeline, settings)
+        found: dict[str, str | int] = {
+            "dagster/uri": location.uri,
+            "dagster/table_name": location.uri.rstrip("/").rsplit("/", 1)[-1],
+        }
+        try:
+            table = DeltaTable(table_uri(location), storage_options=delta_storage(location))
+        except TableNotFoundError:
+            return found  # (no run has written it yet)
+        found["delta_version"] = table.version()
+        if run_id is not None:
+            mine = [c for c in table.history(_HISTORY) if c.get(RUN_ID) == run_id]
+            found["rows_added"] = sum(int(c.get(ROWS, 0)) for c in mine)
+            found["files_added"] = sum(int(c.get(FILES, 0)) for c in mine)
+            found["commits_added"] = len(mine)
+        return found
 
     def maintenance(
         self, engine: Engine, pipeline: Pipeline, settings: Settings

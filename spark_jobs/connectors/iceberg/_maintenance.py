@@ -20,13 +20,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException, ValidationException
-from pyiceberg.expressions import AlwaysTrue, EqualTo
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    EqualTo,
+    GreaterThanOrEqual,
+    LessThan,
+)
 from pyiceberg.io.pyarrow import (
     ArrowScan,
     PyArrowFileIO,
@@ -35,7 +42,7 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
-from pyiceberg.types import DateType
+from pyiceberg.types import DateType, TimestampType, TimestamptzType
 from sqlalchemy.engine import Engine
 
 from spark_jobs.connectors._maintenance import (
@@ -69,13 +76,23 @@ def lock_id(table: Table) -> str:
     return ".".join(table.name())
 
 
-def _day_literal(table: Table, column: str, day: date) -> date | str:
-    """``day`` as the ``column`` field takes it (a ``date`` column, or an ISO string)."""
+def _day_filter(table: Table, column: str, day: date) -> BooleanExpression:
+    """The rows of ``day`` in ``column``: equal to it (a ``date`` column, or an ISO string),
+    or within its UTC day (a timestamp column, as the Iceberg sink partitions by
+    ``day(<event time>)``)."""
     try:
         field = table.schema().find_field(column)
     except ValueError:
         raise ValueError(f"table {lock_id(table)} has no day column {column!r}") from None
-    return day if isinstance(field.field_type, DateType) else day.isoformat()
+    kind = field.field_type
+    if isinstance(kind, TimestampType | TimestamptzType):
+        start = datetime.combine(day, datetime.min.time(), tzinfo=UTC)
+        bounds = [start, start + timedelta(days=1)]
+        if isinstance(kind, TimestampType):  # (no zone: the UTC wall clock)
+            bounds = [bound.replace(tzinfo=None) for bound in bounds]
+        first, end = (bound.isoformat() for bound in bounds)
+        return And(GreaterThanOrEqual(term=column, value=first), LessThan(term=column, value=end))
+    return EqualTo(term=column, value=day if isinstance(kind, DateType) else day.isoformat())
 
 
 def _data_root(table: Table) -> str:
@@ -129,8 +146,7 @@ def _write_compacted(
 def _day_tasks(table: Table, column: str, day: date) -> list[FileScanTask]:
     """The current data files holding rows of ``day`` (whole files: a file is rewritten
     whole, so content outside the day, if any, is kept too)."""
-    row_filter = EqualTo(term=column, value=_day_literal(table, column, day))
-    return list(table.scan(row_filter=row_filter).plan_files())
+    return list(table.scan(row_filter=_day_filter(table, column, day)).plan_files())
 
 
 def _commit_rewrite(table: Table, day: date, old: list[DataFile], new: list[DataFile]) -> None:
@@ -325,30 +341,55 @@ def remove_orphans(
         referenced = {io.parse_location(p, io.properties)[2] for p in _referenced(table)}
         pending = pending_files(engine, path)
         return sweep_orphans(
-            ident, fs, path, referenced, grace, pending=pending, now=now, dry_run=dry_run
+            ident,
+            fs,
+            path,
+            referenced,
+            grace,
+            pending=pending,
+            now=now,
+            keep=("_sluice/",),  # the sink's field ids (not data; its writers read them)
+            dry_run=dry_run,
         )
 
 
 class IcebergMaintenance:
     """``TableMaintenance`` of one Iceberg table (``spark_jobs.connectors.TableMaintenance``)
-    for the Dagster jobs; ``column``: the day column the table is partitioned by.
+    for the Dagster jobs. ``table``: the table, or a function that opens it (called by each
+    operation: the Iceberg sink's maintenance opens nothing until a job runs);
+    ``column``: the day column (a ``date``) or the timestamp column the table is partitioned
+    by day on; ``lock``: the ``table_lock`` name its committers hold (default ``lock_id``).
 
     Threading: one instance per job run; each call locks the table (see the module)."""
 
-    def __init__(self, table: Table, engine: Engine, *, column: str = "dt") -> None:
+    def __init__(
+        self,
+        table: Table | Callable[[], Table],
+        engine: Engine,
+        *,
+        column: str = "dt",
+        lock: str | None = None,
+    ) -> None:
         self._table = table
         self._engine = engine
         self._column = column
+        self._lock = lock
+
+    def __repr__(self) -> str:
+        return f"IcebergMaintenance({self.table!r})"
+
+    def _open(self) -> Table:
+        return self._table if isinstance(self._table, Table) else self._table()
 
     @property
     def table(self) -> str:
-        return lock_id(self._table)
+        return self._lock or lock_id(self._open())
 
     def compact_day(self, day: date) -> CompactionResult:
-        return compact_day(self._table, self._engine, day, column=self._column)
+        return compact_day(self._open(), self._engine, day, column=self._column, lock=self._lock)
 
     def expire(self, retention: timedelta) -> ExpiryResult:
-        return expire_snapshots(self._table, self._engine, retention)
+        return expire_snapshots(self._open(), self._engine, retention, lock=self._lock)
 
     def remove_orphans(self, grace: timedelta) -> OrphanResult:
-        return remove_orphans(self._table, self._engine, grace)
+        return remove_orphans(self._open(), self._engine, grace, lock=self._lock)

@@ -118,7 +118,7 @@ class PostgresConnector(SinkConnector):
         # re-materialising a day then only processes its new splits.
         return bool(plan.upsert_key)
 
-    def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline) -> None:
+    def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline, settings: Settings) -> None:
         options: PostgresOptions = plan.sink.options
         schema, table = options.table
         ensure_tables(
