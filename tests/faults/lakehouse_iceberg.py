@@ -21,10 +21,10 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 from lakehouse_oracle import Commits
 from pyiceberg.table import Table
-from spark_jobs.connectors.iceberg._catalog import open_catalog
-from spark_jobs.connectors.iceberg._commit import CHECKPOINT_ID, RUN_ID
 
 from spark_jobs.connectors.iceberg import remove_orphans
+from spark_jobs.connectors.iceberg._catalog import open_catalog
+from spark_jobs.connectors.iceberg._commit import CHECKPOINT_ID, RUN_ID
 
 __all__ = [
     "iceberg_commits",
@@ -74,7 +74,7 @@ def iceberg_commits(table: Table, pipeline: str) -> Commits:
     """Every snapshot's (app id, checkpoint id) in the form of the Delta log walk: the app
     id ``sluice-<pipeline>-<run>`` (the Delta sink's), keyed by the snapshot's sequence."""
     txns: dict[int, list[tuple[str, int]]] = {}
-    for n, snapshot in enumerate(sorted(table.snapshots(), key=lambda s: s.sequence_number)):
+    for n, snapshot in enumerate(sorted(table.snapshots(), key=lambda s: s.sequence_number or 0)):
         summary: Any = snapshot.summary
         run = summary.get(RUN_ID) if summary is not None else None
         found = txns.setdefault(n, [])

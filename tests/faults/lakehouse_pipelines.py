@@ -16,7 +16,8 @@
   pre-commit is acknowledged: its files stay in the table folder, named by no transaction
   and no log entry (the orphans the maintenance removes).
 
-The Iceberg sink (branch ``wip-iceberg``) is one more entry of ``SINKS`` once it lands.
+- ``clickstream_iceberg`` / ``orders_iceberg`` / ``clickstream_iceberg_kill``: the same with
+  the real ``IcebergSink`` (Sluice's catalog in the platform database; namespace ``faults``).
 
 Threading: the dying writer's pre-commit runs on the task's mailbox thread (it waits for the
 writer thread's close, as the acknowledgement would); the killing committer's counter is
@@ -37,9 +38,10 @@ from sqlalchemy.engine import Connection, Engine
 import examples.clickstream as _clickstream
 import examples.orders as _orders
 from enumerator_service import StagedTransaction, StorageOptions, TransactionalSink
-from spark_jobs import DeltaSink, Pipeline
+from spark_jobs import DeltaSink, IcebergSink, Pipeline
 from spark_jobs.connectors import SinkWriterContext, register_sink
 from spark_jobs.connectors.delta import DeltaCommitter, DeltaConnector
+from spark_jobs.connectors.iceberg import IcebergCommitter, IcebergConnector
 from spark_jobs.sink import StagedOutput
 
 if TYPE_CHECKING:
@@ -49,9 +51,13 @@ __all__ = [
     "KILL_SETTING",
     "WORKER_KILL_SETTING",
     "KillingDeltaSink",
+    "KillingIcebergSink",
     "clickstream_delta",
     "clickstream_delta_kill",
+    "clickstream_iceberg",
+    "clickstream_iceberg_kill",
     "orders_delta",
+    "orders_iceberg",
 ]
 
 #: ``before:N`` | ``after:N``: where the N-th publish with files kills the driver.
@@ -69,11 +75,17 @@ class KillingDeltaSink(DeltaSink):
     """A ``DeltaSink`` whose connector kills the driver at ``SLUICE_TEST_KILL_AT``."""
 
 
-class KillingDeltaCommitter:
-    """The real ``DeltaCommitter``, with a SIGKILL of this process around the N-th publish
-    that has files (``before``: ahead of the Delta commit; ``after``: once it returned)."""
+@dataclasses.dataclass(frozen=True)
+class KillingIcebergSink(IcebergSink):
+    """An ``IcebergSink`` whose connector kills the driver at ``SLUICE_TEST_KILL_AT``."""
 
-    def __init__(self, real: DeltaCommitter, name: str) -> None:
+
+class KillingCommitter:
+    """A real committer (``DeltaCommitter``, ``IcebergCommitter``), with a SIGKILL of this
+    process around the N-th publish that has files (``before``: ahead of the table commit;
+    ``after``: once it returned)."""
+
+    def __init__(self, real: TransactionalSink, name: str) -> None:
         self._real = real
         self.name = name
         self._publishes = 0
@@ -137,10 +149,22 @@ class KillingDeltaConnector(DeltaConnector):
     def committers(
         self, engine: Engine | None, storage: StorageOptions | None = None
     ) -> Mapping[str, TransactionalSink]:
-        return {self.name: KillingDeltaCommitter(DeltaCommitter(engine, storage), self.name)}
+        return {self.name: KillingCommitter(DeltaCommitter(engine, storage), self.name)}
+
+
+class KillingIcebergConnector(IcebergConnector):
+    """The Iceberg connector (another name), its committer wrapped likewise."""
+
+    name = "iceberg_kill"
+
+    def committers(
+        self, engine: Engine | None, storage: StorageOptions | None = None
+    ) -> Mapping[str, TransactionalSink]:
+        return {self.name: KillingCommitter(IcebergCommitter(engine, storage), self.name)}
 
 
 register_sink(KillingDeltaSink, KillingDeltaConnector())
+register_sink(KillingIcebergSink, KillingIcebergConnector())
 
 clickstream_delta: Pipeline = dataclasses.replace(
     _clickstream.clickstream,
@@ -161,4 +185,25 @@ orders_delta: Pipeline = dataclasses.replace(
     name="orders_delta",
     description="The orders example merged into a Delta table by order id.",
     sink=DeltaSink(ORDERS_TABLE, upsert_key=["order_id"]),
+)
+
+clickstream_iceberg: Pipeline = dataclasses.replace(
+    _clickstream.clickstream,
+    name="clickstream_iceberg",
+    description="The clickstream example into an Iceberg table.",
+    sink=IcebergSink("faults.enriched_events"),
+)
+
+clickstream_iceberg_kill: Pipeline = dataclasses.replace(
+    _clickstream.clickstream,
+    name="clickstream_iceberg_kill",
+    description="The clickstream example into an Iceberg table; the driver dies at a publish.",
+    sink=KillingIcebergSink("faults.enriched_events_kill"),
+)
+
+orders_iceberg: Pipeline = dataclasses.replace(
+    _orders.orders,
+    name="orders_iceberg",
+    description="The orders example upserted into an Iceberg table by order id.",
+    sink=IcebergSink("faults.orders_enriched", upsert_key=["order_id"]),
 )
