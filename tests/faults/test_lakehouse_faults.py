@@ -158,8 +158,8 @@ def test_driver_killed_around_the_table_commit_recovers_exactly(
         driver.close()
     after = view(lander, db_url).commits().versions_by_app().get(app, [])
     print(
-        f"RESULT kill {point} the {sink} table commit: checkpoint {checkpoint} of the killed run in "
-        f"the log {after.count(checkpoint)} time(s), versions {after}",
+        f"RESULT kill {point} the {sink} table commit: checkpoint {checkpoint} of the killed run "
+        f"in the log {after.count(checkpoint)} time(s), versions {after}",
         flush=True,
     )
     assert after.count(checkpoint) == 1 and after[-1] == checkpoint
