@@ -274,7 +274,7 @@ def check_table(lander: Lander, db_url: str, label: str) -> None:
 
 
 def check_pending_kept(lander: Lander, db_url: str) -> None:
-    """Right after a kill before the Delta commit, the checkpoint's files are in the folder,
+    """Right after a kill before the table commit, the checkpoint's files are in the folder,
     unreferenced but pending (committed in Postgres): the orphan removal (grace 0) must keep
     every one of them and remove only the rest (an attempt that died before acknowledging)."""
     table = view(lander, db_url)

@@ -1,6 +1,9 @@
 """Exactly-once into a lakehouse table under faults: the clickstream and orders examples with
-their sink replaced by the Delta sink (``lakehouse_pipelines``), through the ``sluice`` CLI
-in subprocesses against a Postgres server of the test's own (``fault_harness``).
+their sink replaced by the Delta sink or the Iceberg sink (``lakehouse_pipelines``; one
+``Case`` per pipeline and sink), through the ``sluice`` CLI in subprocesses against a Postgres
+server of the test's own (``fault_harness``). The Delta words below have Iceberg twins: the
+log's app transactions are the snapshots' ``sluice.run-id``/``sluice.checkpoint-id``, delta-rs
+is PyIceberg's scan, the log's current files are the current snapshot's (``lakehouse_iceberg``).
 
 - Seeded random SIGKILLs of Spark Python workers and the driver and Postgres crash-restarts,
   then runs until everything is committed (``extended``): the table, read by delta-rs AND by
@@ -10,7 +13,7 @@ in subprocesses against a Postgres server of the test's own (``fault_harness``).
   several unpublished checkpoints into one commit).
 - Deterministic kill points, no product-code hook (a connector subclass in the test's
   pipeline module): SIGKILL of the driver (a) after the files are staged and the checkpoint
-  committed in Postgres, before the Delta commit, (b) after the Delta commit, before the
+  committed in Postgres, before the table commit, (b) after the table commit, before the
   transactions are marked published. A plain re-run recovers: exact output, and that
   checkpoint's version in the log exactly once. (a) is the smoke variant that `make test`
   runs (53 s measured at load 3-5 on 2 cores); it also sweeps orphans right after the
