@@ -126,6 +126,12 @@ class DyingWriter:
         return future
 
 
+def _dying(writer: Any) -> Any:
+    """``writer``, or a ``DyingWriter`` of it when ``SLUICE_TEST_KILL_WORKER`` names a flag."""
+    flag = os.environ.get(WORKER_KILL_SETTING)
+    return DyingWriter(writer, flag) if flag else writer
+
+
 def _claim(flag: str) -> bool:
     try:
         os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -142,9 +148,7 @@ class KillingDeltaConnector(DeltaConnector):
     def open_writer(
         self, plan: SinkPlan, io: ThreadPoolExecutor, context: SinkWriterContext
     ) -> Any:
-        writer = super().open_writer(plan, io, context)
-        flag = os.environ.get(WORKER_KILL_SETTING)
-        return DyingWriter(writer, flag) if flag else writer
+        return _dying(super().open_writer(plan, io, context))
 
     def committers(
         self, engine: Engine | None, storage: StorageOptions | None = None
@@ -156,6 +160,11 @@ class KillingIcebergConnector(IcebergConnector):
     """The Iceberg connector (another name), its committer wrapped likewise."""
 
     name = "iceberg_kill"
+
+    def open_writer(
+        self, plan: SinkPlan, io: ThreadPoolExecutor, context: SinkWriterContext
+    ) -> Any:
+        return _dying(super().open_writer(plan, io, context))
 
     def committers(
         self, engine: Engine | None, storage: StorageOptions | None = None

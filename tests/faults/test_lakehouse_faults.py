@@ -170,15 +170,16 @@ def test_driver_killed_around_the_table_commit_recovers_exactly(
 
 
 @pytest.mark.extended
+@pytest.mark.parametrize("sink", list(KILL_CASES))
 def test_files_of_an_attempt_killed_before_acknowledging_are_the_orphans_removed(
-    fault_root: tuple[Path, OwnPostgres],
+    fault_root: tuple[Path, OwnPostgres], sink: str
 ) -> None:
     """A Spark Python worker SIGKILLed after its pre-commit closed its files, before the
     acknowledgement: runs until everything is committed; the dead attempt's files are the
     table's only unreferenced files, and the orphan removal takes exactly them."""
     root, server = fault_root
-    case = KILL_CASES["delta"]
-    lander = prepare(root, server, case, Chaos(SEED, []), "orphans")
+    case = KILL_CASES[sink]
+    lander = prepare(root, server, case, Chaos(SEED, []), f"orphans_{sink}")
     db_url = lander.env["SLUICE_DATABASE_URL"]
     lander(first_size=6_000)
     flag = lander.work / "worker-killed.flag"
@@ -191,5 +192,5 @@ def test_files_of_an_attempt_killed_before_acknowledging_are_the_orphans_removed
     finally:
         driver.close()
     assert flag.exists(), "no worker staged files (the kill never came)"
-    check_table(lander, db_url, "dead-attempt")
-    assert check_orphan_removal(lander, db_url, "dead-attempt") >= 1
+    check_table(lander, db_url, f"dead-attempt-{sink}")
+    assert check_orphan_removal(lander, db_url, f"dead-attempt-{sink}") >= 1
