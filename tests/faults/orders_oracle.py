@@ -138,6 +138,9 @@ class OrdersVerdict:
         )
 
 
+#: The Postgres sink's table of the example (the default of ``verify_orders``).
+_TABLE = "analytics.orders_enriched"
+
 _LANDED = """
 CREATE TEMP TABLE oracle_landed (
     order_id text PRIMARY KEY, dt date NOT NULL, tenant_id bigint NOT NULL,
@@ -201,9 +204,18 @@ FROM sluice.sink_transactions WHERE source = :s
 """
 
 
-def verify_orders(db_url: str, pipeline: str, landed: LandedOrders) -> OrdersVerdict:
-    """Compare ``analytics.orders_enriched`` (and the committed sink transactions and dead
-    letters of ``pipeline``) with ``landed`` joined with the reference tables."""
+def verify_orders(
+    db_url: str,
+    pipeline: str,
+    landed: LandedOrders,
+    *,
+    table: str = _TABLE,
+    staged: str | None = f"{_TABLE}__staged",
+) -> OrdersVerdict:
+    """Compare ``table`` (the Postgres sink's; or the rows a test read from another sink's
+    table and loaded) and the committed sink transactions and dead letters of ``pipeline``
+    with ``landed`` joined with the reference tables. ``staged``: the staging table whose
+    leftover rows are counted (None: the sink has none)."""
     engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
     try:
         with engine.connect() as conn:
@@ -220,12 +232,11 @@ def verify_orders(db_url: str, pipeline: str, landed: LandedOrders) -> OrdersVer
                     " count(*) FILTER (WHERE rate_to_eur IS NULL) FROM oracle_expected"
                 )
             ).one()
-            missing, unexpected, wrong = conn.execute(sa.text(_COMPARE)).one()
-            for order_id, want, got in conn.execute(sa.text(_WRONG_SAMPLE)):
+            compare, sample = (q.replace(_TABLE, table) for q in (_COMPARE, _WRONG_SAMPLE))
+            missing, unexpected, wrong = conn.execute(sa.text(compare)).one()
+            for order_id, want, got in conn.execute(sa.text(sample)):
                 print(f"wrong row {order_id}: got {got}, want {want}", flush=True)
-            table_rows = conn.execute(
-                sa.text("SELECT count(*) FROM analytics.orders_enriched")
-            ).scalar_one()
+            table_rows = conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
             committed, dropped, txn_dead, uncommitted = conn.execute(
                 sa.text(_TRANSACTIONS), {"s": pipeline}
             ).one()
@@ -233,9 +244,11 @@ def verify_orders(db_url: str, pipeline: str, landed: LandedOrders) -> OrdersVer
                 sa.text("SELECT count(*) FROM sluice.dead_letters WHERE source = :s"),
                 {"s": pipeline},
             ).scalar_one()
-            staged_left = conn.execute(
-                sa.text("SELECT count(*) FROM analytics.orders_enriched__staged")
-            ).scalar_one()
+            staged_left = (
+                conn.execute(sa.text(f"SELECT count(*) FROM {staged}")).scalar_one()
+                if staged
+                else 0
+            )
             splits: dict[str, int] = dict(
                 conn.execute(
                     sa.text(
