@@ -18,7 +18,7 @@ from iceberg_tables import assert_exact, files_of_day, iceberg_pipeline, load, o
 
 from enumerator_service._operations import open_platform
 from spark_jobs.connectors import sink_connector
-from spark_jobs.connectors.iceberg import COMPACTION_PROPERTY
+from spark_jobs.connectors.iceberg import COMPACTION_PROPERTY, compact_day
 from spark_jobs.jobs import run_pipeline
 
 pytestmark = pytest.mark.spark
@@ -73,6 +73,8 @@ def test_the_iceberg_sinks_own_maintenance_compacts_expires_and_sweeps(
         assert sorted(c for c in compactions if c) == [d.isoformat() for d in days]
         assert_exact(table, expected)
         assert all(maintenance.compact_day(day).skipped for day in days)  # twice: nothing
+        # Called directly, the day column is the one the table's spec partitions by day on.
+        assert compact_day(table, platform.engine, days[0], lock=maintenance.table).skipped
         with platform.engine.connect() as conn:
             committed = connector.committed_rows(conn, pipeline, settings, days)
             present = connector.rows_out(conn, pipeline, settings, days)

@@ -95,6 +95,18 @@ def _day_filter(table: Table, column: str, day: date) -> BooleanExpression:
     return EqualTo(term=column, value=day if isinstance(kind, DateType) else day.isoformat())
 
 
+def _day_column(table: Table) -> str:
+    """The column the table is partitioned by day on: the source of its spec's ``day``
+    (or ``identity``) field — the event-time field of a table the Iceberg sink made."""
+    schema = table.schema()
+    for field in table.spec().fields:
+        source = schema.find_field(field.source_id)
+        day = str(field.transform) == "day"
+        if day or (str(field.transform) == "identity" and isinstance(source.field_type, DateType)):
+            return source.name
+    raise ValueError(f"table {lock_id(table)} is not partitioned by day: name its day column")
+
+
 def _data_root(table: Table) -> str:
     """Where the table's data files go (``write.data.path``, else ``<location>/data``)."""
     default = f"{table.location().rstrip('/')}/data"
@@ -206,11 +218,13 @@ def compact_day(
     engine: Engine,
     day: date,
     *,
-    column: str = "dt",
+    column: str | None = None,
     target_file_bytes: int | None = None,
     lock: str | None = None,
 ) -> CompactionResult:
-    """Rewrite the small data files of ``day`` (``column`` = day; small: under half of
+    """Rewrite the small data files of ``day`` (``column``: a ``date`` column equal to the
+    day, or a timestamp column; default: the column the table's spec partitions by day;
+    small: under half of
     ``target_file_bytes``, default the table's ``write.target-file-size-bytes`` or 128 MiB)
     as one or a few files of about the target, in ONE overwrite snapshot (summary
     ``sluice.compaction=<day>``) that deletes them and adds the new. Files written this way
@@ -226,6 +240,7 @@ def compact_day(
     with table_lock(engine, ident):
         # Step 1: the day's current files, read after the lock (no commit is in flight).
         table.refresh()
+        column = column or _day_column(table)
         tasks = _day_tasks(table, column, day)
         rows = sum(task.file.record_count for task in tasks)
         size = sum(task.file.file_size_in_bytes for task in tasks)
