@@ -96,15 +96,22 @@ def _day_filter(table: Table, column: str, day: date) -> BooleanExpression:
 
 
 def _day_column(table: Table) -> str:
-    """The column the table is partitioned by day on: the source of its spec's ``day``
-    (or ``identity``) field — the event-time field of a table the Iceberg sink made."""
+    """The column the table is partitioned by day on: the source of its spec's ``day`` field
+    (the event-time field of a table the Iceberg sink made) or of an ``identity`` field on a
+    date; else a column named ``dt``."""
     schema = table.schema()
     for field in table.spec().fields:
         source = schema.find_field(field.source_id)
         day = str(field.transform) == "day"
         if day or (str(field.transform) == "identity" and isinstance(source.field_type, DateType)):
             return source.name
-    raise ValueError(f"table {lock_id(table)} is not partitioned by day: name its day column")
+    try:  # an unpartitioned table with a day column of the conventional name
+        schema.find_field("dt")
+    except ValueError:
+        raise ValueError(
+            f"table {lock_id(table)} is not partitioned by day: name its day column"
+        ) from None
+    return "dt"
 
 
 def _data_root(table: Table) -> str:
