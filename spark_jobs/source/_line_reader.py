@@ -128,9 +128,10 @@ class LineSplitReader:
             rows, dead = self._converter.empty(), []
         for line in (run.long_before, run.long_after):
             if line is not None:
-                dead.append(
-                    (line.offset, line.prefix, f"{LINE_TOO_LONG}: over {self._max_line} bytes")
-                )
+                prefix = line.prefix
+                if line.offset == 0 and prefix.startswith(_BOM) and self._parser is self._json:
+                    prefix = b"   " + prefix[len(_BOM) :]  # (as the first record's text)
+                dead.append((line.offset, prefix, f"{LINE_TOO_LONG}: over {self._max_line} bytes"))
         block = new_block(self._schema, self._split_id, bounds[0], bounds[1], rows, dead)
         return block, run.finished
 

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from source_schemas import EVENTS, ORDERS, file_assignment, read_blocks
 
@@ -297,6 +297,9 @@ def reread(path: Path, start: int, end: int | None, block: ParsedBlock, limit: i
     limit=st.sampled_from([100, 1 << 20]),
     tail=st.booleans(),
 )
+# Found by CI's run: a file opening with a BOM whose first line is too long (its dead letter's
+# raw kept the BOM, which the rest of the reader reads as blanks).
+@example(kinds=[47], cuts=[], chunk=7, limit=100, tail=False)
 def test_blocks_cover_exactly_the_lines_of_their_range(
     tmp_path: Path, kinds: list[int], cuts: list[float], chunk: int, limit: int, tail: bool
 ) -> None:
