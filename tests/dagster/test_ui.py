@@ -282,6 +282,11 @@ def stop_process_group(process: subprocess.Popen[bytes]) -> list[int]:
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=10)
+    # A SIGKILLed process is gone once the kernel has torn it down (its memory, its files):
+    # on a busy machine that takes a moment after the signal.
+    deadline = time.monotonic() + 10
+    while session_members(leader) and time.monotonic() < deadline:
+        time.sleep(0.2)
     return killed
 
 
