@@ -45,7 +45,8 @@ from spark_cluster import StandaloneCluster
 from enumerator_service._database import asyncpg_dsn
 from examples._clickstream_data import DemoSpec, generate_events, load_users
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+# `make faults` only: ~75 s, and `make test` is at CI's time limit.
+pytestmark = [pytest.mark.faults, pytest.mark.spark, pytest.mark.timeout(300), pytest.mark.extended]
 
 PIPELINE = "clickstream"
 EVENTS = 20_000

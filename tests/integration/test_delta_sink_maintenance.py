@@ -30,7 +30,8 @@ from spark_jobs.connectors.delta import DeltaMaintenance
 from spark_jobs.connectors.delta._paths import delta_storage, table_uri
 from spark_jobs.jobs import run_pipeline
 
-pytestmark = pytest.mark.spark
+# `make faults` only: the Iceberg sink's twin stays in `make test` (CI's time limit).
+pytestmark = [pytest.mark.spark, pytest.mark.extended]
 
 
 def _exact(table: Path, oracle: list[dict[str, Any]]) -> None:
