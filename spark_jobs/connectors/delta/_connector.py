@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
-from os import PathLike, fspath
-from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -30,9 +28,9 @@ from enumerator_service import (
     Settings,
     StorageOptions,
     TransactionalSink,
-    open_location,
 )
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
+from spark_jobs.connectors._table_paths import table_folder_path
 from spark_jobs.connectors.delta._commit import (
     FILES,
     ROWS,
@@ -72,22 +70,7 @@ _HISTORY = 1000
 
 
 def _table_path(given: object) -> str:
-    """A table folder: a URI of a supported scheme (checked, never opened here), an absolute
-    folder, or one relative to the warehouse root without ``..``."""
-    if not isinstance(given, str | PathLike) or not fspath(given) or "\x00" in fspath(given):
-        raise ValueError(f"path {given!r} is not a folder path or URI")
-    text = fspath(given)
-    if "://" in text:
-        try:
-            location = open_location(text, what="path")  # scheme, credentials, bucket
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        if location.object_store and "/" not in location.path.strip("/"):
-            raise ValueError(f"path {location.uri}: a table needs a prefix below the bucket")
-        return location.uri
-    if not PurePosixPath(text).is_absolute() and ".." in PurePosixPath(text).parts:
-        raise ValueError(f"path {text!r} leads out of the warehouse folder ('..')")
-    return text
+    return table_folder_path(given, "a table needs a prefix below the bucket")
 
 
 def _partition(plan: Plan) -> str | None:

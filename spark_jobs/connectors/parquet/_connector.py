@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
-from os import PathLike, fspath
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
@@ -22,7 +21,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import (
-    ConfigError,
     Location,
     Settings,
     StorageOptions,
@@ -30,6 +28,7 @@ from enumerator_service import (
     open_location,
 )
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
+from spark_jobs.connectors._table_paths import table_folder_path
 from spark_jobs.connectors.parquet._paths import output_root, staging_root
 from spark_jobs.pipeline._checks import names, require
 from spark_jobs.pipeline._errors import check_identifier
@@ -69,26 +68,10 @@ class ParquetOptions:
 
 
 def _sink_path(given: object) -> str:
-    """A table folder: a URI of a supported scheme (checked, never opened here), an absolute
-    folder, or one relative to the warehouse root without ``..``."""
-    if not isinstance(given, str | PathLike) or not fspath(given) or "\x00" in fspath(given):
-        raise ValueError(f"path {given!r} is not a folder path or URI")
-    text = fspath(given)
-    if "://" in text:
-        try:
-            location = open_location(text, what="path")  # scheme, credentials, bucket
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        if location.object_store and "/" not in location.path.strip("/"):
-            raise ValueError(
-                f"path {location.uri}: a table folder needs a prefix below the bucket root "
-                "(its staging folder goes next to it)"
-            )
-        return location.uri
-    path = PurePosixPath(text)
-    if not path.is_absolute() and ".." in path.parts:
-        raise ValueError(f"path {text!r} leads out of the warehouse folder ('..')")
-    return text
+    return table_folder_path(
+        given,
+        "a table folder needs a prefix below the bucket root (its staging folder goes next to it)",
+    )
 
 
 def parquet_objects(folder: Location) -> list[str]:
