@@ -45,7 +45,7 @@ from spark_jobs.jobs._outages import while_down
 from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._run_report import summarize_run
 from spark_jobs.jobs._shipping import ship_by_value
-from spark_jobs.jobs._spark_stage import run_subtasks
+from spark_jobs.jobs._spark_stage import cancel_subtasks, run_subtasks
 from spark_jobs.jobs._summary import RunSummary
 from spark_jobs.jobs._task_config import StepDefaults, TaskConfig
 from spark_jobs.pipeline import Pipeline
@@ -321,7 +321,7 @@ class ReaderRun:
         except BaseException as exc:
             # Interrupted (a cancelled Dagster run, Ctrl-C) or failed: stop the subtasks too —
             # a continuous reader would otherwise keep running without its driver's leases.
-            spark.sparkContext.cancelAllJobs()
+            cancel_subtasks(spark)
             if coordinator.stop_requested is not None:
                 raise DeterministicFailure(coordinator.stop_requested) from None
             too_few = slot_error(exc, spark, parallelism, settings.spark_master)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +11,7 @@ from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._subtask import run_reader_subtask
 from spark_jobs.jobs._task_config import TaskConfig
 
-__all__ = ["run_subtasks"]
+__all__ = ["cancel_subtasks", "run_subtasks"]
 
 
 def _subtask_partition(config: TaskConfig, index: int, _rows: Iterator[Any]) -> Iterator[Any]:
@@ -40,3 +41,21 @@ def run_subtasks(spark: Any, config: TaskConfig, parallelism: int, gang: bool) -
         return list(subtasks.mapPartitionsWithIndex(run).collect())
     stage = subtasks.barrier().mapPartitionsWithIndex(run)
     return [result for _subtask, result in stage.map(_keyed).partitionBy(1).collect()]
+
+
+def cancel_subtasks(spark: Any, drain_seconds: float = 20.0) -> None:
+    """Cancel the run's Spark job and wait (at most ``drain_seconds``) for its tasks to end.
+
+    Spark fails the job at once but its tasks end later (a Python worker finishes what it was
+    doing). A process that exits meanwhile stops the SparkContext under a running task, whose
+    completion listener then logs an INTERNAL_ERROR_STORAGE stack trace after the run's own
+    one-line error. Waiting for the executors to report no running task avoids that.
+    """
+    context = spark.sparkContext
+    context.cancelAllJobs()
+    tracker = context._jsc.sc().statusTracker()
+    deadline = time.monotonic() + drain_seconds
+    while time.monotonic() < deadline:
+        if sum(info.numRunningTasks() for info in tracker.getExecutorInfos()) == 0:
+            return
+        time.sleep(0.1)
