@@ -8,6 +8,7 @@ is one :class:`PipelineDefinitionError` naming the pipeline, the part (``source`
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -67,6 +68,10 @@ def derive(
         columns, is_open = stage.outputs, stage.open
     ctx.where = "sink"
     sink = _sink(ctx, pipeline.sink, pipeline.name, columns, is_open, source.partitioned)
+    if sink.upsert_key is not None and source.event_time in {c.name for c in columns}:
+        # An upsert keeps the row of the latest event, whatever order records arrive in (a
+        # rebuild of an older day, late records): the source's event time decides.
+        sink = dataclasses.replace(sink, latest_by=source.event_time)
     ctx.where = "key"
     key = None
     if pipeline.key is not None:

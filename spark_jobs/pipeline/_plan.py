@@ -140,12 +140,15 @@ class FilterPlan(StagePlan):
 
 @dataclass(frozen=True, slots=True)
 class SinkPlan:
-    """The sink part of a plan: connector ``kind``, its own ``options``, and the fields
-    whose rows a record replaces (``upsert_key``; None: the sink appends)."""
+    """The sink part of a plan: connector ``kind``, its own ``options``, the fields whose
+    rows a record replaces (``upsert_key``; None: the sink appends), and the output field
+    whose greatest value wins an upsert (``latest_by``: the source's event time when the
+    output holds it; None: the last record processed wins)."""
 
     kind: str
     options: Any = None
     upsert_key: tuple[str, ...] | None = None
+    latest_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

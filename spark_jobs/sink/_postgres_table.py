@@ -83,10 +83,16 @@ class PostgresTableSinkWriter:
         subtask: int,
         attempt: str,
         via_csv: bool = True,
+        latest_by: str | None = None,
     ) -> None:
         """``via_csv=False`` forces binary COPY (tests compare the two paths)."""
         self._layout = TableLayout.build(
-            schema_name, table, columns.names, partitioned=partitioned, upsert_key=upsert_key
+            schema_name,
+            table,
+            columns.names,
+            partitioned=partitioned,
+            upsert_key=upsert_key,
+            latest_by=latest_by,
         )
         self._io = io
         self._dsn = dsn

@@ -4,9 +4,11 @@ the transaction that completes their checkpoint.
 ``commit`` runs one statement per table layout on the connection of the completion
 transaction: a ``DELETE … RETURNING`` of the staged batches feeding an ``INSERT`` into the
 target, so the rows become visible atomically with the split states and roll back with them.
-An upsert sink inserts ``DISTINCT ON`` its key — the last staged row of a key wins (highest
-batch, then sequence), so rows of one commit never conflict with each other — ``ON CONFLICT
-… DO UPDATE`` every other column. ``publish`` has nothing left to do; ``abort`` deletes
+An upsert sink inserts ``DISTINCT ON`` its key — the row of the latest event time wins
+(``latest_by``), then the last staged (highest batch, then sequence), so rows of one commit
+never conflict with each other — ``ON CONFLICT … DO UPDATE`` every other column, unless the
+stored row's event time is later (a rebuild of an older day, a late record: the latest event
+stays, whatever the order of processing). ``publish`` has nothing left to do; ``abort`` deletes
 staged batches.
 
 Every staged entry names its table, columns, partitioning and upsert key; they are validated
@@ -64,37 +66,54 @@ def _entries(txns: Sequence[StagedTransaction]) -> list[Mapping[str, Any]]:
     return [entry for txn in txns for entry in txn.staged]
 
 
+def _upsert(layout: TableLayout) -> sql.Composed:
+    """The upsert of the moved rows: one per key (the latest by ``latest_by``, then the last
+    staged), replacing a target row unless that one is of a later ``latest_by``."""
+    assert layout.upsert_key is not None
+    key = column_list(layout.upsert_key)
+    others = [n for n in layout.names if n not in layout.upsert_key]
+    newest: sql.Composable = sql.SQL("")
+    keep_later: sql.Composable = sql.SQL("")
+    if layout.latest_by is not None:
+        latest = sql.Identifier(layout.latest_by)
+        newest = sql.SQL("{} DESC NULLS LAST, ").format(latest)
+        # (a stored row without an event time is older than any)
+        keep_later = sql.SQL(" WHERE stored.{c} IS NULL OR stored.{c} <= EXCLUDED.{c}").format(
+            c=latest
+        )
+    update = (
+        sql.SQL("DO UPDATE SET {}{}").format(
+            sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in others
+            ),
+            keep_later,
+        )
+        if others
+        else sql.SQL("DO NOTHING")
+    )
+    return sql.SQL(
+        "INSERT INTO {target} AS stored ({columns}) SELECT DISTINCT ON ({key}) {columns}"
+        " FROM moved ORDER BY {key}, {newest}{batch} DESC, {seq} DESC ON CONFLICT ({key}) {update}"
+    ).format(
+        target=layout.target,
+        columns=column_list(layout.names),
+        key=key,
+        newest=newest,
+        batch=sql.Identifier(_BATCH),
+        seq=sql.Identifier(SEQ_COLUMN),
+        update=update,
+    )
+
+
 def _move(layout: TableLayout) -> sql.Composed:
     """The statement moving the batches ``%(keys)s`` into the target; returns the number of
     staged rows it deleted."""
-    names = layout.names
     if layout.upsert_key is None:
         insert = sql.SQL("INSERT INTO {target} ({columns}) SELECT {columns} FROM moved").format(
-            target=layout.target, columns=column_list(names)
+            target=layout.target, columns=column_list(layout.names)
         )
     else:
-        key = column_list(layout.upsert_key)
-        others = [n for n in names if n not in layout.upsert_key]
-        update = (
-            sql.SQL("DO UPDATE SET {}").format(
-                sql.SQL(", ").join(
-                    sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in others
-                )
-            )
-            if others
-            else sql.SQL("DO NOTHING")
-        )
-        insert = sql.SQL(
-            "INSERT INTO {target} ({columns}) SELECT DISTINCT ON ({key}) {columns} FROM moved"
-            " ORDER BY {key}, {batch} DESC, {seq} DESC ON CONFLICT ({key}) {update}"
-        ).format(
-            target=layout.target,
-            columns=column_list(names),
-            key=key,
-            batch=sql.Identifier(_BATCH),
-            seq=sql.Identifier(SEQ_COLUMN),
-            update=update,
-        )
+        insert = _upsert(layout)
     return sql.SQL(
         "WITH moved AS (DELETE FROM {staging} AS s USING ({keys}) AS k WHERE {match}"
         " RETURNING {returned}), written AS ({insert})"
@@ -103,7 +122,7 @@ def _move(layout: TableLayout) -> sql.Composed:
         staging=layout.staging,
         keys=_KEYS,
         match=_MATCH,
-        returned=column_list([_BATCH, SEQ_COLUMN, *names], "s"),
+        returned=column_list([_BATCH, SEQ_COLUMN, *layout.names], "s"),
         insert=insert,
     )
 

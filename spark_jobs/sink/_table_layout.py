@@ -88,13 +88,15 @@ def _field_names(names: object, what: str) -> tuple[str, ...]:
 @dataclass(frozen=True, slots=True)
 class TableLayout:
     """A sink table: where it is, its output columns, whether it has the ``dt`` column, and
-    the upsert key (None: rows are appended). Validated when built."""
+    the upsert key (None: rows are appended), and the column whose greatest value wins an
+    upsert (``latest_by``; None: the last staged row). Validated when built."""
 
     schema: str
     table: str
     columns: tuple[str, ...]
     partitioned: bool
     upsert_key: tuple[str, ...] | None
+    latest_by: str | None = None
 
     def __post_init__(self) -> None:
         table_names(self.schema, self.table)
@@ -116,6 +118,10 @@ class TableLayout:
                     f"upsert_key {list(key)!r} must name output columns"
                     f" (columns: {', '.join(self.columns)})"
                 )
+        if self.latest_by is not None and (
+            self.upsert_key is None or self.latest_by not in self.columns
+        ):
+            raise ValueError(f"latest_by {self.latest_by!r} must be an output column of an upsert")
 
     @classmethod
     def build(
@@ -126,9 +132,10 @@ class TableLayout:
         *,
         partitioned: bool,
         upsert_key: Sequence[str] | None,
+        latest_by: str | None = None,
     ) -> TableLayout:
         key = None if upsert_key is None else tuple(upsert_key)
-        return cls(schema, table, tuple(columns), partitioned, key)
+        return cls(schema, table, tuple(columns), partitioned, key, latest_by)
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> TableLayout:
@@ -140,17 +147,21 @@ class TableLayout:
             _field_names(entry["columns"], "column"),
             entry["partitioned"],
             None if key is None else _field_names(key, "upsert_key field"),
+            entry.get("latest_by"),
         )
 
     def entry(self) -> dict[str, Any]:
         """The layout's part of a staged entry (JSON)."""
-        return {
+        entry: dict[str, Any] = {
             "schema": self.schema,
             "table": self.table,
             "columns": list(self.columns),
             "partitioned": self.partitioned,
             "upsert_key": None if self.upsert_key is None else list(self.upsert_key),
         }
+        if self.latest_by is not None:
+            entry["latest_by"] = self.latest_by
+        return entry
 
     @property
     def qualified(self) -> str:

@@ -156,6 +156,7 @@ class DeltaConnector(SinkConnector):
             "pipeline": options.pipeline,
             "partition": options.partition_by if context.partitioned else None,
             "upsert_key": list(plan.upsert_key) if plan.upsert_key else None,
+            "latest_by": plan.latest_by,
         }
         return DeltaSinkWriter(
             io,

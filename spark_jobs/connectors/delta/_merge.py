@@ -3,8 +3,10 @@
 The staged files of an upsert sink are never added to the table: they are the source of one
 ``MERGE`` (delta-rs ``DeltaTable.merge``) per checkpoint — a target row whose key matches a
 staged row is replaced by it (partition column included: a row may move to another day), a
-staged row without a match is inserted. Within a checkpoint the last row staged for a key
-wins (transactions by id, then file order), as in the Postgres sink. The merge commit
+staged row without a match is inserted — unless the target row's event time (``latest_by``)
+is later: the latest event of a key stays, whatever the order of processing (a late record, a
+rebuild of an older day). Within a checkpoint the row of the latest event wins, then the last
+staged (transactions by id, then file order), as in the Postgres sink. The merge commit
 carries the same app transaction as an append would, so the checkpoint's committer checks
 (and recovery repeats) it the same way; once committed, the staged files are deleted.
 A null key never matches (SQL equality): such rows are inserted every time.
@@ -23,6 +25,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 
 from enumerator_service import StorageOptions, open_location
+from spark_jobs.sink._latest import latest_rank
 from spark_jobs.sink._object_store import delete_object
 
 __all__ = ["merge_files"]
@@ -34,9 +37,10 @@ def _source(
     table: DeltaTable,
     entries: list[dict[str, Any]],
     key: list[str],
+    latest_by: str | None,
     options: StorageOptions | None,
 ) -> pa.Table:
-    """The staged rows (with the partition column), the last per key."""
+    """The staged rows (with the partition column), the latest per key."""
     target = pa.schema(table.schema().to_arrow())
     parts = []
     for entry in entries:
@@ -51,7 +55,7 @@ def _source(
                 rows = rows.append_column(field.name, pa.nulls(rows.num_rows, field.type))
         parts.append(rows.select(target.names).cast(target))
     rows = pa.concat_tables(parts)
-    rows = rows.append_column(_SEQ, pa.array(range(rows.num_rows), pa.int64()))
+    rows = rows.append_column(_SEQ, latest_rank(rows, latest_by))
     last = rows.group_by(key, use_threads=False).aggregate([(_SEQ, "max")])
     keep = pc.is_in(rows.column(_SEQ), value_set=last.column(f"{_SEQ}_max"))
     return rows.filter(keep).drop_columns([_SEQ])
@@ -65,8 +69,15 @@ def merge_files(
     options: StorageOptions | None = None,
 ) -> None:
     """Merge the staged files of ``entries`` into ``table`` in one commit, then delete them."""
-    source = _source(table, entries, key, options)
+    latest_by = entries[0].get("latest_by") if entries else None
+    source = _source(table, entries, key, latest_by, options)
     predicate = " AND ".join(f't."{name}" = s."{name}"' for name in key)
+    # A stored row of a later event stays (one without an event time is older than any).
+    newer = (
+        None
+        if latest_by is None
+        else f't."{latest_by}" IS NULL OR t."{latest_by}" <= s."{latest_by}"'
+    )
     (
         table.merge(
             source,
@@ -75,7 +86,7 @@ def merge_files(
             target_alias="t",
             commit_properties=properties,
         )
-        .when_matched_update_all()
+        .when_matched_update_all(predicate=newer)
         .when_not_matched_insert_all()
         .execute()
     )

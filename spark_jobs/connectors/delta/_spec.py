@@ -35,8 +35,9 @@ class DeltaSink:
             pipeline (type `date`; must not be an output field). `None`: an unpartitioned
             table even for a day-partitioned pipeline (rebuilds then are not possible).
         upsert_key: Output fields identifying a row: each checkpoint is merged into the
-            table (`MERGE`: a row replaces the row with its key; the last one staged wins
-            within a checkpoint) instead of appended. `None`: rows are appended.
+            table (`MERGE`: a row replaces the row with its key unless that row's event
+            time is later — the latest event of a key wins, then the last one processed)
+            instead of appended. `None`: rows are appended.
         compression: The Parquet codec of the data files (`"zstd"`, `"snappy"`, …).
     """
 

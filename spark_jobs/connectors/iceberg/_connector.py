@@ -252,6 +252,7 @@ class IcebergConnector(SinkConnector):
             table=options.table,
             catalog=options.catalog,
             upsert_key=plan.upsert_key,
+            latest_by=plan.latest_by,
             run_id=context.run_id,
             subtask=context.subtask,
             attempt=context.attempt,

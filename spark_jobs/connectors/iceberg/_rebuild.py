@@ -5,7 +5,9 @@ The steps of ``spark_jobs.sink._rebuild_swap.finish_rebuilds`` with the folder s
 replaced by a table commit: (1) committed output is published, (2) the rebuild becomes
 SWAPPING, (3) under the table lock: unless a snapshot with its ``sluice.rebuild-id``
 exists, one overwrite deletes every current data file of day D (found by a partition-pruned
-scan plan) and adds the members' files (found in their committed ``sink_transactions``), (4)
+scan plan) and adds the members' files (found in their committed ``sink_transactions``) —
+for an upsert table, one overwrite upserting the members' rows by key and event time
+(``_upsert``) instead, (4)
 DONE. Each step is idempotent, so a crash anywhere is finished by the next call (any run's
 recovery). Other days' data files are not touched.
 
@@ -44,6 +46,7 @@ from spark_jobs.connectors.iceberg._commit import (
     data_files,
     snapshot_values,
 )
+from spark_jobs.connectors.iceberg._upsert import stage_upsert
 from spark_jobs.sink._rebuild_swap import rebuild_folder
 from spark_jobs.sink._table_lock import table_lock
 
@@ -92,17 +95,29 @@ def _status_of(engine: Engine, rebuild_id: int) -> str | None:
 
 
 def _replace_day(
-    catalog: Catalog, identifier: str, field: str, rebuild: Rebuild, entries: list[dict[str, Any]]
+    catalog: Catalog,
+    identifier: str,
+    field: str,
+    rebuild: Rebuild,
+    entries: list[dict[str, Any]],
+    storage: StorageOptions | None,
 ) -> None:
     props = {REBUILD_ID: str(rebuild.id), RUN_ID: rebuild.run_id}
+    key = entries[0].get("upsert_key") if entries else None
 
     def attempt(table: Table) -> bool:
         if str(rebuild.id) in set(snapshot_values(table, REBUILD_ID)):
             return False  # replaced before a crash
+        tx = Transaction(table, autocommit=False)
+        if key:
+            # An upsert table: the day's rows are upserted again, by key and event time (a
+            # key's row may live on another day; dropping day D would lose or double it).
+            stage_upsert(tx, table, entries, key, storage, props)
+            tx.commit_transaction()
+            return True
         old, new = day_files(table, field, rebuild.partition_key), data_files(table, entries)
         if not old and not new:
             return False
-        tx = Transaction(table, autocommit=False)
         with tx.update_snapshot(snapshot_properties=props).overwrite() as overwrite:
             for data_file in old:
                 overwrite.delete_data_file(data_file)
@@ -143,7 +158,7 @@ def finish_iceberg_rebuilds(
                 raise RuntimeError(f"rebuild {rebuild.id} of an unpartitioned iceberg table")
             entries = _member_entries(engine, rebuild)
             _replace_day(
-                open_catalog(engine, catalog, storage), identifier, field, rebuild, entries
+                open_catalog(engine, catalog, storage), identifier, field, rebuild, entries, storage
             )
             # Step 4: DONE; the previous generation's dead letters go, HELD splits released.
             store.end_swap(rebuild)

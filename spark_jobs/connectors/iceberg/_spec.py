@@ -42,10 +42,11 @@ class IcebergSink:
         partition_by: `"auto"`: `day(<event_time>)` for a day-partitioned pipeline,
             unpartitioned otherwise. The event-time field's name says the same explicitly;
             `None` asks for an unpartitioned table (only for a pipeline without partitions).
-        upsert_key: Output fields: each checkpoint's rows (the last one per key) replace
-            the table's rows with their key, in one `overwrite` snapshot (the data files
-            holding a key are rewritten without it: copy-on-write). `None`: rows are
-            appended.
+        upsert_key: Output fields: each checkpoint's rows (one per key) replace the
+            table's rows with their key, in one `overwrite` snapshot (the data files
+            holding a key are rewritten without it: copy-on-write), unless a stored row's
+            event time is later — the latest event of a key wins, then the last one
+            processed. `None`: rows are appended.
         compression: The Parquet codec of the data files: `"zstd"`, `"snappy"`, `"gzip"`,
             `"lz4"`, `"brotli"` or `"none"`.
     """

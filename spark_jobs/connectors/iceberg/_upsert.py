@@ -2,13 +2,17 @@
 append — copy-on-write, without PyIceberg's own write path (which needs ``pyiceberg-core``
 for partitioned tables and commits two snapshots).
 
-1. the checkpoint's staged files, one row per key (the last staged wins, as in the Postgres
-   sink): a staged file that lost rows to a later one is rewritten without them;
+1. the checkpoint's staged rows, one per key: the row of the latest event (``latest_by``, the
+   event time), then the last staged, as in the Postgres sink;
 2. the table's data files that may hold one of the keys: a scan plan with an ``In`` filter
    (partition and column statistics prune it);
-3. each such file is read and, when it does hold a key, rewritten without those rows (a new
-   file next to it; an empty remainder is simply dropped);
-4. one overwrite: the rewritten files' originals deleted, the rewrites and the checkpoint's
+3. each such file is read; a stored row whose event is later than the checkpoint's row of
+   its key stays, and that checkpoint row is dropped (a late record, a rebuild of an older
+   day: the latest event of a key stays, whatever the order of processing); the other stored
+   rows of the keys are removed — the file is rewritten without them (a new file next to it;
+   an empty remainder is simply dropped);
+4. the staged files keep the rows that won: a staged file that lost rows is rewritten;
+5. one overwrite: the rewritten files' originals deleted, the rewrites and the checkpoint's
    files added.
 
 Cost: every data file whose statistics admit one of the checkpoint's keys is read, and
@@ -35,6 +39,7 @@ from pyiceberg.table import Table, Transaction
 
 from enumerator_service import StorageOptions
 from spark_jobs.connectors.iceberg._catalog import location_of, table_uri
+from spark_jobs.sink._latest import latest_rank
 
 __all__ = ["stage_upsert"]
 
@@ -56,8 +61,9 @@ def _keys(rows: pa.Table, key: Sequence[str]) -> pa.Array:
     """One comparable value per row for the (possibly composite) key."""
     if len(key) == 1:
         return rows.column(key[0]).combine_chunks()
-    parts = [pc.cast(rows.column(k), pa.string()) for k in key]
-    return pc.binary_join_element_wise(*parts, _SEPARATOR)
+    parts = [pc.cast(rows.column(k).combine_chunks(), pa.string()) for k in key]
+    joined: pa.Array = pc.binary_join_element_wise(*parts, _SEPARATOR)
+    return joined
 
 
 def _key_filter(rows: pa.Table, key: Sequence[str]) -> BooleanExpression:
@@ -75,28 +81,61 @@ def _sibling(uri: str, tag: str) -> str:
     return f"{stem}-{tag}-{uuid.uuid4().hex[:12]}.parquet"
 
 
-def _latest_rows(
-    entries: Sequence[dict[str, Any]], key: Sequence[str], storage: StorageOptions | None
-) -> tuple[list[str], pa.Table]:
-    """Step 1: the checkpoint's files holding one row per key, and those rows' keys."""
-    parts = [_read(str(e["staged"]), storage) for e in entries]
-    if not parts:
-        return [], pa.table({})
-    sizes = [p.num_rows for p in parts]
-    rows = pa.concat_tables(parts).combine_chunks()
-    order = pa.array(range(rows.num_rows), pa.int64())
-    numbered = pa.table({"k": _keys(rows, key), "n": order})
-    keep = set(numbered.group_by("k").aggregate([("n", "max")]).column("n_max").to_pylist())
-    files, start = [], 0
-    for entry, part, size in zip(entries, parts, sizes, strict=True):
-        mask = pa.array([start + i in keep for i in range(size)])
-        start += size
-        uri = table_uri(str(entry["staged"]))
-        if pc.all(mask).as_py():
-            files.append(uri)
-        elif pc.any(mask).as_py():
-            files.append(_write(part.filter(mask), _sibling(uri, "last"), storage))
-    return files, rows.select(list(key))
+class _Incoming:
+    """Step 1: the checkpoint's staged files and, per key, the row that wins among them."""
+
+    def __init__(
+        self,
+        entries: Sequence[dict[str, Any]],
+        key: Sequence[str],
+        latest_by: str | None,
+        storage: StorageOptions | None,
+    ) -> None:
+        self.uris = [table_uri(str(e["staged"])) for e in entries]
+        self.parts = [_read(str(e["staged"]), storage) for e in entries]
+        rows = pa.concat_tables(self.parts).combine_chunks() if self.parts else pa.table({})
+        self.winner = pa.array([], pa.bool_())
+        self.keys = pa.array([])
+        self.times: pa.Array | None = None
+        if rows.num_rows:
+            rank = latest_rank(rows, latest_by)
+            keyed = pa.table({"k": _keys(rows, key), "r": rank})
+            best = keyed.group_by("k", use_threads=False).aggregate([("r", "max")])
+            self.winner = pc.is_in(rank, value_set=best.column("r_max"))
+            won = rows.filter(self.winner)
+            self.keys = _keys(won, key)  # one per key
+            self.times = None if latest_by is None else won.column(latest_by).combine_chunks()
+        self.rows = rows.select(list(key)) if rows.num_rows else rows
+        self.lost = pa.array([], self.keys.type)
+
+    def outranked(self, stored: pa.Table, key: Sequence[str], latest_by: str | None) -> pa.Array:
+        """Step 3: per stored row, whether it stays (its event is later than the checkpoint's
+        row of its key); those keys' checkpoint rows are dropped."""
+        position = pc.index_in(_keys(stored, key), value_set=self.keys)
+        if latest_by is None or self.times is None:
+            return pc.fill_null(pc.is_null(position), True)  # (no key of ours: stays)
+        incoming = pc.take(self.times, position)
+        at = stored.column(latest_by).combine_chunks()
+        later = pc.and_(pc.is_valid(at), pc.or_kleene(pc.is_null(incoming), pc.less(incoming, at)))
+        stays = pc.or_(pc.is_null(position), pc.fill_null(later, False))
+        beaten = pc.filter(_keys(stored, key), pc.and_(pc.is_valid(position), stays))
+        self.lost = pa.concat_arrays([self.lost, beaten.cast(self.lost.type)])
+        return stays
+
+    def files(self, key: Sequence[str], storage: StorageOptions | None) -> list[str]:
+        """Step 4: the staged files holding exactly the rows that won."""
+        files, start = [], 0
+        for uri, part in zip(self.uris, self.parts, strict=True):
+            size = part.num_rows
+            mask = self.winner.slice(start, size)
+            start += size
+            if len(self.lost):
+                mask = pc.and_(mask, pc.invert(pc.is_in(_keys(part, key), value_set=self.lost)))
+            if pc.all(mask).as_py():
+                files.append(uri)
+            elif pc.any(mask).as_py():
+                files.append(_write(part.filter(mask), _sibling(uri, "last"), storage))
+        return files
 
 
 def stage_upsert(
@@ -107,24 +146,26 @@ def stage_upsert(
     storage: StorageOptions | None,
     props: dict[str, str],
 ) -> None:
-    """Steps 1-4 into ``tx`` (the caller commits it)."""
-    files, keys = _latest_rows(entries, key, storage)
-    wanted = _keys(keys, key) if keys.num_rows else pa.array([])
+    """Steps 1-5 into ``tx`` (the caller commits it)."""
+    latest_by = entries[0].get("latest_by") if entries else None
+    incoming = _Incoming(entries, key, latest_by, storage)
     deleted: list[DataFile] = []
-    added = [parquet_file_to_data_file(table.io, table.metadata, uri) for uri in files]
-    if keys.num_rows and table.current_snapshot() is not None:
-        # Steps 2-3: files that hold a key lose those rows (copy-on-write).
-        for task in table.scan(row_filter=_key_filter(keys, key)).plan_files():
-            rows = _read(task.file.file_path, storage)
-            hit = pc.is_in(_keys(rows, key), value_set=wanted)
-            if not pc.any(hit).as_py():
-                continue  # the statistics admitted it; it holds none of the keys
+    added: list[DataFile] = []
+    if len(incoming.keys) and table.current_snapshot() is not None:
+        # Steps 2-3: files that hold a key lose those rows (copy-on-write), unless later.
+        for task in table.scan(row_filter=_key_filter(incoming.rows, key)).plan_files():
+            stored = _read(task.file.file_path, storage)
+            stays = incoming.outranked(stored, key, latest_by)
+            if pc.all(stays).as_py():
+                continue  # none of the keys, or only later events of them
             deleted.append(task.file)
-            remainder = rows.filter(pc.invert(hit))
+            remainder = stored.filter(stays)
             if remainder.num_rows:
                 uri = _write(remainder, _sibling(task.file.file_path, "cow"), storage)
                 added.append(parquet_file_to_data_file(table.io, table.metadata, uri))
-    # Step 4: one snapshot.
+    files = incoming.files(key, storage)
+    added += [parquet_file_to_data_file(table.io, table.metadata, uri) for uri in files]
+    # Step 5: one snapshot.
     with tx.update_snapshot(snapshot_properties=props).overwrite() as overwrite:
         for data_file in deleted:
             overwrite.delete_data_file(data_file)

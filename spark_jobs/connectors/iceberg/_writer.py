@@ -40,6 +40,7 @@ class IcebergSinkWriter(ParquetSinkWriter):
         table: str,
         catalog: str | None,
         upsert_key: Sequence[str] | None,
+        latest_by: str | None,
         run_id: str,
         subtask: int,
         attempt: str,
@@ -58,6 +59,7 @@ class IcebergSinkWriter(ParquetSinkWriter):
         self._tags: dict[str, Any] = {"table": table, "catalog": catalog}
         if upsert_key:
             self._tags["upsert_key"] = list(upsert_key)
+            self._tags["latest_by"] = latest_by
 
     def _close_files(
         self,

@@ -108,6 +108,7 @@ class PostgresConnector(SinkConnector):
             columns=context.schema,
             partitioned=context.partitioned,
             upsert_key=plan.upsert_key,
+            latest_by=plan.latest_by,
             run_id=context.run_id,
             subtask=context.subtask,
             attempt=context.attempt,

@@ -26,7 +26,8 @@ class PostgresSink:
     Args:
         table: `"schema.table"`, or `"table"` in schema `public`.
         upsert_key: Output fields with a unique index: a row replaces the row with its key
-            (the last one staged wins within a checkpoint), and rebuilding a day writes its
+            unless that row's event time is later (the latest event of a key wins, then the
+            last one processed), and rebuilding a day writes its
             rows again. `None`: rows are appended, and rebuilding a day already processed
             only processes its new files.
     """
