@@ -11,6 +11,7 @@ from datetime import date
 from typing import Any
 
 import pyarrow.parquet as pq
+import pyiceberg.catalog
 import pytest
 import sqlalchemy as sa
 from conftest import TestSettings as Settings
@@ -23,7 +24,11 @@ from iceberg_tables import (
     iceberg_pipeline,
     load,
     oracle,
+    table_name,
 )
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.utils.config import Config
 
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._rebuilds import RebuildStore
@@ -202,3 +207,26 @@ def test_a_dagster_backfill_and_its_checks_read_the_iceberg_table(
         assert counts[day].reconciles, counts[day]
         assert counts[day].rows_out == sum(oracle(settings, {day}).values())
     assert_exact(load(plat.engine, settings), oracle(settings))
+
+
+def test_a_catalog_named_the_pyiceberg_way_gets_the_table(
+    platform: tuple[Settings, Platform], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``catalog="other"``: a catalog of the user's, configured by PyIceberg's own
+    environment variables (here a SQL catalog in a SQLite file, another database than
+    Sluice's): the table is created and committed there, exactly once, and Sluice's own
+    catalog does not get it."""
+    settings, plat = platform
+    uri, warehouse = f"sqlite:///{tmp_path}/catalog.db", f"file://{tmp_path}/warehouse"
+    monkeypatch.setenv("PYICEBERG_CATALOG__OTHER__TYPE", "sql")
+    monkeypatch.setenv("PYICEBERG_CATALOG__OTHER__URI", uri)
+    monkeypatch.setenv("PYICEBERG_CATALOG__OTHER__WAREHOUSE", warehouse)
+    monkeypatch.setattr(pyiceberg.catalog, "_ENV_CONFIG", Config())  # (read at import)
+    summary = run_pipeline(settings, iceberg_pipeline(settings, catalog="other"))
+    catalog = SqlCatalog("other", uri=uri, warehouse=warehouse)  # a reader of its own
+    table = catalog.load_table(table_name(settings))
+    assert table.location().startswith(warehouse)
+    assert_exact(table, oracle(settings))
+    assert {run_id for run_id, _ in checkpoints(table)} == {summary.run_id}
+    with pytest.raises(NoSuchTableError):
+        load(plat.engine, settings)
