@@ -10,12 +10,13 @@ from datetime import date
 from typing import Any
 
 import duckdb
+import sqlalchemy as sa
 from conftest import TestSettings
 from demo_platform import demo_pipeline
 from landing_oracle import expected_events
 from sqlalchemy.engine import Engine
 
-from enumerator_service import StorageOptions
+from enumerator_service import StorageOptions, connect_engine, database_url
 from spark_jobs import IcebergSink, Pipeline
 from spark_jobs.connectors.iceberg._catalog import open_catalog
 from spark_jobs.connectors.iceberg._commit import CHECKPOINT_ID, RUN_ID
@@ -86,3 +87,28 @@ def checkpoints(table: Any) -> list[tuple[str, str]]:
         for s in table.snapshots()
         if s.summary is not None and s.summary.get(CHECKPOINT_ID) is not None
     ]
+
+
+#: (revenue, orders, events) by user country.
+Revenue = dict[str | None, tuple[float, int, int]]
+
+
+def landing_revenue(settings: TestSettings, day: date) -> Revenue:
+    """The oracle: the landing files' events of ``day`` (UTC event time), their users'
+    countries from ``public.users`` (unknown users: None), aggregated in Python."""
+    engine = connect_engine(database_url(settings, create=False), pool_size=1)
+    try:
+        with engine.connect() as conn:
+            country = dict(conn.execute(sa.text("SELECT id, country FROM public.users")).all())
+    finally:
+        engine.dispose()
+    totals: dict[str | None, list[float]] = {}
+    for event in expected_events(settings.landing_path)[0]:
+        if event["event_time"].date() != day:
+            continue
+        row = totals.setdefault(country.get(event["user_id"]), [0.0, 0, 0])
+        if event["event_type"] == "order":
+            row[0] += event["amount"]
+            row[1] += 1
+        row[2] += 1
+    return {key: (value[0], int(value[1]), int(value[2])) for key, value in totals.items()}

@@ -20,7 +20,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-import sqlalchemy as sa
 from conftest import TestSettings
 from dagster import (
     AssetKey,
@@ -32,8 +31,14 @@ from dagster import (
     materialize,
 )
 from demo_platform import demo_discover, prepare_demo
-from iceberg_tables import differences, iceberg_pipeline, load, oracle, table_name
-from landing_oracle import expected_events
+from iceberg_tables import (
+    differences,
+    iceberg_pipeline,
+    landing_revenue,
+    load,
+    oracle,
+    table_name,
+)
 from sluice_resource import resource_for
 
 from dagster_project import pipeline_definitions
@@ -87,27 +92,6 @@ def ran(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ran:
     finally:
         platform.close()
     return Ran(settings, pipeline, daily_revenue_asset(settings, pipeline))
-
-
-def landing_revenue(settings: TestSettings, day: date) -> Revenue:
-    """The oracle: the landing files' events of ``day`` (UTC event time), their users'
-    countries from ``public.users`` (unknown users: None), aggregated in Python."""
-    engine = connect_engine(database_url(settings, create=False), pool_size=1)
-    try:
-        with engine.connect() as conn:
-            country = dict(conn.execute(sa.text("SELECT id, country FROM public.users")).all())
-    finally:
-        engine.dispose()
-    totals: dict[str | None, list[float]] = {}
-    for event in expected_events(settings.landing_path)[0]:
-        if event["event_time"].date() != day:
-            continue
-        row = totals.setdefault(country.get(event["user_id"]), [0.0, 0, 0])
-        if event["event_type"] == "order":
-            row[0] += event["amount"]
-            row[1] += 1
-        row[2] += 1
-    return {key: (value[0], int(value[1]), int(value[2])) for key, value in totals.items()}
 
 
 def written_revenue(settings: TestSettings, day: date) -> Revenue:

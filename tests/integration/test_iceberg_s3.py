@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from conftest import TestSettings as Settings
@@ -22,6 +23,7 @@ from iceberg_tables import (
     differences,
     files_of_day,
     iceberg_pipeline,
+    landing_revenue,
     load,
     oracle,
     scan_ids,
@@ -30,6 +32,7 @@ from s3_server import S3Server, s3_server, set_standard_chain
 
 from enumerator_service import StorageOptions, open_location
 from enumerator_service._operations import Platform, open_platform
+from examples.clickstream_revenue import REVENUE_TABLE, build_daily_revenue
 from spark_jobs.jobs import run_pipeline
 
 # `make faults` only (as the Delta sink's S3 test): `make test` is at CI's time limit.
@@ -87,3 +90,30 @@ def test_a_run_and_a_rebuild_with_the_warehouse_on_s3(on_s3: tuple[Settings, Pla
     assert files_of_day(table, OTHER_DAY) == other
     assert differences(scan_ids(table), oracle(settings)) == (0, 0, 0)
     assert differences(duckdb_ids_on_s3(table, storage), oracle(settings)) == (0, 0, 0)
+
+
+def test_the_revenue_example_reads_the_table_on_s3_by_snapshot(
+    on_s3: tuple[Settings, Platform],
+) -> None:
+    """The downstream example asset's work (``build_daily_revenue``) on a table whose
+    warehouse is on S3: it reads the day by the current snapshot and writes its one object
+    under the warehouse on S3, equal to the landing oracle."""
+    settings, plat = on_s3
+    pipeline = iceberg_pipeline(settings)
+    run_pipeline(settings, pipeline)
+    snapshot = load(plat.engine, settings, StorageOptions.of(settings)).current_snapshot()
+    assert snapshot is not None
+    built = build_daily_revenue(settings, [DAY], pipeline)
+    assert built.snapshot_id == snapshot.snapshot_id
+    where = open_location(
+        f"{settings.warehouse_uri}/{REVENUE_TABLE}/dt={DAY.isoformat()}",
+        StorageOptions.of(settings),
+    )
+    (found,) = where.fs.get_file_info(pafs.FileSelector(where.path))
+    written = pq.read_table(found.path, filesystem=where.fs).to_pylist()
+    expected = landing_revenue(settings, DAY)
+    assert {r["user_country"] for r in written} == set(expected)
+    for row in written:
+        revenue, orders, events = expected[row["user_country"]]
+        assert row["revenue"] == pytest.approx(revenue)
+        assert (row["orders"], row["events"]) == (orders, events)
