@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 
 from enumerator_service import Location
+from spark_jobs.connectors._committed_rows import DayFiles, committed_day_rows
 from spark_jobs.connectors.delta._paths import delta_storage, table_uri
 from spark_jobs.connectors.delta._table import add_actions, load_table
 
@@ -27,47 +28,21 @@ __all__ = ["committed_rows", "duplicate_keys", "rows_out"]
 #: Duplicated keys listed in a failed check's metadata.
 _SAMPLE_KEYS = 5
 
-_DAY_ROWS = """
-WITH files AS (
-    SELECT t.committed_at, f.value ->> 'final' AS final, CAST(f.value ->> 'rows' AS bigint) AS rows
-    FROM sluice.sink_transactions AS t, jsonb_array_elements(t.staged) AS f(value)
-    WHERE t.committed AND t.sink = 'delta' AND t.source = :source
-), latest AS (
-    SELECT DISTINCT ON (partition_key) partition_key, id, swapped_at
-    FROM sluice.partition_rebuilds
-    WHERE source = :source AND status = 'DONE' AND partition_key = ANY(:days)
-    ORDER BY partition_key, id DESC
-), wanted AS (
-    SELECT day FROM unnest(CAST(:days AS date[])) AS day
+#: The Delta sink's files of a day (``<root>dt=D/``) and of its rebuild ``l.id``.
+_DAY_FILES = DayFiles(
+    live="starts_with(files.final, :root || 'dt=' || w.day || '/')"
+    " AND NOT starts_with(files.final, :root || 'dt=' || w.day || '/rebuild-')",
+    rebuilt="starts_with(files.final, :root || 'dt=' || w.day || '/rebuild-' || l.id || '/')",
 )
-SELECT w.day, SUM(files.rows)
-FROM wanted AS w
-LEFT JOIN latest AS l ON l.partition_key = w.day
-JOIN files ON (
-    starts_with(files.final, :root || 'dt=' || w.day || '/')
-    AND NOT starts_with(files.final, :root || 'dt=' || w.day || '/rebuild-')
-    AND (l.swapped_at IS NULL OR files.committed_at > l.swapped_at)
-) OR (
-    l.id IS NOT NULL
-    AND starts_with(files.final, :root || 'dt=' || w.day || '/rebuild-' || l.id || '/')
-)
-GROUP BY w.day
-"""
-_ALL_ROWS = """
-SELECT COALESCE(SUM(t.row_count), 0) FROM sluice.sink_transactions AS t
-WHERE t.committed AND t.sink = 'delta' AND t.source = :source
-"""
 
 
 def committed_rows(
     conn: sa.Connection, source: str, table: Location, days: list[date]
 ) -> dict[date | None, int]:
-    if not days:
-        total = conn.execute(sa.text(_ALL_ROWS), {"source": source}).scalar_one()
-        return {None: int(total)}
-    query = sa.text(_DAY_ROWS).bindparams(sa.bindparam("days", type_=sa.ARRAY(sa.Date)))
-    params = {"source": source, "days": days, "root": f"{table.uri.rstrip('/')}/"}
-    return {day: int(rows) for day, rows in conn.execute(query, params)}
+    root = f"{table.uri.rstrip('/')}/"
+    return committed_day_rows(
+        conn, sink="delta", source=source, days=days, files=_DAY_FILES, root=root
+    )
 
 
 def rows_out(

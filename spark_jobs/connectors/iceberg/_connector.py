@@ -25,6 +25,7 @@ from pyiceberg.table import Table
 from sqlalchemy.engine import Engine
 
 from enumerator_service import ConfigError, Location, Settings, StorageOptions, TransactionalSink
+from spark_jobs.connectors._committed_rows import DayFiles, committed_day_rows
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
 from spark_jobs.connectors.iceberg._catalog import (
     catalog_engine,
@@ -56,36 +57,12 @@ __all__ = ["IcebergConnector", "IcebergOptions"]
 
 _COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
 _SAMPLE_KEYS = 5
-# Rows committed into each day's current generation: live files committed since the day's
-# latest rebuild went live (all of them without one), plus that rebuild's files.
-_ROWS = """
-WITH files AS (
-    SELECT t.committed_at, f.value ->> 'final' AS final, CAST(f.value ->> 'rows' AS bigint) AS rows
-    FROM sluice.sink_transactions AS t, jsonb_array_elements(t.staged) AS f(value)
-    WHERE t.committed AND t.sink = 'iceberg' AND t.source = :source
-), latest AS (
-    SELECT DISTINCT ON (partition_key) partition_key, id, swapped_at
-    FROM sluice.partition_rebuilds
-    WHERE source = :source AND status = 'DONE' AND partition_key = ANY(:days)
-    ORDER BY partition_key, id DESC
-), wanted AS (
-    SELECT day FROM unnest(CAST(:days AS date[])) AS day
+#: The Iceberg sink's files of a day (under ``…/dt=D/``) and of its rebuild ``l.id``.
+_DAY_FILES = DayFiles(
+    live="strpos(files.final, '/dt=' || w.day || '/') > 0"
+    " AND strpos(files.final, '/_rebuilds/') = 0",
+    rebuilt="strpos(files.final, '/_rebuilds/dt=' || w.day || '/' || l.id || '/') > 0",
 )
-SELECT w.day, SUM(files.rows)
-FROM wanted AS w
-LEFT JOIN latest AS l ON l.partition_key = w.day
-JOIN files ON (
-    strpos(files.final, '/dt=' || w.day || '/') > 0 AND strpos(files.final, '/_rebuilds/') = 0
-    AND (l.swapped_at IS NULL OR files.committed_at > l.swapped_at)
-) OR (
-    l.id IS NOT NULL AND strpos(files.final, '/_rebuilds/dt=' || w.day || '/' || l.id || '/') > 0
-)
-GROUP BY w.day
-"""
-_ALL_ROWS = """
-SELECT COALESCE(SUM(t.row_count), 0) FROM sluice.sink_transactions AS t
-WHERE t.committed AND t.sink = 'iceberg' AND t.source = :source
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,12 +289,9 @@ class IcebergConnector(SinkConnector):
     def committed_rows(
         self, conn: sa.Connection, pipeline: Pipeline, settings: Settings, days: list[date]
     ) -> dict[date | None, int]:
-        if not days:
-            total = conn.execute(sa.text(_ALL_ROWS), {"source": pipeline.name}).scalar_one()
-            return {None: int(total)}
-        query = sa.text(_ROWS).bindparams(sa.bindparam("days", type_=sa.ARRAY(sa.Date)))
-        params = {"source": pipeline.name, "days": days}
-        return {day: int(rows) for day, rows in conn.execute(query, params)}
+        return committed_day_rows(
+            conn, sink=SINK_NAME, source=pipeline.name, days=days, files=_DAY_FILES
+        )
 
     def _files(self, table: Table, pipeline: Pipeline, day: date | None) -> list[Any]:
         if day is None:

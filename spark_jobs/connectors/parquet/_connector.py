@@ -27,6 +27,7 @@ from enumerator_service import (
     TransactionalSink,
     open_location,
 )
+from spark_jobs.connectors._committed_rows import DayFiles, committed_day_rows
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
 from spark_jobs.connectors._table_paths import table_folder_path
 from spark_jobs.connectors.parquet._paths import output_root, staging_root
@@ -96,37 +97,11 @@ def partition_folder(pipeline: Pipeline, settings: Settings, day: date | None) -
     return root if day is None else root.child(f"dt={day.isoformat()}")
 
 
-# Rows committed into each day's *current* generation: files published into ``dt=D`` since
-# D's latest rebuild was swapped in (all of them without a rebuild), or by that rebuild.
-_PARQUET_ROWS = """
-WITH files AS (
-    SELECT t.committed_at, f.value ->> 'final' AS final, CAST(f.value ->> 'rows' AS bigint) AS rows
-    FROM sluice.sink_transactions AS t, jsonb_array_elements(t.staged) AS f(value)
-    WHERE t.committed AND t.sink = 'parquet' AND t.source = :source
-), latest AS (
-    SELECT DISTINCT ON (partition_key) partition_key, id, swapped_at
-    FROM sluice.partition_rebuilds
-    WHERE source = :source AND status = 'DONE' AND partition_key = ANY(:days)
-    ORDER BY partition_key, id DESC
-), wanted AS (
-    SELECT day FROM unnest(CAST(:days AS date[])) AS day
+#: The Parquet sink's files of a day (``<root>dt=D/``) and of its rebuild ``l.id``.
+_DAY_FILES = DayFiles(
+    live="starts_with(files.final, :root || 'dt=' || w.day || '/')",
+    rebuilt="starts_with(files.final, :root || '_rebuilds/dt=' || w.day || '/' || l.id || '/')",
 )
-SELECT w.day, SUM(files.rows)
-FROM wanted AS w
-LEFT JOIN latest AS l ON l.partition_key = w.day
-JOIN files ON (
-    starts_with(files.final, :root || 'dt=' || w.day || '/')
-    AND (l.swapped_at IS NULL OR files.committed_at > l.swapped_at)
-) OR (
-    l.id IS NOT NULL
-    AND starts_with(files.final, :root || '_rebuilds/dt=' || w.day || '/' || l.id || '/')
-)
-GROUP BY w.day
-"""
-_ALL_PARQUET_ROWS = """
-SELECT COALESCE(SUM(t.row_count), 0) FROM sluice.sink_transactions AS t
-WHERE t.committed AND t.sink = 'parquet' AND t.source = :source
-"""
 
 
 class ParquetConnector(SinkConnector):
@@ -214,14 +189,11 @@ class ParquetConnector(SinkConnector):
     def committed_rows(
         self, conn: sa.Connection, pipeline: Pipeline, settings: Settings, days: list[date]
     ) -> dict[date | None, int]:
-        source = pipeline.name
-        if not days:
-            total = conn.execute(sa.text(_ALL_PARQUET_ROWS), {"source": source}).scalar_one()
-            return {None: int(total)}
-        query = sa.text(_PARQUET_ROWS).bindparams(sa.bindparam("days", type_=sa.ARRAY(sa.Date)))
         # The prefix of the entries' "final" names: a local path or the table's URI.
-        params = {"source": source, "days": days, "root": f"{output_root(pipeline, settings).uri}/"}
-        return {day: int(rows) for day, rows in conn.execute(query, params)}
+        root = f"{output_root(pipeline, settings).uri}/"
+        return committed_day_rows(
+            conn, sink="parquet", source=pipeline.name, days=days, files=_DAY_FILES, root=root
+        )
 
     def rows_out(
         self,
