@@ -1,4 +1,4 @@
-"""Iceberg compaction of a day (``spark_jobs.connectors.iceberg._maintenance.compact_day``)
+"""Iceberg compaction of a day (``spark_jobs.connectors.iceberg._compaction.compact_day``)
 against the bare PyIceberg way of rewriting the same day (``scan(row_filter=day).to_arrow()``
 then ``overwrite(..., overwrite_filter=day)``), same table shape, same invocation.
 
@@ -40,7 +40,7 @@ from sqlalchemy.engine import make_url
 
 from enumerator_service import load_settings
 from enumerator_service._operations import open_platform
-from spark_jobs.connectors.iceberg._maintenance import compact_day
+from spark_jobs.connectors.iceberg._compaction import compact_day
 
 DAY, OTHER = date(2026, 5, 1), date(2026, 5, 2)
 SCHEMA = Schema(

@@ -34,7 +34,7 @@ from pyiceberg.exceptions import ValidationException
 from s3_server import S3Server, s3_server
 
 from spark_jobs.connectors import CompactionResult
-from spark_jobs.connectors.iceberg import _maintenance as maintenance
+from spark_jobs.connectors.iceberg import _compaction as compaction
 from spark_jobs.connectors.iceberg._maintenance import (
     COMPACTION_PROPERTY,
     compact_day,
@@ -224,7 +224,7 @@ def test_a_writer_outside_sluice_wins_and_the_compaction_leaves_nothing(
     table, oracle = make_iceberg_table(catalog, 3)
     day = DAYS[0]
     outsider = catalog.load_table(table.name())
-    write = maintenance._write_compacted
+    write = compaction._write_compacted
 
     def write_then_commit_outside(*args: Any) -> Any:
         written = write(*args)
@@ -232,7 +232,7 @@ def test_a_writer_outside_sluice_wins_and_the_compaction_leaves_nothing(
         oracle.extend(append_rows(outsider, 20_000, 20, day))
         return written
 
-    monkeypatch.setattr(maintenance, "_write_compacted", write_then_commit_outside)
+    monkeypatch.setattr(compaction, "_write_compacted", write_then_commit_outside)
     with pytest.raises(ValidationException, match="Added data files"):
         compact_day(table, engine, day)
 
@@ -251,7 +251,7 @@ def test_a_target_size_makes_a_few_files_and_leaves_files_that_are_not_small(
     catalog = iceberg_catalog(db_url, f"file://{tmp_path}")
     table, oracle = make_iceberg_table(catalog, 6, per_append=500)
     day = DAYS[0]
-    sizes = [t.file.file_size_in_bytes for t in maintenance._day_tasks(table, "dt", day)]
+    sizes = [t.file.file_size_in_bytes for t in compaction._day_tasks(table, "dt", day)]
     target = 2 * max(sizes) + 600  # every file is small (< target / 2); 6 ≈ 2.7 targets
 
     done = compact_day(table, engine, day, target_file_bytes=target)
