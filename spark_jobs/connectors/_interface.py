@@ -242,6 +242,13 @@ class SinkConnector(abc.ABC):
     ) -> SinkDetails:
         """The connector's own checks of ``spec`` against the output ``columns``."""
 
+    def check_plan(self, plan: Plan, ctx: Context) -> None:
+        """Checks of the sink against the whole plan — its source's partitions and event
+        time — when the pipeline is defined (``ctx.fail(...)``), so that ``sluice pipelines``
+        and the code location catch them, not only the run. ``plan.complete`` False: the
+        output is not resolved yet (lookups, probed maps); check what the source decides."""
+        return None
+
     @abc.abstractmethod
     def describe(self, plan: Plan) -> str:
         """One line: where the output goes and how."""

@@ -19,6 +19,7 @@ from spark_jobs.connectors._registry import (
     registered_sinks,
     registered_sources,
     sink_connector,
+    sink_connector_named,
     source_connector,
 )
 from spark_jobs.pipeline._checks import Context, names, require
@@ -86,7 +87,10 @@ def derive(
     ctx.where = "sample_data"
     if pipeline.sample_data is not None and not callable(pipeline.sample_data):
         raise ctx.fail("must be a callable (or None)")
-    return Plan(pipeline.name, source, tuple(stages), sink, key, tuple(columns))
+    plan = Plan(pipeline.name, source, tuple(stages), sink, key, tuple(columns))
+    ctx.where = "sink"
+    sink_connector_named(sink.kind).check_plan(plan, ctx)
+    return plan
 
 
 # --------------------------------------------------------------------------- source

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pyiceberg.catalog
 import pytest
 from conftest import TestSettings as Settings
-from demo_platform import demo_discover, prepare_demo
+from demo_platform import demo_discover, demo_pipeline, prepare_demo
 from iceberg_tables import iceberg_pipeline, table_name
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import DayTransform
@@ -29,6 +29,7 @@ from spark_jobs.connectors.iceberg._catalog import default_warehouse, ensure_nam
 from spark_jobs.connectors.iceberg._commit import data_files
 from spark_jobs.connectors.iceberg._table import iceberg_schema, with_field_ids
 from spark_jobs.jobs import run_pipeline
+from spark_jobs.pipeline import PipelineDefinitionError
 from spark_jobs.pipeline._paths import discovery_of
 
 pytestmark = pytest.mark.spark
@@ -132,21 +133,28 @@ def demo(platform: tuple[Settings, Platform]) -> tuple[Settings, Platform]:
     return settings, plat
 
 
-def test_partitions_that_cannot_be_a_day_spec_are_refused(demo: tuple[Settings, Platform]) -> None:
+def test_partitions_that_cannot_be_a_day_spec_are_refused_when_defined(
+    demo: tuple[Settings, Platform],
+) -> None:
+    """Caught when the pipeline is defined (``sluice pipelines``, the code location), before
+    any catalog is opened: one line naming the sink option."""
     settings, _ = demo
-    line = refusal(settings, iceberg_pipeline(settings, partition_by="user_id"))
-    assert "IcebergSink(partition_by)" in line and "does not match" in line
-    line = refusal(settings, iceberg_pipeline(settings, partition_by=None))
-    assert "IcebergSink(partition_by)" in line
-    pipeline = iceberg_pipeline(settings)
-    landing_days = dataclasses.replace(
-        pipeline, source=dataclasses.replace(pipeline.source, event_time=None)
-    )
-    assert "landing days" in refusal(settings, landing_days)
-    nullable = dataclasses.replace(
-        pipeline, source=dataclasses.replace(pipeline.source, required=["event_id"])
-    )
-    assert "nullable" in refusal(settings, nullable)
+
+    def refused(**changes: Any) -> str:
+        base = demo_pipeline(settings)
+        sink = IcebergSink(table_name(settings), **changes.pop("sink", {}))
+        source = dataclasses.replace(base.source, **changes)
+        with pytest.raises(PipelineDefinitionError) as caught:
+            dataclasses.replace(base, source=source, sink=sink)
+        line = str(caught.value)
+        assert "\n" not in line and "sink: IcebergSink(partition_by)" in line
+        return line
+
+    assert "does not match" in refused(sink={"partition_by": "user_id"})
+    assert "does not match" in refused(sink={"partition_by": None})
+    assert "landing days" in refused(event_time=None)
+    assert "nullable" in refused(required=["event_id"])
+    assert "no partitions" in refused(partition_by=None, sink={"partition_by": "event_time"})
 
 
 def day_spec(schema: Any) -> PartitionSpec:

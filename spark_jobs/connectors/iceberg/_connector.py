@@ -116,6 +116,15 @@ class IcebergConnector(SinkConnector):
         upsert = plan.sink.upsert_key
         return where + (f", upsert on {', '.join(upsert)}" if upsert else ", append")
 
+    def check_plan(self, plan: Plan, ctx: Context) -> None:
+        options: IcebergOptions = plan.sink.options
+        # (Unresolved outputs: the source's columns pass through, so check against them.)
+        outputs = [c.name for c in (plan.outputs if plan.complete else plan.source.columns)]
+        try:
+            expected_partition(plan.name, plan.source, outputs, options.partition_by)
+        except ConfigError as exc:
+            raise ctx.fail(f"IcebergSink(partition_by): {exc.problem}") from None
+
     def _open(self, engine: Engine, pipeline: Pipeline, settings: Settings) -> Any:
         options: IcebergOptions = pipeline.plan.sink.options
         warehouse = None if options.catalog else default_warehouse(settings)
