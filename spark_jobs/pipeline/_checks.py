@@ -73,3 +73,29 @@ def ordered(ctx: Context, mode: object) -> bool:
     if mode not in ("ordered", "unordered"):
         raise ctx.fail(f"mode must be 'ordered' or 'unordered', got {mode!r}")
     return mode == "ordered"
+
+
+#: The Parquet codecs a file sink writes with (pyarrow's names; "none": uncompressed).
+PARQUET_COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
+
+
+def parquet_compression(ctx: Context, value: object) -> str:
+    """A sink's ``compression`` option: one of :data:`PARQUET_COMPRESSIONS`."""
+    if value not in PARQUET_COMPRESSIONS:
+        raise ctx.fail(f"compression must be one of {', '.join(PARQUET_COMPRESSIONS)}")
+    return str(value)
+
+
+def upsert_key(
+    ctx: Context, value: object, columns: Sequence[Column], is_open: bool
+) -> tuple[str, ...] | None:
+    """A sink's ``upsert_key`` option: None (append), or at least one field name, each an
+    output field (checked once the output is known: ``is_open`` False)."""
+    if value is None:
+        return None
+    key = tuple(names(ctx, value, "upsert_key field"))
+    if not key:
+        raise ctx.fail("upsert_key must name at least one field (or be None: append)")
+    if not is_open:
+        require(ctx, key, columns, "upsert_key field")
+    return key

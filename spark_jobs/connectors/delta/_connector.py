@@ -50,7 +50,7 @@ from spark_jobs.connectors.delta._rebuild import finish_delta_rebuilds
 from spark_jobs.connectors.delta._rows import committed_rows, duplicate_keys, rows_out
 from spark_jobs.connectors.delta._table import ensure_table, table_schema
 from spark_jobs.connectors.delta._writer import DeltaSinkWriter
-from spark_jobs.pipeline._checks import names, require
+from spark_jobs.pipeline._checks import parquet_compression, upsert_key
 from spark_jobs.pipeline._errors import check_field_name
 from spark_jobs.sink._object_store import check_reachable
 
@@ -61,8 +61,6 @@ if TYPE_CHECKING:
     from spark_jobs.pipeline._plan import Column, Plan, SinkPlan
 
 __all__ = ["DeltaConnector"]
-
-_COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
 
 
 #: Commits of the Delta log read for a run's materialisation metadata (newest first).
@@ -95,15 +93,8 @@ class DeltaConnector(SinkConnector):
         partition = spec.partition_by
         if partition is not None:
             partition = ctx.check(check_field_name, partition, "partition_by")
-        if spec.compression not in _COMPRESSIONS:
-            raise ctx.fail(f"compression must be one of {', '.join(_COMPRESSIONS)}")
-        upsert = None
-        if spec.upsert_key is not None:
-            upsert = tuple(names(ctx, spec.upsert_key, "upsert_key field"))
-            if not upsert:
-                raise ctx.fail("upsert_key must name at least one field (or be None: append)")
-            if not is_open:
-                require(ctx, upsert, columns, "upsert_key field")
+        parquet_compression(ctx, spec.compression)
+        upsert = upsert_key(ctx, spec.upsert_key, columns, is_open)
         return SinkDetails(DeltaOptions(path, partition, spec.compression, pipeline), upsert)
 
     def describe(self, plan: Plan) -> str:

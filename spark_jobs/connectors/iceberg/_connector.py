@@ -43,7 +43,7 @@ from spark_jobs.connectors.iceberg._metadata import table_metadata
 from spark_jobs.connectors.iceberg._rebuild import day_files, day_filter, finish_iceberg_rebuilds
 from spark_jobs.connectors.iceberg._table import ensure_table, expected_partition
 from spark_jobs.connectors.iceberg._writer import IcebergSinkWriter
-from spark_jobs.pipeline._checks import names, require
+from spark_jobs.pipeline._checks import parquet_compression, upsert_key
 from spark_jobs.pipeline._errors import check_identifier
 from spark_jobs.sink._object_store import check_reachable
 
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["IcebergConnector", "IcebergOptions"]
 
-_COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
 _SAMPLE_KEYS = 5
 #: The Iceberg sink's files of a day (under ``…/dt=D/``) and of its rebuild ``l.id``.
 _DAY_FILES = DayFiles(
@@ -98,15 +97,8 @@ class IcebergConnector(SinkConnector):
             raise ctx.fail("catalog must be a PyIceberg catalog name (or None: Sluice's)")
         if spec.partition_by is not None and not isinstance(spec.partition_by, str):
             raise ctx.fail("partition_by must be 'auto', the event-time field, or None")
-        if spec.compression not in _COMPRESSIONS:
-            raise ctx.fail(f"compression must be one of {', '.join(_COMPRESSIONS)}")
-        upsert = None
-        if spec.upsert_key is not None:
-            upsert = tuple(names(ctx, spec.upsert_key, "upsert_key field"))
-            if not upsert:
-                raise ctx.fail("upsert_key must name at least one field (or be None: append)")
-            if not is_open:
-                require(ctx, upsert, columns, "upsert_key field")
+        parquet_compression(ctx, spec.compression)
+        upsert = upsert_key(ctx, spec.upsert_key, columns, is_open)
         options = IcebergOptions(table, spec.catalog, spec.partition_by, spec.compression)
         return SinkDetails(options, upsert)
 

@@ -31,7 +31,7 @@ from spark_jobs.connectors._committed_rows import DayFiles, committed_day_rows
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
 from spark_jobs.connectors._table_paths import table_folder_path
 from spark_jobs.connectors.parquet._paths import output_root, staging_root
-from spark_jobs.pipeline._checks import names, require
+from spark_jobs.pipeline._checks import names, parquet_compression, require
 from spark_jobs.pipeline._errors import check_identifier
 from spark_jobs.sink._object_store import check_reachable, file_paths
 from spark_jobs.sink._parquet import SINK_NAME, ParquetSink, ParquetSinkWriter, publish_files
@@ -53,7 +53,6 @@ __all__ = [
 
 #: Duplicated keys listed in a failed check's metadata.
 _SAMPLE_KEYS = 5
-_COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +119,7 @@ class ParquetConnector(SinkConnector):
         dictionary = tuple(names(ctx, spec.dictionary, "dictionary field"))
         if not is_open:
             require(ctx, dictionary, columns, "dictionary field")
-        if spec.compression not in _COMPRESSIONS:
-            raise ctx.fail(f"compression must be one of {', '.join(_COMPRESSIONS)}")
+        parquet_compression(ctx, spec.compression)
         path = None if spec.path is None else ctx.check(_sink_path, spec.path)
         return SinkDetails(ParquetOptions(folder, dictionary, spec.compression, path))
 

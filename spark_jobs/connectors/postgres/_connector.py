@@ -21,7 +21,7 @@ from enumerator_service import (
     database_url,
 )
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
-from spark_jobs.pipeline._checks import names, require
+from spark_jobs.pipeline._checks import upsert_key
 from spark_jobs.pipeline._errors import check_table, quote
 from spark_jobs.sink._postgres_table import TABLE_SINK_NAME, PostgresTableSinkWriter
 from spark_jobs.sink._table_commit import PostgresTableSink
@@ -69,13 +69,7 @@ class PostgresConnector(SinkConnector):
         table = ctx.check(check_table, spec.table, "table")
         if len(table[1]) > 55:
             raise ctx.fail(f"table name {table[1]!r} is too long (at most 55: +'__staged')")
-        upsert = None
-        if spec.upsert_key is not None:
-            upsert = tuple(names(ctx, spec.upsert_key, "upsert_key field"))
-            if not upsert:
-                raise ctx.fail("upsert_key must name at least one field (or be None: append)")
-            if not is_open:
-                require(ctx, upsert, columns, "upsert_key field")
+        upsert = upsert_key(ctx, spec.upsert_key, columns, is_open)
         return SinkDetails(PostgresOptions(table), upsert)
 
     def describe(self, plan: Plan) -> str:
