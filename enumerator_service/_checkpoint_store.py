@@ -10,7 +10,12 @@ Protocol (EXACTLY_ONCE):
    invisible) and acknowledges in one transaction: the ``sink_transactions`` row of its staged
    output and the ``checkpoint_acks`` row with its split states.
 3. When every open subtask acknowledged, :meth:`CheckpointStore.complete` commits everything in
-   one transaction and then publishes the staged output (idempotent).
+   one transaction and then publishes the staged output (idempotent), together with any of
+   the run's earlier committed output whose publication failed: a table committer skips what
+   its log already has up to the largest checkpoint id, so earlier output published after a
+   later checkpoint's would be lost. When the work after the commit fails (Postgres restarting
+   under the publish, a table refusing the commit), ``PublishFailed`` carries the completion:
+   the checkpoint IS committed, and the coordinator must count it (its final subtasks ended).
 
 A subtask's staged output commits with the first completed checkpoint >= its own that the same
 *attempt* acknowledged, so the output of an aborted checkpoint rolls into the next one; output
@@ -79,6 +84,7 @@ __all__ = [
     "Acknowledgement",
     "CheckpointStore",
     "CompletedCheckpoint",
+    "PublishFailed",
     "StagedTransaction",
     "TransactionalSink",
     "acknowledge",
@@ -106,6 +112,17 @@ class CompletedCheckpoint:
     watermark: datetime = NO_WATERMARK
     #: The output partitions it completed (recorded in its transaction).
     completions: tuple[PartitionCompletion, ...] = ()
+
+
+class PublishFailed(Exception):
+    """The checkpoint committed in Postgres, the work after it failed (``cause``): its output
+    stays committed and unpublished until the run's next completion or a recovery publishes
+    it. ``completed`` is the completion, to be counted as if nothing had failed."""
+
+    def __init__(self, completed: CompletedCheckpoint, cause: BaseException) -> None:
+        super().__init__(f"checkpoint {completed.checkpoint_id} committed, not published: {cause}")
+        self.completed = completed
+        self.cause = cause
 
 
 class CheckpointStore:
@@ -181,7 +198,8 @@ class CheckpointStore:
         With ``two_phase`` (EXACTLY_ONCE) the split states and the staged sink output of the
         acknowledging attempts commit here, atomically; without it (AT_LEAST_ONCE) every
         subtask committed its own snapshot when it acknowledged. Raises FencedError (nothing
-        committed) when an acknowledgement comes from an attempt that lost its splits.
+        committed) when an acknowledgement comes from an attempt that lost its splits, and
+        PublishFailed (committed, with the completion) when the work after the commit fails.
         """
         run_id = self._run_id
         with self._engine.begin() as conn:
@@ -207,6 +225,7 @@ class CheckpointStore:
             rows = splits_completed = 0
             superseded: list[StagedTransaction] = []
             committed: list[StagedTransaction] = []
+            unpublished: list[StagedTransaction] = []
             if two_phase:
                 # Step 3: split states, fenced by the epochs the snapshots were taken under.
                 for ack in acks:
@@ -228,6 +247,17 @@ class CheckpointStore:
                 )
                 committed = [t for t in staged if attempts[t.subtask] == t.attempt]
                 superseded = [t for t in staged if attempts[t.subtask] != t.attempt]
+                # Step 4b: output of earlier checkpoints whose publication failed goes with
+                # this one (never after it: a committer skips versions below its log's).
+                unpublished = _staged(
+                    conn.execute(
+                        sa.select(sink_transactions).where(
+                            sink_transactions.c.run_id == run_id,
+                            sink_transactions.c.committed,
+                            sa.not_(sink_transactions.c.published),
+                        )
+                    ).all()
+                )
                 for sink, group in _by_sink(self._sinks, committed):
                     sink.commit(conn, group)
                 if committed:
@@ -277,20 +307,8 @@ class CheckpointStore:
                 .returning(checkpoints.c.completed_at)
             ).scalar_one()
             self._notify(conn, checkpoint_id, "complete")
-        # Step 7: publish (idempotent; recovery repeats it if we die before marking it).
-        if committed:
-            for sink, group in _by_sink(self._sinks, committed):
-                sink.publish(group)
-            _mark_published(self._engine, committed)
-        # Step 8: superseded attempts' staged output is deleted.
-        if superseded:
-            _abort_staged(self._engine, self._sinks, superseded)
-        # Step 9: old bookkeeping goes (after the commit: never part of its transaction).
-        if self._history is not None:
-            self._history.ended(checkpoint_id, time.monotonic(), completed=True)
-            self._prune(self._history)
         ack_times = [ack.acked_at for ack in acks]
-        return CompletedCheckpoint(
+        done = CompletedCheckpoint(
             checkpoint_id=checkpoint_id,
             subtasks=len(acks),
             final_subtasks=tuple(sorted(ack.subtask for ack in acks if ack.final)),
@@ -301,6 +319,29 @@ class CheckpointStore:
             watermark=watermark,
             completions=tuple(completions),
         )
+        if self._history is not None:
+            self._history.ended(checkpoint_id, time.monotonic(), completed=True)
+        try:
+            self._after_commit(unpublished + committed, superseded)
+        except Exception as exc:
+            raise PublishFailed(done, exc) from exc
+        return done
+
+    def _after_commit(
+        self, committed: list[StagedTransaction], superseded: list[StagedTransaction]
+    ) -> None:
+        """Steps 7-9 of a completion, after its transaction committed."""
+        # Step 7: publish (idempotent; recovery repeats it if we die before marking it).
+        if committed:
+            for sink, group in _by_sink(self._sinks, committed):
+                sink.publish(group)
+            _mark_published(self._engine, committed)
+        # Step 8: superseded attempts' staged output is deleted.
+        if superseded:
+            _abort_staged(self._engine, self._sinks, superseded)
+        # Step 9: old bookkeeping goes (after the commit: never part of its transaction).
+        if self._history is not None:
+            self._prune(self._history)
 
     def prune_ended(self) -> None:
         """At the end of the run: prune what expired since the last (batched) prune."""

@@ -8,6 +8,12 @@ completed is a closed channel — and completes or aborts *n*. One checkpoint at
 Threading: the coordinator is its own thread and the only user of its handler and store.
 Acknowledgements and requests wake it through ``LISTEN``; a short poll is the safety net
 for notifications lost while the database restarts.
+
+A completion whose outcome the coordinator missed (Postgres crashed under the publish after
+the commit, or under the commit's acknowledgement) must not leave its final subtasks open:
+they ended, so every later checkpoint would wait for them, time out, and the run would never
+end. ``PublishFailed`` hands the completion over; after a reconnect and a timed-out
+checkpoint the open subtasks are checked against Postgres (``CheckpointStore.finished``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from enumerator_service import (
     CheckpointStore,
     CompletedCheckpoint,
     FencedError,
+    PublishFailed,
     TransactionalSink,
 )
 from spark_jobs.checkpoint._aligned import AlignedBarrierHandler
@@ -154,6 +161,9 @@ class CheckpointCoordinator(threading.Thread):
                     listener = self._listen()
                     # Requests sent while we were reconnecting are lost: assume there was one.
                     self._requested = self._requested or not first_listen
+                    if not first_listen:
+                        # A completion may have committed without our hearing of it.
+                        self._close_finished()
                     first_listen = False
                 self._wait(listener, next_trigger)
                 if self._pending is None and self._open:
@@ -280,29 +290,49 @@ class CheckpointCoordinator(threading.Thread):
                 # An acknowledgement came from an attempt that has been superseded.
                 self._abort(n, AbortCause.FENCED, str(exc))
                 return
-            if done is None:
-                return
-            self.stats.completed.append(done)
-            for completion in done.completions:
-                _log.info(
-                    "checkpoint %d completed partition %s of %s (generation %d, %d rows)",
-                    n,
-                    completion.partition_key,
-                    completion.source,
-                    completion.generation,
-                    completion.rows,
-                )
-            for subtask in done.final_subtasks:
-                if subtask in self._open:
-                    # The subtask finished: a closed channel for every later checkpoint.
-                    self._open.discard(subtask)
-                    self._handler.process_end_of_partition(subtask)
+            except PublishFailed as exc:
+                # Committed: count it (its final subtasks ended), then handle the failure — a
+                # database error is retried (the next completion or the run's recovery
+                # publishes the output), anything else fails the run.
+                self._completed(exc.completed)
+                raise exc.cause from exc.cause.__cause__  # (its own chain, unchanged)
+            if done is not None:
+                self._completed(done)
         elif self._clock() >= pending.deadline:
             self._pending = None
             acked = f"{len(pending.fed)} of {len(self._open)} subtasks acked"
             self._abort(n, AbortCause.TIMEOUT, acked)
             channel = min(self._open)
             self._handler.process_cancellation(channel, n)
+            # A subtask that never acknowledges may have ended with a completion we missed.
+            self._close_finished()
+
+    def _completed(self, done: CompletedCheckpoint) -> None:
+        self.stats.completed.append(done)
+        for completion in done.completions:
+            _log.info(
+                "checkpoint %d completed partition %s of %s (generation %d, %d rows)",
+                done.checkpoint_id,
+                completion.partition_key,
+                completion.source,
+                completion.generation,
+                completion.rows,
+            )
+        for subtask in done.final_subtasks:
+            self._close(subtask)
+
+    def _close(self, subtask: int) -> None:
+        if subtask in self._open:
+            # The subtask finished: a closed channel for every later checkpoint.
+            self._open.discard(subtask)
+            self._handler.process_end_of_partition(subtask)
+
+    def _close_finished(self) -> None:
+        """Close every open subtask whose final snapshot a completed checkpoint carries."""
+        for subtask in sorted(self._open):
+            if self._store.finished(subtask):
+                _log.info("subtask %d finished with a completion the coordinator missed", subtask)
+                self._close(subtask)
 
     def _abort(self, checkpoint_id: int, cause: AbortCause, detail: str) -> None:
         _log.info("checkpoint %d aborted: %s: %s", checkpoint_id, cause.value, detail)

@@ -106,6 +106,12 @@ class OwnPostgres:
             "start",
         )
 
+    def control(self) -> str:
+        """``<pg_ctl>|<data folder>|<socket folder>|<user>``: what another process needs to
+        crash and start this server as :meth:`crash` and :meth:`start` do."""
+        parts = (self._bin / "pg_ctl", self.pgdata, self._socket_dir, self._user or "")
+        return "|".join(str(part) for part in parts)
+
     def restart(self, downtime: float) -> None:
         self.crash()
         time.sleep(downtime)

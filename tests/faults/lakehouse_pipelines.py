@@ -4,17 +4,24 @@
 
 - ``clickstream_delta`` / ``orders_delta``: the examples with their sink replaced by the real
   ``DeltaSink`` (append; orders: ``upsert_key=["order_id"]``, merged by key).
-- ``clickstream_delta_kill``: the clickstream with :class:`KillingDeltaSink`, the real Delta
-  connector under another name whose committer wraps the real ``DeltaCommitter`` and SIGKILLs
-  its own process (the run's driver: publish runs on its coordinator) at a chosen point of
-  the N-th publish that has files — ``SLUICE_TEST_KILL_AT`` = ``before:N`` (the files are
-  staged and the checkpoint committed in Postgres; no Delta commit yet) or ``after:N`` (the
-  Delta commit is made; the transactions are not marked published). Unset: it never kills,
-  so a plain re-run of the same pipeline is the recovery under test. No product code knows.
+- ``clickstream_delta_kill`` / ``orders_delta_kill``: the clickstream (the orders) with
+  :class:`KillingDeltaSink`, the real Delta connector under another name whose committer
+  wraps the real ``DeltaCommitter`` and SIGKILLs its own process (the run's driver: publish
+  runs on its coordinator) at a chosen point of the N-th publish that has files —
+  ``SLUICE_TEST_KILL_AT`` = ``before:N`` (the files are staged and the checkpoint committed
+  in Postgres; no Delta commit yet) or ``after:N`` (the Delta commit is made; the
+  transactions are not marked published). Unset: it never kills, so a plain re-run of the
+  same pipeline is the recovery under test. No product code knows.
   With ``SLUICE_TEST_KILL_WORKER`` = a flag file's path, the first Spark Python worker whose
   pre-commit staged files (closed, verified) creates the flag and SIGKILLs itself before the
   pre-commit is acknowledged: its files stay in the table folder, named by no transaction
   and no log entry (the orphans the maintenance removes).
+  With ``SLUICE_TEST_CRASH_PG`` = ``<pg_ctl>|<data folder>|<socket folder>|<user>`` (the
+  test's own server), the first publish of a checkpoint that carries one subtask's final
+  acknowledgement and another's non-final one crashes Postgres (immediate stop) once its
+  table commit returned — before the transactions are marked published, as a crash under
+  the table lock's unlock — and starts it again 1.5 s later, outside the run's session
+  (the hang of the orders-delta fault case).
 
 - ``clickstream_iceberg`` / ``orders_iceberg`` / ``clickstream_iceberg_kill``: the same with
   the real ``IcebergSink`` (Sluice's catalog in the platform database; namespace ``faults``).
@@ -29,10 +36,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 import examples.clickstream as _clickstream
@@ -48,6 +58,7 @@ if TYPE_CHECKING:
     from spark_jobs.pipeline._plan import SinkPlan
 
 __all__ = [
+    "CRASH_PG_SETTING",
     "KILL_SETTING",
     "WORKER_KILL_SETTING",
     "KillingDeltaSink",
@@ -57,6 +68,7 @@ __all__ = [
     "clickstream_iceberg",
     "clickstream_iceberg_kill",
     "orders_delta",
+    "orders_delta_kill",
     "orders_iceberg",
 ]
 
@@ -64,10 +76,13 @@ __all__ = [
 KILL_SETTING = "SLUICE_TEST_KILL_AT"
 #: A flag file: the first worker that creates it dies after staging files.
 WORKER_KILL_SETTING = "SLUICE_TEST_KILL_WORKER"
+#: ``<pg_ctl>|<data folder>|<socket folder>|<user>``: crash Postgres under a final publish.
+CRASH_PG_SETTING = "SLUICE_TEST_CRASH_PG"
 #: The table folders (relative to ``SLUICE_WAREHOUSE_DIR``).
 CLICKSTREAM_TABLE = "lake/enriched_events"
 ORDERS_TABLE = "lake/orders_enriched"
 KILL_TABLE = "lake/enriched_events_kill"
+ORDERS_KILL_TABLE = "lake/orders_enriched_kill"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +100,12 @@ class KillingCommitter:
     process around the N-th publish that has files (``before``: ahead of the table commit;
     ``after``: once it returned)."""
 
-    def __init__(self, real: TransactionalSink, name: str) -> None:
+    def __init__(self, real: TransactionalSink, name: str, engine: Engine | None = None) -> None:
         self._real = real
         self.name = name
+        self._engine = engine
         self._publishes = 0
+        self._crashed = False
 
     def commit(self, conn: Connection, txns: Sequence[StagedTransaction]) -> None:
         self._real.commit(conn, txns)
@@ -103,9 +120,50 @@ class KillingCommitter:
         armed = bool(point) and any(t.staged for t in txns) and self._publishes == int(nth)
         if armed and point == "before":
             os.kill(os.getpid(), signal.SIGKILL)
+        crash = self._crash_point(txns)
         self._real.publish(txns)
         if armed and point == "after":
             os.kill(os.getpid(), signal.SIGKILL)
+        if crash:
+            _crash_postgres(os.environ[CRASH_PG_SETTING])
+
+    def _crash_point(self, txns: Sequence[StagedTransaction]) -> bool:
+        """Whether this publish crashes Postgres (``SLUICE_TEST_CRASH_PG``, once)."""
+        if self._crashed or not os.environ.get(CRASH_PG_SETTING) or self._engine is None:
+            return False
+        with self._engine.connect() as conn:
+            # A subtask's final acknowledgement while another subtask goes on.
+            one_of = conn.execute(
+                sa.text(
+                    "SELECT bool_or(final) AND NOT bool_and(final) FROM sluice.checkpoint_acks"
+                    " WHERE run_id = :run AND checkpoint_id = :id"
+                ),
+                {"run": txns[0].run_id, "id": max(t.checkpoint_id for t in txns)},
+            ).scalar_one()
+        self._crashed = bool(one_of)
+        return self._crashed
+
+
+def _crash_postgres(spec: str) -> None:
+    """Immediate stop of the test's Postgres now, a start 1.5 s later (its own session: the
+    harness kills whatever of a run's session outlives the run)."""
+    pg_ctl, data, sockets, user = spec.split("|")
+    quiet = subprocess.DEVNULL
+    stop = [pg_ctl, "-D", data, "-m", "immediate", "-w", "stop"]
+    subprocess.run(stop, check=True, timeout=60, stdout=quiet, stderr=quiet, user=user or None)
+    start = [pg_ctl, "-D", data, "-w", "-o", f'-h "" -k {sockets}', "-l", f"{data}/log", "start"]
+
+    def restart() -> None:
+        subprocess.run(
+            start,
+            timeout=60,
+            start_new_session=True,
+            stdout=quiet,
+            stderr=quiet,
+            user=user or None,
+        )
+
+    threading.Timer(1.5, restart).start()
 
 
 class DyingWriter:
@@ -153,7 +211,7 @@ class KillingDeltaConnector(DeltaConnector):
     def committers(
         self, engine: Engine | None, storage: StorageOptions | None = None
     ) -> Mapping[str, TransactionalSink]:
-        return {self.name: KillingCommitter(DeltaCommitter(engine, storage), self.name)}
+        return {self.name: KillingCommitter(DeltaCommitter(engine, storage), self.name, engine)}
 
 
 class KillingIcebergConnector(IcebergConnector):
@@ -194,6 +252,13 @@ orders_delta: Pipeline = dataclasses.replace(
     name="orders_delta",
     description="The orders example merged into a Delta table by order id.",
     sink=DeltaSink(ORDERS_TABLE, upsert_key=["order_id"]),
+)
+
+orders_delta_kill: Pipeline = dataclasses.replace(
+    _orders.orders,
+    name="orders_delta_kill",
+    description="The orders example merged into a Delta table; faults at a publish.",
+    sink=KillingDeltaSink(ORDERS_KILL_TABLE, upsert_key=["order_id"]),
 )
 
 clickstream_iceberg: Pipeline = dataclasses.replace(

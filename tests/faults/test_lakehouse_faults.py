@@ -18,6 +18,11 @@ is PyIceberg's scan, the log's current files are the current snapshot's (``lakeh
   checkpoint's version in the log exactly once. (a) is the smoke variant that `make test`
   runs (53 s measured at load 3-5 on 2 cores); it also sweeps orphans right after the
   kill: the checkpoint's staged files are unreferenced but pending, and must be kept.
+- Postgres crashing under a final publish (``extended``): right after the table commit of
+  the checkpoint that carries a subtask's final acknowledgement, before its transactions are
+  marked published (the window where the orders-delta case once hung: the coordinator lost
+  the completion, kept waiting for the finished subtask, and every later checkpoint timed
+  out). The run must end by itself, the table exact.
 - Orphans: files of attempts that died before acknowledging are in the table folder, named by
   no log entry. A worker SIGKILLed after its pre-commit closed its files (``extended``) makes
   them for certain (random kills rarely hit that window); they are counted here (pending ones
@@ -36,8 +41,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_harness import Chaos, Driver, OwnPostgres, Run, log, make_root, remove, wait_gone
+from fault_harness import (
+    RUN_TIMEOUT,
+    Chaos,
+    Driver,
+    OwnPostgres,
+    Run,
+    log,
+    make_root,
+    remove,
+    wait_gone,
+)
 from lakehouse_oracle import published_checkpoints
+from lakehouse_pipelines import CRASH_PG_SETTING
 from lakehouse_runs import (
     LEASE_SECONDS,
     Case,
@@ -53,6 +69,8 @@ pytestmark = [pytest.mark.faults, pytest.mark.spark, pytest.mark.timeout(900)]
 SEED = int(os.environ.get("SLUICE_FAULTS_SEED", "20260101")) + 40
 KINDS = {"worker", "driver", "postgres"}
 PLAN = ["worker"] * 2 + ["driver"] * 2 + ["postgres"] * 2
+#: Runs (each with a batch landed before it) until one crashes Postgres under a final publish.
+MAX_CRASH_RUNS = 4
 
 CASES = {
     "clickstream-delta": Case("delta", "clickstream_delta", "lake/enriched_events", "events"),
@@ -196,3 +214,43 @@ def test_files_of_an_attempt_killed_before_acknowledging_are_the_orphans_removed
     assert flag.exists(), "no worker staged files (the kill never came)"
     check_table(lander, db_url, f"dead-attempt-{sink}")
     assert check_orphan_removal(lander, db_url, f"dead-attempt-{sink}") >= 1
+
+
+@pytest.mark.extended
+def test_postgres_crashing_under_a_final_publish_does_not_hang_the_run(
+    fault_root: tuple[Path, OwnPostgres],
+) -> None:
+    """Postgres crashes once the table commit of a checkpoint carrying one subtask's final
+    acknowledgement returned (orders into Delta; restarted 1.5 s later), the other subtask
+    still reading: the run ends by itself. (Both subtasks may finish in one checkpoint: then
+    no crash came, and another batch is landed and run, at most ``MAX_CRASH_RUNS`` runs.)"""
+    root, server = fault_root
+    case = Case("delta", "orders_delta_kill", "lake/orders_enriched_kill", "orders_delta_kill")
+    lander = prepare(root, server, case, Chaos(SEED, []), "pg_crash_delta")
+    db_url = lander.env["SLUICE_DATABASE_URL"]
+    env = {**lander.env, CRASH_PG_SETTING: server.control()}
+    for number in range(1, MAX_CRASH_RUNS + 1):
+        lander()
+        before = server.postmaster_pid()
+        run = Run(number, env, lander.work, case.pipeline)
+        rc = run.wait(RUN_TIMEOUT)
+        if rc is None:
+            stacks = run.diagnose()
+            run.terminate_all()
+            raise AssertionError(f"run {number} hung after the crash; stacks:\n{stacks}")
+        assert rc in (0, 3), run.output()[-4000:]
+        assert not wait_gone(run.session(), 30), "the run's processes outlived it"
+        crashed = server.postmaster_pid() not in (None, before)
+        print(f"RESULT crash under a final publish: run {number} exit {rc}, crashed {crashed}")
+        if crashed:
+            break
+    assert crashed, f"no run of {MAX_CRASH_RUNS} had a final publish with a subtask still open"
+    driver = Driver(
+        Chaos(SEED, []), lander.env, lander.work, server, db_url, case.pipeline, LEASE_SECONDS
+    )
+    driver._number = number
+    try:
+        driver.drain()
+    finally:
+        driver.close()
+    check_table(lander, db_url, "pg-crash-delta")

@@ -7,52 +7,19 @@ completion, aborts, roll-over of aborted output, fencing and recovery are exerci
 
 from __future__ import annotations
 
-import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
-from datetime import date
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from checkpoint_harness import RecordingSink, Run, status, wait_until
 
-from enumerator_service import (
-    AbortCause,
-    Acknowledgement,
-    FileSplit,
-    Settings,
-    SplitAssignment,
-    SplitStore,
-    StagedTransaction,
-    acknowledge,
-    recover,
-)
-from enumerator_service._checkpoint_store import COORDINATOR_CHANNEL, encode_dead_letters
+from enumerator_service import AbortCause, Settings, recover
+from enumerator_service._checkpoint_store import COORDINATOR_CHANNEL
 from enumerator_service._operations import Platform, open_platform
-from enumerator_service._schema import checkpoints, dead_letters, sink_transactions, splits
-from spark_jobs.checkpoint import CheckpointCoordinator
+from enumerator_service._schema import checkpoints, dead_letters, sink_transactions
 from spark_jobs.sink import SINKS
-
-
-class RecordingSink:
-    """Commit side of a sink that records what happened, and when (inside the transaction
-    or after it)."""
-
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, list[int]]] = []
-
-    def commit(self, conn: Connection, txns: Sequence[StagedTransaction]) -> None:
-        assert conn.in_transaction()
-        self.events.append(("commit", sorted(t.checkpoint_id for t in txns)))
-
-    def publish(self, txns: Sequence[StagedTransaction]) -> None:
-        self.events.append(("publish", sorted(t.checkpoint_id for t in txns)))
-
-    def abort(self, txns: Sequence[StagedTransaction]) -> None:
-        self.events.append(("abort", sorted(t.checkpoint_id for t in txns)))
 
 
 @pytest.fixture
@@ -63,113 +30,6 @@ def platform(make_settings: Any) -> Iterator[Platform]:
     p.close()
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
-
-
-def _status(platform: Platform, run_id: str, checkpoint_id: int) -> str | None:
-    with platform.engine.connect() as conn:
-        return conn.execute(
-            sa.select(checkpoints.c.status).where(
-                checkpoints.c.run_id == run_id, checkpoints.c.checkpoint_id == checkpoint_id
-            )
-        ).scalar_one_or_none()
-
-
-class Run:
-    """A run with one pulled split per subtask."""
-
-    def __init__(self, platform: Platform, subtasks: int = 2) -> None:
-        self.platform = platform
-        self.run_id = f"run-{secrets.token_hex(4)}"
-        self.store = SplitStore(platform.engine)
-        source = platform.settings.source_name
-        self.store.register(
-            FileSplit(
-                source, "jsonl", f"/landing/{self.run_id}-{i}.jsonl", 0, 1000, date(2026, 1, 1)
-            )
-            for i in range(subtasks)
-        )
-        self.store.assign_to_run(self.run_id, source, lease_seconds=60)
-        held = [self.store.pull_next(self.run_id, k, 60) for k in range(subtasks)]
-        assert all(a is not None for a in held)
-        self.held: list[SplitAssignment] = [a for a in held if a is not None]
-
-    def ack(
-        self,
-        checkpoint_id: int,
-        subtask: int,
-        *,
-        offset: int = 100,
-        finished: bool = False,
-        final: bool = False,
-        attempt: str = "a1",
-        epoch: int | None = None,
-        rows: int = 10,
-        pending: list[Any] | None = None,
-        dead: list[tuple[int, int, bytes, str]] | None = None,
-        two_phase: bool = True,
-    ) -> None:
-        split = self.held[subtask]
-        state = {
-            "id": split.split_id,
-            "epoch": split.epoch if epoch is None else epoch,
-            "offset": offset,
-            "watermark": "2026-01-01T00:00:00+00:00",
-            "finished": finished,
-            "pending": pending or [],
-        }
-        acknowledge(
-            self.platform.engine,
-            Acknowledgement(
-                run_id=self.run_id,
-                checkpoint_id=checkpoint_id,
-                subtask=subtask,
-                attempt=attempt,
-                final=final,
-                snapshot={"splits": [state]},
-                sink="recording",
-                staged=[{"batch": f"{subtask}-{attempt}-{checkpoint_id}"}] if rows else [],
-                row_count=rows,
-                dead_letters=encode_dead_letters(dead or []),
-            ),
-            two_phase=two_phase,
-        )
-
-    def split_row(self, subtask: int) -> Any:
-        with self.platform.engine.connect() as conn:
-            return conn.execute(
-                sa.select(splits).where(splits.c.id == self.held[subtask].split_id)
-            ).one()
-
-    def txns(self) -> list[Any]:
-        with self.platform.engine.connect() as conn:
-            return conn.execute(
-                sa.select(sink_transactions)
-                .where(sink_transactions.c.run_id == self.run_id)
-                .order_by(sink_transactions.c.checkpoint_id, sink_transactions.c.subtask)
-            ).all()
-
-    def coordinator(
-        self, sink: RecordingSink, *, interval: float = 0.1, timeout: float = 10.0, **kw: Any
-    ) -> CheckpointCoordinator:
-        coordinator = CheckpointCoordinator(
-            self.platform.engine,
-            self.run_id,
-            len(self.held),
-            {sink.name: sink},
-            interval=interval,
-            timeout=timeout,
-            **kw,
-        )
-        coordinator.start()
-        return coordinator
-
-
 def test_a_checkpoint_acknowledged_by_every_subtask_commits_in_one_transaction(
     platform: Platform,
 ) -> None:
@@ -177,13 +37,13 @@ def test_a_checkpoint_acknowledged_by_every_subtask_commits_in_one_transaction(
     coordinator = run.coordinator(sink, interval=60)  # only the first, immediate trigger
     try:
         coordinator.request_checkpoint()
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 1) == "PENDING")
         run.ack(1, 0, offset=120, pending=[["e1", 7, "2026-01-01T00:00:00+00:00", "click", 1.0]])
         time.sleep(0.3)
-        assert _status(platform, run.run_id, 1) == "PENDING"  # still aligning: one of two
+        assert status(platform, run.run_id, 1) == "PENDING"  # still aligning: one of two
         assert run.split_row(0).committed_offset is None  # nothing visible before completion
         run.ack(1, 1, offset=1000, finished=True, dead=[(run.held[1].split_id, 5, b"{x", "bad")])
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "COMPLETED")
+        wait_until(lambda: status(platform, run.run_id, 1) == "COMPLETED")
     finally:
         coordinator.stop()
     first, second = run.split_row(0), run.split_row(1)
@@ -210,14 +70,14 @@ def test_a_timed_out_checkpoint_aborts_and_its_output_rolls_into_the_next(
     run, sink = Run(platform), RecordingSink()
     coordinator = run.coordinator(sink, interval=0.05, timeout=0.5)
     try:
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 1) == "PENDING")
         run.ack(1, 0, offset=50)  # subtask 1 never acknowledges checkpoint 1
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "ABORTED")
+        wait_until(lambda: status(platform, run.run_id, 1) == "ABORTED")
         assert [t.committed for t in run.txns()] == [False]  # staged output is kept
-        _wait_until(lambda: _status(platform, run.run_id, 2) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 2) == "PENDING")
         run.ack(2, 0, offset=90)
         run.ack(2, 1, offset=30)
-        _wait_until(lambda: _status(platform, run.run_id, 2) == "COMPLETED")
+        wait_until(lambda: status(platform, run.run_id, 2) == "COMPLETED")
     finally:
         coordinator.stop()
     aborted = coordinator.stats.aborted[0]
@@ -240,12 +100,12 @@ def test_an_acknowledgement_from_a_fenced_attempt_aborts_the_checkpoint(
     coordinator = run.coordinator(sink, interval=60)
     try:
         coordinator.request_checkpoint()
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 1) == "PENDING")
         stale = run.held[0].epoch
         run.store.reclaim(run.run_id, 0, 60)  # a retried attempt took the split over
         run.ack(1, 0, offset=500, epoch=stale)
         run.ack(1, 1, offset=10)
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "ABORTED")
+        wait_until(lambda: status(platform, run.run_id, 1) == "ABORTED")
     finally:
         coordinator.stop()
     assert coordinator.stats.aborted[0].cause is AbortCause.FENCED
@@ -258,13 +118,13 @@ def test_a_final_subtask_is_a_closed_channel_for_later_checkpoints(platform: Pla
     run, sink = Run(platform), RecordingSink()
     coordinator = run.coordinator(sink, interval=0.05)
     try:
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 1) == "PENDING")
         run.ack(1, 0, offset=10)
         run.ack(1, 1, offset=1000, finished=True, final=True)
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "COMPLETED")
-        _wait_until(lambda: _status(platform, run.run_id, 2) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 1) == "COMPLETED")
+        wait_until(lambda: status(platform, run.run_id, 2) == "PENDING")
         run.ack(2, 0, offset=20)  # subtask 1 has finished: subtask 0 alone completes it
-        _wait_until(lambda: _status(platform, run.run_id, 2) == "COMPLETED")
+        wait_until(lambda: status(platform, run.run_id, 2) == "COMPLETED")
     finally:
         coordinator.stop()
     assert run.split_row(1).status == "COMPLETED"
@@ -276,14 +136,14 @@ def test_output_of_a_superseded_attempt_is_aborted(platform: Platform) -> None:
     coordinator = run.coordinator(sink, interval=60)
     try:
         coordinator.request_checkpoint()
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 1) == "PENDING")
         run.ack(1, 0, attempt="old")
         # The attempt died; its successor restored the committed state and acknowledges
         # the same checkpoint (its acknowledgement replaces the predecessor's).
         run.held[0] = run.store.reclaim(run.run_id, 0, 60)[0]
         run.ack(1, 0, attempt="new", offset=70)
         run.ack(1, 1)
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "COMPLETED")
+        wait_until(lambda: status(platform, run.run_id, 1) == "COMPLETED")
     finally:
         coordinator.stop()
     assert [(t.subtask, t.attempt, t.committed) for t in run.txns()] == [
@@ -298,12 +158,12 @@ def test_at_least_once_commits_each_subtask_on_acknowledgement(platform: Platfor
     run, sink = Run(platform), RecordingSink()
     coordinator = run.coordinator(sink, interval=0.05, exactly_once=False)
     try:
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 1) == "PENDING")
         run.ack(1, 0, offset=40, two_phase=False)
         # No alignment wait: subtask 0's state is committed before subtask 1 acknowledges.
         assert run.split_row(0).committed_offset == 40
         run.ack(1, 1, offset=60, two_phase=False)
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "COMPLETED")
+        wait_until(lambda: status(platform, run.run_id, 1) == "COMPLETED")
     finally:
         coordinator.stop()
     assert all(t.committed and t.published for t in run.txns())
@@ -315,11 +175,11 @@ def test_interval_zero_triggers_only_on_request(platform: Platform) -> None:
     coordinator = run.coordinator(sink, interval=0)
     try:
         time.sleep(0.5)
-        assert _status(platform, run.run_id, 1) is None
+        assert status(platform, run.run_id, 1) is None
         with platform.engine.begin() as conn:
             payload = f'{{"run": "{run.run_id}", "event": "request", "subtask": 0}}'
             conn.execute(sa.select(sa.func.pg_notify(COORDINATOR_CHANNEL, payload)))
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 1) == "PENDING")
     finally:
         coordinator.stop()
 
@@ -345,10 +205,10 @@ def test_recovery_aborts_dead_runs_and_publishes_committed_output(platform: Plat
     # Other tests' runs share this database: recovery must know their sinks too.
     published, aborted = recover(platform.engine, {**SINKS, sink.name: sink})
     assert published >= 1 and aborted >= 1
-    assert _status(platform, dead.run_id, 1) == "ABORTED"
+    assert status(platform, dead.run_id, 1) == "ABORTED"
     assert dead.txns() == []
     assert [t.published for t in other.txns()] == [True]
-    assert _status(platform, other.run_id, 1) == "PENDING"  # a live run is left alone
+    assert status(platform, other.run_id, 1) == "PENDING"  # a live run is left alone
 
 
 def test_a_finished_split_repeated_in_a_later_snapshot_is_not_fenced(platform: Platform) -> None:
@@ -357,14 +217,14 @@ def test_a_finished_split_repeated_in_a_later_snapshot_is_not_fenced(platform: P
     run, sink = Run(platform), RecordingSink()
     coordinator = run.coordinator(sink, interval=0.05)
     try:
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 1) == "PENDING")
         run.ack(1, 0, offset=10)
         run.ack(1, 1, offset=1000, finished=True)
-        _wait_until(lambda: _status(platform, run.run_id, 1) == "COMPLETED")
-        _wait_until(lambda: _status(platform, run.run_id, 2) == "PENDING")
+        wait_until(lambda: status(platform, run.run_id, 1) == "COMPLETED")
+        wait_until(lambda: status(platform, run.run_id, 2) == "PENDING")
         run.ack(2, 0, offset=20)
         run.ack(2, 1, offset=1000, finished=True)  # the same final state once more
-        _wait_until(lambda: _status(platform, run.run_id, 2) == "COMPLETED")
+        wait_until(lambda: status(platform, run.run_id, 2) == "COMPLETED")
     finally:
         coordinator.stop()
     assert coordinator.stats.aborted == []
