@@ -92,6 +92,19 @@ class ForeignWriter:
         return path.read_text()[-2000:] if path.exists() else ""
 
 
+def delta_commits(table: str, last: int | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """(version, commitInfo) of the table's commits (the ``last`` ones), read from the log
+    files themselves, oldest first."""
+    files = sorted(Path(table, "_delta_log").glob("*.json"))
+    found = []
+    for path in files[-last:] if last else files:
+        for line in path.read_bytes().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info is not None:
+                found.append((int(path.stem), info))
+    return found
+
+
 def committed_ids(commits: list[dict[str, Any]]) -> Counter[str]:
     """The rows the foreign writer says it committed (from its own file)."""
     return Counter(i for c in commits for i in c["ids"])
@@ -197,10 +210,12 @@ def _delta(config: dict[str, Any]) -> Commit:
             except CommitFailedError:
                 time.sleep(0.01)
                 continue  # its own retry: write again (the failed files stay unreferenced)
-            for entry in DeltaTable(path).history():
-                if entry.get(BATCH) == str(batch):
-                    return int(entry["version"]), int(entry["timestamp"]), conflicts
-            raise RuntimeError(f"batch {batch}: committed, but not in the table's history")
+            # (the log itself: DeltaTable.history() can label an entry with the version
+            # after its own when another writer commits while it reads)
+            for version, info in reversed(delta_commits(path, last=50)):
+                if info.get(BATCH) == str(batch):
+                    return version, int(info["timestamp"]), conflicts
+            raise RuntimeError(f"batch {batch}: committed, but not in the table's log")
         raise RuntimeError(f"batch {batch}: {ATTEMPTS} conflicting commits")
 
     return commit
@@ -253,7 +268,7 @@ def main(folder: Path) -> None:
     rows, pause = int(config.get("rows", 5)), float(config.get("pause", 0.1))
     batch = 0
     with (folder / "commits.jsonl").open("a") as out:
-        while not (folder / "stop").exists() and batch < int(config.get("max_batches", 200)):
+        while not (folder / "stop").exists() and batch < int(config.get("max_batches", 600)):
             racing = _race_asked(folder)
             ids = [f"foreign-{batch}-{i}" for i in range(rows)]
             found, at_ms, conflicts = commit(batch, ids)
@@ -275,12 +290,22 @@ def main(folder: Path) -> None:
             _pause(folder, pause)
 
 
+def _redacted(text: str) -> str:
+    """``text`` without the database password of the catalog URI."""
+    uri = os.environ.get(URI_VARIABLE)
+    if uri:
+        from sqlalchemy.engine import make_url
+
+        password = make_url(uri).password
+        if password:
+            text = text.replace(str(password), "***")
+    return text
+
+
 if __name__ == "__main__":
     try:
         main(Path(sys.argv[1]))
     except Exception as exc:
-        print(
-            f"foreign writer: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}",
-            file=sys.stderr,
-        )
+        line = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        print(f"foreign writer: {_redacted(line)}", file=sys.stderr)
         sys.exit(1)
