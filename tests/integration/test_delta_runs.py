@@ -187,8 +187,10 @@ def test_another_process_appending_during_a_run_keeps_both_writers_rows_exactly_
     loaded: list[int] = []
     raced: list[dict[str, Any]] = []
     real_commit = DeltaTable.create_write_transaction
+    # (0.5 s between its commits: one committing back to back on a loaded machine can make
+    # all of the run's bounded commit retries conflict)
     folder, table = tmp_path / "foreign", _table(pipeline)
-    with foreign_writer(folder, format="delta", table=table, pause=0.25) as writer:
+    with foreign_writer(folder, format="delta", table=table, pause=0.5) as writer:
 
         def racing_commit(self: DeltaTable, *args: Any, **kwargs: Any) -> None:
             # The run's first commit: the other process commits after this load.
