@@ -1,7 +1,7 @@
 """Delta sink runs under faults (real Postgres, real local Spark, real delta-rs): an
 incremental second run; a crash between the files written and the Delta commit, and one
 between the commit and "marked published", each followed by the recovery of the next run;
-a writer outside Sluice appending during a run. After each: the table read by delta-rs and
+another process appending to the table during a run. After each: the table read by delta-rs and
 by DuckDB over the log's current files equals the landing oracle plus the outside rows
 (duplicates 0, missing 0), and the Dagster accounting (committed rows = rows present per
 day, no duplicate keys) agrees."""
@@ -9,8 +9,6 @@ day, no duplicate keys) agrees."""
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,17 +16,18 @@ from typing import Any
 
 import duckdb
 import orjson
-import pyarrow as pa
 import pytest
 from conftest import TestSettings as Settings
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from demo_platform import demo_discover, demo_pipeline, prepare_demo
+from foreign_writer import BATCH, committed_ids, delta_commits, foreign_writer
 from landing_oracle import expected_events
 
 from enumerator_service._operations import open_platform
 from spark_jobs import DeltaSink, Pipeline
 from spark_jobs.connectors import sink_connector
-from spark_jobs.connectors.delta import DeltaCommitter
+from spark_jobs.connectors.delta import DeltaCommitter, run_app_id
+from spark_jobs.connectors.delta._commit import RUN_ID
 from spark_jobs.jobs import run_pipeline
 
 pytestmark = pytest.mark.spark
@@ -38,8 +37,12 @@ class Injected(RuntimeError):
     """The fault a test injects into the committer."""
 
 
-def _setup(make_settings: Any, tmp_path: Path, events: int = 200) -> tuple[Settings, Pipeline]:
-    settings: Settings = make_settings(demo_events=events, demo_days=2, demo_files_per_day=2)
+def _setup(
+    make_settings: Any, tmp_path: Path, events: int = 200, **overrides: Any
+) -> tuple[Settings, Pipeline]:
+    settings: Settings = make_settings(
+        demo_events=events, demo_days=2, demo_files_per_day=2, **overrides
+    )
     platform = open_platform(settings)
     prepare_demo(settings, platform)
     demo_discover(platform)
@@ -68,11 +71,8 @@ def _assert_exact(
         assert sum((wanted - got).values()) == 0, "missing"
     # App transaction versions of every commit only grow.
     versions: dict[str, list[int]] = {}
-    for path in sorted(Path(_table(pipeline), "_delta_log").glob("*.json")):
-        for line in path.read_bytes().splitlines():
-            txn = orjson.loads(line).get("txn")
-            if txn:
-                versions.setdefault(txn["appId"], []).append(txn["version"])
+    for app, version in _app_transactions(pipeline):
+        versions.setdefault(app, []).append(version)
     assert versions
     for app, seen in versions.items():
         assert seen == sorted(set(seen)), (app, seen)  # strictly increasing
@@ -163,38 +163,73 @@ def _chain(exc: BaseException | None) -> str:
     return " <- ".join(text)
 
 
-def test_a_writer_outside_sluice_appending_during_a_run(make_settings: Any, tmp_path: Path) -> None:
-    settings, pipeline = _setup(make_settings, tmp_path, events=400)
-    outside: Counter[str] = Counter()
-    stop = threading.Event()
-    day = settings.demo_start_date
+def test_another_process_appending_during_a_run_keeps_both_writers_rows_exactly_once(
+    make_settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24's acceptance for Delta: another OS process (delta-rs' own
+    ``write_deltalake(mode="append")``, its own retry) appends to the table in a loop while a
+    run commits checkpoint after checkpoint; one of its commits is forced between the run's
+    first table load and commit. Both writers' rows end up exactly once, each of the run's
+    app transaction versions is in the log once."""
+    # One subtask reading small blocks slowly (one lookup of 150 ms at a time) and frequent
+    # checkpoints: the run commits many versions over seconds, the other process between.
+    settings, pipeline = _setup(
+        make_settings,
+        tmp_path,
+        events=3000,
+        target_split_bytes=64 << 10,
+        read_block_bytes=16 << 10,
+        lookup_capacity=1,
+        lookup_injected_latency_ms=150,
+        parallelism=1,
+        checkpoint_interval_seconds=0.2,
+    )
+    loaded: list[int] = []
+    raced: list[dict[str, Any]] = []
+    real_commit = DeltaTable.create_write_transaction
+    # (0.5 s between its commits: one committing back to back on a loaded machine can make
+    # all of the run's bounded commit retries conflict)
+    folder, table = tmp_path / "foreign", _table(pipeline)
+    with foreign_writer(folder, format="delta", table=table, pause=0.5) as writer:
 
-    def writer() -> None:
-        table = _table(pipeline)
-        while not DeltaTable.is_deltatable(table):
-            if stop.wait(0.05):
-                return
-        schema = pa.schema(DeltaTable(table).schema().to_arrow())
-        n = 0
-        while not stop.is_set() and n < 40:
-            ids = [f"outside-{n}"]
-            columns = {f.name: pa.nulls(1, f.type) for f in schema}
-            columns["event_id"] = pa.array(ids, pa.string())
-            columns["dt"] = pa.array([day], pa.date32())
-            write_deltalake(table, pa.table(columns, schema=schema), mode="append")
-            outside.update(ids)
-            n += 1
-            time.sleep(0.1)
+        def racing_commit(self: DeltaTable, *args: Any, **kwargs: Any) -> None:
+            # The run's first commit: the other process commits after this load.
+            if not loaded:
+                loaded.append(self.version())
+                raced.append(writer.race())
+            real_commit(self, *args, **kwargs)
 
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
-        run_pipeline(settings, pipeline)
-    finally:
-        stop.set()
-        thread.join()
-    assert len(outside) >= 2, "the outside writer did not write during the run"
-    _assert_exact(settings, pipeline, extra=outside)
+        monkeypatch.setattr(DeltaTable, "create_write_transaction", racing_commit)
+        summary = run_pipeline(settings, pipeline)
+        commits = writer.stop()
+    # Both writers' rows exactly once (delta-rs and DuckDB), app versions strictly growing.
+    _assert_exact(settings, pipeline, extra=committed_ids(commits))
+    app = run_app_id(pipeline.name, summary.run_id)
+    txns = Counter(_app_transactions(pipeline))
+    assert txns and {a for a, _v in txns} == {app}
+    assert max(txns.values()) == 1, txns  # each checkpoint's version in the log once
+    # The log's foreign commits are exactly the commits the process reports.
+    log = delta_commits(_table(pipeline))
+    foreign = {int(info[BATCH]): version for version, info in log if BATCH in info}
+    assert foreign == {c["batch"]: c["commit"] for c in commits}
+    # The forced race: the run's first commit came after the raced one, on a later version
+    # than the one it loaded.
+    ours = [(v, info["timestamp"]) for v, info in log if info.get(RUN_ID) == summary.run_id]
+    assert loaded[0] < raced[0]["commit"] < ours[0][0]
+    # The other process committed during the run, between the run's first and last commit.
+    during = [c for c in commits if ours[0][1] < c["at_ms"] < ours[-1][1]]
+    assert len(during) >= 2, (len(ours), len(commits), len(during))
+
+
+def _app_transactions(pipeline: Pipeline) -> list[tuple[str, int]]:
+    """(app id, version) of every app transaction in the table's log, oldest first."""
+    found = []
+    for path in sorted(Path(_table(pipeline), "_delta_log").glob("*.json")):
+        for line in path.read_bytes().splitlines():
+            txn = orjson.loads(line).get("txn")
+            if txn:
+                found.append((txn["appId"], txn["version"]))
+    return found
 
 
 def test_the_committer_is_what_publishes(make_settings: Any, tmp_path: Path) -> None:

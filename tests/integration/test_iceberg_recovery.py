@@ -1,31 +1,36 @@
 """The Iceberg sink's exactly-once under failure: a publish repeated, a crash before and
-after the snapshot commit (then recovery), and another writer appending to the same table
+after the snapshot commit (then recovery), and another process appending to the same table
 while a run commits. Real Postgres, Spark, PyIceberg; the table read back by two engines."""
 
 from __future__ import annotations
 
-import os
 import threading
-from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 from conftest import TestSettings as Settings
 from demo_platform import demo_discover, prepare_demo
-from iceberg_tables import assert_exact, checkpoints, iceberg_pipeline, load, oracle
-from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.io.pyarrow import parquet_file_to_data_file, schema_to_pyarrow
+from foreign_writer import BATCH, committed_ids, foreign_writer
+from iceberg_tables import (
+    assert_exact,
+    checkpoints,
+    iceberg_pipeline,
+    load,
+    oracle,
+    table_name,
+)
+from sqlalchemy.engine import make_url
 
 from enumerator_service import _checkpoint_store
 from enumerator_service._checkpoint_recovery import _staged
 from enumerator_service._operations import Platform, open_platform
 from enumerator_service._schema import sink_transactions
 from spark_jobs.connectors.iceberg import IcebergCommitter, _commit
+from spark_jobs.connectors.iceberg._catalog import default_warehouse
+from spark_jobs.connectors.iceberg._commit import RUN_ID
 from spark_jobs.jobs import run_pipeline
 
 pytestmark = pytest.mark.spark
@@ -113,78 +118,74 @@ def test_a_crash_around_the_snapshot_commit_is_recovered_exactly(
     assert len(checkpoints(table)) == len(set(checkpoints(table)))
 
 
-def race_once(table: Any, appended: Counter[str]) -> None:
-    """One commit of another writer, now (its rows counted in ``appended``)."""
-    rows = foreign_rows(schema_to_pyarrow(table.schema()), -1, 3)
-    path = f"{table.location().removeprefix('file://')}/data/foreign/race.parquet"
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    pq.write_table(rows, path)
-    with table.transaction() as tx, tx.update_snapshot().fast_append() as append:
-        append.append_data_file(
-            parquet_file_to_data_file(table.io, table.metadata, f"file://{path}")
-        )
-    appended.update(rows.column("event_id").to_pylist())
-
-
-def foreign_rows(schema: pa.Schema, batch: int, n: int) -> pa.Table:
-    """Rows of another writer (ids no landing file has), on the first demo day."""
-    at = datetime(2026, 1, 1, 12, tzinfo=UTC)
-    columns: dict[str, Any] = {f.name: pa.nulls(n, f.type) for f in schema}
-    columns["event_id"] = pa.array(
-        [f"foreign-{batch}-{i}" for i in range(n)], schema.field("event_id").type
-    )
-    columns["event_time"] = pa.array([at] * n, schema.field("event_time").type)
-    return pa.table(columns, schema=schema)
-
-
-def test_another_writer_appending_meanwhile_keeps_both_writers_rows_exactly_once(
-    platform: tuple[Settings, Platform], monkeypatch: pytest.MonkeyPatch
+def test_another_process_appending_meanwhile_keeps_both_writers_rows_exactly_once(
+    make_settings: Any, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings, plat = platform
-    pipeline = iceberg_pipeline(settings)
-    # The table exists before the run (its first run created it with one day missing).
-    run_pipeline(settings, pipeline, dates=[datetime(2026, 1, 1).date()])
-    stop, appended, conflicts = threading.Event(), Counter[str](), [0]
-
-    def other_writer() -> None:
-        # Another engine's commits: a data file of its own, appended with its own retry.
-        batch = 0
-        while not stop.is_set() or batch < 3:
-            table = load(plat.engine, settings)
-            rows = foreign_rows(schema_to_pyarrow(table.schema()), batch, 5)
-            path = f"{table.location().removeprefix('file://')}/data/foreign/{batch}.parquet"
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            pq.write_table(rows, path)
-            try:
-                with table.transaction() as tx, tx.update_snapshot().fast_append() as append:
-                    append.append_data_file(
-                        parquet_file_to_data_file(table.io, table.metadata, f"file://{path}")
-                    )
-            except CommitFailedException:
-                conflicts[0] += 1
-                continue  # its own retry: reload, append again
-            appended.update(rows.column("event_id").to_pylist())
-            batch += 1
-
-    # At least one conflict for sure: the first commit of the run finds that the other
-    # writer committed between its table load and its commit.
-    real_data_files, raced = _commit.data_files, threading.Event()
-
-    def racing_data_files(table: Any, entries: Any) -> Any:
-        if not raced.is_set():
-            raced.set()
-            race_once(load(plat.engine, settings), appended)
-        return real_data_files(table, entries)
-
-    monkeypatch.setattr(_commit, "data_files", racing_data_files)
-    thread = threading.Thread(target=other_writer, name="foreign-writer")
-    thread.start()
+    """Issue 24's acceptance: another OS process (PyIceberg's own SqlCatalog on the same
+    Postgres, its own connection) appends to the table in a loop while a run commits
+    checkpoint after checkpoint; one of its commits is forced between the run's first table
+    load and commit, so that commit conflicts for sure. Both writers' rows end up in the
+    table exactly once, and every checkpoint of the run is one snapshot."""
+    # One subtask reading small blocks slowly (one lookup of 150 ms at a time) and frequent
+    # checkpoints: the run commits many snapshots over seconds, the other process between.
+    settings: Settings = make_settings(
+        target_split_bytes=64 << 10,
+        read_block_bytes=16 << 10,
+        lookup_capacity=1,
+        lookup_injected_latency_ms=150,
+        parallelism=1,
+        checkpoint_interval_seconds=0.2,
+    )
+    plat = open_platform(settings)
     try:
-        run_pipeline(settings, pipeline)
+        prepare_demo(settings, plat)
+        demo_discover(plat)
+        pipeline = iceberg_pipeline(settings)
+        uri = make_url(db_url).set(drivername="postgresql+psycopg")
+        loaded: list[int] = []
+        raced: list[dict[str, Any]] = []
+        real_data_files = _commit.data_files
+        with foreign_writer(
+            tmp_path / "foreign",
+            uri.render_as_string(hide_password=False),
+            format="iceberg",
+            table=table_name(settings),
+            warehouse=default_warehouse(settings),
+            # (0.5 s between its commits: one committing back to back on a loaded machine
+            # can make all of the run's bounded commit retries conflict)
+            pause=0.5,
+        ) as writer:
+
+            def racing_data_files(table: Any, entries: Any) -> Any:
+                # The run's first commit: the other process commits after this load.
+                if not loaded:
+                    loaded.append(table.current_snapshot().snapshot_id)
+                    raced.append(writer.race())
+                return real_data_files(table, entries)
+
+            monkeypatch.setattr(_commit, "data_files", racing_data_files)
+            summary = run_pipeline(settings, pipeline)
+            commits = writer.stop()
+        table = load(plat.engine, settings)
     finally:
-        stop.set()
-        thread.join(timeout=60)
-    table = load(plat.engine, settings)
-    assert raced.is_set() and appended
-    assert_exact(table, oracle(settings) + appended)
+        plat.close()
+    # Both writers' rows exactly once (two engines), each checkpoint one snapshot.
+    assert_exact(table, oracle(settings) + committed_ids(commits))
     assert len(checkpoints(table)) == len(set(checkpoints(table)))
+    # The table's foreign snapshots are exactly the commits the process reports.
+    snapshots = table.snapshots()
+    foreign = {
+        int(s.summary.get(BATCH)): s.snapshot_id
+        for s in snapshots
+        if s.summary is not None and s.summary.get(BATCH) is not None
+    }
+    assert foreign == {c["batch"]: c["commit"] for c in commits}
+    # The forced race: the run's first snapshot is not on the snapshot its commit loaded
+    # (its commit failed and was retried on the newer table), the raced one came before.
+    ours = [s for s in snapshots if s.summary and s.summary.get(RUN_ID) == summary.run_id]
+    order = [s.snapshot_id for s in snapshots]
+    assert ours[0].parent_snapshot_id != loaded[0]
+    assert order.index(raced[0]["commit"]) < order.index(ours[0].snapshot_id)
+    # The other process committed during the run, between the run's first and last snapshot.
+    during = [c for c in commits if ours[0].timestamp_ms < c["at_ms"] < ours[-1].timestamp_ms]
+    assert len(during) >= 2, (len(ours), len(commits), len(during))
