@@ -36,6 +36,8 @@ the driver or recovery calls it, never a mailbox thread.
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,8 +78,11 @@ RUN_ID = "sluice.run-id"
 CHECKPOINT_ID = "sluice.checkpoint-id"
 REBUILD_ID = "sluice.rebuild-id"
 _FIELD_ID = b"PARQUET:field_id"
-#: Commits tried against concurrent writers before a publish fails.
-RETRIES = 8
+#: How long a publish keeps retrying against concurrent writers before it fails (the output
+#: stays committed in Postgres: the next completion or recovery publishes it).
+RETRY_SECONDS = 120.0
+#: The longest pause between two tries (jittered exponential backoff from 50 ms).
+_MAX_BACKOFF = 2.0
 
 
 def is_rebuild_entry(entry: dict[str, Any]) -> bool:
@@ -123,21 +128,36 @@ def data_files(table: Table, entries: Sequence[dict[str, Any]]) -> list[DataFile
 
 
 def commit_with_retries(
-    catalog: Catalog, identifier: str, attempt: Callable[[Table], bool], what: str
+    catalog: Catalog,
+    identifier: str,
+    attempt: Callable[[Table], bool],
+    what: str,
+    budget: float = RETRY_SECONDS,
 ) -> None:
-    """``attempt(fresh table)`` until it commits or finds nothing to do (returns False);
-    a conflicting concurrent commit reloads and retries, ``RETRIES`` times at most."""
-    for _ in range(RETRIES):
+    """``attempt(fresh table)`` until it commits or finds nothing to do (returns False); a
+    conflicting concurrent commit reloads and retries for ``budget`` seconds at most.
+
+    The pause between tries grows (50 ms, doubling, at most 2 s) and is jittered: a writer
+    committing every fraction of a second would otherwise win every race against a publish
+    whose load-to-commit window is longer than its pause.
+    """
+    deadline, tries = time.monotonic() + budget, 0
+    while True:
         table = catalog.load_table(identifier)
         try:
             attempt(table)
             return
         except CommitFailedException as exc:
+            tries += 1
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"iceberg table {identifier}: {what} not committed after {tries} conflicting"
+                    f" concurrent commits in {budget:.0f} s (it stays committed in Postgres; the"
+                    " next completion or recovery retries)"
+                ) from exc
             _log.info("iceberg %s: %s conflicted (%s); retrying", identifier, what, exc)
-    raise RuntimeError(
-        f"iceberg table {identifier}: {what} not committed after {RETRIES} conflicting "
-        "concurrent commits (it stays committed in Postgres; the next recovery retries)"
-    )
+            pause = min(_MAX_BACKOFF, 0.05 * 2 ** min(tries, 6))
+            time.sleep(pause * random.uniform(0.5, 1.5))
 
 
 def delete_staged(entries: Iterable[dict[str, Any]], storage: StorageOptions | None) -> None:
