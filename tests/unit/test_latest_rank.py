@@ -1,0 +1,51 @@
+"""Which staged row of a key an upsert keeps (``spark_jobs.sink._latest.latest_rank``): the
+row with the latest event time, among equal times the one staged last; a null time is older
+than any. Hypothesis over rows in any order, against a plain-Python oracle."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spark_jobs.sink._latest import latest_rank
+
+_T0 = datetime(2026, 1, 1, tzinfo=UTC)
+rows = st.lists(
+    st.tuples(st.integers(0, 4), st.none() | st.integers(0, 5)), min_size=0, max_size=40
+)
+
+
+def _winners(ranked: list[int], keys: list[int]) -> dict[int, int]:
+    best: dict[int, int] = {}
+    for index, (key, rank) in enumerate(zip(keys, ranked, strict=True)):
+        if key not in best or rank > ranked[best[key]]:
+            best[key] = index
+    return best
+
+
+@given(rows)
+def test_the_latest_event_then_the_last_staged_wins(data: list[tuple[int, int | None]]) -> None:
+    keys = [k for k, _ in data]
+    times = [None if t is None else _T0 + timedelta(seconds=t) for _, t in data]
+    table = pa.table({"k": keys, "t": pa.array(times, pa.timestamp("us", tz="UTC"))})
+    ranked = latest_rank(table, "t").to_pylist()
+    assert sorted(ranked) == list(range(len(data)))  # distinct ranks
+    expected: dict[int, int] = {}
+    for index, (key, t) in enumerate(data):
+        seen = expected.get(key)
+        older = seen is not None and (
+            data[seen][1] is None or (t is not None and t >= data[seen][1])
+        )
+        if seen is None or older:
+            expected[key] = index
+    assert _winners(ranked, keys) == expected
+
+
+@given(rows)
+def test_without_an_event_time_the_last_staged_wins(data: list[tuple[int, int | None]]) -> None:
+    keys = [k for k, _ in data]
+    ranked = latest_rank(pa.table({"k": keys}), None).to_pylist()
+    assert _winners(ranked, keys) == {k: max(i for i, x in enumerate(keys) if x == k) for k in keys}
