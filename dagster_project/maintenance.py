@@ -172,14 +172,16 @@ def compaction_sensor(pipeline: Pipeline, key: AssetKey, job: JobDefinition) -> 
         )
         if not page.records:
             return SkipReason(f"no newly completed day of {pipeline.name}")
+        # One run per day of the page, however often it was materialised (a day reported,
+        # then rebuilt; a first start of the UI over many days the CLI processed).
+        latest = {r.partition_key: r.storage_id for r in page.records if r.partition_key}
         requests = [
             RunRequest(
-                run_key=f"{pipeline.name}:compact:{record.partition_key}:{record.storage_id}",
-                partition_key=record.partition_key,
+                run_key=f"{pipeline.name}:compact:{day}:{storage_id}",
+                partition_key=day,
                 tags={PIPELINE_TAG: pipeline.name},
             )
-            for record in page.records
-            if record.partition_key is not None
+            for day, storage_id in latest.items()
         ]
         cursor = str(page.records[-1].storage_id)
         return SensorResult(run_requests=requests, cursor=cursor)
