@@ -129,14 +129,20 @@ def test_vacuum_removes_files_of_old_versions_only_and_is_idempotent(
     uri = str(tmp_path / "events")
     oracle = fill_delta(uri, 3)
     compact_day(uri, None, engine, DAYS[0])
+    # A file a run staged and has not committed yet (no log entry names it), old: a VACUUM
+    # deletes the files of removed versions only, never such a file, even at retention 0.
+    staged = tmp_path / "events" / f"dt={DAYS[0]}" / "part-staged-not-committed.parquet"
+    pq.write_table(pa.table({"x": [1]}), staged)
+    os.utime(staged, (time.time() - 30 * 86400,) * 2)
     # A long retention: the compaction's tombstones are young, nothing goes.
     kept = vacuum(uri, None, engine, timedelta(days=7))
     assert kept.files_removed == 0
-    assert len(list((tmp_path / "events" / f"dt={DAYS[0]}").glob("*.parquet"))) == 4
+    assert len(list((tmp_path / "events" / f"dt={DAYS[0]}").glob("*.parquet"))) == 5
 
     done = vacuum(uri, None, engine, timedelta(0))
 
     assert done.files_removed == 3
+    assert staged.exists()
     assert done.current == DeltaTable(uri).version()
     found, paths = delta_rows(uri)
     assert_same_rows(found, oracle)

@@ -154,13 +154,18 @@ def vacuum(
         # Step 1: the expired tombstones whose files still exist. delta-rs lists a tombstone
         # again after its file is gone and commits VACUUM START/END every time: only a run
         # with something to delete vacuums, so a second run commits nothing.
+        # ``full=False`` (delta-rs' "lite" vacuum): only files of removed versions. A full
+        # one would also delete files no log entry names — files a run staged and has not
+        # committed yet, whatever the retention.
         planned = table.vacuum(
-            retention_hours=hours, enforce_retention_duration=False, dry_run=True
+            retention_hours=hours, enforce_retention_duration=False, dry_run=True, full=False
         )
         paths = [_fs_path(location.path, unquote(p)) for p in planned]
         present = [i for i in location.fs.get_file_info(paths) if i.type == pafs.FileType.File]
         if present:
-            table.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False)
+            table.vacuum(
+                retention_hours=hours, enforce_retention_duration=False, dry_run=False, full=False
+            )
         # Step 2: a checkpoint of the current version (unless there is one), so the log
         # before it can go; then the log older than delta.logRetentionDuration goes.
         if _last_checkpoint(location.fs, location.path) != table.version():
