@@ -57,7 +57,8 @@ class Pipeline:
             registered connector's spec).
         steps: `Lookup`, `AsyncMap`, `Map` and `Filter` steps, applied in order.
         sink: Where output rows go: a `ParquetSink` (the default, under
-            `SLUICE_WAREHOUSE_DIR`) or a `PostgresSink`.
+            `SLUICE_WAREHOUSE_DIR`), a `PostgresSink`, an `IcebergSink` or a `DeltaSink`
+            (or a registered connector's spec).
         key: Output fields that identify a record (the Dagster `unique_key` asset check).
             Default: the sink's `upsert_key`, if any.
         schedule: Cron expression (five fields, UTC) of the Dagster incremental schedule.

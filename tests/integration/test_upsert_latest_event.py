@@ -12,6 +12,7 @@ Real Postgres, Spark, PyIceberg and delta-rs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -22,6 +23,7 @@ import sqlalchemy as sa
 from conftest import TestSettings as Settings
 from deltalake import DeltaTable
 
+from enumerator_service import ConfigError
 from enumerator_service._operations import Platform, discover, open_platform
 from spark_jobs import DeltaSink, FileSource, IcebergSink, Pipeline, PostgresSink
 from spark_jobs.connectors.iceberg._catalog import open_catalog
@@ -145,3 +147,40 @@ def test_the_latest_event_per_key_wins_in_any_processing_order(
     # Day 1 rebuilt: its rows are processed again, after day 2's.
     run(dates=[DAY1], rebuild=True)
     _assert_latest(read, landed)
+
+
+@pytest.mark.parametrize("kind", ["iceberg", "delta"])
+def test_a_pipeline_writing_a_table_another_way_than_its_key_is_refused(
+    platform: tuple[Settings, Platform], tmp_path: Path, kind: str
+) -> None:
+    """The first pipeline records its upsert key in the table (``sluice.upsert-key``); one
+    that would append to that table, or upsert by another key, is refused before its run,
+    and the table is untouched. (A Postgres table has its primary key for that.)"""
+    settings, plat = platform
+    landing = tmp_path / "landing"
+    sink = _sink(kind, settings, tmp_path)
+    source = FileSource(
+        schema={"account": "int64", "status": "string", "at": "timestamp"},
+        required=["account", "at"],
+        event_time="at",
+        landing=landing,
+    )
+    upserting = Pipeline(name=settings.source_name, source=source, sink=sink)
+    _land(landing, DAY1, "a.csv", [(a, "first", _at(DAY1, 12, a)) for a in range(1, 6)])
+    discover(plat, discovery_of(upserting, settings))
+    run_pipeline(settings, upserting)
+    read = _reader(kind, sink, plat)
+    before = sorted(read())
+    _land(landing, DAY1, "b.csv", [(a, "again", _at(DAY1, 13, a)) for a in range(1, 6)])
+    for key in (None, ["status"]):
+        other = dataclasses.replace(
+            upserting,
+            name=f"{settings.source_name}_x",
+            sink=dataclasses.replace(sink, upsert_key=key),
+        )
+        discover(plat, discovery_of(other, settings))
+        with pytest.raises(
+            ConfigError, match=r"\(upsert_key\): table .* is upserted by \(account\)"
+        ):
+            run_pipeline(settings, other)
+    assert sorted(read()) == before

@@ -48,7 +48,7 @@ from spark_jobs.connectors.delta._paths import (
 )
 from spark_jobs.connectors.delta._rebuild import finish_delta_rebuilds
 from spark_jobs.connectors.delta._rows import committed_rows, duplicate_keys, rows_out
-from spark_jobs.connectors.delta._table import ensure_table, table_schema
+from spark_jobs.connectors.delta._table import ensure_table, record_upsert_key, table_schema
 from spark_jobs.connectors.delta._writer import DeltaSinkWriter
 from spark_jobs.pipeline._checks import parquet_compression, upsert_key
 from spark_jobs.pipeline._errors import check_field_name
@@ -131,6 +131,7 @@ class DeltaConnector(SinkConnector):
         schema = table_schema(plan.output_schema(), partition)
         what = f"pipeline {pipeline.name}: sink {location.uri}"
         ensure_table(table_uri(location), delta_storage(location), schema, partition, what)
+        record_upsert_key(table_uri(location), delta_storage(location), plan.sink.upsert_key, what)
 
     def committers(
         self, engine: Engine | None, storage: StorageOptions | None = None

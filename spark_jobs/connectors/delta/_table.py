@@ -15,12 +15,19 @@ Threading: blocking file-system calls; the driver's or a CLI thread.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 from deltalake import DeltaTable, Field
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from enumerator_service import ConfigError
+from spark_jobs.connectors._upsert_key import (
+    UPSERT_KEY_PROPERTY,
+    check_recorded_key,
+    recorded_value,
+)
 
 __all__ = [
     "add_actions",
@@ -28,6 +35,7 @@ __all__ = [
     "first_line",
     "live_paths",
     "load_table",
+    "record_upsert_key",
     "table_schema",
 ]
 
@@ -120,3 +128,21 @@ def add_actions(table: DeltaTable) -> pa.Table:
 def live_paths(table: DeltaTable) -> set[str]:
     """The data files of the current version, relative to the table folder."""
     return set(add_actions(table).column("path").to_pylist())
+
+
+def record_upsert_key(
+    uri: str, storage: dict[str, str], key: Sequence[str] | None, what: str
+) -> None:
+    """The table's recorded upsert key (``_upsert_key``): checked, or recorded when it has
+    none yet (one metadata commit)."""
+    table = load_table(uri, storage)
+    if table is None:
+        return
+    recorded = table.metadata().configuration.get(UPSERT_KEY_PROPERTY)
+    if check_recorded_key(recorded, key, uri, what):
+        try:
+            table.alter.set_table_properties(
+                {UPSERT_KEY_PROPERTY: recorded_value(key)}, raise_if_not_exists=False
+            )
+        except (DeltaError, OSError) as exc:
+            raise ConfigError(what, f"{uri}: recording the upsert key: {first_line(exc)}") from None

@@ -27,6 +27,11 @@ from sqlalchemy.engine import Engine
 from enumerator_service import ConfigError, Location, Settings, StorageOptions, TransactionalSink
 from spark_jobs.connectors._committed_rows import DayFiles, committed_day_rows
 from spark_jobs.connectors._interface import SinkConnector, SinkDetails, SinkWriterContext
+from spark_jobs.connectors._upsert_key import (
+    UPSERT_KEY_PROPERTY,
+    check_recorded_key,
+    recorded_value,
+)
 from spark_jobs.connectors.iceberg._catalog import (
     catalog_engine,
     data_root,
@@ -209,14 +214,20 @@ class IcebergConnector(SinkConnector):
             pipeline.name, plan.source, schema.names, options.partition_by
         )
         catalog = self._open(engine, pipeline, settings)
-        ensure_table(
+        what = f"pipeline {pipeline.name}: IcebergSink"
+        table = ensure_table(
             catalog,
             options.table,
             schema,
             partition,
-            what=f"pipeline {pipeline.name}: IcebergSink",
+            what=what,
             storage=StorageOptions.of(settings),
         )
+        key = plan.sink.upsert_key
+        recorded = table.properties.get(UPSERT_KEY_PROPERTY)
+        if check_recorded_key(recorded, key, options.table, what):
+            with table.transaction() as tx:
+                tx.set_properties({UPSERT_KEY_PROPERTY: recorded_value(key)})
 
     def open_writer(
         self, plan: SinkPlan, io: ThreadPoolExecutor, context: SinkWriterContext
