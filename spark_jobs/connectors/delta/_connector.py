@@ -77,6 +77,23 @@ def _partition(plan: Plan) -> str | None:
     return options.partition_by if plan.source.partitioned else None
 
 
+def _rows_written(commit: Mapping[str, Any]) -> int:
+    """Rows a commit of Sluice's wrote: an append's rows, a MERGE's rows inserted or updated
+    (delta-rs' metrics; its staged rows collapse to one per key, and a row of a later event
+    stays)."""
+    metrics = commit.get("operationMetrics") or {}
+    if commit.get("operation") == "MERGE" and "num_target_rows_inserted" in metrics:
+        return int(metrics["num_target_rows_inserted"]) + int(metrics["num_target_rows_updated"])
+    return int(commit.get(ROWS, 0))
+
+
+def _files_written(commit: Mapping[str, Any]) -> int:
+    metrics = commit.get("operationMetrics") or {}
+    if commit.get("operation") == "MERGE" and "num_target_files_added" in metrics:
+        return int(metrics["num_target_files_added"])
+    return int(commit.get(FILES, 0))
+
+
 class DeltaConnector(SinkConnector):
     name = SINK_NAME
 
@@ -204,8 +221,8 @@ class DeltaConnector(SinkConnector):
         found["delta_version"] = table.version()
         if run_id is not None:
             mine = [c for c in table.history(_HISTORY) if c.get(RUN_ID) == run_id]
-            found["rows_added"] = sum(int(c.get(ROWS, 0)) for c in mine)
-            found["files_added"] = sum(int(c.get(FILES, 0)) for c in mine)
+            found["rows_added"] = sum(_rows_written(c) for c in mine)
+            found["files_added"] = sum(_files_written(c) for c in mine)
             found["commits_added"] = len(mine)
         return found
 
