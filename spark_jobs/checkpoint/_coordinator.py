@@ -284,6 +284,7 @@ class CheckpointCoordinator(threading.Thread):
         if self._ready == n:
             self._ready = None
             self._pending = None
+            failed: PublishFailed | None = None
             try:
                 done = self._store.complete(n, two_phase=self._two_phase)
             except FencedError as exc:
@@ -291,13 +292,16 @@ class CheckpointCoordinator(threading.Thread):
                 self._abort(n, AbortCause.FENCED, str(exc))
                 return
             except PublishFailed as exc:
-                # Committed: count it (its final subtasks ended), then handle the failure — a
-                # database error is retried (the next completion or the run's recovery
-                # publishes the output), anything else fails the run.
-                self._completed(exc.completed)
-                raise exc.cause from exc.cause.__cause__  # (its own chain, unchanged)
+                failed, done = exc, exc.completed
             if done is not None:
                 self._completed(done)
+            if failed is not None:
+                # Committed and counted (its final subtasks ended); now the failure — a
+                # database error is retried (the next completion or the run's recovery
+                # publishes the output), anything else fails the run. Raised outside the
+                # handler: its chain stays its own (inside, it would gain the PublishFailed
+                # whose cause it is — a cycle).
+                raise failed.cause
         elif self._clock() >= pending.deadline:
             self._pending = None
             acked = f"{len(pending.fed)} of {len(self._open)} subtasks acked"

@@ -156,8 +156,11 @@ def test_a_crash_around_the_delta_commit_is_recovered_exactly(
 
 
 def _chain(exc: BaseException | None) -> str:
-    text = []
+    text: list[str] = []
+    seen: set[int] = set()
     while exc is not None:
+        assert id(exc) not in seen, f"a cycle in the exception chain: {' <- '.join(text)}"
+        seen.add(id(exc))
         text.append(f"{type(exc).__name__}: {exc}")
         exc = exc.__cause__ or exc.__context__
     return " <- ".join(text)

@@ -13,6 +13,7 @@ from pyiceberg.table import Table
 
 from spark_jobs.connectors.iceberg._catalog import DEFAULT_CATALOG
 from spark_jobs.connectors.iceberg._commit import RUN_ID
+from spark_jobs.connectors.iceberg._upsert import ROWS_WRITTEN
 
 __all__ = ["table_metadata"]
 
@@ -36,7 +37,10 @@ def table_metadata(
             for s in table.snapshots()
             if s.summary is not None and s.summary.get(RUN_ID) == run_id
         ]
-        found["rows_added"] = sum(int(s.get("added-records", 0)) for s in mine)
+        # (an upsert's snapshot: the rows it wrote, not the ones copy-on-write carried over)
+        found["rows_added"] = sum(
+            int(s.get(ROWS_WRITTEN) or s.get("added-records") or 0) for s in mine
+        )
         found["files_added"] = sum(int(s.get("added-data-files", 0)) for s in mine)
         found["snapshots_added"] = len(mine)
     return found

@@ -41,7 +41,10 @@ from enumerator_service import StorageOptions
 from spark_jobs.connectors.iceberg._catalog import location_of, table_uri
 from spark_jobs.sink._latest import latest_rank
 
-__all__ = ["stage_upsert"]
+__all__ = ["ROWS_WRITTEN", "stage_upsert"]
+
+#: The snapshot summary property of an upsert: the checkpoint's rows it wrote.
+ROWS_WRITTEN = "sluice.rows-written"
 
 _SEPARATOR = "\x1f"
 
@@ -107,6 +110,7 @@ class _Incoming:
             self.times = None if latest_by is None else won.column(latest_by).combine_chunks()
         self.rows = rows.select(list(key)) if rows.num_rows else rows
         self.lost = pa.array([], self.keys.type)
+        self.written = 0  # (set by ``files``: the rows that won)
 
     def outranked(self, stored: pa.Table, key: Sequence[str], latest_by: str | None) -> pa.Array:
         """Step 3: per stored row, whether it stays (its event is later than the checkpoint's
@@ -125,12 +129,14 @@ class _Incoming:
     def files(self, key: Sequence[str], storage: StorageOptions | None) -> list[str]:
         """Step 4: the staged files holding exactly the rows that won."""
         files, start = [], 0
+        self.written = 0
         for uri, part in zip(self.uris, self.parts, strict=True):
             size = part.num_rows
             mask = self.winner.slice(start, size)
             start += size
             if len(self.lost):
                 mask = pc.and_(mask, pc.invert(pc.is_in(_keys(part, key), value_set=self.lost)))
+            self.written += int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
             if pc.all(mask).as_py():
                 files.append(uri)
             elif pc.any(mask).as_py():
@@ -165,7 +171,9 @@ def stage_upsert(
                 added.append(parquet_file_to_data_file(table.io, table.metadata, uri))
     files = incoming.files(key, storage)
     added += [parquet_file_to_data_file(table.io, table.metadata, uri) for uri in files]
-    # Step 5: one snapshot.
+    # Step 5: one snapshot; its rows written (added-records also counts the rows the
+    # copy-on-write carried over).
+    props = {**props, ROWS_WRITTEN: str(incoming.written)}
     with tx.update_snapshot(snapshot_properties=props).overwrite() as overwrite:
         for data_file in deleted:
             overwrite.delete_data_file(data_file)
