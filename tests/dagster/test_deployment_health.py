@@ -354,7 +354,7 @@ def spark_daemons(tmp_path: Path) -> Iterator[Any]:
         os.killpg(proc.pid, signal.SIGTERM)
     for proc in started:
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=5)  # (a daemon that does not stop at once is killed: it is a test's)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=20)

@@ -267,7 +267,7 @@ def stop_process_group(process: subprocess.Popen[bytes]) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(leader, signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=30)
+            process.wait(timeout=10)  # (it can take longer; then the group is stopped below)
     # Then the whole process group (run workers, Spark JVMs, the code server).
     with contextlib.suppress(ProcessLookupError):
         os.killpg(leader, signal.SIGTERM)
