@@ -117,7 +117,7 @@ class _Incoming:
         row of its key); those keys' checkpoint rows are dropped."""
         position = pc.index_in(_keys(stored, key), value_set=self.keys)
         if latest_by is None or self.times is None:
-            return pc.fill_null(pc.is_null(position), True)  # (no key of ours: stays)
+            return pc.is_null(position)  # (no key of ours: stays)
         incoming = pc.take(self.times, position)
         at = stored.column(latest_by).combine_chunks()
         later = pc.and_(pc.is_valid(at), pc.or_kleene(pc.is_null(incoming), pc.less(incoming, at)))
