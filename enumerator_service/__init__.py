@@ -100,10 +100,13 @@ from enumerator_service._secret_files import SECRETS_FOLDER, new_secret_file, sw
 from enumerator_service._secrets import redact_text, split_password, with_password
 from enumerator_service._split_store import FencedError, SplitStore
 from enumerator_service._splits import (
+    STREAM_KINDS,
+    TABLE_KINDS,
     FileSplit,
     Split,
     SplitAssignment,
     SplitState,
+    StreamSplit,
     TableRangeSplit,
 )
 from enumerator_service._storage import (
@@ -130,6 +133,8 @@ __all__ = [
     "PARTITION_DIR",
     "SCHEMA",
     "SECRETS_FOLDER",
+    "STREAM_KINDS",
+    "TABLE_KINDS",
     "AbortCause",
     "Acknowledgement",
     "ChangePolicy",
@@ -175,6 +180,7 @@ __all__ = [
     "StaticFileEnumerator",
     "StorageError",
     "StorageOptions",
+    "StreamSplit",
     "TableDiscovery",
     "TableRangeEnumerator",
     "TableRangeSplit",

@@ -22,7 +22,15 @@ from enumerator_service._file_identity import recorded_identity
 from enumerator_service._rebuild_lock import holds, lock_rebuilds
 from enumerator_service._schema import ACTIVE_SPLIT, SplitStatus, splits
 from enumerator_service._split_pull import pull_parameters, pull_statement
-from enumerator_service._splits import FileSplit, Split, SplitAssignment, TableRangeSplit
+from enumerator_service._splits import (
+    STREAM_KINDS,
+    TABLE_KINDS,
+    FileSplit,
+    Split,
+    SplitAssignment,
+    StreamSplit,
+    TableRangeSplit,
+)
 
 __all__ = ["FencedError", "SplitStore"]
 
@@ -47,8 +55,14 @@ def _lease(seconds: float) -> sa.ColumnElement[datetime]:
 def _to_assignment(row: Row[tuple[object, ...]]) -> SplitAssignment:
     m = row._mapping
     split: Split
-    if m["kind"] == "table":
-        split = TableRangeSplit.from_uri(m["source"], m["uri"], m["start_offset"], m["end_offset"])
+    if m["kind"] in TABLE_KINDS:
+        split = TableRangeSplit.from_uri(
+            m["source"], m["uri"], m["start_offset"], m["end_offset"], m["kind"]
+        )
+    elif m["kind"] in STREAM_KINDS:
+        split = StreamSplit(
+            m["source"], m["kind"], m["uri"], m["start_offset"], m["end_offset"], m["partition_key"]
+        )
     else:
         split = FileSplit(
             source=m["source"],

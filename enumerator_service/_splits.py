@@ -8,7 +8,24 @@ from typing import Any
 
 from enumerator_service._file_identity import FileIdentity
 
-__all__ = ["FileSplit", "Split", "SplitAssignment", "SplitState", "TableRangeSplit"]
+__all__ = [
+    "STREAM_KINDS",
+    "TABLE_KINDS",
+    "FileSplit",
+    "Split",
+    "SplitAssignment",
+    "SplitState",
+    "StreamSplit",
+    "TableRangeSplit",
+]
+
+#: Stored split kinds that are key ranges of a table (:class:`TableRangeSplit`): the table
+#: source's ranges and a change-data-capture source's snapshot chunks.
+TABLE_KINDS = frozenset({"table", "pgcdc-chunk"})
+#: Stored split kinds that are position ranges of one ordered stream (:class:`StreamSplit`):
+#: a Kafka topic-partition's offsets, a logical replication slot's LSNs. Every other kind is
+#: a landing file's byte range (:class:`FileSplit`).
+STREAM_KINDS = frozenset({"kafka", "pgcdc"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +70,7 @@ class TableRangeSplit:
     key_column: str
     low: int
     high: int
-    kind: str = "table"
+    kind: str = "table"  # one of TABLE_KINDS
 
     @property
     def path(self) -> str:
@@ -77,12 +94,38 @@ class TableRangeSplit:
         return (self.source, self.path, self.low)
 
     @classmethod
-    def from_uri(cls, source: str, uri: str, low: int, high: int) -> TableRangeSplit:
+    def from_uri(
+        cls, source: str, uri: str, low: int, high: int, kind: str = "table"
+    ) -> TableRangeSplit:
         table, _, key = uri.partition("?key=")
-        return cls(source, table, key, low, high)
+        return cls(source, table, key, low, high, kind)
 
 
-Split = FileSplit | TableRangeSplit
+@dataclass(frozen=True, slots=True)
+class StreamSplit:
+    """Positions ``[start, end)`` of one ordered stream: a Kafka topic-partition's offsets,
+    a logical replication slot's LSNs. Immutable; identity = (source, path, start).
+
+    ``path`` names the stream in the split store (``uri``; the connector's own form, e.g.
+    ``orders/3`` for partition 3 of topic ``orders``). ``end`` None: unbounded — the split
+    of a continuous run, never finished by its reader. Offset rule: the offset is the
+    position of the next record *not yet emitted*, so resuming from it reads exactly the
+    records after the last emitted one.
+    """
+
+    source: str
+    kind: str  # one of STREAM_KINDS
+    path: str
+    start: int
+    end: int | None
+    partition_key: date | None = None
+
+    @property
+    def identity(self) -> tuple[str, str, int]:
+        return (self.source, self.path, self.start)
+
+
+Split = FileSplit | TableRangeSplit | StreamSplit
 
 
 @dataclass(slots=True)

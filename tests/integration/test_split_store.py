@@ -220,3 +220,29 @@ def test_heartbeats_keep_a_live_run_s_splits(platform: Platform) -> None:
         assert store.release_expired(source) == 0
     time.sleep(0.4)  # the run stops renewing: its splits return to the pool
     assert store.release_expired(source) == 2
+
+
+def test_each_split_type_comes_back_as_it_was_registered(platform: Platform) -> None:
+    """The split row is the codec: a stream range (open or closed) and a table range of a
+    non-default kind come back as the types and values they were registered as."""
+    from enumerator_service import StreamSplit, TableRangeSplit
+
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    registered = [
+        StreamSplit(source, "kafka", "orders/3", 17, None),
+        StreamSplit(source, "kafka", "orders/0", 0, 1_000_000_000_000),
+        StreamSplit(source, "pgcdc", "sluice_slot", 2**40, None),
+        TableRangeSplit(source, "public.t", "id", 0, 5000, "pgcdc-chunk"),
+        _splits(source, 1)[0],
+    ]
+    assert store.register(registered) == len(registered)
+    store.assign_to_run("run-a", source, lease_seconds=60)
+    pulled = []
+    while (a := store.pull_next("run-a", 0, 60)) is not None:
+        pulled.append(a)
+    by_identity = {a.split.identity: a.split for a in pulled}
+    for split in registered:
+        back = by_identity[split.identity]
+        assert type(back) is type(split)
+        assert (back.kind, back.start, back.end) == (split.kind, split.start, split.end)
