@@ -5,7 +5,8 @@ futures may be completed from any thread. A completion never touches operator st
 from a foreign thread it posts one mail; on the mailbox thread (asyncio callbacks) it is queued
 and one mail drains all completions queued meanwhile, so a batch of lookups costs one mail.
 
-Back-pressure: at most ``capacity`` elements are in flight. Elements offered beyond that wait
+Back-pressure: at most ``capacity`` elements are in flight (in KEY mode, elements waiting for
+an earlier element of their key count too). Elements offered beyond that wait
 in a backlog, un-invoked, and ``has_capacity()`` turns False so the task's default action
 suspends itself until ``notify_when_available`` fires; nothing ever blocks the thread.
 """
@@ -15,12 +16,13 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from threading import get_ident
 from typing import Any, Generic, TypeVar
 
 from spark_jobs.async_io._elements import Marker, StreamRecord
 from spark_jobs.async_io._function import AsyncFunction
+from spark_jobs.async_io._key_queue import KeyOrderedQueue
 from spark_jobs.async_io._queues import (
     OrderedQueue,
     Output,
@@ -43,11 +45,15 @@ Element = StreamRecord[Any] | Marker
 class OutputMode(enum.Enum):
     ORDERED = "ordered"
     UNORDERED = "unordered"
+    KEY = "key"
 
 
 class AsyncWaitOperator(Generic[IN, OUT]):
-    """Runs an AsyncFunction per element; emits in input order (ORDERED) or as completed,
-    never across a marker (UNORDERED).
+    """Runs an AsyncFunction per element; emits in input order (ORDERED), as completed but
+    never across a marker (UNORDERED), or in input order per key and as completed across keys
+    (KEY, with ``key`` giving an element's keys; see ``KeyOrderedQueue``: an element is
+    invoked only once every earlier element sharing a key with it has completed, and its
+    ``timeout`` runs from that invocation).
 
     ``timeout`` (seconds) bounds each element across all its attempts; on expiry the function's
     ``timeout()`` decides the outcome. ``retry`` needs a timeout. A failed element (exception,
@@ -66,21 +72,29 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         *,
         capacity: int = 100,
         mode: OutputMode = OutputMode.ORDERED,
+        key: Callable[[Any], Iterable[Hashable]] | None = None,
         timeout: float | None = None,
         retry: AsyncRetryStrategy = NO_RETRY,
         timer_service: TimerService | None = None,
     ) -> None:
         if retry.enabled and not (timeout and timeout > 0):
             raise ValueError("a retry strategy needs a timeout > 0 (it spans all attempts)")
+        if (key is None) == (mode is OutputMode.KEY):
+            raise ValueError("key is required with mode KEY and refused with the other modes")
         self._function = function
         self._output = output
         self._processor = processor
         self._executor = processor.executor()
-        queue_type = OrderedQueue if mode is OutputMode.ORDERED else UnorderedQueue
         entry_type: type[_Entry[OUT]] = type(
             "BoundEntry", (_Entry,), {"__slots__": (), "operator": self}
         )
-        self._queue: StreamElementQueue[OUT] = queue_type(capacity, entry_type)
+        self._queue: StreamElementQueue[OUT]
+        if key is not None:
+            self._queue = KeyOrderedQueue(capacity, entry_type, keys_of=key)
+        elif mode is OutputMode.ORDERED:
+            self._queue = OrderedQueue(capacity, entry_type)
+        else:
+            self._queue = UnorderedQueue(capacity, entry_type)
         self._backlog: deque[Element] = deque()
         self._timeout = timeout if timeout and timeout > 0 else None
         self._retry = retry
@@ -136,19 +150,7 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         if self._backlog or not self._queue.has_capacity():
             self._backlog.append(StreamRecord(value, timestamp))
             return
-        # The common path of _invoke, inlined: this runs once per element.
-        entry = self._queue.try_put_record(value, timestamp)
-        assert entry is not None
-        self.records_in += 1
-        if self._timeout is not None:
-            self._deadlines.append((self._timers.now() + self._timeout, entry))
-            if self._timer is None:
-                self._arm()
-        # Retries need a fresh future per attempt, so that a superseded attempt is ignored.
-        self._function.async_invoke(
-            value,
-            _Attempt(self, entry, 0) if self._retry_enabled else entry,  # type: ignore[arg-type]
-        )
+        self._invoke(value, timestamp)
 
     def process_marker(self, marker: Marker) -> None:
         """Queue an in-band marker (watermark, end of split); it takes a slot like a record."""
@@ -190,16 +192,24 @@ class AsyncWaitOperator(Generic[IN, OUT]):
 
     # -- internals (mailbox thread) ------------------------------------------------------
 
-    def _invoke(self, record: StreamRecord[Any]) -> None:
-        entry = self._queue.try_put_record(record.value, record.timestamp)
+    def _invoke(self, value: Any, timestamp: int | None) -> None:
+        """Queue a record and invoke it, unless it waits for an earlier element of its key
+        (KEY mode: ``_complete`` of that element starts it)."""
+        entry = self._queue.try_put_record(value, timestamp)
         assert entry is not None
         self.records_in += 1
+        if not entry.blockers:
+            self._start(entry)
+
+    def _start(self, entry: QueueEntry[OUT]) -> None:
+        """Invoke the function for a queued entry; its timeout runs from now (monotonic)."""
         if self._timeout is not None:
             self._deadlines.append((self._timers.now() + self._timeout, entry))
             if self._timer is None:
                 self._arm()
+        # Retries need a fresh future per attempt, so that a superseded attempt is ignored.
         self._function.async_invoke(
-            record.value,
+            entry.value,
             _Attempt(self, entry, 0) if self._retry_enabled else entry,  # type: ignore[arg-type]
         )
 
@@ -301,7 +311,8 @@ class AsyncWaitOperator(Generic[IN, OUT]):
             entry.retry_timer.cancel()
             entry.retry_timer = None
             self._retrying.discard(entry)
-        self._queue.on_completed(entry)
+        for released in self._queue.on_completed(entry):
+            self._start(released)  # KEY mode: the next element of a key may run now
         return True
 
     def _schedule_retry(self, entry: QueueEntry[OUT]) -> None:
@@ -362,7 +373,7 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         while backlog and queue.has_capacity() and self._failure is None:
             element = backlog.popleft()
             if isinstance(element, StreamRecord):
-                self._invoke(element)
+                self._invoke(element.value, element.timestamp)
             else:
                 queue.try_put(element)
                 emitted += queue.emit_completed(output)

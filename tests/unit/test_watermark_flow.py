@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from spark_jobs import AsyncMap, CoroutineAsyncFunction, FileSource, Filter, Map, Pipeline
 from spark_jobs.async_io import AsyncFunction, ResultFuture, Watermark
+from spark_jobs.async_io import OutputMode as AsyncMode
 from spark_jobs.jobs._chain import OperatorChain
 from spark_jobs.jobs._record_stage import RecordElement, RecordStage
 from spark_jobs.jobs._stages import AsyncBatchStage, FilterStage, MapStage, Stage
@@ -125,7 +126,7 @@ class Task:
         self.processor = MailboxProcessor(self._default_action, debug=True)
         stage_plans = plans(mode)
         self.functions = [Held(batch_answer), Held(record_answer)]
-        ordered = mode == "ordered"
+        operator_mode = AsyncMode(mode)
         stages: list[Stage] = [
             MapStage(stage_plans[0]),
             FilterStage(stage_plans[1]),
@@ -134,7 +135,7 @@ class Task:
                 self.functions[0],
                 self.processor,
                 capacity=3,
-                ordered=ordered,
+                mode=operator_mode,
                 timeout=None,
             ),
             RecordStage(
@@ -142,7 +143,7 @@ class Task:
                 self.functions[1],
                 self.processor,
                 capacity=4,
-                ordered=ordered,
+                mode=operator_mode,
                 timeout=None,
             ),
         ]
