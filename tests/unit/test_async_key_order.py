@@ -306,7 +306,7 @@ def run_and_snapshot(
     async def drive(h: Harness) -> None:
         await h.wait_until(h.idle)
         for position in complete_first:
-            await h.wait_until(lambda p=position: any(v == p for v, _ in function.pending))  # type: ignore[misc]
+            await h.wait_until(lambda p=position: any(v == p for v, _ in function.pending))
             index = next(i for i, (v, _) in enumerate(function.pending) if v == position)
             value, future = function.pending.pop(index)
             future.complete(results_for(value))
