@@ -4,7 +4,7 @@ forgetting a source, and the words of a verdict."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -49,6 +49,7 @@ async def run_operator(
     timeout: float | None = None,
     retry: AsyncRetryStrategy = NO_RETRY,
     collect: Callable[[Any, int | None], None] | None = None,
+    key: Callable[[Any], Iterable[Hashable]] | None = None,
 ) -> AsyncWaitOperator[Any, Any]:
     """Feed ``inputs`` through an operator on a fresh mailbox until everything was emitted."""
     sink = collect or (lambda _v, _t: None)
@@ -72,6 +73,7 @@ async def run_operator(
         processor,
         capacity=capacity,
         mode=mode,
+        key=key,
         timeout=timeout,
         retry=retry,
     )

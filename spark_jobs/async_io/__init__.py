@@ -1,4 +1,5 @@
-"""Flink's async I/O operator: AsyncFunction, ResultFuture, ordered/unordered queues."""
+"""Flink's async I/O operator: AsyncFunction, ResultFuture, ordered/unordered/key-ordered
+queues."""
 
 from spark_jobs.async_io._elements import Marker, StreamRecord, Watermark
 from spark_jobs.async_io._function import (
@@ -7,6 +8,7 @@ from spark_jobs.async_io._function import (
     CoroutineAsyncFunction,
     ResultFuture,
 )
+from spark_jobs.async_io._key_queue import KeyOrderedQueue
 from spark_jobs.async_io._operator import AsyncWaitOperator, OutputMode
 from spark_jobs.async_io._queues import (
     OrderedQueue,
@@ -33,6 +35,7 @@ __all__ = [
     "AsyncTimeoutError",
     "AsyncWaitOperator",
     "CoroutineAsyncFunction",
+    "KeyOrderedQueue",
     "Marker",
     "OrderedQueue",
     "Output",

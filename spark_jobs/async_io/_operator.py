@@ -5,9 +5,10 @@ futures may be completed from any thread. A completion never touches operator st
 from a foreign thread it posts one mail; on the mailbox thread (asyncio callbacks) it is queued
 and one mail drains all completions queued meanwhile, so a batch of lookups costs one mail.
 
-Back-pressure: at most ``capacity`` elements are in flight. Elements offered beyond that wait
-in a backlog, un-invoked, and ``has_capacity()`` turns False so the task's default action
-suspends itself until ``notify_when_available`` fires; nothing ever blocks the thread.
+Back-pressure: at most ``capacity`` elements are in flight (KEY mode: waiting ones included).
+Elements offered beyond that wait in a backlog, un-invoked, and ``has_capacity()`` turns
+False so the task's default action suspends itself until ``notify_when_available`` fires;
+nothing ever blocks the thread.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from threading import get_ident
 from typing import Any, Generic, TypeVar
 
+from spark_jobs.async_io._deadlines import Deadlines
 from spark_jobs.async_io._elements import Marker, StreamRecord
 from spark_jobs.async_io._function import AsyncFunction
+from spark_jobs.async_io._key_queue import KeyOrderedQueue
 from spark_jobs.async_io._queues import (
     OrderedQueue,
     Output,
@@ -31,7 +34,7 @@ from spark_jobs.async_io._queues import (
 from spark_jobs.async_io._result_futures import _Attempt, _Entry
 from spark_jobs.async_io._retry import NO_RETRY, AsyncRetryStrategy
 from spark_jobs.runtime import MailboxClosedError, MailboxProcessor
-from spark_jobs.runtime._timers import AsyncioTimerService, TimerHandle, TimerService
+from spark_jobs.runtime._timers import AsyncioTimerService, TimerService
 
 __all__ = ["AsyncWaitOperator", "OutputMode"]
 
@@ -43,11 +46,15 @@ Element = StreamRecord[Any] | Marker
 class OutputMode(enum.Enum):
     ORDERED = "ordered"
     UNORDERED = "unordered"
+    KEY = "key"
 
 
 class AsyncWaitOperator(Generic[IN, OUT]):
-    """Runs an AsyncFunction per element; emits in input order (ORDERED) or as completed,
-    never across a marker (UNORDERED).
+    """Runs an AsyncFunction per element; emits in input order (ORDERED), as completed but
+    never across a marker (UNORDERED), or in input order per key and as completed across keys
+    (KEY, with ``key`` giving an element's keys; see ``KeyOrderedQueue``: an element is
+    invoked only once every earlier element sharing a key with it has completed, and its
+    ``timeout`` runs from that invocation).
 
     ``timeout`` (seconds) bounds each element across all its attempts; on expiry the function's
     ``timeout()`` decides the outcome. ``retry`` needs a timeout. A failed element (exception,
@@ -66,28 +73,36 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         *,
         capacity: int = 100,
         mode: OutputMode = OutputMode.ORDERED,
+        key: Callable[[Any], Iterable[Hashable]] | None = None,
         timeout: float | None = None,
         retry: AsyncRetryStrategy = NO_RETRY,
         timer_service: TimerService | None = None,
     ) -> None:
         if retry.enabled and not (timeout and timeout > 0):
             raise ValueError("a retry strategy needs a timeout > 0 (it spans all attempts)")
+        if (key is None) == (mode is OutputMode.KEY):
+            raise ValueError("key is required with mode KEY and refused with the other modes")
         self._function = function
         self._output = output
         self._processor = processor
         self._executor = processor.executor()
-        queue_type = OrderedQueue if mode is OutputMode.ORDERED else UnorderedQueue
         entry_type: type[_Entry[OUT]] = type(
             "BoundEntry", (_Entry,), {"__slots__": (), "operator": self}
         )
-        self._queue: StreamElementQueue[OUT] = queue_type(capacity, entry_type)
+        self._queue: StreamElementQueue[OUT] = (
+            KeyOrderedQueue(capacity, entry_type, keys_of=key)
+            if key is not None
+            else (OrderedQueue if mode is OutputMode.ORDERED else UnorderedQueue)(
+                capacity, entry_type
+            )
+        )
         self._backlog: deque[Element] = deque()
         self._timeout = timeout if timeout and timeout > 0 else None
         self._retry = retry
         self._retry_enabled = retry.enabled
         self._timers = timer_service or AsyncioTimerService(self._executor)
-        self._deadlines: deque[tuple[float, QueueEntry[OUT]]] = deque()
-        self._timer: TimerHandle | None = None
+        # Timeouts: one timer for the earliest deadline.
+        self._deadlines = Deadlines(self._timers, self._timeout or 0.0, self._expire)
         self._retrying: set[QueueEntry[OUT]] = set()  # entries waiting for a retry timer
         self._completions: list[
             tuple[QueueEntry[OUT], int, list[OUT] | None, BaseException | None]
@@ -109,7 +124,7 @@ class AsyncWaitOperator(Generic[IN, OUT]):
     async def close(self) -> None:
         """Stop: late results are dropped from now on, timers cancelled, function closed."""
         self._finishing = True
-        self._cancel_timer()
+        self._deadlines.cancel()
         for entry in self._retrying:
             if entry.retry_timer is not None:
                 entry.retry_timer.cancel()
@@ -136,14 +151,14 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         if self._backlog or not self._queue.has_capacity():
             self._backlog.append(StreamRecord(value, timestamp))
             return
-        # The common path of _invoke, inlined: this runs once per element.
+        # _invoke and _start, inlined: this runs once per element.
         entry = self._queue.try_put_record(value, timestamp)
         assert entry is not None
         self.records_in += 1
+        if entry.blockers:
+            return  # KEY mode: waits for an earlier element of its key (see _complete)
         if self._timeout is not None:
-            self._deadlines.append((self._timers.now() + self._timeout, entry))
-            if self._timer is None:
-                self._arm()
+            self._deadlines.add(entry)
         # Retries need a fresh future per attempt, so that a superseded attempt is ignored.
         self._function.async_invoke(
             value,
@@ -190,16 +205,19 @@ class AsyncWaitOperator(Generic[IN, OUT]):
 
     # -- internals (mailbox thread) ------------------------------------------------------
 
-    def _invoke(self, record: StreamRecord[Any]) -> None:
-        entry = self._queue.try_put_record(record.value, record.timestamp)
+    def _invoke(self, value: Any, timestamp: int | None) -> None:
+        entry = self._queue.try_put_record(value, timestamp)
         assert entry is not None
         self.records_in += 1
+        if not entry.blockers:
+            self._start(entry)
+
+    def _start(self, entry: QueueEntry[OUT]) -> None:
+        """Invoke the function for a queued entry; its timeout runs from now (monotonic)."""
         if self._timeout is not None:
-            self._deadlines.append((self._timers.now() + self._timeout, entry))
-            if self._timer is None:
-                self._arm()
+            self._deadlines.add(entry)
         self._function.async_invoke(
-            record.value,
+            entry.value,
             _Attempt(self, entry, 0) if self._retry_enabled else entry,  # type: ignore[arg-type]
         )
 
@@ -301,7 +319,8 @@ class AsyncWaitOperator(Generic[IN, OUT]):
             entry.retry_timer.cancel()
             entry.retry_timer = None
             self._retrying.discard(entry)
-        self._queue.on_completed(entry)
+        for released in self._queue.on_completed(entry):
+            self._start(released)  # KEY mode: the next element of a key may run now
         return True
 
     def _schedule_retry(self, entry: QueueEntry[OUT]) -> None:
@@ -318,28 +337,10 @@ class AsyncWaitOperator(Generic[IN, OUT]):
             return
         self._function.async_invoke(entry.value, _Attempt(self, entry, entry.attempt))
 
-    # -- timeouts: one timer for the earliest deadline (deadlines are monotonic) --------
-
-    def _arm(self) -> None:
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][1].done:
-            deadlines.popleft()
-        if deadlines and self._timer is None:
-            self._timer = self._timers.register(deadlines[0][0], self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
+    def _expire(self, entry: QueueEntry[OUT]) -> None:
+        """``entry`` reached its deadline (called by ``Deadlines``)."""
         if self._finishing:
             return
-        now = self._timers.now()
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, entry = deadlines.popleft()
-            if not entry.done:
-                self._expire(entry)
-        self._arm()
-
-    def _expire(self, entry: QueueEntry[OUT]) -> None:
         entry.timed_out = True
         self.timeouts += 1
         if entry.retry_timer is not None:
@@ -347,12 +348,6 @@ class AsyncWaitOperator(Generic[IN, OUT]):
             entry.retry_timer = None
             self._retrying.discard(entry)
         self._function.timeout(entry.value, _Attempt(self, entry, entry.attempt))
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._deadlines.clear()
 
     # -- emission ------------------------------------------------------------------------
 
@@ -362,14 +357,14 @@ class AsyncWaitOperator(Generic[IN, OUT]):
         while backlog and queue.has_capacity() and self._failure is None:
             element = backlog.popleft()
             if isinstance(element, StreamRecord):
-                self._invoke(element)
+                self._invoke(element.value, element.timestamp)
             else:
                 queue.try_put(element)
                 emitted += queue.emit_completed(output)
         if emitted and output.flush is not None:
             output.flush()
         if queue.is_empty():
-            self._cancel_timer()  # nothing can time out any more: no timer stays behind
+            self._deadlines.cancel()  # nothing can time out any more: no timer stays behind
         if self._available and self.has_capacity():
             callbacks, self._available = self._available, []
             for callback in callbacks:

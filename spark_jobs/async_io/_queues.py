@@ -1,13 +1,15 @@
 """In-flight element queues of the async operator (Flink's StreamElementQueue).
 
-One interface, two implementations. All methods run on the mailbox thread and never block.
+One interface, three implementations: ``OrderedQueue`` and ``UnorderedQueue`` here,
+``KeyOrderedQueue`` (per-key order, FLIP-519) in ``_key_queue``. All methods run on the
+mailbox thread and never block.
 """
 
 from __future__ import annotations
 
 import abc
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
 from spark_jobs.async_io._elements import Marker, StreamRecord
@@ -28,13 +30,16 @@ class QueueEntry(Generic[OUT]):
 
     __slots__ = (
         "attempt",
+        "blockers",
         "error",
+        "keys",
         "marker",
         "pending",
         "results",
         "retry_timer",
         "segment",
         "seq",
+        "successors",
         "timed_out",
         "timestamp",
         "value",
@@ -55,6 +60,12 @@ class QueueEntry(Generic[OUT]):
         self.attempt = 0
         self.retry_timer: Any = None
         self.timed_out = False
+        # Key-ordered mode (``KeyOrderedQueue``): the element's keys, how many earlier
+        # elements sharing a key it still waits for (0: it may be invoked), and the elements
+        # waiting for it.
+        self.keys: tuple[Hashable, ...] = ()
+        self.blockers = 0
+        self.successors: list[QueueEntry[OUT]] | None = None
 
     @property
     def done(self) -> bool:
@@ -118,8 +129,11 @@ class StreamElementQueue(abc.ABC, Generic[OUT]):
         """Add a record (``marker`` None) or a marker; None when full."""
 
     @abc.abstractmethod
-    def on_completed(self, entry: QueueEntry[OUT]) -> None:
-        """Tell the queue that ``entry`` (already holding its results) completed."""
+    def on_completed(self, entry: QueueEntry[OUT]) -> Sequence[QueueEntry[OUT]]:
+        """Tell the queue that ``entry`` (already holding its results) completed.
+
+        Returns the entries that may be invoked now, in input order: entries that waited for
+        ``entry`` (key-ordered mode; the others never hold an entry back from invocation)."""
 
     @abc.abstractmethod
     def emit_completed(self, output: Output[OUT]) -> int:
@@ -158,8 +172,9 @@ class OrderedQueue(StreamElementQueue[OUT]):
         self._size += 1
         return entry
 
-    def on_completed(self, entry: QueueEntry[OUT]) -> None:
+    def on_completed(self, entry: QueueEntry[OUT]) -> Sequence[QueueEntry[OUT]]:
         """Nothing to move: the head check in ``emit_completed`` does the work."""
+        return ()
 
     def emit_completed(self, output: Output[OUT]) -> int:
         entries = self._entries
@@ -219,14 +234,20 @@ class UnorderedQueue(StreamElementQueue[OUT]):
         entry.segment = segment
         return entry
 
-    def on_completed(self, entry: QueueEntry[OUT]) -> None:
+    def on_completed(self, entry: QueueEntry[OUT]) -> Sequence[QueueEntry[OUT]]:
+        self._move_to_completed(entry)
+        return ()
+
+    def _move_to_completed(self, entry: QueueEntry[OUT]) -> bool:
+        """Move ``entry`` to its segment's completed ones; False if it was there already."""
         segment = entry.segment
         assert segment is not None
         try:
             segment.incomplete.remove(entry)
         except KeyError:
-            return  # already completed
+            return False  # already completed
         segment.completed.append(entry)
+        return True
 
     def emit_completed(self, output: Output[OUT]) -> int:
         emitted = 0

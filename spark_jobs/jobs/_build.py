@@ -6,7 +6,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs.async_io import NO_RETRY, AsyncRetryStrategy, exponential_backoff
+from spark_jobs.async_io import NO_RETRY, AsyncRetryStrategy, OutputMode, exponential_backoff
 from spark_jobs.jobs._outages import is_transient
 from spark_jobs.jobs._record_stage import RecordElement, RecordStage
 from spark_jobs.jobs._stages import (
@@ -78,7 +78,8 @@ def _lookup(config: TaskConfig, plan: LookupPlan, processor: MailboxProcessor) -
         lookup,
         processor,
         capacity=plan.capacity or defaults.lookup_capacity,
-        ordered=plan.ordered,
+        mode=OutputMode(plan.mode),
+        key=plan.key,
         timeout=timeout,
         retry=retry,
         lookup=lookup.metrics,
@@ -94,7 +95,8 @@ def _async_map(plan: AsyncMapPlan, processor: MailboxProcessor) -> Stage:
             UserFunction(function, _row_of),
             processor,
             capacity=plan.capacity,
-            ordered=plan.ordered,
+            mode=OutputMode(plan.mode),
+            key=plan.key,
             timeout=plan.timeout,
             retry=retry,
         )
@@ -129,7 +131,8 @@ def _async_map(plan: AsyncMapPlan, processor: MailboxProcessor) -> Stage:
         UserFunction(function, _rows_of),
         processor,
         capacity=plan.capacity,
-        ordered=plan.ordered,
+        mode=OutputMode(plan.mode),
+        key=plan.key,
         timeout=plan.timeout,
         retry=retry,
         merge=merge,

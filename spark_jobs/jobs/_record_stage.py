@@ -1,7 +1,7 @@
 """A per-record ``AsyncMap``: the user's function once per record, through Flink's operator.
 
 Each record of an incoming batch becomes one element of an
-:class:`~spark_jobs.async_io.AsyncWaitOperator` (capacity, ordered/unordered, timeout and the
+:class:`~spark_jobs.async_io.AsyncWaitOperator` (capacity, ordered/unordered/key, timeout and the
 user's ``timeout()``, retries with result and exception predicates — the operator's own
 semantics, per record). Completed records are collected per split and re-batched after every
 run of emissions (the operator's ``flush``), so the steps after it see batches again.
@@ -15,7 +15,7 @@ Threading: mailbox thread only; never blocks.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,14 @@ class _Collected:
     dropped: int = 0
 
 
+def record_keys(names: tuple[str, ...]) -> Callable[[RecordElement], tuple[Hashable]]:
+    """A record's key in key mode: one field's value, or the tuple of several."""
+    if len(names) == 1:
+        (name,) = names
+        return lambda element: (element.row[name],)
+    return lambda element: (tuple(element.row[n] for n in names),)
+
+
 class RecordStage(OperatorStage):
     def __init__(
         self,
@@ -70,7 +78,8 @@ class RecordStage(OperatorStage):
         processor: MailboxProcessor,
         *,
         capacity: int,
-        ordered: bool,
+        mode: OutputMode,
+        key: tuple[str, ...] | None = None,
         timeout: float | None,
         retry: AsyncRetryStrategy = NO_RETRY,
     ) -> None:
@@ -83,7 +92,8 @@ class RecordStage(OperatorStage):
             Output(self._collect, self._marker, self._flush),
             processor,
             capacity=capacity,
-            mode=OutputMode.ORDERED if ordered else OutputMode.UNORDERED,
+            mode=mode,
+            key=None if key is None else record_keys(key),
             timeout=timeout,
             retry=retry,
         )

@@ -9,7 +9,9 @@ batch's dead letters and dropped count, then feeds the next stage or the sink), 
 ``Watermark`` marker to ``downstream_marker``, honouring the async I/O seeds: ``Map`` and
 ``Filter`` forward a marker after the batches before it (they run inline, so those already
 left); an async stage queues it like an element — ordered mode keeps input order, unordered
-mode treats it as a boundary no record and no marker crosses (event-time unordered). A stage's
+and key modes treat it as a boundary no record and no marker crosses (event-time unordered;
+key mode adds input order per key, a block's keys being the distinct key values of its
+records, see :func:`batch_keys`). A stage's
 :meth:`Stage.pending` lists the source ranges of everything it holds that was not emitted
 yet: that is what a checkpoint stores, and what restore reads again.
 
@@ -19,11 +21,12 @@ Threading: mailbox thread only; nothing here blocks.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_jobs.async_io import (
     NO_RETRY,
@@ -53,6 +56,7 @@ __all__ = [
     "PendingRange",
     "Stage",
     "as_batch",
+    "batch_keys",
     "conform",
 ]
 
@@ -70,6 +74,24 @@ class PendingRange:
 
 def batch_range(batch: Batch) -> PendingRange:
     return PendingRange(batch.split_id, batch.span[0], batch.span[1], batch.only)
+
+
+def batch_keys(names: tuple[str, ...]) -> Callable[[Batch], list[Hashable]]:
+    """A block's keys in key mode: the distinct values of the ``names`` fields (a tuple of
+    them for several) among its records. Null is a key value like any other."""
+    if len(names) == 1:
+        (name,) = names
+
+        def one(batch: Batch) -> list[Hashable]:
+            return pc.unique(batch.rows.column(name)).to_pylist()  # type: ignore[no-any-return]
+
+        return one
+
+    def several(batch: Batch) -> list[Hashable]:
+        rows = batch.rows
+        return list(set(zip(*(rows.column(n).to_pylist() for n in names), strict=True)))
+
+    return several
 
 
 def _unconnected(_element: object) -> None:
@@ -288,7 +310,8 @@ class AsyncBatchStage(OperatorStage):
         processor: MailboxProcessor,
         *,
         capacity: int,
-        ordered: bool,
+        mode: OutputMode,
+        key: tuple[str, ...] | None = None,
         timeout: float | None,
         retry: AsyncRetryStrategy = NO_RETRY,
         merge: Callable[[Completed], Batch] | None = None,
@@ -302,7 +325,8 @@ class AsyncBatchStage(OperatorStage):
             Output(self._collect, self._marker),
             processor,
             capacity=capacity,
-            mode=OutputMode.ORDERED if ordered else OutputMode.UNORDERED,
+            mode=mode,
+            key=None if key is None else batch_keys(key),
             timeout=timeout,
             retry=retry,
         )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
+
+import pyarrow as pa
 
 from spark_jobs.pipeline._errors import PipelineDefinitionError, check_field_name
 from spark_jobs.pipeline._plan import Column
@@ -14,7 +16,7 @@ __all__ = [
     "names",
     "optional_int",
     "optional_seconds",
-    "ordered",
+    "output_mode",
     "require",
 ]
 
@@ -69,10 +71,35 @@ def optional_int(ctx: Context, value: Any, what: str, minimum: int) -> int | Non
     return value
 
 
-def ordered(ctx: Context, mode: object) -> bool:
-    if mode not in ("ordered", "unordered"):
-        raise ctx.fail(f"mode must be 'ordered' or 'unordered', got {mode!r}")
-    return mode == "ordered"
+Mode = Literal["ordered", "unordered", "key"]
+
+
+def output_mode(
+    ctx: Context, mode: object, key: object, inputs: Sequence[Column], is_open: bool
+) -> tuple[Mode, tuple[str, ...] | None]:
+    """An async step's ``mode`` and ``key``: the key (field names of the step's input) is
+    required with mode ``"key"`` and refused with the others. A key field must be a scalar
+    (records are grouped by its value); checked once the input is known."""
+    if mode not in ("ordered", "unordered", "key"):
+        raise ctx.fail(f"mode must be 'ordered', 'unordered' or 'key', got {mode!r}")
+    if mode != "key":
+        if key is not None:
+            raise ctx.fail(f"key {key!r} is only for mode='key' (mode is {mode!r})")
+        return mode, None
+    if key is None:
+        raise ctx.fail("mode='key' needs key=: the field (or fields) whose records keep order")
+    fields = (key,) if isinstance(key, str) else tuple(names(ctx, key, "key field"))
+    if not fields:
+        raise ctx.fail("key must name at least one field")
+    for name in fields:
+        ctx.check(check_field_name, name, "key field")
+    if not is_open:
+        require(ctx, fields, inputs, "key field")
+        for column in inputs:
+            kind = column.type
+            if column.name in fields and kind is not None and pa.types.is_nested(kind):
+                raise ctx.fail(f"key field {column.name!r} is {kind}: a key field is a scalar")
+    return "key", fields
 
 
 #: The Parquet codecs a file sink writes with (pyarrow's names; "none": uncompressed).

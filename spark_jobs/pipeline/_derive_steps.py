@@ -14,7 +14,7 @@ from spark_jobs.pipeline._checks import (
     Context,
     optional_int,
     optional_seconds,
-    ordered,
+    output_mode,
     require,
 )
 from spark_jobs.pipeline._errors import check_field_name, check_identifier, check_table
@@ -144,6 +144,7 @@ def _lookup(
         }
     elif step.cache is not None:
         raise ctx.fail("cache must be None, PartialCache(...) or FullCache(...)")
+    mode, key = output_mode(ctx, step.mode, step.key, base["inputs"], is_open)
     return LookupPlan(
         **base,
         outputs=outputs,
@@ -159,7 +160,8 @@ def _lookup(
         retries=optional_int(ctx, step.retries, "retries", 0),
         capacity=optional_int(ctx, step.capacity, "capacity", 1),
         batch_size=optional_int(ctx, step.batch_size, "batch_size", 1),
-        ordered=ordered(ctx, step.mode),
+        mode=mode,
+        key=key,
         **cache,
     )
 
@@ -187,6 +189,7 @@ def _async_map(ctx: Context, step: AsyncMap, base: dict[str, Any], is_open: bool
             raise ctx.fail("retry must be an AsyncRetryStrategy (fixed_delay, exponential_backoff)")
         if retry.enabled and timeout is None:
             raise ctx.fail("a retry strategy needs a timeout (it spans all attempts)")
+    mode, key = output_mode(ctx, step.mode, step.key, base["inputs"], is_open)
     return AsyncMapPlan(
         **base,
         outputs=_add(ctx, base["inputs"], added, is_open),
@@ -197,7 +200,8 @@ def _async_map(ctx: Context, step: AsyncMap, base: dict[str, Any], is_open: bool
         capacity=optional_int(ctx, step.capacity, "capacity", 1) or 100,
         timeout=timeout,
         retry=retry,
-        ordered=ordered(ctx, step.mode),
+        mode=mode,
+        key=key,
     )
 
 

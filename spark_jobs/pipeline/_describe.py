@@ -57,12 +57,12 @@ def _step(stage: StagePlan) -> str:
             "full": "full cache"
             + (f" reloaded every {stage.reload_every:g}s" if stage.reload_every else ""),
         }[stage.cache]
-        mode = "ordered" if stage.ordered else "unordered"
+        mode = _mode(stage.mode, stage.key)
         return f"{head} on {on} → {added} (on miss: {miss}; {cache}; {mode})"
     if isinstance(stage, AsyncMapPlan):
         per = "per record" if stage.per_record else "per batch"
         added = ", ".join(c.name for c in stage.added)
-        mode = "ordered" if stage.ordered else "unordered"
+        mode = _mode(stage.mode, stage.key)
         timeout = f"timeout {stage.timeout:g}s" if stage.timeout else "no timeout"
         return f"{head} {per} → {added} (capacity {stage.capacity}; {timeout}; {mode})"
     if isinstance(stage, MapPlan):
@@ -71,6 +71,10 @@ def _step(stage: StagePlan) -> str:
     if isinstance(stage, FilterPlan):
         return head
     return stage.where
+
+
+def _mode(mode: str, key: tuple[str, ...] | None) -> str:
+    return f"ordered per key {', '.join(key)}" if key else mode
 
 
 def describe(

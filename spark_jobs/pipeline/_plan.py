@@ -108,7 +108,9 @@ class LookupPlan(StagePlan):
     retries: int | None = None
     capacity: int | None = None
     batch_size: int | None = None
-    ordered: bool = True
+    #: "ordered", "unordered" or "key" (input order per value of the ``key`` fields).
+    mode: Literal["ordered", "unordered", "key"] = "ordered"
+    key: tuple[str, ...] | None = None
 
     @property
     def qualified(self) -> str:
@@ -123,7 +125,8 @@ class AsyncMapPlan(StagePlan):
     capacity: int = 100
     timeout: float | None = None
     retry: Any = None
-    ordered: bool = True
+    mode: Literal["ordered", "unordered", "key"] = "ordered"
+    key: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

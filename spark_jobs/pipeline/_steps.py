@@ -5,12 +5,14 @@ Steps are plain, immutable descriptions; the :class:`~spark_jobs.pipeline.Pipeli
 them validates them (naming pipeline, step and field) and derives each step's output
 schema. At run time each step is one operator of the task's chain, all on the task's one
 mailbox thread: ``Lookup`` and ``AsyncMap`` are async wait operators with their own queue
-(``capacity`` elements in flight, ``ordered`` or ``unordered`` output), ``Map`` and
-``Filter`` run inline. When the source declares an event-time field, watermarks flow
+(``capacity`` elements in flight, ``ordered``, ``unordered`` or ``key`` output), ``Map``
+and ``Filter`` run inline. When the source declares an event-time field, watermarks flow
 through every step: ``ordered`` keeps them in input order with the records, and
 ``unordered`` becomes *event-time* unordered — records overtake each other only between two
 watermarks, never a watermark (processing time, without an event-time field: fully
-unordered).
+unordered). ``key`` (Flink's FLIP-519) is unordered across keys and ordered per key: records
+with the same value of the ``key`` fields leave in input order, and a record is not even
+started before the earlier records of its key completed; watermarks as in ``unordered``.
 
 Options left ``None`` take the platform's defaults (``SLUICE_LOOKUP_*``) when a run opens.
 """
@@ -40,7 +42,7 @@ __all__ = [
     "Step",
 ]
 
-OutputMode: TypeAlias = Literal["ordered", "unordered"]
+OutputMode: TypeAlias = Literal["ordered", "unordered", "key"]
 MissPolicy: TypeAlias = Literal["keep", "drop", "dead_letter"]
 
 
@@ -142,8 +144,16 @@ class Lookup:
         capacity: Elements (blocks of records) in flight per task. Default:
             `SLUICE_LOOKUP_CAPACITY`.
         batch_size: Most distinct keys per query. Default: `SLUICE_LOOKUP_BATCH_SIZE`.
-        mode: `"ordered"` (output in input order) or `"unordered"` (as lookups complete;
-            never across a watermark).
+        mode: `"ordered"` (output in input order), `"unordered"` (as lookups complete;
+            never across a watermark) or `"key"` (in input order per value of `key`, as
+            lookups complete across keys; never across a watermark). In `"key"` mode a
+            block of records is looked up only once every earlier block sharing a key
+            value with it was: a later change of a row is never looked up before the
+            earlier one. Blocks of different keys are still looked up concurrently, each
+            with its `= ANY` queries. Blocks waiting for their keys count in `capacity`;
+            `timeout` runs from the lookup's start.
+        key: With `mode="key"` (and only then): the field, or tuple of fields, of the
+            step's input whose records keep their order, e.g. the row's primary key.
         name: How errors and metrics name the step. Default: the table.
     """
 
@@ -157,6 +167,7 @@ class Lookup:
     capacity: int | None = None
     batch_size: int | None = None
     mode: OutputMode = "ordered"
+    key: str | Sequence[str] | None = None
     name: str | None = None
 
     kind = "Lookup"
@@ -201,7 +212,15 @@ class AsyncMap:
             `timeout()` decides (by default the task fails). `None`: no bound.
         retry: `fixed_delay(...)` or `exponential_backoff(...)`, with result and exception
             predicates; needs a `timeout`.
-        mode: `"ordered"` or `"unordered"` (as completed; never across a watermark).
+        mode: `"ordered"`, `"unordered"` (as completed; never across a watermark) or
+            `"key"` (Flink's FLIP-519: in input order per value of `key`, as completed
+            across keys; never across a watermark). In `"key"` mode the function is called
+            for a record only once the earlier records of its key completed (a later change
+            of a row is never sent before the earlier one; with `per="batch"`, a batch
+            waits for the earlier batches sharing any key value). Waiting elements count
+            in `capacity`; `timeout` runs from the call.
+        key: With `mode="key"` (and only then): the field, or tuple of fields, of the
+            step's input whose records keep their order.
         name: How errors and metrics name the step. Default: the function's name.
     """
 
@@ -212,6 +231,7 @@ class AsyncMap:
     timeout: Duration | None = None
     retry: AsyncRetryStrategy | None = None
     mode: OutputMode = "ordered"
+    key: str | Sequence[str] | None = None
     name: str | None = None
 
     kind = "AsyncMap"

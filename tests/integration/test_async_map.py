@@ -102,3 +102,82 @@ def test_callback_and_coroutine_async_maps_per_record_and_per_batch(make_setting
                 assert (row["tag"], row["attempt"], row["twice"]) == (*expected, 2 * n)
     finally:
         platform.close()
+
+
+class LastDone(AsyncFunction[dict[str, Any], dict[str, Any]]):
+    """Answers, for a change (row, version), which version of its row had completed when it
+    was called; later changes answer sooner (a delay falling with the position), so without
+    key order a row's later change would be called, and complete, before its earlier one."""
+
+    def __init__(self) -> None:
+        self.done: dict[str, int] = {}
+
+    def async_invoke(
+        self, value: dict[str, Any], result_future: ResultFuture[dict[str, Any]]
+    ) -> None:
+        row, version, position = value["row"], value["version"], value["position"]
+        seen = self.done.get(row)
+
+        def finish() -> None:
+            self.done[row] = version
+            result_future.complete([{"seen": seen}])
+
+        asyncio.get_running_loop().call_later(0.002 * (CHANGES - position) / CHANGES, finish)
+
+
+CHANGES = 90
+
+
+def test_key_mode_calls_a_rows_changes_in_order_on_spark(make_settings: Any) -> None:
+    """Changes of 9 rows, 10 versions each, interleaved; per record and per batch in key mode
+    on ``row``: each change is called only once the previous version of its row completed,
+    every change comes out exactly once."""
+    settings: TestSettings = make_settings(read_block_bytes=1024)  # a few blocks
+    platform = open_platform(settings)
+    name = f"amap_key_{secrets.token_hex(3)}"
+    try:
+        folder = settings.data_path / "landing" / name / "dt=2026-03-01"
+        folder.mkdir(parents=True)
+        changes = [(f"r{p % 9}", p // 9 + 1) for p in range(CHANGES)]
+        lines = [
+            orjson.dumps({"row": row, "version": version, "position": p}) + b"\n"
+            for p, (row, version) in enumerate(changes)
+        ]
+        (folder / "a.jsonl").write_bytes(b"".join(lines))
+        schema = {"row": "string", "version": "int64", "position": "int64"}
+        pipeline = Pipeline(
+            name=name,
+            source=FileSource(schema=schema, required=["row", "version", "position"]),
+            steps=[
+                AsyncMap(
+                    LastDone(),
+                    output={"seen": "int64"},
+                    capacity=20,
+                    timeout="5s",
+                    mode="key",
+                    key="row",
+                ),
+                AsyncMap(
+                    double_version, output={"twice": "int64"}, per="batch", mode="key", key="row"
+                ),
+            ],
+            sink=ParquetSink(name),
+        )
+        discover(platform, discovery_of(pipeline, settings))
+        summary = run_pipeline(settings, pipeline)
+        rows = ds.dataset(output_path(pipeline, settings), format="parquet", partitioning="hive")
+        found = [
+            (r["row"], r["version"], r["seen"], r["twice"]) for r in rows.to_table().to_pylist()
+        ]
+        assert summary.rows_out == len(found) == CHANGES
+        assert len({(row, version) for row, version, _, _ in found}) == CHANGES  # no duplicate
+        expected = {(row, version, None if version == 1 else version - 1, 2 * version)
+                    for row, version in changes}  # fmt: skip
+        assert set(found) == expected
+    finally:
+        platform.close()
+
+
+async def double_version(batch: pa.RecordBatch) -> pa.RecordBatch:
+    await asyncio.sleep(0.001)
+    return pa.RecordBatch.from_arrays([pc.multiply(batch.column("version"), 2)], names=["twice"])

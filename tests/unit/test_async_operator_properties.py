@@ -125,6 +125,7 @@ class Harness:
         restored: list[Element] | None = None,
         hold_open: bool = False,
         respect_capacity: bool = True,
+        key: Callable[[Any], tuple[Any, ...]] | None = None,
     ) -> None:
         self.function = function
         self.inputs: deque[Element] = deque(inputs)
@@ -137,7 +138,7 @@ class Harness:
             lambda value, ts: self.out.append(StreamRecord(value, ts)), self.out.append
         )
         self.operator: AsyncWaitOperator[int, int] = AsyncWaitOperator(
-            function, output, self.processor, capacity=capacity, mode=mode
+            function, output, self.processor, capacity=capacity, mode=mode, key=key
         )
         self.task: asyncio.Future[None] | None = None
 

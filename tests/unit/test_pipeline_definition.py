@@ -126,6 +126,27 @@ def test_describe_lists_source_steps_sink_and_output() -> None:
     assert described.output[-1] == ("amount_eur", "decimal(18,2)", "step 3 (Map add_eur)")
 
 
+def test_key_mode_names_its_key_fields_in_the_plan_and_description() -> None:
+    pipeline = orders(
+        steps=[
+            Lookup(
+                "ref.fx_rates",
+                on={"currency": "code"},
+                columns=["rate_to_eur"],
+                mode="key",
+                key=("tenant_id", "order_id"),
+            ),
+            AsyncMap(Score(), output={"score": "float64"}, mode="key", key="order_id"),
+        ]
+    )
+    lookup, score = pipeline.plan.stages
+    assert (lookup.mode, lookup.key) == ("key", ("tenant_id", "order_id"))  # type: ignore[attr-defined]
+    assert (score.mode, score.key) == ("key", ("order_id",))  # type: ignore[attr-defined]
+    described = describe(pipeline)
+    assert described.steps[0].endswith("ordered per key tenant_id, order_id)")
+    assert described.steps[1].endswith("ordered per key order_id)")
+
+
 def _error(build: Any) -> str:
     with pytest.raises(PipelineDefinitionError) as caught:
         build()
@@ -259,6 +280,34 @@ def _error(build: Any) -> str:
             lambda: orders(source=FileSource(schema=SCHEMA, late_records="drop")),  # type: ignore[arg-type]
             "pipeline orders: source: late_records must be 'dead_letter' or 'reopen', got 'drop'",
             id="unknown late-record policy",
+        ),
+        pytest.param(
+            lambda: orders(
+                steps=[Lookup("ref.fx_rates", on="currency", columns=["r"], mode="key")]
+            ),
+            "pipeline orders: step 1 (Lookup ref.fx_rates): mode='key' needs key=",
+            id="key mode without key",
+        ),
+        pytest.param(
+            lambda: orders(steps=[AsyncMap(Score(), output={"s": "float64"}, key="order_id")]),
+            "pipeline orders: step 1 (AsyncMap Score): key 'order_id' is only for mode='key' "
+            "(mode is 'ordered')",
+            id="key without key mode",
+        ),
+        pytest.param(
+            lambda: orders(
+                steps=[Lookup("ref.fx_rates", on="currency", columns=["r"], mode="key", key="id")]
+            ),
+            "pipeline orders: step 1 (Lookup ref.fx_rates): key field 'id' is not in the input",
+            id="unknown key-mode field",
+        ),
+        pytest.param(
+            lambda: orders(
+                steps=[AsyncMap(Score(), output={"s": "float64"}, mode="by key")]  # type: ignore[arg-type]
+            ),
+            "pipeline orders: step 1 (AsyncMap Score): mode must be 'ordered', 'unordered' or "
+            "'key', got 'by key'",
+            id="unknown mode",
         ),
         pytest.param(
             lambda: orders(source=TableSource("public.orders", key="id", schema={})),

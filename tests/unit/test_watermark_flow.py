@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from spark_jobs import AsyncMap, CoroutineAsyncFunction, FileSource, Filter, Map, Pipeline
 from spark_jobs.async_io import AsyncFunction, ResultFuture, Watermark
+from spark_jobs.async_io import OutputMode as AsyncMode
 from spark_jobs.jobs._chain import OperatorChain
 from spark_jobs.jobs._record_stage import RecordElement, RecordStage
 from spark_jobs.jobs._stages import AsyncBatchStage, FilterStage, MapStage, Stage
@@ -48,15 +49,16 @@ class Echo(CoroutineAsyncFunction[dict[str, Any], dict[str, Any]]):
 
 def plans(mode: OutputMode) -> Any:
     """Real stage plans: Map (identity) → Filter (keeps all) → AsyncMap per batch → per
-    record."""
+    record. In key mode both are ordered per ``id``."""
+    key = "id" if mode == "key" else None
     return Pipeline(
         name="wm",
         source=FileSource(schema={"id": "int64", "t": "timestamp"}, event_time="t"),
         steps=[
             Map(lambda batch: batch),
             Filter(pc.field("id") >= 0),
-            AsyncMap(Echo(), output={"tag": "string"}, per="batch", mode=mode),
-            AsyncMap(Echo(), output={"tag2": "string"}, mode=mode),
+            AsyncMap(Echo(), output={"tag": "string"}, per="batch", mode=mode, key=key),
+            AsyncMap(Echo(), output={"tag2": "string"}, mode=mode, key=key),
         ],
     ).plan.stages
 
@@ -125,7 +127,8 @@ class Task:
         self.processor = MailboxProcessor(self._default_action, debug=True)
         stage_plans = plans(mode)
         self.functions = [Held(batch_answer), Held(record_answer)]
-        ordered = mode == "ordered"
+        operator_mode = AsyncMode(mode)
+        key = ("id",) if mode == "key" else None
         stages: list[Stage] = [
             MapStage(stage_plans[0]),
             FilterStage(stage_plans[1]),
@@ -134,7 +137,8 @@ class Task:
                 self.functions[0],
                 self.processor,
                 capacity=3,
-                ordered=ordered,
+                mode=operator_mode,
+                key=key,
                 timeout=None,
             ),
             RecordStage(
@@ -142,7 +146,8 @@ class Task:
                 self.functions[1],
                 self.processor,
                 capacity=4,
-                ordered=ordered,
+                mode=operator_mode,
+                key=key,
                 timeout=None,
             ),
         ]
@@ -268,6 +273,28 @@ def test_ordered_chain_keeps_records_and_watermarks_in_input_order(
     asyncio.run(task.run(picks))
     assert task.sink.seen == task.fed
     check(task.fed, task.sink.seen)
+
+
+@PROPERTY
+@given(progress(), st.lists(st.integers(0, 7), max_size=200))
+def test_key_chain_keeps_each_key_in_input_order_and_records_between_watermarks(
+    inputs: list[tuple[int, list[int]]], picks: list[int]
+) -> None:
+    """Key mode on ``id`` (each batch holds ids 0 and 1, so the offset's parity is the key):
+    per key the sink sees the records in input order; across keys, anything between the
+    same two watermarks."""
+    task = Task("key", inputs)
+    asyncio.run(task.run(picks))
+    check(task.fed, task.sink.seen)
+
+    def per_key(elements: list[tuple[str, Any]]) -> dict[int, list[Any]]:
+        found: dict[int, list[Any]] = {0: [], 1: []}
+        for kind, value in elements:
+            if kind == "record":
+                found[value[1] % 2].append(value)
+        return found
+
+    assert per_key(task.sink.seen) == per_key(task.fed)
 
 
 def test_the_slow_split_holds_the_watermark_back() -> None:
