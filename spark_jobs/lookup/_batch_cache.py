@@ -16,8 +16,10 @@ a cache never costs more than it saves (at 9 % hits the per-row cache cost 25 % 
 - chunks are merged like a binary counter (a chunk is merged with the previous one when that
   one is not larger), so a lookup visits O(log rows) chunks, each row copied O(log) times.
 
-One clock reading serves a whole call: a batch's rows share their write/access time, and the
-LRU order within a batch is the order of its keys.
+One clock reading serves a whole call: a batch's rows share their write/access time. The hits
+of one lookup keep their recency order among themselves (they are re-appended in log order);
+a store appends the rows found in their order, then the keys without a row in the keys'
+order.
 
 Threading contract: not thread-safe. A cache belongs to one event loop thread (the mailbox
 thread running the lookup function) and every method must be called from that thread.
@@ -30,8 +32,8 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import compress
-from operator import eq
+from itertools import accumulate, compress
+from operator import and_, eq, xor
 from typing import Any
 
 import pyarrow as pa
@@ -105,6 +107,8 @@ class BatchCache:
         self._types = tuple(value_types)
         self._clock = clock
         self._index: dict[Any, int] = {}  # key -> its live row's log position
+        # CLOCK: keys used since their row was last at the head (None: exact LRU).
+        self._referenced: set[Any] | None = None if expire_after_access is not None else set()
         self._chunks: list[_Chunk] = []  # in log order
         self._head = 0  # log position of the first row not dropped
         self._end = 0  # log position after the last row
@@ -139,10 +143,14 @@ class BatchCache:
         order = pc.sort_indices(positions.filter(hit))
         at = hit_at.take(order)
         rows = self._take(positions.filter(hit).take(order))
-        # Step 2: they become the most recently used: appended again (written kept).
-        hit_keys = [keys[i] for i in at.to_pylist()]
-        self._append(hit_keys, rows.values, rows.present, rows.written, now)
-        self._shrink()
+        # Step 2: they become recently used: appended again (exact LRU, written kept), or
+        # marked for a second chance at the head (CLOCK).
+        if self._referenced is None:
+            hit_keys = [keys[i] for i in at.to_pylist()]
+            self._append(hit_keys, rows.values, rows.present, rows.written, now)
+            self._shrink()
+        else:
+            self._referenced.update(compress(keys, hit.to_pylist()))
         # Step 3: cached misses answer "no row": not part of the rows found.
         if not pc.all(rows.present).as_py():
             at = at.filter(rows.present)
@@ -157,7 +165,8 @@ class BatchCache:
         ``cache_missing_key`` those are forgotten instead (the database said they are gone)."""
         now = self._clock()
         self._purge(now)
-        absent = set(keys).difference(found_keys) if keys else set()
+        known = set(found_keys)
+        absent = [k for k in keys if k not in known]  # in the keys' order: LRU order
         columns = tuple(values)
         present = pa.nulls(len(found_keys), pa.bool_()).fill_null(True)
         stored = list(found_keys)
@@ -174,6 +183,8 @@ class BatchCache:
             for key in absent:
                 self._index.pop(key, None)
         if stored:
+            if self._referenced is not None:
+                self._referenced.difference_update(stored)  # a new row: not used yet
             self._append(stored, columns, present, None, now)
             self.loads += len(stored)
             self._shrink()
@@ -181,6 +192,8 @@ class BatchCache:
     def clear(self) -> None:
         """Forget every entry (counters are kept)."""
         self._index.clear()
+        if self._referenced is not None:
+            self._referenced.clear()
         self._chunks.clear()
         self._head = self._end
 
@@ -240,40 +253,69 @@ class BatchCache:
         """Evict the least recently used rows beyond ``maximum_size``; compact the garbage."""
         excess = len(self._index) - self.maximum_size
         if excess > 0:
-            self._drop_head(lambda chunk, offset: len(chunk.keys) - offset, excess)
+            self._drop_head(lambda chunk, offset: len(chunk.keys) - offset, excess, True)
         garbage = (self._end - self._head) - len(self._index)
         if garbage > max(len(self._index), MIN_GARBAGE):
             self._compact()
 
-    def _drop_head(self, limit: Callable[[_Chunk, int], int], live: int | None) -> None:
+    def _drop_head(
+        self, limit: Callable[[_Chunk, int], int], live: int | None, second_chance: bool = False
+    ) -> None:
         """Drop rows from the head: at most ``limit(chunk, offset)`` rows of each chunk, and
         stop after ``live`` live rows (None: no bound). The liveness test and the deletes run
         in C loops (``map``) over slices: a head row costs tens of nanoseconds."""
-        index = self._index
-        while self._chunks:
+        index, referenced = self._index, self._referenced if second_chance else None
+        while self._chunks and (live is None or live > 0):
             chunk = self._chunks[0]
             offset = self._head - chunk.start
-            stop = offset + limit(chunk, offset)
-            while offset < stop and (live is None or live > 0):
-                # Step 1: a slice of at most `live` rows (all of them may be live).
-                end = stop if live is None else min(stop, offset + live)
-                keys = chunk.keys[offset:end]
-                alive = list(
-                    map(eq, map(index.get, keys), range(self._head, self._head + len(keys)))
-                )
-                # Step 2: forget its live keys; the garbage rows were superseded already.
-                dead = list(compress(keys, alive))
-                deque(map(index.__delitem__, dead), maxlen=0)
-                self.evictions += len(dead)
-                if live is not None:
-                    live -= len(dead)
-                self._head += len(keys)
-                offset = end
-            if self._head < chunk.end:
+            count = limit(chunk, offset)
+            if count <= 0:
                 return
-            self._chunks.pop(0)
-            if live is not None and live <= 0:
-                return
+            # Step 1: a slice of the head: at most `live` rows, more with second chances.
+            if live is not None:
+                count = min(count, live if not referenced else live + live // 4 + 64)
+            keys = chunk.keys[offset : offset + count]
+            count = len(keys)
+            alive = list(map(eq, map(index.get, keys), range(self._head, self._head + count)))
+            used: list[bool] = []
+            if referenced:
+                # CLOCK: live rows used since they were last here get a second chance.
+                used = list(map(and_, alive, map(referenced.__contains__, keys)))
+                alive = list(map(xor, alive, used))  # now: the rows to evict
+            # Step 2: cut the slice after the `live`-th row to evict.
+            if live is not None:
+                evicted = list(accumulate(alive))
+                if evicted and evicted[-1] >= live:
+                    count = bisect_left(evicted, live) + 1
+                    keys, alive, used = keys[:count], alive[:count], used[:count]
+            self._head += count
+            if referenced and any(used):
+                self._second_chance(chunk, offset, keys, used)
+            # Step 3: forget the evicted keys (garbage rows were superseded already).
+            dead = list(compress(keys, alive))
+            deque(map(index.__delitem__, dead), maxlen=0)
+            if self._referenced is not None:
+                self._referenced.difference_update(dead)
+            self.evictions += len(dead)
+            if live is not None:
+                live -= len(dead)
+            if self._head >= self._chunks[0].end:  # (a second chance may have merged it)
+                self._chunks.pop(0)
+
+    def _second_chance(self, chunk: _Chunk, offset: int, keys: list[Any], used: list[bool]) -> None:
+        """Append the ``used`` rows of ``keys`` (``chunk``'s rows from ``offset``) again,
+        unmarked (their write times kept)."""
+        assert self._referenced is not None
+        again = list(compress(keys, used))
+        self._referenced.difference_update(again)
+        at = pc.add(pc.indices_nonzero(pa.array(used, pa.bool_())), offset)
+        self._append(
+            again,
+            tuple(v.take(at) for v in chunk.values),
+            chunk.present.take(at),
+            None if chunk.written is None else chunk.written.take(at),
+            0.0,  # (no access times in CLOCK mode)
+        )
 
     def _purge(self, now: float) -> None:
         """Remove the expired rows: by access at the head (the log is in access order), by
@@ -300,6 +342,8 @@ class BatchCache:
                 key = chunk.keys[offset]
                 if index.get(key) == chunk.start + offset:
                     del index[key]
+                    if self._referenced is not None:
+                        self._referenced.discard(key)
                     self.evictions += 1
             rest = chunk.written.filter(pc.invert(old))
             chunk.oldest_write = pc.min(rest).as_py() if len(rest) else float("inf")
