@@ -223,17 +223,18 @@ def test_many_batches_compact_the_log_and_keep_every_row() -> None:
 
 def test_the_guard_bypasses_a_warm_cache_below_its_threshold_and_samples_it_again() -> None:
     cache = BatchCache(10, TYPES)
-    cache.loads = 10  # warm
     guard = HitRateGuard(0.5, window=100, pause=2)
+    assert guard.consult(100)
+    guard.record(0, 100, cache)  # a window that started cold is not judged
+    assert guard.consult(100)
+    cache.loads = 10  # warm
+    guard.record(0, 100, cache)  # (that window started cold too)
     assert guard.consult(100)
     guard.record(10, 100, cache)  # 10 % hits: below 50 %
     assert [guard.consult(100), guard.consult(100), guard.consult(100)] == [False, False, True]
     assert guard.bypassed == 200
     guard.record(90, 100, cache)  # 90 %: consulted again
     assert guard.consult(100) and guard.consult(100)
-    cold = BatchCache(1000, TYPES)
-    guard.record(0, 100, cold)  # a cold cache is not judged
-    assert guard.consult(100)
     with pytest.raises(ValueError, match="threshold"):
         HitRateGuard(1.5)
 
