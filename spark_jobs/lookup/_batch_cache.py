@@ -147,7 +147,7 @@ class BatchCache:
         # Step 1: the hits' rows, chunk by chunk, in log order.
         order = pc.sort_indices(positions.filter(hit))
         at = hit_at.take(order)
-        rows = self._take(positions.filter(hit).take(order))
+        rows = self._take(positions.filter(hit).take(order), self._referenced is None)
         # Step 2: they become recently used: appended again (exact LRU, written kept), or
         # marked for a second chance at the head (CLOCK).
         if self._referenced is None:
@@ -204,8 +204,9 @@ class BatchCache:
 
     # -- the log -------------------------------------------------------------------------
 
-    def _take(self, positions: pa.Array) -> _Chunk:
-        """The rows at sorted log ``positions`` (their keys are not filled in)."""
+    def _take(self, positions: pa.Array, written: bool) -> _Chunk:
+        """The rows at sorted log ``positions`` (their keys are not filled in; their write
+        times only if ``written``: re-appended rows keep them)."""
         where = positions.to_pylist()
         parts: list[_Chunk] = []
         for chunk in self._chunks:
@@ -219,7 +220,7 @@ class BatchCache:
                     [],
                     tuple(v.take(taken) for v in chunk.values),
                     chunk.present.take(taken),
-                    None if chunk.written is None else chunk.written.take(taken),
+                    None if chunk.written is None or not written else chunk.written.take(taken),
                     None,
                     0.0,
                 )
@@ -271,6 +272,9 @@ class BatchCache:
         stop after ``live`` live rows (None: no bound). The liveness test and the deletes run
         in C loops (``map``) over slices: a head row costs tens of nanoseconds."""
         index, referenced = self._index, self._referenced if second_chance else None
+        # With second chances a slice may evict few rows (most were used): each next slice
+        # is 4x larger, so that a call appends O(log rows) chunks, not one per few rows.
+        window = 0 if live is None else live + live // 4 + 64
         while self._chunks and (live is None or live > 0):
             chunk = self._chunks[0]
             offset = self._head - chunk.start
@@ -279,7 +283,8 @@ class BatchCache:
                 return
             # Step 1: a slice of the head: at most `live` rows, more with second chances.
             if live is not None:
-                count = min(count, live if not referenced else live + live // 4 + 64)
+                count = min(count, live if not referenced else window)
+                window *= 4
             keys = chunk.keys[offset : offset + count]
             count = len(keys)
             alive = list(map(eq, map(index.get, keys), range(self._head, self._head + count)))
