@@ -6,7 +6,8 @@ unknown ids, one event in 500, and the malformed lines are kept as they are):
 - **uniform** (the bench's files): 1M events over 1M users. A cache of ``--cached-rows``
   (120,000) per task hits ~10 % of the keys: the "cache must not cost more than it saves"
   row (target >= 0.95x the uncached rate of the same files, the main Sluice L=0 row);
-- **narrow**: the same events over ``--narrow-users`` (20,000) users (``id % 20,000``); a
+- **narrow**: the same events over ``--narrow-users`` (20,000) users (a random subset of the
+  table: ``hot[id % 20,000]``); a
   cache of ``--narrow-cache-rows`` (19,000) per task hits ~90 % (target >= 1.5x the uncached
   run over these files);
 - **skewed**: Zipf-like, user of popularity rank r with probability ~ 1 / r ** ``--zipf``
@@ -70,15 +71,18 @@ def cache_landings(ctx: Context) -> tuple[Path, Path]:
     """(narrow, skewed) copies of the bench's files."""
     args, root = ctx.args, ctx.out_root
     users, narrow = args.users, args.narrow_users
-    spec = {"source": str(ctx.landing), "narrow": narrow}
+    rng = random.Random(SEED)
+    # The hot users are a random subset of the table, not its first ids (those would share a
+    # few heap and index pages: cheaper for Postgres than users spread over the table).
+    hot = rng.sample(range(1, users + 1), narrow)
+    spec = {"source": str(ctx.landing), "narrow": narrow, "spread": SEED}
     with console.status(f"Cache rows: events over {narrow:,} users…"):
         narrow_landing = remapped(
             ctx.landing,
             root / f"narrow-{ctx.landing.name}-n{narrow}",
             spec,
-            lambda uid: uid if uid > users else (uid - 1) % narrow + 1,
+            lambda uid: uid if uid > users else hot[(uid - 1) % narrow],
         )
-    rng = random.Random(SEED)
     weights = itertools.accumulate(1.0 / rank**args.zipf for rank in range(1, users + 1))
     cumulative = list(weights)
     ranks = range(1, users + 1)
