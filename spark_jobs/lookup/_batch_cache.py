@@ -12,7 +12,7 @@ costs little per key (the per-row cache made the clickstream run at 0.75x at 9 %
 - eviction (size, access expiry) advances the *head* of the log. Without
   ``expire_after_access`` eviction is CLOCK: a hit only marks its key (a set), and a marked
   live row reaching the head is appended again, unmarked, instead of being evicted (a
-  "second chance"). With ``expire_after_access`` it is an exact LRU: every hit is appended
+  "second chance"), within a bounded sweep (the oldest rows beyond it go, used or not). With ``expire_after_access`` it is an exact LRU: every hit is appended
   again with its access time, so the log is in access order and its head expires first;
 - rows superseded by a later append are garbage, skipped at the head and compacted away once
   they outnumber the live rows (amortised per appended row);
