@@ -12,7 +12,8 @@ costs little per key (the per-row cache made the clickstream run at 0.75x at 9 %
 - eviction (size, access expiry) advances the *head* of the log. Without
   ``expire_after_access`` eviction is CLOCK: a hit only marks its key (a set), and a marked
   live row reaching the head is appended again, unmarked, instead of being evicted (a
-  "second chance"), within a bounded sweep (the oldest rows beyond it go, used or not). With ``expire_after_access`` it is an exact LRU: every hit is appended
+  "second chance"), within a bounded sweep (the oldest rows beyond it go, used or not).
+  With ``expire_after_access`` it is an exact LRU: every hit is appended
   again with its access time, so the log is in access order and its head expires first;
 - rows superseded by a later append are garbage, skipped at the head and compacted away once
   they outnumber the live rows (amortised per appended row);
@@ -425,52 +426,3 @@ def _concat(parts: list[_Chunk], types: tuple[pa.DataType, ...], start: int = 0)
         None if first.accessed is None else pa.concat_arrays([p.accessed for p in parts]),
         min(p.oldest_write for p in parts),
     )
-
-
-class HitRateGuard:
-    """Stops consulting a cache that does not pay for itself, and samples it again later.
-
-    A lookup through the cache costs about a microsecond per key more than the query alone
-    (a dict probe, Arrow conversions, eviction); a hit saves a few microseconds of query,
-    transfer and decoding. Below ``threshold`` hits per key the cache costs more than it
-    saves, so: the keys of ``window`` keys' worth of batches are counted; when a window's
-    hit rate is below ``threshold`` and the cache was warm when the window started (it had
-    stored at least half its ``maximum_size``: a cold cache hits little whatever the keys), the
-    next ``pause``
-    windows' worth of batches bypass the cache (neither consulted nor filled: a plain query),
-    then one window samples it again. A cache whose hit rate never reaches ``threshold``
-    thus costs ``1 / (pause + 1)`` of its full cost.
-
-    Threading contract: that of its cache (one event loop thread).
-    """
-
-    __slots__ = ("_hits", "_keys", "_skip", "_warm", "bypassed", "pause", "threshold", "window")
-
-    def __init__(self, threshold: float, *, window: int = 16_384, pause: int = 9) -> None:
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold must be within [0, 1], got {threshold}")
-        self.threshold, self.window, self.pause = threshold, window, pause
-        self._hits = self._keys = 0
-        self._skip = 0  # keys still to bypass
-        self._warm = False  # the cache was warm when this window started
-        self.bypassed = 0  # keys looked up without the cache (a counter)
-
-    def consult(self, keys: int) -> bool:
-        """Whether a batch of ``keys`` distinct keys goes through the cache."""
-        if self._skip > 0:
-            self._skip -= keys
-            self.bypassed += keys
-            return False
-        return True
-
-    def record(self, hits: int, keys: int, cache: BatchCache) -> None:
-        """Count a consulted batch's hits; at the end of a window, decide."""
-        self._hits += hits
-        self._keys += keys
-        if self._keys < self.window:
-            return
-        rate = self._hits / self._keys
-        self._hits = self._keys = 0
-        if rate < self.threshold and self._warm:
-            self._skip = self.pause * self.window
-        self._warm = cache.loads >= cache.maximum_size // 2

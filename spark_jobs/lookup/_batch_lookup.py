@@ -34,10 +34,11 @@ import asyncpg
 import pyarrow as pa
 
 from spark_jobs.async_io import NO_RETRY, AsyncRetryStrategy, ResultFuture, fixed_delay
-from spark_jobs.lookup._batch_cache import BatchCache, HitRateGuard
+from spark_jobs.lookup._batch_cache import BatchCache
 from spark_jobs.lookup._batch_join import Found, Joiner, distinct_keys, join_keys, match
 from spark_jobs.lookup._batch_sql import KeyPart, LookupShape, ValueColumn, read_shape
 from spark_jobs.lookup._full_cache import LOAD_CHUNK_ROWS, Reloader, load_table, to_found
+from spark_jobs.lookup._hit_rate_guard import HitRateGuard
 from spark_jobs.lookup._pooled import PooledLookup
 from spark_jobs.pipeline._plan import LookupPlan
 from spark_jobs.source._batch import Batch

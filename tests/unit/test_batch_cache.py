@@ -21,9 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from spark_jobs.lookup._batch_cache import BatchCache, HitRateGuard
+from spark_jobs.lookup._batch_cache import BatchCache
 from spark_jobs.lookup._batch_join import Found, distinct_keys, match
 from spark_jobs.lookup._batch_lookup import BatchLookup
+from spark_jobs.lookup._hit_rate_guard import HitRateGuard
 
 TYPES = [pa.string(), pa.int64()]
 KEYS = st.integers(0, 12)
