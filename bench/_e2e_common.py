@@ -29,6 +29,7 @@ VARIANTS = (
     "discovery",
     "iceberg",
     "delta",
+    "cache",
     "compaction",
     "naive",
     "broadcast",
@@ -96,6 +97,8 @@ class Result:
     # sink's publish, e.g. an Iceberg or Delta commit, runs after and is not in it). In a
     # median_of row: the median of the rounds' values.
     checkpoint_p50_ms: float | None = None
+    # Sluice runs with a cache: the measured hit rate (and bypassed share), for the verdicts.
+    cache_note: str = ""
 
 
 @dataclass

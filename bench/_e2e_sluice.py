@@ -82,7 +82,8 @@ def run_sluice(
     summary, wall, cpu, memory = _run_pipeline(ctx, settings, pipeline, verify)
     note = (
         f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
-        f"{summary.lookup_queries:,} queries, {summary.cache_hit_rate:.0%} cache hits, "
+        f"{summary.lookup_queries:,} queries, {summary.cache_hit_rate:.1%} cache hits "
+        f"({summary.cache_bypass_rate:.0%} bypassed), "
         f"{summary.dead_letters:,} dead letters; {breakdown(memory.postgres_cpu_by)}"
     )
     return Result(
@@ -99,6 +100,10 @@ def run_sluice(
         worker_rss=memory.worker_profile(),
         postgres_cpu=memory.postgres_cpu,
         checkpoint_p50_ms=summary.checkpoint_p50_ms,
+        cache_note=(
+            f"{summary.cache_hit_rate:.1%} hits of the keys the cache was asked, "
+            f"{summary.cache_bypass_rate:.0%} of keys bypassed it"
+        ),
     )
 
 

@@ -14,8 +14,10 @@ platform database (the embedded Postgres by default). Then, one after another on
 1. **Sluice**: the clickstream example pipeline (``examples.clickstream``, defined through the
    public API) over these files: ``discover`` + ``run_pipeline`` — 2 reader subtasks,
    EXACTLY_ONCE checkpoints every second, lines read, parsed and looked up in blocks (one query
-   per block's distinct keys), no lookup cache (``--cache-rows``), Parquet output; plus one run
-   at L=0 with a 100k-row partial cache per task (``--cached-rows``); and the **orders**
+   per block's distinct keys), no lookup cache (``--cache-rows``), Parquet output; plus the
+   **cache rows** at L=0 (``bench/_e2e_cache.py``, skip with ``cache``: uniform keys at ~10 %
+   hits, narrow keys at ~90 % hits and Zipf-skewed keys, each against the uncached run over
+   the same files, with the measured hit rate; in the rounds); and the **orders**
    example (CSV, two lookups — a composite key and a fully cached rate table —, a Map, a
    Filter, a Postgres upsert sink) over as many orders in as many files;
 2. **naive Spark**: ``spark.read.json`` → ``df.rdd.mapPartitions`` with one synchronous psycopg
@@ -99,6 +101,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _e2e_cache import cache_plans, cache_verdicts
 from _e2e_ceiling import Ceilings
 from _e2e_common import (
     VARIANTS,
@@ -146,9 +149,14 @@ def main() -> None:
     parser.add_argument(
         "--cached-rows",
         type=int,
-        default=100_000,
-        help="an extra Sluice run at L=0 with this lookup cache per task (0: none)",
+        default=120_000,
+        help="the cache rows' cache per task over uniform (~10 %% hits) and skewed keys",
     )
+    parser.add_argument(
+        "--narrow-users", type=int, default=20_000, help="users of the ~90 %% hits cache row"
+    )
+    parser.add_argument("--narrow-cache-rows", type=int, default=19_000, help="its cache per task")
+    parser.add_argument("--zipf", type=float, default=1.1, help="exponent of the skewed keys")
     parser.add_argument(
         "--discovery-objects", type=int, default=100_000, help="objects listed (S3 discovery)"
     )
@@ -253,6 +261,8 @@ def main() -> None:
                 plans += s3_plans(ctx, s3)
             if 0.0 in latencies:
                 plans += lakehouse_plans(ctx, skip)
+            if "cache" not in skip and args.cached_rows and 0.0 in latencies:
+                plans += cache_plans(ctx)
         try:
             # (The small runs' labels start with "small": they read other files, so each has
             # its own warm-up, like the ceilings.)
@@ -274,12 +284,6 @@ def main() -> None:
                         f"Sluice orders, L={latency:g} ms",
                         functools.partial(run_orders, ctx, latency),
                     )
-            if args.cached_rows and 0.0 in latencies:
-                label = f"Sluice, cache {args.cached_rows:,} rows"
-                measure(
-                    f"{label}, L=0 ms",
-                    lambda: run_sluice(ctx, 0.0, label=label, cache_rows=args.cached_rows),
-                )
             if large is not None:
                 # Back to back, both in workers that already ran the pipeline (a reused worker
                 # starts from the RSS its previous task left, not from a fresh fork's).
@@ -339,6 +343,7 @@ def main() -> None:
             *small_verdicts(results, args.quick),
             *s3_verdicts(results),
             *lakehouse_verdicts(results),
+            *cache_verdicts(results),
         ]:
             console.print(text)
     finally:

@@ -42,6 +42,7 @@ class LookupTotals:
     cache_hit_rate: float
     p50_ms: float
     p99_ms: float
+    cache_bypass_rate: float = 0.0
 
 
 def lookup_totals(results: Sequence[SubtaskResult]) -> LookupTotals:
@@ -50,10 +51,15 @@ def lookup_totals(results: Sequence[SubtaskResult]) -> LookupTotals:
     metrics = [s.lookup for r in results for s in r.steps if s.lookup is not None]
     lookups = sum(m.lookups for m in metrics)
     hits = sum(m.cache_hits for m in metrics)
+    # Of the keys the cache was asked (distinct keys per batch for a partial cache, rows
+    # for a full one): lookups counts rows, and rows repeat keys.
+    asked = hits + sum(m.cache_misses for m in metrics)
+    bypassed = sum(m.cache_bypassed for m in metrics)
     return LookupTotals(
         lookups=lookups,
         queries=sum(m.batches for m in metrics),
-        cache_hit_rate=hits / lookups if lookups else 0.0,
+        cache_hit_rate=hits / asked if asked else 0.0,
+        cache_bypass_rate=bypassed / (asked + bypassed) if bypassed else 0.0,
         p50_ms=max((m.p50_ms for m in metrics), default=0.0),
         p99_ms=max((m.p99_ms for m in metrics), default=0.0),
     )

@@ -32,6 +32,8 @@ class RunSummary:
     lookups: int = 0
     lookup_queries: int = 0
     cache_hit_rate: float = 0.0
+    #: Share of the keys looked up without consulting the partial cache (it did not pay).
+    cache_bypass_rate: float = 0.0
     lookup_p50_ms: float = 0.0
     lookup_p99_ms: float = 0.0
     checkpoints: int = 0

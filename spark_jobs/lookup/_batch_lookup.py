@@ -34,10 +34,11 @@ import asyncpg
 import pyarrow as pa
 
 from spark_jobs.async_io import NO_RETRY, AsyncRetryStrategy, ResultFuture, fixed_delay
+from spark_jobs.lookup._batch_cache import BatchCache
 from spark_jobs.lookup._batch_join import Found, Joiner, distinct_keys, join_keys, match
 from spark_jobs.lookup._batch_sql import KeyPart, LookupShape, ValueColumn, read_shape
-from spark_jobs.lookup._cache import LookupCache
 from spark_jobs.lookup._full_cache import LOAD_CHUNK_ROWS, Reloader, load_table, to_found
+from spark_jobs.lookup._hit_rate_guard import HitRateGuard
 from spark_jobs.lookup._pooled import PooledLookup
 from spark_jobs.pipeline._plan import LookupPlan
 from spark_jobs.source._batch import Batch
@@ -105,16 +106,9 @@ class BatchLookup(PooledLookup[Batch, Batch]):
         self._input_schema = input_schema
         self._column_types = dict(column_types)
         self._batch_size, self._query_timeout, self._latency = batch_size, query_timeout, latency
-        self._cache: LookupCache[Any, tuple[Any, ...]] | None = None
-        if plan.cache == "partial":
-            self._cache = LookupCache(
-                plan.cache_rows,
-                expire_after_write=plan.expire_after_write,
-                expire_after_access=plan.expire_after_access,
-                # A cached miss would answer every retry: never cache misses when retrying.
-                cache_missing_key=plan.cache_missing and plan.retry_attempts == 0,
-                clock=clock,
-            )
+        self._clock = clock
+        self._cache: BatchCache | None = None  # the partial cache, built by open()
+        self._guard = HitRateGuard(plan.cache_min_hit_rate if plan.cache == "partial" else 0.0)
         self._shape: LookupShape | None = None
         self._shape_values: tuple[ValueColumn, ...] = ()
         self._nothing: Found | None = None  # no rows (typed), built by open()
@@ -125,8 +119,8 @@ class BatchLookup(PooledLookup[Batch, Batch]):
         self.reloads = 0
 
     @property
-    def cache(self) -> LookupCache[Any, tuple[Any, ...]] | None:
-        """The partial cache (None without one)."""
+    def cache(self) -> BatchCache | None:
+        """The partial cache (None without one, and before ``open()``)."""
         return self._cache
 
     @property
@@ -182,6 +176,16 @@ class BatchLookup(PooledLookup[Batch, Batch]):
             self._input_schema, added, [k.field for k in shape.keys], plan.on_miss, plan.qualified
         )
         self._shape, self._shape_values = shape, shape.values
+        if plan.cache == "partial" and self._cache is None:
+            self._cache = BatchCache(
+                plan.cache_rows,
+                [v.type for v in shape.values],
+                expire_after_write=plan.expire_after_write,
+                expire_after_access=plan.expire_after_access,
+                # A cached miss would answer every retry: never cache misses when retrying.
+                cache_missing_key=plan.cache_missing and plan.retry_attempts == 0,
+                clock=self._clock,
+            )
         self._nothing = to_found(shape, [None] * (len(shape.keys) + len(shape.values)))
         return shape.query
 
@@ -237,49 +241,34 @@ class BatchLookup(PooledLookup[Batch, Batch]):
         self, distinct: list[pa.Array]
     ) -> tuple[Found, list[pa.Array] | None, list[Any] | None]:
         """(rows the cache holds, the keys it does not know or None, those keys as cache
-        keys or None without a cache)."""
+        keys or None without a cache). One pass over the batch's keys (``BatchCache``)."""
         cache, nothing = self._cache, self._nothing
         assert nothing is not None
+        count = len(distinct[0])
         if cache is None:
-            return nothing, distinct if len(distinct[0]) else None, None
-        wanted = _cache_keys(distinct)
-        hit_at: list[int] = []
-        miss_at: list[int] = []
-        rows: list[tuple[Any, ...]] = []
-        for i, hit in enumerate(cache.get_many(wanted)):
-            if hit is None:
-                miss_at.append(i)
-            elif hit.row is not None:
-                hit_at.append(i)
-                rows.append(hit.row)
-        self.cache_hits += len(wanted) - len(miss_at)
-        self.cache_misses += len(miss_at)
+            return nothing, distinct if count else None, None
+        if not self._guard.consult(count):
+            self.cache_bypassed += count
+            return nothing, distinct if count else None, None
+        before = cache.hits
+        answer = cache.lookup(_cache_keys(distinct))
+        answered = cache.hits - before
+        self._guard.record(answered, count, cache)
+        self.cache_hits += answered
+        self.cache_misses += len(answer.missing)
         hits = nothing
-        if rows:
-            taken = pa.array(hit_at, pa.int64())
-            columns = list(zip(*rows, strict=True))
-            hits = Found(
-                tuple(k.take(taken) for k in distinct),
-                tuple(
-                    pa.array(column, type=v.type)
-                    for column, v in zip(columns, self._shape_values, strict=True)
-                ),
-            )
-        if not miss_at:
+        if len(answer.found_at):
+            hits = Found(tuple(k.take(answer.found_at) for k in distinct), answer.values)
+        if answer.missing_at is None:
             return hits, None, None
-        if len(miss_at) == len(wanted):
-            return hits, distinct, wanted
-        taken = pa.array(miss_at, pa.int64())
-        return hits, [k.take(taken) for k in distinct], [wanted[i] for i in miss_at]
+        if len(answer.missing) == len(distinct[0]):
+            return hits, distinct, answer.missing
+        return hits, [k.take(answer.missing_at) for k in distinct], answer.missing
 
     def _remember(self, keys: list[Any], found: Found) -> None:
         """Cache the rows found for ``keys``, and the keys without a row as misses."""
         assert self._cache is not None
-        found_keys = _cache_keys(list(found.keys))
-        # Timestamps are cached as integers: to_pylist makes a datetime per value (~3 µs).
-        rows = list(zip(*(_plain(column).to_pylist() for column in found.values), strict=True))
-        absent = set(keys).difference(found_keys)
-        self._cache.put_many([*zip(found_keys, rows, strict=True), *((k, None) for k in absent)])
+        self._cache.store(keys, _cache_keys(list(found.keys)), found.values)
 
     # -- queries (a task on the event loop) -----------------------------------------------
 
@@ -346,7 +335,3 @@ def _bound(part: KeyPart, keys: pa.Array) -> list[Any]:
     """Join-typed ``keys`` as asyncpg binds them (timestamps: datetimes of the column's kind)."""
     values: list[Any] = (keys if part.bind_type is None else keys.cast(part.bind_type)).to_pylist()
     return values
-
-
-def _plain(column: pa.Array) -> pa.Array:
-    return column.cast(pa.int64()) if pa.types.is_timestamp(column.type) else column

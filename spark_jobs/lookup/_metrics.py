@@ -160,8 +160,9 @@ class LookupMetrics:
     ``lookups`` counts async_invoke calls; ``batches`` queries sent; ``keys_queried`` the
     distinct keys in them (``mean_batch_size = keys_queried / batches``); ``rows_fetched``
     rows returned; ``cache_hits``/``cache_misses`` lookups answered / not answered by the
-    cache (both 0 without a cache); ``p50_ms``/``p99_ms`` the latency from async_invoke to
-    completion of the lookups completed so far.
+    cache (both 0 without a cache); ``cache_bypassed`` lookups that did not consult the
+    partial cache because it did not pay for itself (``HitRateGuard``); ``p50_ms``/``p99_ms``
+    the latency from async_invoke to completion of the lookups completed so far.
     """
 
     lookups: int
@@ -173,3 +174,4 @@ class LookupMetrics:
     p50_ms: float
     p99_ms: float
     mean_batch_size: float
+    cache_bypassed: int = 0

@@ -70,6 +70,7 @@ class PooledLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
         self.rows_fetched = 0
         self.cache_hits = 0
         self.cache_misses = 0
+        self.cache_bypassed = 0
 
     async def open(self) -> None:
         """Join the worker's pool and build the statement (``_build_sql``) on one of its
@@ -102,6 +103,7 @@ class PooledLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
             rows_fetched=self.rows_fetched,
             cache_hits=self.cache_hits,
             cache_misses=self.cache_misses,
+            cache_bypassed=self.cache_bypassed,
             p50_ms=latencies.quantile(0.5) * 1e3,
             p99_ms=latencies.quantile(0.99) * 1e3,
             mean_batch_size=self.keys_queried / self.batches if self.batches else 0.0,

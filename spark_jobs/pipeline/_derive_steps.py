@@ -123,6 +123,9 @@ def _lookup(
     if isinstance(step.cache, PartialCache):
         if not isinstance(step.cache.max_rows, int) or step.cache.max_rows < 1:
             raise ctx.fail("cache: PartialCache.max_rows must be >= 1")
+        rate = step.cache.min_hit_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            raise ctx.fail(f"cache: PartialCache.min_hit_rate must be within [0, 1], got {rate!r}")
         cache = {
             "cache": "partial",
             "cache_rows": step.cache.max_rows,
@@ -134,6 +137,7 @@ def _lookup(
             ),
             # A cached miss would never be looked up again: misses are not cached on retry.
             "cache_missing": bool(step.cache.cache_missing) and not attempts,
+            "cache_min_hit_rate": float(rate),
         }
     elif isinstance(step.cache, FullCache):
         cache = {

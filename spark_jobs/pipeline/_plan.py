@@ -103,6 +103,8 @@ class LookupPlan(StagePlan):
     expire_after_write: float | None = None
     expire_after_access: float | None = None
     cache_missing: bool = True
+    #: The partial cache is bypassed while its hit rate is below this (``HitRateGuard``).
+    cache_min_hit_rate: float = 0.0
     reload_every: float | None = None
     timeout: float | None = None
     retries: int | None = None

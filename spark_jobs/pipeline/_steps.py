@@ -60,12 +60,16 @@ class PartialCache:
         expire_after_access: A key unused this long is evicted (`None`: never).
         cache_missing: Keys without a row are cached too, as misses. Never with
             `on_miss="retry"` or `RetryOnMiss`.
+        min_hit_rate: Below this share of keys answered by the (warm) cache, it costs more
+            than it saves: a task then bypasses it (plain queries) for nine windows of
+            16,384 keys, and samples it again for one. 0 consults the cache always.
     """
 
     max_rows: int
     expire_after_write: Duration | None = "5m"
     expire_after_access: Duration | None = None
     cache_missing: bool = True
+    min_hit_rate: float = 0.2
 
 
 @dataclass(frozen=True)
