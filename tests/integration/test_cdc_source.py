@@ -5,7 +5,10 @@ differing 0), and the slot is advanced only to offsets completed checkpoints com
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -13,14 +16,20 @@ import sqlalchemy as sa
 from cdc_oracle import ChangeGenerator, compare, create_table, rows_of
 from conftest import TestSettings
 
-from enumerator_service import splits
+from enumerator_service import SplitStore, splits
 from enumerator_service._operations import discover, open_platform
-from spark_jobs import Pipeline, PostgresCdcSource, PostgresSink
+from spark_jobs import Lookup, Pipeline, PostgresCdcSource, PostgresSink
+from spark_jobs._spark import spark_for
 from spark_jobs.connectors.postgres_cdc import drop_slot, slot_info
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.pipeline._paths import discovery_of
 
 pytestmark = pytest.mark.spark
+
+#: Spark's start on a busy machine; a continuous run's catch-up; a cancelled run's end.
+START = 150.0
+CATCH_UP = 60.0
+WAIT = 30.0
 
 
 def cdc_pipeline(name: str, table: str, *, rows_per_chunk: int = 40) -> Pipeline:
@@ -95,3 +104,111 @@ def test_snapshot_then_changes_in_bounded_runs_make_the_sink_equal_the_table(
     finally:
         drop_slot(platform.engine, options.slot, options.publication)
         platform.close()
+
+
+def reading(engine: sa.Engine, source: str) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.select(sa.func.count()).where(
+                    splits.c.source == source, splits.c.status.in_(["READING", "COMPLETED"])
+                )
+            ).scalar_one()
+        )
+
+
+def wait_equal(
+    engine: sa.Engine, table: str, run: threading.Thread, result: dict[str, Any]
+) -> None:
+    """Until the sink equals the table (the continuous run catches up), or fail showing how
+    they differ."""
+    deadline = time.monotonic() + CATCH_UP
+    while True:
+        diff = compare(rows_of(engine, table), rows_of(engine, f"{table}_out"))
+        if diff.equal:
+            return
+        assert run.is_alive(), ("the run ended", result, str(diff))
+        assert time.monotonic() < deadline, str(diff)
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [3_000, pytest.param(200_000, marks=pytest.mark.extended)],
+)
+def test_a_continuous_run_under_concurrent_changes_ends_equal_to_the_table(
+    make_settings: Any, rows: int
+) -> None:
+    """Snapshot chunks read while a writer changes the table, then the stream under the same
+    writer: the sink catches up to the table exactly."""
+    settings: TestSettings = make_settings(
+        parallelism=2,
+        checkpoint_interval_seconds=0.5,
+        continuous_poll_seconds=0.2,
+        continuous_idle_seconds=300,
+    )
+    platform = open_platform(settings)
+    table = f"public.cdc_{secrets.token_hex(3)}"
+    name = f"cdc_{secrets.token_hex(3)}"
+    base = cdc_pipeline(name, table, rows_per_chunk=max(500, rows // 8))
+    # Through a keyed lookup, as the acceptance pipeline (most values have no match: kept).
+    pipeline = dataclasses.replace(
+        base, steps=[Lookup(f"{table}_dim", on={"v": "code"}, columns=["label"])]
+    )
+    options = pipeline.plan.source.options
+    run_id = f"{name}-c1"
+    store = SplitStore(platform.engine)
+    result: dict[str, Any] = {}
+
+    def reader() -> None:
+        try:
+            result["summary"] = run_pipeline(settings, pipeline, run_id=run_id, continuous=True)
+        except BaseException as exc:  # shown by the test
+            result["error"] = exc
+
+    def feed() -> None:  # what the continuous sensor does on each tick
+        discover(platform, discovery_of(pipeline, settings))
+        store.assign_to_run(run_id, name, lease_seconds=settings.lease_seconds)
+
+    run = threading.Thread(target=reader, daemon=True)
+    changes = ChangeGenerator(platform.url, table, first_new_key=rows + 1_000, pause=0.003)
+    try:
+        create_table(platform.engine, table, rows=rows)
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE TABLE {table}_dim (code text PRIMARY KEY, label text)"))
+            conn.execute(sa.text(f"INSERT INTO {table}_dim VALUES ('hot1', 'one'), ('b', 'bee')"))
+        feed()
+        run.start()
+        deadline = time.monotonic() + START
+        while not [s for s in stream_splits(platform.engine, name) if s.status == "READING"]:
+            assert run.is_alive() and time.monotonic() < deadline, result
+            feed()
+            if not changes.is_alive() and reading(platform.engine, name):
+                changes.start()  # the snapshot is being read: changes during it
+            time.sleep(0.5)
+        time.sleep(4)  # the stream under concurrent changes
+        changes.stop()
+        assert sum(changes.ops.values()) > 200, changes.ops
+        wait_equal(platform.engine, table, run, result)
+
+        with platform.engine.connect() as conn:
+            looked_up = conn.execute(
+                sa.text(
+                    f"SELECT count(*) FILTER (WHERE v = 'b'), count(*) FILTER (WHERE label = 'bee')"
+                    f" FROM {table}_out"
+                )
+            ).one()
+            info = slot_info(conn, options.slot)
+        assert info is not None
+        (stream,) = stream_splits(platform.engine, name)
+        assert info.confirmed_flush is not None and stream.committed_offset is not None
+        assert info.confirmed_flush <= stream.committed_offset  # never past a commit
+        assert looked_up[0] > 0 and looked_up[0] == looked_up[1]  # every 'b' row looked up
+    finally:
+        if changes.is_alive():
+            changes.stop()
+        spark_for(settings).sparkContext.cancelAllJobs()
+        run.join(WAIT)
+        drop_slot(platform.engine, options.slot, options.publication)
+        platform.close()
+    assert not run.is_alive()
