@@ -21,7 +21,31 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-__all__ = ["ChangeGenerator", "Diff", "compare", "create_table", "libpq_url", "rows_of"]
+from spark_jobs import Pipeline, PostgresCdcSource, PostgresSink
+
+__all__ = [
+    "ChangeGenerator",
+    "Diff",
+    "cdc_pipeline",
+    "compare",
+    "create_table",
+    "libpq_url",
+    "rows_of",
+]
+
+
+def cdc_pipeline(name: str, table: str, *, rows_per_chunk: int = 40) -> Pipeline:
+    """``table`` (see :func:`create_table`) into ``<table>_out``, upserted on ``id``."""
+    return Pipeline(
+        name=name,
+        source=PostgresCdcSource(
+            tables=[table],
+            key="id",
+            schema={"id": "int64", "v": "string", "n": "int64"},
+            rows_per_chunk=rows_per_chunk,
+        ),
+        sink=PostgresSink(f"{table}_out", upsert_key=["id"]),
+    )
 
 
 def libpq_url(url: str) -> str:

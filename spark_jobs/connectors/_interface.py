@@ -209,6 +209,28 @@ class SourceConnector(abc.ABC):
         """The Dagster assets of the input (default: none)."""
         return []
 
+    def source_status(self, conn: sa.Connection, plan: Plan) -> Mapping[str, Any]:
+        """Plain values about resources the source holds on a server, for ``sluice status``
+        (a replication slot: whether it is active, the WAL it retains). Default: none."""
+        return {}
+
+    def health_description(self, plan: Plan) -> str | None:
+        """What the source's own Dagster check checks, or None: it has none (default)."""
+        return None
+
+    def health(
+        self, conn: sa.Connection, plan: Plan, settings: Settings
+    ) -> tuple[bool, str, Mapping[str, Any]]:
+        """The source's own check (see ``health_description``): (passed, one line, plain
+        metadata)."""
+        return True, "nothing to check", {}
+
+    def release(self, engine: Engine, plan: Plan) -> list[str] | None:
+        """Drop what the source holds on a server (a replication slot, a publication) and
+        forget its progress, so that the next discovery starts over; lines saying what was
+        dropped. None: the source holds nothing (default)."""
+        return None
+
 
 # --------------------------------------------------------------------------- sinks
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from cdc_oracle import ChangeGenerator, compare, create_table, rows_of
+from cdc_oracle import ChangeGenerator, cdc_pipeline, compare, create_table, rows_of
 from conftest import TestSettings
 
 from enumerator_service import SplitStore, splits
 from enumerator_service._operations import discover, open_platform
-from spark_jobs import Lookup, Pipeline, PostgresCdcSource, PostgresSink
+from spark_jobs import Lookup
 from spark_jobs._spark import spark_for
 from spark_jobs.connectors.postgres_cdc import drop_slot, slot_info
 from spark_jobs.jobs import run_pipeline
@@ -30,19 +30,6 @@ pytestmark = pytest.mark.spark
 START = 150.0
 CATCH_UP = 60.0
 WAIT = 30.0
-
-
-def cdc_pipeline(name: str, table: str, *, rows_per_chunk: int = 40) -> Pipeline:
-    return Pipeline(
-        name=name,
-        source=PostgresCdcSource(
-            tables=[table],
-            key="id",
-            schema={"id": "int64", "v": "string", "n": "int64"},
-            rows_per_chunk=rows_per_chunk,
-        ),
-        sink=PostgresSink(f"{table}_out", upsert_key=["id"]),
-    )
 
 
 def stream_splits(engine: sa.Engine, source: str) -> list[Any]:

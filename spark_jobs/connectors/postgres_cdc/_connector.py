@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 from enumerator_service import EnumeratorDiscovery, Settings, StreamSplit
 from spark_jobs.connectors._interface import (
@@ -18,7 +19,12 @@ from spark_jobs.connectors._interface import (
     UpstreamAsset,
 )
 from spark_jobs.connectors.postgres_cdc._enumerator import CHUNK_KIND, STREAM_KIND, CdcEnumerator
-from spark_jobs.connectors.postgres_cdc._slot import check_wal_level
+from spark_jobs.connectors.postgres_cdc._slot import (
+    check_wal_level,
+    lsn_text,
+    release_source,
+    slot_info,
+)
 from spark_jobs.connectors.postgres_cdc._snapshot import ChunkReader
 from spark_jobs.connectors.postgres_cdc._spec import CDC_FIELDS
 from spark_jobs.connectors.postgres_cdc._stream import StreamReader
@@ -33,8 +39,6 @@ from spark_jobs.pipeline._types import catalog_arrow_type, type_family
 from spark_jobs.source._records import SplitRead
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
     from enumerator_service import Discovery
     from spark_jobs.pipeline._checks import Context
     from spark_jobs.pipeline._definition import Pipeline
@@ -188,3 +192,55 @@ class CdcConnector(SourceConnector):
     def upstream_assets(self, plan: Plan) -> list[UpstreamAsset]:
         options: CdcOptions = plan.source.options
         return [TableInput(s, t) for s, t in options.tables]
+
+    def source_status(self, conn: sa.Connection, plan: Plan) -> Mapping[str, Any]:
+        options: CdcOptions = plan.source.options
+        info = slot_info(conn, options.slot)
+        if info is None:
+            return {"slot": options.slot, "slot_exists": False}
+        return {
+            "slot": options.slot,
+            "slot_exists": True,
+            "slot_active": info.active,
+            "retained_wal_bytes": info.retained_bytes,
+            "confirmed_flush_lsn": None
+            if info.confirmed_flush is None
+            else lsn_text(info.confirmed_flush),
+        }
+
+    def health_description(self, plan: Plan) -> str | None:
+        options: CdcOptions = plan.source.options
+        return (
+            f"Replication slot {options.slot} retains at most SLUICE_CDC_MAX_RETAINED_WAL_MB of"
+            " WAL on the source server."
+        )
+
+    def health(
+        self, conn: sa.Connection, plan: Plan, settings: Settings
+    ) -> tuple[bool, str, Mapping[str, Any]]:
+        options: CdcOptions = plan.source.options
+        bound = settings.cdc_max_retained_wal_mb
+        info = slot_info(conn, options.slot)
+        if info is None:
+            return True, f"no replication slot {options.slot} (nothing retained)", {}
+        retained_mb = info.retained_bytes / (1 << 20)
+        metadata = {
+            "slot": options.slot,
+            "active": info.active,
+            "retained_wal_mb": round(retained_mb, 1),
+            "max_retained_wal_mb": bound,
+        }
+        if retained_mb > bound:
+            state = "read by a run" if info.active else "not read by any run"
+            return (
+                False,
+                f"replication slot {options.slot} retains {retained_mb:,.0f} MB of WAL (bound"
+                f" SLUICE_CDC_MAX_RETAINED_WAL_MB={bound}; {state}): run the pipeline, or drop"
+                f" the slot with 'sluice cdc drop {plan.name}'",
+                metadata,
+            )
+        return True, f"replication slot {options.slot} retains {retained_mb:,.1f} MB", metadata
+
+    def release(self, engine: Engine, plan: Plan) -> list[str] | None:
+        options: CdcOptions = plan.source.options
+        return release_source(engine, plan.name, options.slot, options.publication)

@@ -32,12 +32,17 @@ __all__ = [
     "ensure_publication",
     "ensure_slot",
     "lsn_text",
+    "release_source",
     "slot_info",
 ]
 
 
 class SlotMissingError(RuntimeError):
-    """The slot a CDC source reads from does not exist any more (dropped by an admin)."""
+    """The slot a CDC source reads from does not exist any more (dropped by an admin). Its
+    SQLSTATE (undefined object, class 42) makes a run stop at once: retrying cannot bring
+    the slot's WAL back (see ``deterministic_error``)."""
+
+    sqlstate = "42704"
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,3 +177,24 @@ def drop_slot(engine: Engine, slot: str, publication: str) -> tuple[bool, bool]:
         ).first()
         conn.execute(sa.text(f"DROP PUBLICATION IF EXISTS {quote_identifier(publication)}"))
         return dropped, had is not None
+
+
+_FORGET_SPLITS = sa.text(
+    "DELETE FROM sluice.splits WHERE source = :source AND kind IN ('pgcdc', 'pgcdc-chunk')"
+)
+_FORGET_CURSOR = sa.text("DELETE FROM sluice.enumerator_state WHERE source = :source")
+
+
+def release_source(engine: Engine, source: str, slot: str, publication: str) -> list[str]:
+    """``sluice cdc drop``: drop the slot and the publication, then forget the source's
+    splits (their dead letters go with them) and its discovery cursor, so that the next
+    discovery creates them again and takes a new snapshot. Lines saying what was done."""
+    dropped_slot, dropped_publication = drop_slot(engine, slot, publication)
+    with engine.begin() as conn:
+        forgotten = conn.execute(_FORGET_SPLITS, {"source": source}).rowcount
+        conn.execute(_FORGET_CURSOR, {"source": source})
+    return [
+        f"replication slot {slot}: {'dropped' if dropped_slot else 'did not exist'}",
+        f"publication {publication}: {'dropped' if dropped_publication else 'did not exist'}",
+        f"{forgotten} split(s) of {source} forgotten: the next discovery takes a new snapshot",
+    ]
