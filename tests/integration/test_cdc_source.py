@@ -9,17 +9,20 @@ import dataclasses
 import secrets
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from cdc_oracle import ChangeGenerator, cdc_pipeline, compare, create_table, rows_of
 from conftest import TestSettings
+from deltalake import DeltaTable
 
 from enumerator_service import SplitStore, splits
 from enumerator_service._operations import discover, open_platform
-from spark_jobs import Lookup
+from spark_jobs import DeltaSink, IcebergSink, Lookup
 from spark_jobs._spark import spark_for
+from spark_jobs.connectors.iceberg._catalog import open_catalog
 from spark_jobs.connectors.postgres_cdc import drop_slot, slot_info
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.pipeline._paths import discovery_of
@@ -199,3 +202,44 @@ def test_a_continuous_run_under_concurrent_changes_ends_equal_to_the_table(
         drop_slot(platform.engine, options.slot, options.publication)
         platform.close()
     assert not run.is_alive()
+
+
+def _lake_rows(kind: str, sink: Any, engine: sa.Engine) -> list[tuple[Any, ...]]:
+    if kind == "iceberg":
+        table = open_catalog(engine, None, None).load_table(sink.table)
+        found = table.scan(selected_fields=("id", "v", "n")).to_arrow().to_pylist()
+    else:
+        found = DeltaTable(str(sink.path)).to_pyarrow_table(columns=["id", "v", "n"]).to_pylist()
+    return sorted((r["id"], r["v"], r["n"]) for r in found)
+
+
+@pytest.mark.parametrize("kind", ["iceberg", "delta"])
+def test_lakehouse_upsert_sinks_apply_the_changes_and_deletes(
+    make_settings: Any, tmp_path: Path, kind: str
+) -> None:
+    settings: TestSettings = make_settings(parallelism=1, checkpoint_interval_seconds=0.5)
+    platform = open_platform(settings)
+    table = f"public.cdc_{secrets.token_hex(3)}"
+    name = f"cdc_{secrets.token_hex(3)}"
+    sink: Any = (
+        IcebergSink(f"{name}.copy", upsert_key=["id"])
+        if kind == "iceberg"
+        else DeltaSink(tmp_path / "lake" / name, upsert_key=["id"])
+    )
+    pipeline = dataclasses.replace(cdc_pipeline(name, table), sink=sink)
+    options = pipeline.plan.source.options
+    try:
+        create_table(platform.engine, table, rows=60)
+        discover(platform, discovery_of(pipeline, settings))
+        run_pipeline(settings, pipeline)
+        changes = ChangeGenerator(platform.url, table, first_new_key=100, max_ops=150, seed=11)
+        changes.start()
+        changes.finish()
+        assert changes.ops.get("delete") and changes.ops.get("rekey")
+        assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 1
+        run_pipeline(settings, pipeline)
+        diff = compare(rows_of(platform.engine, table), _lake_rows(kind, sink, platform.engine))
+        assert diff.equal, str(diff)
+    finally:
+        drop_slot(platform.engine, options.slot, options.publication)
+        platform.close()

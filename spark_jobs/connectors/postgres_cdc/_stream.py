@@ -130,7 +130,7 @@ class StreamReader:
         split = read.split
         if not isinstance(split, StreamSplit):
             raise TypeError(f"not a stream split: {split!r}")
-        self.close()
+        self._stop_stream()
         self._reset(read.resume)
         self._read, self._slot = read, split.path
         if self._sql is None:
@@ -139,6 +139,8 @@ class StreamReader:
         if self._stop is None and not self._continuous:
             # The marker written now is past every commit before the stop.
             self._stop = self._mark()
+        elif self._stop is not None:
+            self._mark()  # a replayed range ends even when nothing commits after it
         self._start_stream()
 
     def _mark(self) -> int:
@@ -181,8 +183,12 @@ class StreamReader:
                 self._repl = self._cursor = None
 
     def close(self) -> None:
+        """End the read (the reader stays usable: ``open`` connects again)."""
         self._read = None
         self._stop_stream()
+        if self._sql is not None:
+            self._sql.close()
+            self._sql = None
 
     def wake_up(self) -> None:
         with contextlib.suppress(OSError):  # the pipe is full: a wake-up is pending already
@@ -201,8 +207,10 @@ class StreamReader:
                 self._last_message = time.monotonic()
                 if self._handle(decode_message(message.payload)):
                     return self._finish(read)
-                if self._txn is None and len(self._rows) >= _BLOCK_ROWS:
-                    return self._block(read), False
+                if self._txn is None:
+                    if len(self._rows) >= _BLOCK_ROWS:
+                        return self._block(read), False
+                    self._maybe_advance(self._last_message)  # (also under constant load)
                 continue
             now = time.monotonic()
             if self._txn is None:
@@ -283,7 +291,8 @@ class StreamReader:
         if self._stop is not None:
             self._position = max(self._position, self._stop)
         block = self._block(read)
-        self.close()
+        self._read = None
+        self._stop_stream()
         return block, True
 
     # -- slot advance ----------------------------------------------------------------------
