@@ -70,6 +70,15 @@ def derive(
     ctx.where = "sink"
     sink = _sink(ctx, pipeline.sink, pipeline.name, columns, is_open, source.partitioned)
     produced = {c.name for c in columns}
+    change_fields = [f for f in (source.order_field, source.op_field) if f is not None]
+    lost = [f for f in change_fields if f not in produced]
+    if sink.upsert_key is not None and lost and not is_open:
+        # Without them an upsert would keep whichever change came last and write deletes
+        # as rows.
+        raise ctx.fail(
+            f"an upsert of a change stream needs the source's field(s) {', '.join(lost)}"
+            " in the output (the steps dropped them)"
+        )
     if sink.upsert_key is not None and source.order_field in produced:
         # A change stream: the latest change of a key wins (its commit position), and a
         # delete removes the key unless a later change is stored.
