@@ -194,6 +194,18 @@ def test_a_continuous_run_under_concurrent_changes_ends_equal_to_the_table(
         assert info.confirmed_flush is not None and stream.committed_offset is not None
         assert info.confirmed_flush <= stream.committed_offset  # never past a commit
         assert looked_up[0] > 0 and looked_up[0] == looked_up[1]  # every 'b' row looked up
+        # While the run reads the slot, its reader advances it to committed offsets.
+        deadline = time.monotonic() + 20
+        while True:
+            with platform.engine.connect() as conn:
+                info = slot_info(conn, options.slot)
+            (stream,) = stream_splits(platform.engine, name)
+            assert info is not None and info.confirmed_flush is not None
+            assert info.confirmed_flush <= stream.committed_offset
+            if info.confirmed_flush > stream.start_offset:
+                break
+            assert time.monotonic() < deadline, (info, stream)
+            time.sleep(0.5)
     finally:
         if changes.is_alive():
             changes.stop()
