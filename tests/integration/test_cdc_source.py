@@ -255,3 +255,64 @@ def test_lakehouse_upsert_sinks_apply_the_changes_and_deletes(
     finally:
         drop_slot(platform.engine, options.slot, options.publication)
         platform.close()
+
+
+def test_a_cancelled_continuous_run_resumes_from_its_committed_offset(make_settings: Any) -> None:
+    """A continuous run cancelled while the writer changes the table (its uncommitted work
+    goes back to the pool); a bounded run then resumes the stream split from its committed
+    offset, read from the slot: the sink equals the table."""
+    settings: TestSettings = make_settings(
+        parallelism=1,
+        checkpoint_interval_seconds=0.5,
+        continuous_poll_seconds=0.2,
+        continuous_idle_seconds=300,
+    )
+    platform = open_platform(settings)
+    table = f"public.cdc_{secrets.token_hex(3)}"
+    name = f"cdc_{secrets.token_hex(3)}"
+    pipeline = cdc_pipeline(name, table, rows_per_chunk=200)
+    options = pipeline.plan.source.options
+    run_id = f"{name}-c1"
+    store = SplitStore(platform.engine)
+    result: dict[str, Any] = {}
+
+    def reader() -> None:
+        try:
+            result["summary"] = run_pipeline(settings, pipeline, run_id=run_id, continuous=True)
+        except BaseException as exc:  # cancelled: expected
+            result["error"] = exc
+
+    run = threading.Thread(target=reader, daemon=True)
+    changes = ChangeGenerator(platform.url, table, first_new_key=2_000, pause=0.003, seed=5)
+    try:
+        create_table(platform.engine, table, rows=600)
+        discover(platform, discovery_of(pipeline, settings))
+        run.start()
+        deadline = time.monotonic() + START
+        while not [s for s in stream_splits(platform.engine, name) if s.status == "READING"]:
+            assert run.is_alive() and time.monotonic() < deadline, result
+            discover(platform, discovery_of(pipeline, settings))
+            store.assign_to_run(run_id, name, lease_seconds=settings.lease_seconds)
+            time.sleep(0.5)
+        changes.start()
+        time.sleep(3)
+        spark_for(settings).sparkContext.cancelAllJobs()  # while changes keep coming
+        run.join(WAIT)
+        assert not run.is_alive() and "error" in result
+        time.sleep(1)
+        changes.stop()
+        (stream,) = stream_splits(platform.engine, name)
+        assert stream.status == "UNASSIGNED" and stream.committed_offset is not None
+        run_pipeline(settings, pipeline)  # bounded: resumes the split, up to now
+        diff = compare(rows_of(platform.engine, table), rows_of(platform.engine, f"{table}_out"))
+        assert diff.equal, str(diff)
+        (stream,) = stream_splits(platform.engine, name)
+        assert stream.status == "COMPLETED"
+    finally:
+        if changes.is_alive():
+            changes.stop()
+        if run.is_alive():
+            spark_for(settings).sparkContext.cancelAllJobs()
+            run.join(WAIT)
+        drop_slot(platform.engine, options.slot, options.publication)
+        platform.close()
