@@ -124,7 +124,11 @@ def wait_equal(
 
 @pytest.mark.parametrize(
     "rows",
-    [3_000, pytest.param(200_000, marks=pytest.mark.extended)],
+    [
+        3_000,
+        pytest.param(200_000, marks=pytest.mark.extended),
+        pytest.param(1_000_000, marks=pytest.mark.extended),
+    ],
 )
 def test_a_continuous_run_under_concurrent_changes_ends_equal_to_the_table(
     make_settings: Any, rows: int
