@@ -96,7 +96,11 @@ class ChunkReader:
         with conn.transaction():
             low, read_at = conn.execute(_MARKS).fetchone()  # type: ignore[misc]
             found = conn.execute(self._query, (self._next_key, self._stop, self._batch)).fetchall()
-        _log.debug("chunk %s [%d, %d): low LSN %s", self._table, self._next_key, self._stop, low)
+            high, _ = conn.execute(_MARKS).fetchone()  # type: ignore[misc]
+        _log.debug(
+            "chunk %s [%d, %d): page read between LSN %s and %s",
+            self._table, self._next_key, self._stop, low, high,
+        )  # fmt: skip
         finished = len(found) < self._batch
         if finished:
             self._read = None
