@@ -19,7 +19,7 @@ from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue
 
 from dagster_project._counts import PartitionCounts, partition_counts
 from enumerator_service import Settings, connect_engine, database_url, quarantined
-from spark_jobs.connectors import sink_connector_named
+from spark_jobs.connectors import sink_connector_named, source_connector_named
 from spark_jobs.pipeline import Pipeline
 
 __all__ = ["CHECK_DESCRIPTIONS", "SAMPLE_KEYS", "Outcomes", "check_names", "outcomes_of"]
@@ -34,12 +34,17 @@ CHECK_DESCRIPTIONS = {
     "rows_reconcile": "Rows out == rows committed, and every split completed.",
     "dead_letter_ratio": "Dead letters are at most max_dead_letter_ratio of the records.",
     "no_quarantined_splits": "No split is quarantined (a poison file failing its reads).",
+    "source_health": "What the source holds on a server is within bounds (a CDC source's "
+    "replication slot retains at most SLUICE_CDC_MAX_RETAINED_WAL_MB of WAL).",
 }
 
 
 def check_names(pipeline: Pipeline) -> list[str]:
-    """The checks a pipeline has (``unique_key`` only when it declares a key)."""
+    """The checks a pipeline has (``unique_key`` only when it declares a key,
+    ``source_health`` only when its source connector has a check of its own)."""
     names = ["rows_reconcile", "dead_letter_ratio", "no_quarantined_splits"]
+    if source_connector_named(pipeline.plan.source.kind).health_description(pipeline.plan):
+        names.append("source_health")
     return ["unique_key", *names] if pipeline.plan.key else names
 
 
@@ -138,6 +143,22 @@ def _no_quarantined_splits(
     return found
 
 
+def _source_health(
+    pipeline: Pipeline, settings: Settings, days: list[date | None]
+) -> dict[date | None, AssetCheckResult]:
+    """The source connector's own check (one outcome, the same for every day asked)."""
+    connector = source_connector_named(pipeline.plan.source.kind)
+    engine = connect_engine(database_url(settings), pool_size=1)
+    try:
+        with engine.connect() as conn:
+            passed, line, values = connector.health(conn, pipeline.plan, settings)
+    finally:
+        engine.dispose()
+    metadata = {name: MetadataValue.text(str(value)) for name, value in values.items()}
+    outcome = AssetCheckResult(passed=passed, metadata=metadata, description=line)
+    return dict.fromkeys(days, outcome)
+
+
 def outcomes_of(
     pipeline: Pipeline, settings: Settings, name: str, max_dead_letter_ratio: float
 ) -> Outcomes:
@@ -154,4 +175,6 @@ def outcomes_of(
         return lambda days: _unique_key(pipeline, settings, days)
     if name == "no_quarantined_splits":
         return lambda days: _no_quarantined_splits(pipeline, settings, days)
+    if name == "source_health":
+        return lambda days: _source_health(pipeline, settings, days)
     raise ValueError(f"no check {name!r}")

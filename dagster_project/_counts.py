@@ -9,7 +9,8 @@ Where the numbers come from, per day D of pipeline P:
   (all of them without a rebuild), or by that rebuild; for a table sink the transactions'
   per-day counts. Summed over every run that committed them;
 - dead letters: rows of ``sluice.dead_letters`` of the splits registered for D;
-- splits: how many splits D has, and how many are completed.
+- splits: how many bounded splits D has, and how many are completed (an unbounded one —
+  a change stream — never completes).
 
 ``rows out == rows committed`` (with every split completed) says that the output holds
 exactly what the platform committed: a lost, duplicated or stray file or row breaks it.
@@ -84,7 +85,9 @@ def partition_counts(
                         sa.func.count().filter(splits.c.status != SplitStatus.SUPERSEDED),
                         sa.func.count().filter(splits.c.status == SplitStatus.COMPLETED),
                     )
-                    .where(*of_source)
+                    # An unbounded split (a change stream a continuous run follows) never
+                    # completes: not one the output waits for.
+                    .where(*of_source, splits.c.end_offset.is_not(None))
                     .group_by(by_day)
                 )
             }

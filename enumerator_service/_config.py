@@ -291,6 +291,15 @@ class Settings(BaseSettings):
         "CSV header, file gone) before the split is quarantined as FAILED.",
     )
 
+    # -- change data capture -----------------------------------------------------------------
+    cdc_max_retained_wal_mb: int = Field(
+        default=1024,
+        ge=1,
+        description="WAL a CDC source's replication slot may keep on the source server (MB) "
+        "before its Dagster check fails (the slot is behind, or forgotten: drop it with "
+        "'sluice cdc drop').",
+    )
+
     # -- Secrets (issue 13, part "secrets"): the database password kept out of the URL, so a
     # cluster's executors can get it from their own environment (see database_url()).
     database_password: SecretStr | None = Field(

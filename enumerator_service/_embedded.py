@@ -5,6 +5,12 @@ commands reuse it; ``sluice db stop`` stops it. It listens on a Unix socket only
 that set a platform up (``db upgrade``, ``demo``, a run) may *create* one: every other command
 asked to open a home without one fails with one line instead of leaving a new server running
 in whatever folder it was started from.
+
+The server runs with ``wal_level=logical`` (and room for replication slots and WAL
+senders): a change-data-capture source reads it through a logical replication slot. The
+settings are written with ``ALTER SYSTEM`` (``postgresql.auto.conf``) the first time a data
+folder is started, and the server is restarted once for them to take effect; later starts
+find them in that file and cost nothing more.
 """
 
 from __future__ import annotations
@@ -23,6 +29,12 @@ __all__ = ["EmbeddedState", "embedded_state", "psql_path", "start_embedded", "st
 
 #: A stop never waits longer than this (a stuck server is then reported, not waited on).
 _STOP_TIMEOUT = 60
+#: Server settings a change-data-capture source needs (restart-only settings).
+REPLICATION_SETTINGS: dict[str, str] = {
+    "wal_level": "logical",
+    "max_replication_slots": "64",
+    "max_wal_senders": "32",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +105,48 @@ def start_embedded(settings: Settings, *, create: bool) -> str:
     try:
         # cleanup_mode=None: the server outlives this process and is reused by later commands.
         server = pgserver.get_server(state.pgdata, cleanup_mode=None)
+        uri = str(server.get_uri())
+        if not _has_replication_settings(state.pgdata):
+            # Step 1: persist the settings; Step 2: restart once so that they take effect.
+            _alter_system(uri)
+            stop_embedded(settings)
+            server.start()  # (get_server would hand back its cached, stopped instance)
+            uri = str(server.get_uri())
+    except ConfigError:
+        raise
     except Exception as exc:
         raise ConfigError(
             "SLUICE_HOME", f"embedded PostgreSQL failed to start in {state.pgdata}: {exc}"
         ) from None
-    return str(server.get_uri())
+    return uri
+
+
+def _has_replication_settings(pgdata: Path) -> bool:
+    """Whether ``postgresql.auto.conf`` holds every replication setting (a file read: no
+    connection on the common path)."""
+    try:
+        text = (pgdata / "postgresql.auto.conf").read_text()
+    except OSError:
+        return False
+    found = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep:
+            found[name.strip()] = value.strip().strip("'")
+    return all(found.get(name) == value for name, value in REPLICATION_SETTINGS.items())
+
+
+def _alter_system(uri: str) -> None:
+    """``ALTER SYSTEM`` the replication settings on the running server (superuser)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(uri, autocommit=True) as conn:
+        for name, value in REPLICATION_SETTINGS.items():
+            # (ALTER SYSTEM takes no parameters: composed client-side, quoted)
+            conn.execute(
+                sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value))
+            )
 
 
 def stop_embedded(settings: Settings) -> int | None:

@@ -149,6 +149,21 @@ def db_url(server_url: str) -> Iterator[str]:
         engine.dispose()
     yield url
     with admin.connect() as conn:
+        # A logical replication slot (a CDC source's) keeps its database from being dropped.
+        conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                " WHERE database = :name AND active_pid IS NOT NULL"
+            ),
+            {"name": name},
+        )
+        conn.execute(
+            sa.text(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                " WHERE database = :name"
+            ),
+            {"name": name},
+        )
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
 

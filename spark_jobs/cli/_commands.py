@@ -30,6 +30,7 @@ from enumerator_service import (
     sweep_secret_files,
 )
 from spark_jobs._outcomes import ExitCode
+from spark_jobs.cli._cdc import cdc
 from spark_jobs.cli._db import db_shell, db_status, db_stop, db_url
 from spark_jobs.cli._render import (
     describe_table,
@@ -369,7 +370,8 @@ def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
     Splits by state, committed rows, rows removed by steps, dead letters by reason,
     quarantined splits (file, reason, attempts, last error), the last checkpoint, live state
     (watermark and lag, backlog and oldest waiting split, rows/s, last checkpoint's
-    duration) and complete partitions.
+    duration), complete partitions, and what the source holds on a server (a CDC source's
+    replication slot: active or not, the WAL it retains).
     """
     settings = _settings(ctx)
     found = load_pipelines(settings)  # (an import error fails before any database is opened)
@@ -377,19 +379,27 @@ def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
     try:
         chosen = [pick_pipeline(found, pipeline)] if pipeline or not found else [*found.values()]
         statuses = [platform_status(platform, p.name) for p in chosen]
+        with platform.engine.connect() as conn:
+            held = {
+                p.name: source_connector_named(p.plan.source.kind).source_status(conn, p.plan)
+                for p in chosen
+            }
     finally:
         platform.close()
     if as_json:
-        click.echo(json.dumps(status_json(statuses), indent=2, sort_keys=True))
+        click.echo(json.dumps(status_json(statuses, held), indent=2, sort_keys=True))
         return
     for status in statuses:
-        console.print(status_table(status))
+        console.print(status_table(status, held.get(status.source)))
 
 
 class UnknownSplitError(click.ClickException):
     """``sluice retry`` of a split that is not quarantined: one line, exit code 2."""
 
     exit_code = 2
+
+
+cli.add_command(cdc)
 
 
 @cli.command("retry")

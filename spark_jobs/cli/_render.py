@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -152,7 +153,8 @@ def failed_line(split: QuarantinedSplit) -> str:
     return split.line()
 
 
-def status_table(status: PlatformStatus) -> Table:
+def status_table(status: PlatformStatus, held: Mapping[str, Any] | None = None) -> Table:
+    """``held``: what the source holds on a server (``SourceConnector.source_status``)."""
     table = Table(title=f"Pipeline {status.source}", show_header=False)
     for state in SplitStatus:
         table.add_row(f"splits {state.value.lower()}", f"{status.splits.get(state, 0):,}")
@@ -187,7 +189,26 @@ def status_table(status: PlatformStatus) -> Table:
         rate = "" if live.rows_per_second is None else f"{live.rows_per_second:,.1f} rows/s; "
         took = live.last_checkpoint_seconds or 0.0
         table.add_row("throughput", f"{rate}last checkpoint took {took:.1f}s")
+    _held_rows(table, held or {})
     return table
+
+
+def _held_rows(table: Table, held: Mapping[str, Any]) -> None:
+    """A CDC slot as one line: active or not, retained WAL; other values as they are."""
+    if "slot" in held:
+        if not held.get("slot_exists"):
+            table.add_row("replication slot", f"{held['slot']} (none yet, or dropped)")
+        else:
+            state = "active" if held.get("slot_active") else "inactive"
+            retained = int(held.get("retained_wal_bytes", 0)) / (1 << 20)
+            table.add_row(
+                "replication slot",
+                f"{held['slot']} {state}, retains {retained:,.1f} MB of WAL"
+                f" (confirmed {held.get('confirmed_flush_lsn')})",
+            )
+    for name, value in held.items():
+        if not name.startswith(("slot", "retained_wal", "confirmed_flush")):
+            table.add_row(name.replace("_", " "), str(value))
 
 
 def _watermark_line(live: LiveState) -> str:
@@ -204,12 +225,16 @@ def _backlog_line(live: LiveState) -> str:
     return f"{live.backlog_splits:,} splits{oldest}"
 
 
-def status_json(statuses: list[PlatformStatus]) -> dict[str, Any]:
-    """``{"pipelines": {name: {...}}}`` with plain values (no connection details)."""
+def status_json(
+    statuses: list[PlatformStatus], held: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """``{"pipelines": {name: {...}}}`` with plain values (no connection details);
+    ``held``: per pipeline, what its source holds on a server (``source``)."""
     out: dict[str, Any] = {}
     for status in statuses:
         last = status.last_checkpoint
         out[status.source] = {
+            "source": dict((held or {}).get(status.source, {})),
             "splits": {state.value: status.splits.get(state, 0) for state in SplitStatus},
             "rows_committed": status.rows_committed,
             "rows_removed_by_steps": status.rows_dropped,

@@ -10,8 +10,8 @@ rebuilds. Register one with ``register_source`` / ``register_sink``, keyed by it
 spec type; nothing else in the platform names a concrete connector.
 
 Built in, each in a folder of its own: ``files`` (``FileSource``), ``postgres_table``
-(``TableSource``), ``parquet`` (``ParquetSink``), ``postgres``
-(``PostgresSink``), ``delta`` (``DeltaSink``), ``iceberg`` (``IcebergSink``).
+(``TableSource``), ``postgres_cdc`` (``PostgresCdcSource``), ``parquet`` (``ParquetSink``),
+``postgres`` (``PostgresSink``), ``delta`` (``DeltaSink``), ``iceberg`` (``IcebergSink``).
 
 A lakehouse sink also offers its table's maintenance (``SinkConnector.maintenance``: a
 ``TableMaintenance`` that compacts a day, expires snapshots, removes orphan files); the
@@ -57,6 +57,7 @@ from spark_jobs.connectors.files import FileSource
 from spark_jobs.connectors.iceberg import IcebergSink
 from spark_jobs.connectors.parquet import ParquetSink
 from spark_jobs.connectors.postgres import PostgresSink
+from spark_jobs.connectors.postgres_cdc import PostgresCdcSource
 from spark_jobs.connectors.postgres_table import TableSource
 from spark_jobs.pipeline._checks import Context as ValidationContext
 
@@ -71,6 +72,7 @@ __all__ = [
     "ObservedInput",
     "OrphanResult",
     "ParquetSink",
+    "PostgresCdcSource",
     "PostgresSink",
     "ReaderContext",
     "SinkConnector",

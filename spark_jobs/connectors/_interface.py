@@ -79,6 +79,12 @@ class SourceDetails:
     options: Any
     partitioned: bool = False
     start_date: date | None = None
+    #: The field whose greatest value wins an upsert instead of the event time (a change
+    #: stream's commit position), or None.
+    order_field: str | None = None
+    #: The field saying whether a record deletes its key (value ``"d"``) in an upsert sink,
+    #: or None: every record upserts.
+    op_field: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +103,8 @@ class ReaderContext:
     options: Any = None
     #: How object stores are reached in the task (endpoint, region; never credentials).
     storage: StorageOptions = field(default_factory=StorageOptions)
+    #: The run is continuous (an unbounded split is followed, not read up to "now").
+    continuous: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +143,11 @@ class SourceConnector(abc.ABC):
     @abc.abstractmethod
     def validate(self, spec: Any, ctx: Context) -> SourceDetails:
         """The connector's own checks of ``spec`` (``ctx.fail(...)`` names the field)."""
+
+    def added_fields(self, spec: Any) -> Mapping[str, Any]:
+        """Fields the connector adds after the spec's declared ``schema`` (name → type
+        spec; a change stream's operation and position). Default: none."""
+        return {}
 
     @abc.abstractmethod
     def describe(self, plan: SourcePlan, pipeline: str, where: str | None = None) -> str:
@@ -195,6 +208,28 @@ class SourceConnector(abc.ABC):
     def upstream_assets(self, plan: Plan) -> list[UpstreamAsset]:
         """The Dagster assets of the input (default: none)."""
         return []
+
+    def source_status(self, conn: sa.Connection, plan: Plan) -> Mapping[str, Any]:
+        """Plain values about resources the source holds on a server, for ``sluice status``
+        (a replication slot: whether it is active, the WAL it retains). Default: none."""
+        return {}
+
+    def health_description(self, plan: Plan) -> str | None:
+        """What the source's own Dagster check checks, or None: it has none (default)."""
+        return None
+
+    def health(
+        self, conn: sa.Connection, plan: Plan, settings: Settings
+    ) -> tuple[bool, str, Mapping[str, Any]]:
+        """The source's own check (see ``health_description``): (passed, one line, plain
+        metadata)."""
+        return True, "nothing to check", {}
+
+    def release(self, engine: Engine, plan: Plan) -> list[str] | None:
+        """Drop what the source holds on a server (a replication slot, a publication) and
+        forget its progress, so that the next discovery starts over; lines saying what was
+        dropped. None: the source holds nothing (default)."""
+        return None
 
 
 # --------------------------------------------------------------------------- sinks

@@ -54,6 +54,7 @@ def open_source_reader(config: TaskConfig, subtask: int, store: SplitStore) -> S
         follow_symlinks=config.follow_symlinks,
         options=source.options,
         storage=config.storage,
+        continuous=config.continuous,
     )
     fetcher = SplitFetcher(
         router,

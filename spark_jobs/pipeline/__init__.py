@@ -19,6 +19,7 @@ from spark_jobs.connectors import (
     FileSource,
     IcebergSink,
     ParquetSink,
+    PostgresCdcSource,
     PostgresSink,
     TableSource,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "Pipeline",
     "PipelineDefinitionError",
     "Plan",
+    "PostgresCdcSource",
     "PostgresSink",
     "ResultFuture",
     "RetryOnMiss",

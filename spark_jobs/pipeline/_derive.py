@@ -69,7 +69,22 @@ def derive(
         columns, is_open = stage.outputs, stage.open
     ctx.where = "sink"
     sink = _sink(ctx, pipeline.sink, pipeline.name, columns, is_open, source.partitioned)
-    if sink.upsert_key is not None and source.event_time in {c.name for c in columns}:
+    produced = {c.name for c in columns}
+    change_fields = [f for f in (source.order_field, source.op_field) if f is not None]
+    lost = [f for f in change_fields if f not in produced]
+    if sink.upsert_key is not None and lost and not is_open:
+        # Without them an upsert would keep whichever change came last and write deletes
+        # as rows.
+        raise ctx.fail(
+            f"an upsert of a change stream needs the source's field(s) {', '.join(lost)}"
+            " in the output (the steps dropped them)"
+        )
+    if sink.upsert_key is not None and source.order_field in produced:
+        # A change stream: the latest change of a key wins (its commit position), and a
+        # delete removes the key unless a later change is stored.
+        op_field = source.op_field if source.op_field in produced else None
+        sink = dataclasses.replace(sink, latest_by=source.order_field, op_field=op_field)
+    elif sink.upsert_key is not None and source.event_time in produced:
         # An upsert keeps the row of the latest event, whatever order records arrive in (a
         # rebuild of an older day, late records): the source's event time decides.
         sink = dataclasses.replace(sink, latest_by=source.event_time)
@@ -114,6 +129,10 @@ def _source(ctx: Context, source: object) -> SourcePlan:
         ctx.check(check_field_name, name, "field")
         kind = ctx.check(arrow_type, type_spec, f"field {name}")
         columns.append(Column(name, kind, "source"))
+    for name, type_spec in connector.added_fields(source).items():
+        if any(c.name == name for c in columns):
+            raise ctx.fail(f"field {name!r} is added by the source; declare another name")
+        columns.append(Column(name, ctx.check(arrow_type, type_spec, f"field {name}"), "source"))
     required = frozenset(names(ctx, spec.required, "required field"))
     require(ctx, sorted(required), columns, "required field")
     event_time = spec.event_time
@@ -133,6 +152,7 @@ def _source(ctx: Context, source: object) -> SourcePlan:
     return SourcePlan(
         connector.name, tuple(columns), required, event_time, details.partitioned, delay,
         idle, options=details.options, start_date=details.start_date, late_records=late,
+        order_field=details.order_field, op_field=details.op_field,
     )  # fmt: skip
 
 

@@ -57,6 +57,9 @@ class SourcePlan:
     #: What a late record (event day already recorded complete) becomes: "dead_letter" or
     #: "reopen" (see ``FileSource.late_records``).
     late_records: Literal["dead_letter", "reopen"] = "reopen"
+    #: See ``SourceDetails.order_field`` / ``op_field``.
+    order_field: str | None = None
+    op_field: str | None = None
 
     @property
     def event_day_partitions(self) -> bool:
@@ -147,13 +150,16 @@ class FilterPlan(StagePlan):
 class SinkPlan:
     """The sink part of a plan: connector ``kind``, its own ``options``, the fields whose
     rows a record replaces (``upsert_key``; None: the sink appends), and the output field
-    whose greatest value wins an upsert (``latest_by``: the source's event time when the
-    output holds it; None: the last record processed wins)."""
+    whose greatest value wins an upsert (``latest_by``: the source's order field — a change
+    stream's commit position — or else its event time, when the output holds it; None: the
+    last record processed wins), and the field whose value ``"d"`` deletes the key
+    (``op_field``: a change stream's operation when the output holds it; None: no deletes)."""
 
     kind: str
     options: Any = None
     upsert_key: tuple[str, ...] | None = None
     latest_by: str | None = None
+    op_field: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,7 @@ class PostgresTableSinkWriter:
         attempt: str,
         via_csv: bool = True,
         latest_by: str | None = None,
+        op_field: str | None = None,
     ) -> None:
         """``via_csv=False`` forces binary COPY (tests compare the two paths)."""
         self._layout = TableLayout.build(
@@ -93,6 +94,7 @@ class PostgresTableSinkWriter:
             partitioned=partitioned,
             upsert_key=upsert_key,
             latest_by=latest_by,
+            op_field=op_field,
         )
         self._io = io
         self._dsn = dsn

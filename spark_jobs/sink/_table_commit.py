@@ -8,8 +8,10 @@ An upsert sink inserts ``DISTINCT ON`` its key — the row of the latest event t
 (``latest_by``), then the last staged (highest batch, then sequence), so rows of one commit
 never conflict with each other — ``ON CONFLICT … DO UPDATE`` every other column, unless the
 stored row's event time is later (a rebuild of an older day, a late record: the latest event
-stays, whatever the order of processing). ``publish`` has nothing left to do; ``abort`` deletes
-staged batches.
+stays, whatever the order of processing). A change stream's upsert (``op_field``, e.g. a CDC
+source's ``_op``) also deletes: a key whose winning row is a delete loses its stored row,
+unless that one is of a later ``latest_by`` (``_lsn``). ``publish`` has nothing left to do;
+``abort`` deletes staged batches.
 
 Every staged entry names its table, columns, partitioning and upsert key; they are validated
 again (``TableLayout.from_entry``) before any of them reaches SQL.
@@ -105,9 +107,63 @@ def _upsert(layout: TableLayout) -> sql.Composed:
     )
 
 
+def _upsert_and_delete(layout: TableLayout) -> sql.Composed:
+    """A change stream's upsert (``op_field``): per key, the winner of the moved rows (the
+    greatest ``latest_by``, then the last staged); a winner whose operation is ``d`` deletes
+    the stored row unless that one is of a later ``latest_by``, any other upserts as in
+    :func:`_upsert`. One statement: each target row is touched at most once."""
+    assert layout.upsert_key is not None and layout.latest_by is not None
+    assert layout.op_field is not None
+    key = column_list(layout.upsert_key)
+    latest, op = sql.Identifier(layout.latest_by), sql.Identifier(layout.op_field)
+    others = [n for n in layout.names if n not in layout.upsert_key]
+    update = (
+        sql.SQL("DO UPDATE SET {} WHERE stored.{c} IS NULL OR stored.{c} <= EXCLUDED.{c}").format(
+            sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in others
+            ),
+            c=latest,
+        )
+        if others
+        else sql.SQL("DO NOTHING")
+    )
+    same_key = sql.SQL(" AND ").join(
+        sql.SQL("stored.{0} = w.{0}").format(sql.Identifier(n)) for n in layout.upsert_key
+    )
+    return sql.SQL(
+        "winners AS (SELECT DISTINCT ON ({key}) {columns} FROM moved"
+        " ORDER BY {key}, {latest} DESC NULLS LAST, {batch} DESC, {seq} DESC),"
+        " upserted AS (INSERT INTO {target} AS stored ({columns}) SELECT {columns} FROM winners"
+        " WHERE {op} IS DISTINCT FROM 'd' ON CONFLICT ({key}) {update}),"
+        " deleted AS (DELETE FROM {target} AS stored USING winners AS w WHERE w.{op} = 'd'"
+        " AND {same_key} AND (stored.{latest} IS NULL OR stored.{latest} <= w.{latest}))"
+    ).format(
+        key=key,
+        columns=column_list(layout.names),
+        latest=latest,
+        batch=sql.Identifier(_BATCH),
+        seq=sql.Identifier(SEQ_COLUMN),
+        target=layout.target,
+        op=op,
+        update=update,
+        same_key=same_key,
+    )
+
+
 def _move(layout: TableLayout) -> sql.Composed:
     """The statement moving the batches ``%(keys)s`` into the target; returns the number of
     staged rows it deleted."""
+    if layout.op_field is not None:
+        return sql.SQL(
+            "WITH moved AS (DELETE FROM {staging} AS s USING ({keys}) AS k WHERE {match}"
+            " RETURNING {returned}), {writes} SELECT count(*) FROM moved"
+        ).format(
+            staging=layout.staging,
+            keys=_KEYS,
+            match=_MATCH,
+            returned=column_list([_BATCH, SEQ_COLUMN, *layout.names], "s"),
+            writes=_upsert_and_delete(layout),
+        )
     if layout.upsert_key is None:
         insert = sql.SQL("INSERT INTO {target} ({columns}) SELECT {columns} FROM moved").format(
             target=layout.target, columns=column_list(layout.names)

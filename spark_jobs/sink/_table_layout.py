@@ -97,6 +97,9 @@ class TableLayout:
     partitioned: bool
     upsert_key: tuple[str, ...] | None
     latest_by: str | None = None
+    #: The column whose value ``"d"`` deletes the key instead of upserting it (a change
+    #: stream's operation; needs ``latest_by``), or None.
+    op_field: str | None = None
 
     def __post_init__(self) -> None:
         table_names(self.schema, self.table)
@@ -122,6 +125,10 @@ class TableLayout:
             self.upsert_key is None or self.latest_by not in self.columns
         ):
             raise ValueError(f"latest_by {self.latest_by!r} must be an output column of an upsert")
+        if self.op_field is not None and (
+            self.latest_by is None or self.op_field not in self.columns
+        ):
+            raise ValueError(f"op_field {self.op_field!r} must be an output column of an upsert")
 
     @classmethod
     def build(
@@ -133,9 +140,10 @@ class TableLayout:
         partitioned: bool,
         upsert_key: Sequence[str] | None,
         latest_by: str | None = None,
+        op_field: str | None = None,
     ) -> TableLayout:
         key = None if upsert_key is None else tuple(upsert_key)
-        return cls(schema, table, tuple(columns), partitioned, key, latest_by)
+        return cls(schema, table, tuple(columns), partitioned, key, latest_by, op_field)
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> TableLayout:
@@ -148,6 +156,7 @@ class TableLayout:
             entry["partitioned"],
             None if key is None else _field_names(key, "upsert_key field"),
             entry.get("latest_by"),
+            entry.get("op_field"),
         )
 
     def entry(self) -> dict[str, Any]:
@@ -161,6 +170,8 @@ class TableLayout:
         }
         if self.latest_by is not None:
             entry["latest_by"] = self.latest_by
+        if self.op_field is not None:
+            entry["op_field"] = self.op_field
         return entry
 
     @property

@@ -87,6 +87,7 @@ class FormatRouter:
         follow_symlinks: bool = False,
         options: Any = None,
         storage: StorageOptions | None = None,
+        continuous: bool = False,
     ) -> None:
         self.schema = schema
         # ``root``: what the source connector's ``reader_root`` gave (files: the landing
@@ -99,6 +100,7 @@ class FormatRouter:
             follow_symlinks,
             options,
             storage or StorageOptions(),
+            continuous,
         )
         self._readers: dict[str, tuple[SourceConnector, BlockReader]] = {}
         self._reads: deque[SplitRead] = deque()

@@ -166,6 +166,7 @@ class DeltaConnector(SinkConnector):
             "partition": options.partition_by if context.partitioned else None,
             "upsert_key": list(plan.upsert_key) if plan.upsert_key else None,
             "latest_by": plan.latest_by,
+            "op_field": plan.op_field,
         }
         return DeltaSinkWriter(
             io,

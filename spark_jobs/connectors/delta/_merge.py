@@ -9,7 +9,10 @@ rebuild of an older day). Within a checkpoint the row of the latest event wins, 
 staged (transactions by id, then file order), as in the Postgres sink. The merge commit
 carries the same app transaction as an append would, so the checkpoint's committer checks
 (and recovery repeats) it the same way; once committed, the staged files are deleted.
-A null key never matches (SQL equality): such rows are inserted every time.
+A null key never matches (SQL equality): such rows are inserted every time. A change stream's
+upsert (``op_field``, a CDC source's ``_op``) also deletes: a winning row whose operation is
+``d`` deletes the matching target row (unless that one is of a later ``latest_by``) and is
+never inserted.
 
 Threading: blocking store I/O; the committer's thread, under the table lock.
 """
@@ -76,20 +79,24 @@ def merge_files(
     newer = (
         None
         if latest_by is None
-        else f't."{latest_by}" IS NULL OR t."{latest_by}" <= s."{latest_by}"'
+        else f'(t."{latest_by}" IS NULL OR t."{latest_by}" <= s."{latest_by}")'
     )
-    (
-        table.merge(
-            source,
-            predicate,
-            source_alias="s",
-            target_alias="t",
-            commit_properties=properties,
+    op_field = entries[0].get("op_field") if entries else None
+    merge = table.merge(
+        source, predicate, source_alias="s", target_alias="t", commit_properties=properties
+    )
+    if op_field is not None and newer is not None:
+        # The first clause that matches applies: a delete, else an update; never an insert.
+        deletes = f"s.\"{op_field}\" = 'd'"
+        upserts = f"COALESCE(s.\"{op_field}\", '') <> 'd'"
+        merge = (
+            merge.when_matched_delete(predicate=f"{deletes} AND {newer}")
+            .when_matched_update_all(predicate=f"{upserts} AND {newer}")
+            .when_not_matched_insert_all(predicate=upserts)
         )
-        .when_matched_update_all(predicate=newer)
-        .when_not_matched_insert_all()
-        .execute()
-    )
+    else:
+        merge = merge.when_matched_update_all(predicate=newer).when_not_matched_insert_all()
+    merge.execute()
     for entry in entries:
         with contextlib.suppress(OSError):  # (left over: invisible, removed by VACUUM)
             delete_object(open_location(entry["staged"], options))

@@ -11,7 +11,9 @@ for partitioned tables and commits two snapshots).
    day: the latest event of a key stays, whatever the order of processing); the other stored
    rows of the keys are removed — the file is rewritten without them (a new file next to it;
    an empty remainder is simply dropped);
-4. the staged files keep the rows that won: a staged file that lost rows is rewritten;
+4. the staged files keep the rows that won: a staged file that lost rows is rewritten (a
+   change stream's winning delete — ``op_field`` value ``d`` — removed the stored rows of its
+   key in step 3 and is itself never written);
 5. one overwrite: the rewritten files' originals deleted, the rewrites and the checkpoint's
    files added.
 
@@ -93,7 +95,9 @@ class _Incoming:
         key: Sequence[str],
         latest_by: str | None,
         storage: StorageOptions | None,
+        op_field: str | None = None,
     ) -> None:
+        self.op_field = op_field
         self.uris = [table_uri(str(e["staged"])) for e in entries]
         self.parts = [_read(str(e["staged"]), storage) for e in entries]
         rows = pa.concat_tables(self.parts).combine_chunks() if self.parts else pa.table({})
@@ -134,6 +138,9 @@ class _Incoming:
             size = part.num_rows
             mask = self.winner.slice(start, size)
             start += size
+            if self.op_field is not None:  # a delete is applied, never written
+                upsert = pc.not_equal(part.column(self.op_field).combine_chunks(), "d")
+                mask = pc.and_(mask, pc.fill_null(upsert, True))
             if len(self.lost):
                 mask = pc.and_(mask, pc.invert(pc.is_in(_keys(part, key), value_set=self.lost)))
             self.written += int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
@@ -154,7 +161,8 @@ def stage_upsert(
 ) -> None:
     """Steps 1-5 into ``tx`` (the caller commits it)."""
     latest_by = entries[0].get("latest_by") if entries else None
-    incoming = _Incoming(entries, key, latest_by, storage)
+    op_field = entries[0].get("op_field") if entries else None
+    incoming = _Incoming(entries, key, latest_by, storage, op_field)
     deleted: list[DataFile] = []
     added: list[DataFile] = []
     if len(incoming.keys) and table.current_snapshot() is not None:

@@ -42,6 +42,7 @@ class IcebergSinkWriter(ParquetSinkWriter):
         upsert_key: Sequence[str] | None,
         latest_by: str | None,
         run_id: str,
+        op_field: str | None = None,
         subtask: int,
         attempt: str,
     ) -> None:
@@ -60,6 +61,8 @@ class IcebergSinkWriter(ParquetSinkWriter):
         if upsert_key:
             self._tags["upsert_key"] = list(upsert_key)
             self._tags["latest_by"] = latest_by
+            if op_field is not None:
+                self._tags["op_field"] = op_field
 
     def _close_files(
         self,

@@ -103,6 +103,7 @@ class PostgresConnector(SinkConnector):
             partitioned=context.partitioned,
             upsert_key=plan.upsert_key,
             latest_by=plan.latest_by,
+            op_field=plan.op_field,
             run_id=context.run_id,
             subtask=context.subtask,
             attempt=context.attempt,

@@ -1,0 +1,167 @@
+"""The CDC source's enumerator: the slot first, then snapshot chunks, then the stream split.
+
+Why the snapshot and the stream merge correctly (the order of the steps is the argument):
+
+1. The slot exists before any chunk is read; its start ``L0`` (its consistent point when
+   created now, else its ``confirmed_flush_lsn``) is where the stream will begin, and it
+   keeps every change committed after ``L0``.
+2. Chunks (``pgcdc-chunk`` ranges of the integer key) are read later, each in a short
+   ``REPEATABLE READ`` transaction without a lock, so each sees every change committed
+   before it started — maybe some after ``L0``. Their rows carry ``_lsn = L0``.
+3. The stream split is registered only when every chunk split is COMPLETED (read *and*
+   committed by a checkpoint): no snapshot row can reach a sink after a change of its key.
+4. The stream replays every change committed from ``L0`` on, in commit order, each with its
+   commit LSN. Changes already visible to a chunk are applied again — harmless, since the
+   upsert sinks keep the greatest ``_lsn`` per key and apply a delete only to a stored row
+   whose ``_lsn`` is not greater: the last change of a key wins. A change committed after
+   ``L0`` but not visible to a chunk (the race Flink CDC's low/high watermarks resolve) is
+   applied all the same. During the catch-up a sink may briefly show an older version of a
+   row; once the stream has passed the chunks' reads, the sink equals the table.
+
+Stream splits are ``[start, None)``: a continuous run follows one; a bounded run reads it up
+to the WAL position when its reader opened it and finishes it there. The next discovery then
+registers the next one from the committed offset where the last ended (never two at once: a
+slot has one reader) and moves the idle slot to that committed offset.
+
+The cursor (``enumerator_state``) holds ``start_lsn`` (``L0``) and whether the chunks are
+registered: bounded state.
+
+Threading: one thread (a sensor tick, a command); blocks on Postgres.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from enumerator_service import (
+    DiscoveryResult,
+    SplitEnumerator,
+    SplitStatus,
+    StreamSplit,
+    TableRangeSplit,
+    qualified_name,
+    quote_identifier,
+    splits,
+)
+from spark_jobs.connectors.postgres_cdc._slot import (
+    SlotMissingError,
+    advance_slot,
+    check_wal_level,
+    ensure_publication,
+    ensure_slot,
+    lsn_text,
+    slot_info,
+)
+
+__all__ = ["CHUNK_KIND", "STREAM_KIND", "CdcEnumerator", "stream_state"]
+
+CHUNK_KIND = "pgcdc-chunk"
+STREAM_KIND = "pgcdc"
+
+
+def stream_state(engine: Engine, source: str) -> tuple[int, int, int | None]:
+    """(chunks not completed, stream splits not completed, the committed offset the
+    completed stream splits reached — None: none completed)."""
+    s = splits.c
+    done = s.status == SplitStatus.COMPLETED
+    query = sa.select(
+        sa.func.count().filter(s.kind == CHUNK_KIND, ~done),
+        sa.func.count().filter(s.kind == STREAM_KIND, ~done),
+        sa.func.max(s.committed_offset).filter(s.kind == STREAM_KIND, done),
+    ).where(s.source == source)
+    with engine.connect() as conn:
+        chunks, streams, reached = conn.execute(query).one()
+    return int(chunks), int(streams), None if reached is None else int(reached)
+
+
+class CdcEnumerator(SplitEnumerator):
+    """One discovery tick of a CDC source (see the module docstring for the steps)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        source: str,
+        *,
+        tables: tuple[tuple[str, str], ...],
+        key: str,
+        publication: str,
+        slot: str,
+        rows_per_chunk: int,
+        lease_seconds: float = 60.0,
+    ) -> None:
+        super().__init__(engine, source, lease_seconds=lease_seconds)
+        self._tables = tables
+        self._key = key
+        self._publication = publication
+        self._slot = slot
+        self._rows = rows_per_chunk
+
+    def cursor(self) -> dict[str, Any]:
+        return self._load_cursor({"start_lsn": None, "chunks": False})
+
+    def discover(self) -> DiscoveryResult:
+        cursor = self.cursor()
+        # Step 1: the server can decode, the publication lists every table.
+        with self._engine.begin() as conn:
+            check_wal_level(conn)
+            ensure_publication(conn, self._publication, list(self._tables))
+        # Step 2: the slot before any chunk (its start is L0), unless it exists already.
+        if cursor["start_lsn"] is None:
+            start, _ = ensure_slot(self._engine, self._slot)
+            cursor = {"start_lsn": start, "chunks": False}
+            self._save_cursor(cursor)
+        else:
+            self._require_slot(int(cursor["start_lsn"]))
+        # Step 3: the snapshot chunks, once.
+        if not cursor["chunks"]:
+            chunks = [c for table in self._tables for c in self._chunks(*table)]
+            added = self._store.register(chunks)
+            cursor = {**cursor, "chunks": True}
+            self._save_cursor(cursor)
+            return DiscoveryResult(len(chunks), added, cursor)
+        # Step 4: the stream split once every chunk committed and no stream split is open.
+        pending_chunks, open_streams, reached = stream_state(self._engine, self._source)
+        if pending_chunks or open_streams:
+            return DiscoveryResult(0, 0, cursor)
+        start = int(cursor["start_lsn"]) if reached is None else reached
+        if reached is not None:
+            advance_slot(self._engine, self._slot, reached)  # committed: WAL before it can go
+        split = StreamSplit(self._source, STREAM_KIND, self._slot, start, None)
+        added = self._store.register([split])
+        return DiscoveryResult(1, added, cursor)
+
+    def _require_slot(self, start: int) -> None:
+        with self._engine.connect() as conn:
+            if slot_info(conn, self._slot) is None:
+                raise SlotMissingError(
+                    f"replication slot {self._slot!r} of {self._source} does not exist (dropped?):"
+                    f" changes after LSN {lsn_text(start)} may be lost; run 'sluice cdc drop"
+                    f" {self._source}' and discover again to take a new snapshot"
+                )
+
+    def _chunks(self, schema: str, table: str) -> list[TableRangeSplit]:
+        key = quote_identifier(self._key)
+        with self._engine.connect() as conn:
+            low, high, rows = conn.execute(
+                sa.text(
+                    f"SELECT min({key}), max({key}), count(*) FROM {qualified_name(schema, table)}"
+                )
+            ).one()
+        if not rows:
+            return []
+        width = max(1, math.ceil((high - low + 1) * self._rows / rows))
+        return [
+            TableRangeSplit(
+                self._source,
+                f"{schema}.{table}",
+                self._key,
+                start,
+                min(start + width, high + 1),
+                kind=CHUNK_KIND,
+            )
+            for start in range(low, high + 1, width)
+        ]

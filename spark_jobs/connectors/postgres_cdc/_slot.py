@@ -1,0 +1,200 @@
+"""A CDC source's replication slot and publication: checks, creation, advance, retained WAL,
+drop.
+
+The slot keeps every WAL segment from its ``restart_lsn`` on the server's disk until it is
+advanced, whether or not anybody reads it: a forgotten slot fills the disk. Sluice creates
+the slot and the publication when a pipeline first discovers (``ensure_*``), advances the
+slot only to offsets that completed checkpoints committed (the stream reader's feedback, or
+:func:`advance_slot` between runs), shows the retained WAL (``sluice status``, a Dagster
+check) and drops both with ``sluice cdc drop <pipeline>`` (:func:`drop_slot`).
+
+LSNs are integers here (``pg_lsn - '0/0'``), as split offsets are.
+
+Threading: functions on the caller's connection, any thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from enumerator_service import ConfigError, qualified_name, quote_identifier
+
+__all__ = [
+    "SlotInfo",
+    "SlotMissingError",
+    "advance_slot",
+    "check_wal_level",
+    "current_lsn",
+    "drop_slot",
+    "ensure_publication",
+    "ensure_slot",
+    "lsn_text",
+    "release_source",
+    "slot_info",
+]
+
+
+class SlotMissingError(RuntimeError):
+    """The slot a CDC source reads from does not exist any more (dropped by an admin). Its
+    SQLSTATE (undefined object, class 42) makes a run stop at once: retrying cannot bring
+    the slot's WAL back (see ``deterministic_error``)."""
+
+    sqlstate = "42704"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    name: str
+    database: str
+    restart_lsn: int | None
+    confirmed_flush: int | None
+    active: bool
+    #: Bytes of WAL the slot keeps (current WAL position - restart_lsn).
+    retained_bytes: int
+
+
+def lsn_text(lsn: int) -> str:
+    """An integer LSN as ``pg_lsn`` text (``16/B374D848``)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def check_wal_level(conn: Connection) -> None:
+    """One ConfigError line naming ``wal_level`` unless the server has ``logical``."""
+    level = conn.execute(sa.text("SELECT current_setting('wal_level')")).scalar_one()
+    if level != "logical":
+        raise ConfigError(
+            "wal_level",
+            f"is {level!r} on the source server; a CDC source needs wal_level = logical "
+            "(set it in postgresql.conf or with ALTER SYSTEM, then restart the server)",
+        )
+
+
+def current_lsn(conn: Connection) -> int:
+    return int(conn.execute(sa.text("SELECT pg_current_wal_lsn() - '0/0'")).scalar_one())
+
+
+_SLOT = sa.text(
+    "SELECT slot_name, database, restart_lsn - '0/0', confirmed_flush_lsn - '0/0', active,"
+    " COALESCE(pg_current_wal_lsn() - restart_lsn, 0)"
+    " FROM pg_replication_slots WHERE slot_name = :slot"
+)
+
+
+def slot_info(conn: Connection, slot: str) -> SlotInfo | None:
+    row = conn.execute(_SLOT, {"slot": slot}).first()
+    if row is None:
+        return None
+    name, database, restart, flushed, active, retained = row
+    return SlotInfo(
+        str(name),
+        str(database),
+        None if restart is None else int(restart),
+        None if flushed is None else int(flushed),
+        bool(active),
+        int(retained),
+    )
+
+
+def ensure_publication(conn: Connection, publication: str, tables: list[tuple[str, str]]) -> None:
+    """Create ``publication`` for ``tables``, or add the tables it lacks (in the caller's
+    transaction)."""
+    found = conn.execute(
+        sa.text("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = :p"),
+        {"p": publication},
+    ).all()
+    exists = conn.execute(
+        sa.text("SELECT 1 FROM pg_publication WHERE pubname = :p"), {"p": publication}
+    ).first()
+    listed = {(str(s), str(t)) for s, t in found}
+    missing = [t for t in tables if t not in listed]
+    names = ", ".join(qualified_name(s, t) for s, t in missing)
+    if exists is None:
+        conn.execute(
+            sa.text(f"CREATE PUBLICATION {quote_identifier(publication)} FOR TABLE {names}")
+        )
+    elif missing:
+        conn.execute(
+            sa.text(f"ALTER PUBLICATION {quote_identifier(publication)} ADD TABLE {names}")
+        )
+
+
+def ensure_slot(engine: Engine, slot: str) -> tuple[int, bool]:
+    """(the slot's start LSN, whether it was created now): its consistent point when
+    created, else its ``confirmed_flush_lsn``. Created outside any transaction (Postgres
+    refuses a slot in a transaction that wrote); waits for transactions running now."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        info = slot_info(conn, slot)
+        if info is not None:
+            if info.confirmed_flush is None:
+                raise ConfigError(
+                    "slot", f"replication slot {slot!r} exists but is not a logical slot"
+                )
+            return info.confirmed_flush, False
+        created = conn.execute(
+            sa.text("SELECT lsn - '0/0' FROM pg_create_logical_replication_slot(:s, 'pgoutput')"),
+            {"s": slot},
+        ).scalar_one()
+        return int(created), True
+
+
+def advance_slot(engine: Engine, slot: str, lsn: int) -> bool:
+    """Move an inactive slot's ``confirmed_flush_lsn`` forward to ``lsn`` (an offset a
+    completed checkpoint committed); False when it is active (its reader moves it) or
+    already there. A missing slot: SlotMissingError."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        info = slot_info(conn, slot)
+        if info is None:
+            raise SlotMissingError(slot)
+        if info.active or (info.confirmed_flush is not None and info.confirmed_flush >= lsn):
+            return False
+        conn.execute(
+            sa.text("SELECT pg_replication_slot_advance(:s, CAST(:lsn AS pg_lsn))"),
+            {"s": slot, "lsn": lsn_text(lsn)},
+        )
+        return True
+
+
+def drop_slot(engine: Engine, slot: str, publication: str) -> tuple[bool, bool]:
+    """Drop the slot (ending a session that reads it) and the publication; (slot dropped,
+    publication dropped). Idempotent."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots"
+                " WHERE slot_name = :s AND active_pid IS NOT NULL"
+            ),
+            {"s": slot},
+        )
+        dropped = False
+        if slot_info(conn, slot) is not None:
+            conn.execute(sa.text("SELECT pg_drop_replication_slot(:s)"), {"s": slot})
+            dropped = True
+        had = conn.execute(
+            sa.text("SELECT 1 FROM pg_publication WHERE pubname = :p"), {"p": publication}
+        ).first()
+        conn.execute(sa.text(f"DROP PUBLICATION IF EXISTS {quote_identifier(publication)}"))
+        return dropped, had is not None
+
+
+_FORGET_SPLITS = sa.text(
+    "DELETE FROM sluice.splits WHERE source = :source AND kind IN ('pgcdc', 'pgcdc-chunk')"
+)
+_FORGET_CURSOR = sa.text("DELETE FROM sluice.enumerator_state WHERE source = :source")
+
+
+def release_source(engine: Engine, source: str, slot: str, publication: str) -> list[str]:
+    """``sluice cdc drop``: drop the slot and the publication, then forget the source's
+    splits (their dead letters go with them) and its discovery cursor, so that the next
+    discovery creates them again and takes a new snapshot. Lines saying what was done."""
+    dropped_slot, dropped_publication = drop_slot(engine, slot, publication)
+    with engine.begin() as conn:
+        forgotten = conn.execute(_FORGET_SPLITS, {"source": source}).rowcount
+        conn.execute(_FORGET_CURSOR, {"source": source})
+    return [
+        f"replication slot {slot}: {'dropped' if dropped_slot else 'did not exist'}",
+        f"publication {publication}: {'dropped' if dropped_publication else 'did not exist'}",
+        f"{forgotten} split(s) of {source} forgotten: the next discovery takes a new snapshot",
+    ]

@@ -1,0 +1,343 @@
+"""The stream reader of a CDC source: a slot's changes, in commit order, as blocks.
+
+Offset rule (``StreamSplit``): a record's offset is its transaction's commit LSN; a block
+holds whole transactions and ends at the last one's commit LSN + 1, so resuming from an
+offset ``o`` reads exactly the transactions that committed at ``o`` or later (the walsender
+starts at ``max(confirmed_flush_lsn, o)`` and skips earlier commits; so does this reader).
+
+Position markers: the reader writes non-transactional logical decoding messages
+(``pg_logical_emit_message``, prefix ``sluice-cdc``) — one when a bounded read opens (the
+read is done when the stream passes it: every transaction committed before the read's stop
+was sent before it) and one every few idle seconds in a continuous read (the offset then
+moves past other tables' WAL, so the slot can be advanced while the source tables are
+quiet).
+
+The slot is advanced only to what completed checkpoints committed. The replication
+connection itself never reports a flushed position: psycopg2 forwards its flush position to
+the server's WAL end on keepalives under conditions pgoutput's messages can meet in the
+middle of a transaction, so the connection runs with ``wal_sender_timeout = 0`` (the server
+asks for no replies) and without status updates. Instead, every few seconds between two
+transactions, the reader reads its split's ``committed_offset`` back from the split store
+(lowered to the start of any range still ``pending`` in the async operator, which a restore
+re-reads from the slot), and, when it moved, stops streaming, advances the idle slot to it
+(``pg_replication_slot_advance``) and streams on from its in-memory position.
+
+A bounded run (``ReaderContext.continuous`` False) reads up to the WAL position when the read
+opens and finishes the split there; a continuous run follows the slot. A replayed range
+(``SplitRead.stop``) ends at its stop.
+
+Threading: ``open``, ``fetch`` and ``close`` run on one fetcher thread (they block on the
+server); ``wake_up`` may be called from any thread: it writes to a pipe ``fetch`` selects on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import time
+from typing import Any
+
+import psycopg
+import psycopg2
+import psycopg2.errors
+import psycopg2.extras
+
+from enumerator_service import StreamSplit
+from spark_jobs.connectors.postgres_cdc._changes import CdcError, ChangeRows
+from spark_jobs.connectors.postgres_cdc._pgoutput import (
+    Begin,
+    Change,
+    Commit,
+    Marker,
+    Relation,
+    Truncate,
+)
+from spark_jobs.connectors.postgres_cdc._pgoutput import decode as decode_message
+from spark_jobs.connectors.postgres_cdc._slot import SlotMissingError, lsn_text
+from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
+from spark_jobs.source._convert import RecordConverter, new_block, raw_json
+from spark_jobs.source._records import SplitRead
+
+__all__ = ["MARKER_PREFIX", "StreamReader"]
+
+MARKER_PREFIX = "sluice-cdc"
+#: Seconds one ``fetch`` waits for changes before it returns (the fetcher then calls again).
+_FETCH_SECONDS = 0.5
+#: Seconds between two looks at the committed offset (and slot advances).
+_ADVANCE_SECONDS = 5.0
+#: Idle seconds after which a continuous read writes a position marker.
+_MARKER_SECONDS = 2.0
+#: Records per block (whole transactions: a bigger transaction makes a bigger block).
+_BLOCK_ROWS = 5000
+
+_COMMITTED = "SELECT committed_offset, pending FROM sluice.splits WHERE id = %s"
+_MARK = "SELECT pg_logical_emit_message(false, %s, '') - '0/0'"
+_CONFIRMED = "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s"
+_ADVANCE = "SELECT pg_replication_slot_advance(%s, CAST(%s AS pg_lsn))"
+
+
+class StreamReader:
+    """Reads one read of a slot's stream split at a time (see the module docstring)."""
+
+    def __init__(
+        self,
+        schema: RecordSchema,
+        dsn: str,
+        *,
+        publication: str,
+        tables: tuple[str, ...],
+        declared: tuple[str, ...],
+        key: str,
+        continuous: bool,
+    ) -> None:
+        self._schema = schema
+        self._converter = RecordConverter(schema)
+        self._names = list(self._converter.names)
+        self._lsn_at = self._names.index("_lsn")
+        self._dsn = dsn
+        self._publication = publication
+        self._tables = tables
+        self._declared = declared
+        self._key = key
+        self._continuous = continuous
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._read: SplitRead | None = None
+        self._slot = ""
+        self._repl: Any = None
+        self._cursor: Any = None
+        self._sql: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._reset(0)
+
+    def _reset(self, position: int) -> None:
+        self._changes = ChangeRows(self._declared, self._tables, self._key)
+        self._position = position  # every transaction committed before it is in _rows
+        self._block_start = position
+        self._stop: int | None = None
+        self._txn: Begin | None = None
+        self._txn_rows: list[list[Any]] = []
+        self._rows: list[list[Any]] = []
+        now = time.monotonic()
+        self._next_advance = now + _ADVANCE_SECONDS
+        self._last_message = now
+        self._advanced = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self, read: SplitRead) -> None:
+        split = read.split
+        if not isinstance(split, StreamSplit):
+            raise TypeError(f"not a stream split: {split!r}")
+        self._stop_stream()
+        self._reset(read.resume)
+        self._read, self._slot = read, split.path
+        if self._sql is None:
+            self._sql = psycopg.connect(self._dsn, autocommit=True, application_name="sluice-cdc")
+        self._stop = read.stop_within(split.end)
+        if self._stop is None and not self._continuous:
+            # The marker written now is past every commit before the stop.
+            self._stop = self._mark()
+        elif self._stop is not None:
+            self._mark()  # a replayed range ends even when nothing commits after it
+        self._start_stream()
+
+    def _mark(self) -> int:
+        assert self._sql is not None
+        row = self._sql.execute(_MARK, (MARKER_PREFIX,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def _start_stream(self) -> None:
+        assert self._read is not None
+        self._repl = psycopg2.connect(
+            self._dsn,
+            connection_factory=psycopg2.extras.LogicalReplicationConnection,
+            options="-c wal_sender_timeout=0",
+            application_name="sluice-cdc-stream",
+        )
+        self._cursor = self._repl.cursor()
+        options = {"proto_version": "1", "publication_names": self._publication, "messages": "true"}
+        try:
+            self._cursor.start_replication(
+                slot_name=self._slot,
+                decode=False,
+                start_lsn=self._position,
+                options=options,
+                status_interval=10**7,  # no status updates (see the module docstring)
+            )
+        except psycopg2.errors.UndefinedObject:
+            self._stop_stream()
+            raise SlotMissingError(
+                f"replication slot {self._slot!r} does not exist (dropped by an admin?): the"
+                f" changes after LSN {lsn_text(self._position)} are gone; run 'sluice cdc"
+                f" drop {self._read.split.source}' and discover again to take a new snapshot"
+            ) from None
+
+    def _stop_stream(self) -> None:
+        if self._repl is not None:
+            try:
+                self._repl.close()
+            finally:
+                self._repl = self._cursor = None
+
+    def close(self) -> None:
+        """End the read (the reader stays usable: ``open`` connects again)."""
+        self._read = None
+        self._stop_stream()
+        if self._sql is not None:
+            self._sql.close()
+            self._sql = None
+
+    def wake_up(self) -> None:
+        with contextlib.suppress(OSError):  # the pipe is full: a wake-up is pending already
+            os.write(self._wake_w, b"x")
+
+    # -- fetching --------------------------------------------------------------------------
+
+    def fetch(self) -> tuple[ParsedBlock | None, bool]:
+        read = self._read
+        if read is None:
+            return None, True
+        deadline = time.monotonic() + _FETCH_SECONDS
+        while True:
+            message = self._cursor.read_message()
+            if message is not None:
+                self._last_message = time.monotonic()
+                if self._handle(decode_message(message.payload)):
+                    return self._finish(read)
+                if self._txn is None:
+                    if len(self._rows) >= _BLOCK_ROWS:
+                        return self._block(read), False
+                    self._maybe_advance(self._last_message)  # (also under constant load)
+                continue
+            now = time.monotonic()
+            if self._txn is None:
+                self._maybe_advance(now)
+                if self._continuous and now - self._last_message >= _MARKER_SECONDS:
+                    self._last_message = now
+                    self._mark()
+            if now >= deadline:
+                return self._block(read), False
+            woken, _, _ = select.select([self._cursor, self._wake_r], [], [], deadline - now)
+            if self._wake_r in woken:
+                self._drain_wake_ups()
+                return self._block(read), False
+
+    def _drain_wake_ups(self) -> None:
+        try:
+            while os.read(self._wake_r, 64):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _handle(self, message: object) -> bool:
+        """Apply one message; True when the read is done (the stream passed its stop)."""
+        if isinstance(message, Begin):
+            if self._stop is not None and message.commit_lsn >= self._stop:
+                return True  # commits come in order: everything before the stop was sent
+            self._txn, self._txn_rows = message, []
+        elif isinstance(message, Change):
+            txn = self._txn
+            if txn is None:
+                raise CdcError("pgoutput change outside a transaction")
+            if txn.commit_lsn >= self._position:
+                self._txn_rows.extend(self._changes.rows(message, txn.commit_lsn, txn.commit_time))
+        elif isinstance(message, Commit):
+            txn, self._txn = self._txn, None
+            if txn is not None and txn.commit_lsn >= self._position:
+                self._rows.extend(self._txn_rows)
+                self._position = txn.commit_lsn + 1
+            self._txn_rows = []
+        elif isinstance(message, Relation):
+            self._changes.relation(message)
+        elif isinstance(message, Marker):
+            if not message.transactional and self._txn is None:
+                if self._stop is not None and message.lsn >= self._stop:
+                    return True
+                self._position = max(self._position, message.lsn)
+        elif isinstance(message, Truncate):
+            mine = [t for t in map(self._changes.table_of, message.relids) if t in self._tables]
+            if mine:
+                raise CdcError(
+                    f"table {mine[0]} was truncated: a CDC source cannot replay TRUNCATE; take a"
+                    " new snapshot ('sluice cdc drop', then discover again)"
+                )
+        return False
+
+    def _block(self, read: SplitRead) -> ParsedBlock | None:
+        """The transactions read since the last block (None: nothing, not even a move)."""
+        if not self._rows and self._position == self._block_start:
+            return None
+        rows: list[tuple[Any, ...]] = []
+        offsets: list[int] = []
+        dead: list[DeadLetter] = []
+        for values in self._rows:
+            parsed = self._converter.from_values(values)
+            if isinstance(parsed, str):
+                record = dict(zip(self._names, values, strict=True))
+                dead.append((values[self._lsn_at], raw_json(record), parsed))
+            else:
+                rows.append(parsed)
+                offsets.append(values[self._lsn_at])
+        self._rows = []
+        start, self._block_start = self._block_start, self._position
+        batch = self._converter.to_batch(rows, offsets)
+        return new_block(self._schema, read.split_id, start, self._position, batch, dead)
+
+    def _finish(self, read: SplitRead) -> tuple[ParsedBlock | None, bool]:
+        """The read's end: its last rows, the offset moved to the stop."""
+        if self._stop is not None:
+            self._position = max(self._position, self._stop)
+        block = self._block(read)
+        self._read = None
+        self._stop_stream()
+        return block, True
+
+    # -- slot advance ----------------------------------------------------------------------
+
+    def _committed(self) -> int | None:
+        """The split's committed offset, lowered to its pending ranges' starts."""
+        assert self._read is not None and self._sql is not None
+        row = self._sql.execute(_COMMITTED, (self._read.split_id,)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        flush = int(row[0])
+        for entry in row[1] or ():
+            span = entry.get("span") if isinstance(entry, dict) else None
+            if span:
+                flush = min(flush, int(span[0]))
+        return flush
+
+    def _maybe_advance(self, now: float) -> None:
+        """Between transactions, every few seconds: advance the slot to the committed
+        offset when it moved (stop streaming, advance, stream on from ``_position``)."""
+        if now < self._next_advance:
+            return
+        self._next_advance = now + _ADVANCE_SECONDS
+        flush = self._committed()
+        if flush is None or flush <= self._advanced:
+            return
+        assert self._sql is not None
+        row = self._sql.execute(_CONFIRMED, (self._slot,)).fetchone()
+        if row is None:
+            raise SlotMissingError(
+                f"replication slot {self._slot!r} was dropped while it was read (by an admin?)"
+            )
+        if row[0] is not None and int(row[0]) >= flush:
+            self._advanced = flush
+            return
+        self._stop_stream()
+        for _ in range(50):  # the walsender releases the slot as it exits
+            try:
+                self._sql.execute(_ADVANCE, (self._slot, lsn_text(flush)))
+                break
+            except psycopg.errors.ObjectInUse:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError(
+                f"replication slot {self._slot!r} stays active after its reader left"
+            )
+        self._advanced = flush
+        self._start_stream()

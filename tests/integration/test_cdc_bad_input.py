@@ -1,0 +1,101 @@
+"""Bad input of a CDC source on real Spark: a column added to the table is ignored (the
+declared ones keep flowing), a declared column dropped is one line naming table and column,
+a TRUNCATE and a slot dropped by an admin fail the run with one line — never "no
+changes"."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from cdc_oracle import cdc_pipeline, compare, create_table, rows_of
+from conftest import TestSettings
+
+from enumerator_service._operations import discover, open_platform
+from spark_jobs import DeterministicFailure, PipelineDefinitionError
+from spark_jobs.connectors.postgres_cdc import SlotMissingError, drop_slot
+from spark_jobs.jobs import run_pipeline
+from spark_jobs.pipeline._paths import discovery_of
+
+pytestmark = pytest.mark.spark
+
+
+def _snapshot(settings: TestSettings, platform: Any, rows: int) -> tuple[str, Any]:
+    """A table of ``rows`` rows, its pipeline, the snapshot run, the stream split."""
+    table = f"public.cdc_{secrets.token_hex(3)}"
+    pipeline = cdc_pipeline(f"cdcbad_{secrets.token_hex(3)}", table)
+    create_table(platform.engine, table, rows=rows)
+    discover(platform, discovery_of(pipeline, settings))
+    assert run_pipeline(settings, pipeline).rows_out == rows
+    return table, pipeline
+
+
+def test_an_added_column_is_ignored_and_a_dropped_one_is_one_line(make_settings: Any) -> None:
+    settings: TestSettings = make_settings(parallelism=1, checkpoint_interval_seconds=0.5)
+    platform = open_platform(settings)
+    table, pipeline = _snapshot(settings, platform, 20)
+    options = pipeline.plan.source.options
+    try:
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN extra text"))
+            conn.execute(sa.text(f"INSERT INTO {table} VALUES (21, 'new', 21, 'more')"))
+            conn.execute(sa.text(f"UPDATE {table} SET v = 'changed', extra = 'e' WHERE id <= 5"))
+            conn.execute(sa.text(f"DELETE FROM {table} WHERE id = 6"))
+        assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 1
+        run_pipeline(settings, pipeline)
+        diff = compare(rows_of(platform.engine, table), rows_of(platform.engine, f"{table}_out"))
+        assert diff.equal, str(diff)
+        with platform.engine.connect() as conn:
+            updates = conn.execute(
+                sa.text(f"SELECT _op, _before FROM {table}_out WHERE id <= 5")
+            ).all()
+        # Default replica identity: an update carries no old row.
+        assert updates == [("u", None)] * 5
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN n"))
+        with pytest.raises(PipelineDefinitionError, match=f"table {table} has no column 'n'"):
+            run_pipeline(settings, pipeline)
+    finally:
+        drop_slot(platform.engine, options.slot, options.publication)
+        platform.close()
+
+
+def test_a_truncate_fails_the_run_with_one_line(make_settings: Any) -> None:
+    settings: TestSettings = make_settings(parallelism=1, checkpoint_interval_seconds=0.5)
+    platform = open_platform(settings)
+    table, pipeline = _snapshot(settings, platform, 10)
+    options = pipeline.plan.source.options
+    try:
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text(f"TRUNCATE {table}"))
+        discover(platform, discovery_of(pipeline, settings))
+        with pytest.raises(DeterministicFailure, match=f"table {table} was truncated") as err:
+            run_pipeline(settings, pipeline)
+        assert "\n" not in str(err.value)
+    finally:
+        drop_slot(platform.engine, options.slot, options.publication)
+        platform.close()
+
+
+def test_a_slot_dropped_by_an_admin_fails_with_one_line(make_settings: Any) -> None:
+    settings: TestSettings = make_settings(parallelism=1, checkpoint_interval_seconds=0.5)
+    platform = open_platform(settings)
+    table, pipeline = _snapshot(settings, platform, 10)
+    options = pipeline.plan.source.options
+    try:
+        assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 1
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text(f"INSERT INTO {table} VALUES (11, 'x', 11)"))
+            conn.execute(sa.text("SELECT pg_drop_replication_slot(:s)"), {"s": options.slot})
+        with pytest.raises(
+            DeterministicFailure, match=f"replication slot '{options.slot}' does not exist"
+        ) as err:
+            run_pipeline(settings, pipeline)
+        assert "sluice cdc drop" in str(err.value) and "\n" not in str(err.value)
+        with pytest.raises(SlotMissingError, match="does not exist"):
+            discover(platform, discovery_of(pipeline, settings))
+    finally:
+        drop_slot(platform.engine, options.slot, options.publication)
+        platform.close()

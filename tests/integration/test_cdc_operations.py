@@ -1,0 +1,149 @@
+"""Operating a CDC source: ``sluice status`` shows the slot and the WAL it retains, the Dagster
+check fails beyond SLUICE_CDC_MAX_RETAINED_WAL_MB, ``sluice cdc drop`` drops slot and
+publication and the next discovery starts over with a new snapshot; bad input is one line
+(a server without wal_level=logical, a table without a key or replica identity)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from cdc_oracle import create_table
+from conftest import TestSettings
+
+from dagster_project._check_outcomes import check_names, outcomes_of
+from enumerator_service import ConfigError
+from enumerator_service._operations import discover, open_platform
+from spark_jobs import Pipeline, PipelineDefinitionError, PostgresCdcSource, PostgresSink
+from spark_jobs.connectors.postgres_cdc import drop_slot, slot_info
+from spark_jobs.connectors.postgres_cdc._slot import check_wal_level
+from spark_jobs.jobs import run_pipeline
+from spark_jobs.pipeline._paths import discovery_of
+
+SLUICE = str(Path(sys.executable).with_name("sluice"))
+
+MODULE = """
+from spark_jobs import Pipeline, PostgresCdcSource, PostgresSink
+
+changes = Pipeline(
+    name="{name}",
+    source=PostgresCdcSource(tables="{table}", key="id",
+                             schema={{"id": "int64", "v": "string", "n": "int64"}}),
+    sink=PostgresSink("{table}_out", upsert_key=["id"]),
+)
+"""
+
+
+def _sluice(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    return subprocess.run(
+        [SLUICE, *args], env={**clean, **env}, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def _pipeline(name: str, table: str) -> Pipeline:
+    return Pipeline(
+        name=name,
+        source=PostgresCdcSource(
+            tables=table, key="id", schema={"id": "int64", "v": "string", "n": "int64"}
+        ),
+        sink=PostgresSink(f"{table}_out", upsert_key=["id"]),
+    )
+
+
+def test_status_check_and_drop_of_a_slot(make_settings: Any, db_url: str, tmp_path: Path) -> None:
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    table = f"public.cdc_{secrets.token_hex(3)}"
+    name = f"cdcops_{secrets.token_hex(3)}"
+    pipeline = _pipeline(name, table)
+    slot = pipeline.plan.source.options.slot
+    (tmp_path / "cdc_pipelines.py").write_text(MODULE.format(name=name, table=table))
+    env = {"SLUICE_PIPELINES": "cdc_pipelines", "SLUICE_DATABASE_URL": db_url}
+    try:
+        create_table(platform.engine, table, rows=10)
+        assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 1
+        with platform.engine.begin() as conn:  # WAL the idle slot now keeps
+            conn.execute(
+                sa.text(f"INSERT INTO {table} SELECT g, 'x', g FROM generate_series(11, 30000) g")
+            )
+        shown = _sluice(["status", name, "--json"], env, tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        held = json.loads(shown.stdout)["pipelines"][name]["source"]
+        assert held["slot"] == slot and held["slot_exists"] and not held["slot_active"]
+        assert held["retained_wal_bytes"] > 1 << 20
+        table_view = _sluice(["status", name], env, tmp_path)
+        assert f"{slot} inactive, retains" in table_view.stdout
+        # The Dagster check: within the default bound, beyond a bound of 1 MB.
+        assert "source_health" in check_names(pipeline)
+        ok = outcomes_of(pipeline, settings, "source_health", 0.1)([None])[None]
+        assert ok.passed
+        tight = make_settings(cdc_max_retained_wal_mb=1)
+        failed = outcomes_of(pipeline, tight, "source_health", 0.1)([None])[None]
+        assert not failed.passed
+        assert (
+            failed.description is not None
+            and "SLUICE_CDC_MAX_RETAINED_WAL_MB=1" in failed.description
+        )
+        assert f"sluice cdc drop {name}" in failed.description
+        # Drop: slot, publication, splits and cursor; the next discovery starts over.
+        dropped = _sluice(["cdc", "drop", name, "--yes"], env, tmp_path)
+        assert dropped.returncode == 0, dropped.stderr
+        assert f"replication slot {slot}: dropped" in dropped.stdout
+        with platform.engine.connect() as conn:
+            assert slot_info(conn, slot) is None
+            assert (
+                conn.execute(
+                    sa.text("SELECT count(*) FROM pg_publication WHERE pubname = :p"), {"p": slot}
+                ).scalar_one()
+                == 0
+            )
+        again = discover(platform, discovery_of(pipeline, settings))
+        assert again.splits_registered == 1  # a new snapshot (30000 rows, one chunk)
+        with platform.engine.connect() as conn:
+            assert slot_info(conn, slot) is not None
+    finally:
+        drop_slot(platform.engine, slot, slot)
+        platform.close()
+
+
+class _Level:
+    def __init__(self, level: str) -> None:
+        self.level = level
+
+    def execute(self, _query: object) -> _Level:
+        return self
+
+    def scalar_one(self) -> str:
+        return self.level
+
+
+def test_a_server_without_logical_wal_level_is_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"^wal_level: is 'replica' on the source server") as err:
+        check_wal_level(_Level("replica"))  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)
+    check_wal_level(_Level("logical"))  # type: ignore[arg-type]
+
+
+def test_a_table_without_a_key_is_one_line_before_any_work(make_settings: Any) -> None:
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    table = f"public.cdc_{secrets.token_hex(3)}"
+    try:
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE TABLE {table} (id bigint, v text, n bigint)"))
+        pipeline = _pipeline(f"cdcnokey_{secrets.token_hex(3)}", table)
+        with pytest.raises(
+            PipelineDefinitionError, match="no primary key and no replica identity"
+        ) as err:
+            run_pipeline(settings, pipeline)
+        assert "REPLICA IDENTITY FULL" in str(err.value) and "\n" not in str(err.value)
+    finally:
+        platform.close()

@@ -1,0 +1,74 @@
+"""``PostgresCdcSource`` definitions: the CDC fields it adds, the upsert it makes (greatest
+``_lsn`` wins, ``_op = 'd'`` deletes), and each bad definition as one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from spark_jobs import (
+    Map,
+    ParquetSink,
+    Pipeline,
+    PipelineDefinitionError,
+    PostgresCdcSource,
+    PostgresSink,
+)
+
+SCHEMA = {"id": "int64", "v": "string"}
+
+
+def _pipeline(sink: Any = None, steps: Any = (), **source: Any) -> Pipeline:
+    options: dict[str, Any] = {"tables": "shop.orders", "key": "id", "schema": SCHEMA, **source}
+    return Pipeline(
+        name="orders_cdc",
+        source=PostgresCdcSource(**options),
+        steps=list(steps),
+        sink=sink if sink is not None else PostgresSink("shop.copy", upsert_key=["id"]),
+    )
+
+
+def test_records_carry_the_declared_and_the_cdc_fields() -> None:
+    plan = _pipeline().plan
+    names = [c.name for c in plan.source.columns]
+    assert names == ["id", "v", "_op", "_lsn", "_commit_time", "_before", "_table"]
+    assert plan.source.event_time == "_commit_time" and not plan.source.partitioned
+    options = plan.source.options
+    assert (options.slot, options.publication) == ("sluice_orders_cdc", "sluice_orders_cdc")
+    assert options.tables == (("shop", "orders"),) and options.declared == ("id", "v")
+
+
+def test_an_upsert_sink_keeps_the_latest_lsn_and_applies_deletes() -> None:
+    sink = _pipeline().plan.sink
+    assert (sink.latest_by, sink.op_field) == ("_lsn", "_op")
+    append = _pipeline(sink=ParquetSink("copy")).plan.sink
+    assert (append.latest_by, append.op_field) == (None, None)
+
+
+def _drop_op(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.drop_columns(["_op"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"key": "other"}, "key 'other' must be a declared field"),
+        ({"tables": []}, "tables must name at least one table"),
+        ({"tables": ["a.b", "a.b"]}, "tables names a table twice"),
+        ({"tables": ["Bad-Name"]}, "is not a valid identifier"),
+        ({"rows_per_chunk": 0}, "rows_per_chunk must be a positive integer"),
+        ({"slot": "Slot!"}, "slot 'Slot!' is not a valid identifier"),
+        ({"schema": {**SCHEMA, "_op": "string"}}, "field '_op' is added by the source"),
+    ],
+)
+def test_bad_definitions_are_one_line(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(PipelineDefinitionError, match=message) as err:
+        _pipeline(**change)
+    assert "\n" not in str(err.value) and "orders_cdc" in str(err.value)
+
+
+def test_an_upsert_without_the_change_fields_is_refused() -> None:
+    with pytest.raises(PipelineDefinitionError, match="needs the source's field\\(s\\) _op"):
+        _pipeline(steps=[Map(_drop_op)])
