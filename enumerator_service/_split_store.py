@@ -295,8 +295,15 @@ class SplitStore:
         *,
         max_splits: int,
         max_bytes: int = 0,
+        owned_kinds: Sequence[str] = (),
+        owners: int = 1,
     ) -> list[SplitAssignment]:
         """Hand the next splits of the run to ``subtask`` in one transaction; [] when none left.
+
+        Splits of ``owned_kinds`` (stream partitions) are handed only to the subtask that
+        owns them among ``owners`` (a stable function of the partition's name, Flink's
+        owner rule), so each partition has one reader for the whole run and partitions
+        found later go to their owner.
 
         The first split in (partition_key, id) order that no concurrent puller holds is always
         handed out. Up to ``max_splits - 1`` further ones follow only while they are *small*:
@@ -308,7 +315,13 @@ class SplitStore:
         order. May block (one database round trip).
         """
         params = pull_parameters(
-            run_id, subtask, lease_seconds, max_splits=max_splits, max_bytes=max_bytes
+            run_id,
+            subtask,
+            lease_seconds,
+            max_splits=max_splits,
+            max_bytes=max_bytes,
+            owned_kinds=owned_kinds,
+            owners=owners,
         )
         # Its own implicit transaction (AUTOCOMMIT: no BEGIN/COMMIT round trips).
         stmt = pull_statement(self._engine.dialect.identifier_preparer)

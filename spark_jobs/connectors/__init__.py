@@ -10,7 +10,7 @@ rebuilds. Register one with ``register_source`` / ``register_sink``, keyed by it
 spec type; nothing else in the platform names a concrete connector.
 
 Built in, each in a folder of its own: ``files`` (``FileSource``), ``postgres_table``
-(``TableSource``), ``parquet`` (``ParquetSink``), ``postgres``
+(``TableSource``), ``kafka`` (``KafkaSource``), ``parquet`` (``ParquetSink``), ``postgres``
 (``PostgresSink``), ``delta`` (``DeltaSink``), ``iceberg`` (``IcebergSink``).
 
 A lakehouse sink also offers its table's maintenance (``SinkConnector.maintenance``: a
@@ -20,6 +20,7 @@ Iceberg and Delta functions are public names of ``spark_jobs.connectors.iceberg`
 """
 
 from spark_jobs.connectors._interface import (
+    CompletionHook,
     ObservedInput,
     ReaderContext,
     SinkConnector,
@@ -55,6 +56,7 @@ from spark_jobs.connectors._registry import (
 from spark_jobs.connectors.delta import DeltaSink
 from spark_jobs.connectors.files import FileSource
 from spark_jobs.connectors.iceberg import IcebergSink
+from spark_jobs.connectors.kafka import KafkaSource
 from spark_jobs.connectors.parquet import ParquetSink
 from spark_jobs.connectors.postgres import PostgresSink
 from spark_jobs.connectors.postgres_table import TableSource
@@ -64,10 +66,12 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_RETENTION",
     "CompactionResult",
+    "CompletionHook",
     "DeltaSink",
     "ExpiryResult",
     "FileSource",
     "IcebergSink",
+    "KafkaSource",
     "ObservedInput",
     "OrphanResult",
     "ParquetSink",

@@ -49,9 +49,11 @@ if TYPE_CHECKING:
     from spark_jobs.pipeline._definition import Pipeline
     from spark_jobs.pipeline._plan import Column, Plan, SinkPlan, SourcePlan
     from spark_jobs.source._batch import RecordSchema
+    from spark_jobs.source._format_router import SplitReader
     from spark_jobs.source._records import BlockReader
 
 __all__ = [
+    "CompletionHook",
     "ObservedInput",
     "ReaderContext",
     "SinkConnector",
@@ -124,6 +126,20 @@ class ObservedInput:
 UpstreamAsset = TableInput | ObservedInput
 
 
+class CompletionHook(abc.ABC):
+    """Work after a checkpoint completed (``SourceConnector.completion_hook``).
+
+    Threading: ``completed`` and ``close`` run on the coordinator's thread, in order."""
+
+    @abc.abstractmethod
+    def completed(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is committed in Postgres (it may block briefly)."""
+
+    def close(self) -> None:
+        """The run ends."""
+        return None
+
+
 class SourceConnector(abc.ABC):
     """A kind of source. ``name`` is stored in plans and split rows (``split.kind`` values
     are the connector's ``split_kinds``)."""
@@ -131,6 +147,12 @@ class SourceConnector(abc.ABC):
     name: str = ""
     #: The split kinds its split reader reads (e.g. ``jsonl``, ``csv``; ``table``).
     split_kinds: tuple[str, ...] = ()
+    #: Its splits are read all at once by one reader per subtask (unbounded streams: one
+    #: partition must not starve the others): ``concurrent_reader`` gives a whole
+    #: :class:`~spark_jobs.source.SplitReader` (``add_split`` any time, ``fetch`` returns
+    #: blocks of several splits), the fetcher hands it every split it pulls, and a subtask
+    #: pulls only the splits it owns (``SplitStore.pull_splits(owners=…)``).
+    concurrent_splits: bool = False
 
     @abc.abstractmethod
     def validate(self, spec: Any, ctx: Context) -> SourceDetails:
@@ -175,6 +197,25 @@ class SourceConnector(abc.ABC):
     @abc.abstractmethod
     def split_reader(self, schema: RecordSchema, context: ReaderContext) -> BlockReader:
         """The task-side reader of this connector's splits (one per task and connector)."""
+
+    def before_assignment(
+        self, engine: Engine, pipeline: Pipeline, settings: Settings, *, continuous: bool
+    ) -> None:
+        """Called by a run's driver before it assigns the source's splits to itself (a
+        stream source closes its open splits for a bounded run). Default: nothing."""
+        return None
+
+    def completion_hook(
+        self, engine: Engine, pipeline: Pipeline, settings: Settings
+    ) -> CompletionHook | None:
+        """What the run's checkpoint coordinator calls after each completed checkpoint
+        (a stream source commits the completed offsets to its consumer group); its failure
+        is logged, never fails the run. Default: None."""
+        return None
+
+    def concurrent_reader(self, schema: RecordSchema, context: ReaderContext) -> SplitReader:
+        """The task-side reader of all its splits at once (``concurrent_splits`` True)."""
+        raise NotImplementedError(f"source connector {self.name!r} reads one split at a time")
 
     def check_split(self, split: Any) -> None:
         """Called in the fetcher before a split is opened: raise when it must not be read

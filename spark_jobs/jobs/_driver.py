@@ -233,6 +233,9 @@ class ReaderRun:
             else []
         )
         assigned = rebuilds.unfinished_members([r.id for r in replacing])
+        self._source_connector.before_assignment(
+            self._engine, self.pipeline, settings, continuous=self.continuous
+        )
         assigned += store.assign_to_run(
             self.run_id,
             self.source,
@@ -287,6 +290,8 @@ class ReaderRun:
         parallelism = (
             settings.parallelism if self.continuous else min(settings.parallelism, assigned)
         )
+        config = dataclasses.replace(config, parallelism=parallelism)
+        hook = self._source_connector.completion_hook(engine, self.pipeline, settings)
         heartbeat = Heartbeat(
             SplitStore(engine),
             engine,
@@ -311,6 +316,7 @@ class ReaderRun:
             on_failure=lambda _exc: spark.sparkContext.cancelAllJobs(),
             # A deterministic error: stop now, Spark's stage retries would only repeat it.
             on_stop_request=lambda _line: spark.sparkContext.cancelAllJobs(),
+            on_complete=hook,
         )
         heartbeat.start()
         coordinator.start()
@@ -338,6 +344,8 @@ class ReaderRun:
         finally:
             coordinator.stop()
             heartbeat.stop()
+            if hook is not None:
+                hook.close()
             self._give_back()
         if coordinator.stop_requested is not None:
             raise DeterministicFailure(coordinator.stop_requested)

@@ -1,0 +1,129 @@
+"""The Kafka source's enumerator: one split per topic-partition, offsets as positions.
+
+Cursor (``enumerator_state``, bounded: two entries per partition): ``next`` — per partition
+``"<topic>/<partition>"``, the offset its next split starts at — and ``open``, the
+partitions whose split is open (``end`` None).
+
+- A **tick** (the sensor's, a command's, a run's "all new input") lists the topics (or the
+  ones ``pattern`` matches: new topics and partitions are found by the next tick), gives a
+  partition seen for the first time its start offset (``KafkaSource(start)``) and registers
+  an open split ``[next, ∞)`` for every partition without one. A continuous run reads open
+  splits for ever.
+- A **bounded run** ("available now": a schedule, ``sluice run``) first closes the open
+  splits no run holds at the partitions' end offsets taken then (:meth:`close_open`), so it
+  reads what was there when it started and ends; the next tick opens ``[end, ∞)``. A split
+  with nothing in it is dropped instead (it would take the next one's identity).
+
+Threading: like every enumerator, owned by one thread; methods block on the broker (bounded
+by ``KafkaSource(timeout)``) and on Postgres.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from enumerator_service import (
+    DiscoveryResult,
+    SplitEnumerator,
+    SplitStatus,
+    StreamSplit,
+    splits,
+)
+from spark_jobs.connectors.kafka._client import consumer, list_partitions, start_offsets, watermarks
+from spark_jobs.connectors.kafka._options import KafkaOptions, topic_of
+
+__all__ = ["KIND", "KafkaEnumerator"]
+
+KIND = "kafka"
+_log = logging.getLogger(__name__)
+
+
+class KafkaEnumerator(SplitEnumerator):
+    """Registers an open split per topic-partition of ``options`` (see the module)."""
+
+    def __init__(
+        self, engine: Engine, source: str, options: KafkaOptions, *, lease_seconds: float = 60.0
+    ) -> None:
+        super().__init__(engine, source, lease_seconds=lease_seconds)
+        self._options = options
+
+    def cursor(self) -> dict[str, Any]:
+        return self._load_cursor({"next": {}, "open": []})
+
+    def discover(self) -> DiscoveryResult:
+        client = consumer(self._options)
+        try:
+            topics = list_partitions(client, self._options)
+            found = [(t, p) for t, count in sorted(topics.items()) for p in range(count)]
+            cursor = self.cursor()
+            known: dict[str, int] = dict(cursor["next"])
+            opened = set(cursor["open"])
+            new = [tp for tp in found if _path(tp) not in known]
+            if new:
+                for tp, offset in start_offsets(client, self._options, new).items():
+                    known[_path(tp)] = offset
+        finally:
+            client.close()
+        added = [
+            StreamSplit(self._source, KIND, _path(tp), known[_path(tp)], None)
+            for tp in found
+            if _path(tp) not in opened
+        ]
+        registered = self._store.register(added)
+        opened.update(s.path for s in added)
+        state = {"next": known, "open": sorted(opened)}
+        self._save_cursor(state)
+        return DiscoveryResult(len(found), registered, state)
+
+    def close_open(self) -> int:
+        """Close the open splits no run holds at the partitions' end offsets now (a bounded
+        run reads up to there); returns how many now have something to read."""
+        with self._engine.begin() as conn:
+            rows = conn.execute(
+                sa.select(
+                    splits.c.id, splits.c.uri, splits.c.start_offset, splits.c.committed_offset
+                )
+                .where(
+                    splits.c.source == self._source,
+                    splits.c.kind == KIND,
+                    splits.c.end_offset.is_(None),
+                    splits.c.status == SplitStatus.UNASSIGNED,
+                )
+                .with_for_update()
+            ).all()
+            if not rows:
+                return 0
+            client = consumer(self._options)
+            try:
+                marks = watermarks(client, self._options, [topic_of(r.uri) for r in rows])
+            finally:
+                client.close()
+            cursor = self.cursor()
+            opened = set(cursor["open"])
+            closed = 0
+            for row in rows:
+                resume = (
+                    row.committed_offset if row.committed_offset is not None else row.start_offset
+                )
+                end = max(marks[topic_of(row.uri)][1], resume)
+                if end == row.start_offset:  # empty and never read: the next tick opens it again
+                    conn.execute(sa.delete(splits).where(splits.c.id == row.id))
+                else:
+                    conn.execute(
+                        sa.update(splits).where(splits.c.id == row.id).values(end_offset=end)
+                    )
+                    closed += end > resume
+                cursor["next"][row.uri] = end
+                opened.discard(row.uri)
+            cursor["open"] = sorted(opened)
+            self.save_cursor(cursor, conn)  # with the splits it describes
+        _log.info("%s: %d open Kafka splits closed for a bounded run", self._source, len(rows))
+        return closed
+
+
+def _path(tp: tuple[str, int]) -> str:
+    return f"{tp[0]}/{tp[1]}"
