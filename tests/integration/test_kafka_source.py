@@ -6,6 +6,8 @@ was produced since, and the committed offsets back in the consumer group."""
 from __future__ import annotations
 
 import secrets
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +18,9 @@ from conftest import TestSettings
 from kafka_broker import KafkaBroker, kafka_broker, produce_clicks
 from kafka_pipeline import assert_exactly_once, click_pipeline, output_rows
 
-from enumerator_service import splits
+from enumerator_service import SplitStore, splits
 from enumerator_service._operations import discover, open_platform
+from spark_jobs._spark import spark_for
 from spark_jobs.connectors.kafka._client import consumer, watermarks
 from spark_jobs.connectors.parquet import output_path
 from spark_jobs.jobs import run_pipeline
@@ -97,3 +100,107 @@ def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
     finally:
         broker.delete_topic(topic)
         platform.close()
+
+
+class _Feeder:
+    """What the continuous sensor does: discovery ticks, new splits assigned to the live
+    run (here every ``interval`` seconds, from a thread of its own)."""
+
+    def __init__(self, platform: Any, pipeline: Any, settings: Any, run_id: str) -> None:
+        self._args = (platform, pipeline, settings, run_id)
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        platform, pipeline, settings, run_id = self._args
+        store = SplitStore(platform.engine)
+        try:
+            while not self._stop.wait(0.3):
+                discover(platform, discovery_of(pipeline, settings))
+                store.assign_to_run(run_id, pipeline.name, lease_seconds=settings.lease_seconds)
+        except BaseException as exc:  # shown by the test
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_a_continuous_run_reads_while_messages_arrive_and_finds_new_topics(
+    make_settings: Any, broker: KafkaBroker
+) -> None:
+    settings: TestSettings = make_settings(
+        parallelism=2,
+        checkpoint_interval_seconds=0.5,
+        continuous_poll_seconds=0.3,
+        continuous_idle_seconds=300,
+    )
+    platform = open_platform(settings)
+    prefix = f"ct_{secrets.token_hex(3)}"
+    name = f"kafka_{secrets.token_hex(3)}"
+    first, later = f"{prefix}_a", f"{prefix}_b"
+    broker.create_topic(first, 4)
+    pipeline = click_pipeline(name, broker.bootstrap, pattern=f"{prefix}_.*", idle_timeout="2s")
+    folder = output_path(pipeline, settings)
+    run_id = f"{name}-live"
+    oracle: dict[str, dict[str, Any]] = {}
+    result: dict[str, Any] = {}
+
+    def produce_for_a_while() -> None:
+        for start in range(0, 3000, 100):  # ~3 s of messages while the run reads
+            oracle.update(produce_clicks(broker.bootstrap, first, range(start, start + 100)))
+            time.sleep(0.1)
+
+    def reader() -> None:
+        try:
+            result["summary"] = run_pipeline(settings, pipeline, run_id=run_id, continuous=True)
+        except BaseException as exc:  # shown by the test
+            result["error"] = exc
+
+    def wait_for(events: set[str], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not events <= {r["event_id"] for r in output_rows(folder)}:
+            assert run.is_alive(), result
+            assert feeder.error is None, feeder.error
+            assert time.monotonic() < deadline, "the continuous run did not read them in time"
+            time.sleep(0.3)
+
+    discover(platform, discovery_of(pipeline, settings))
+    run = threading.Thread(target=reader, daemon=True)
+    feeder = _Feeder(platform, pipeline, settings, run_id)
+    producer = threading.Thread(target=produce_for_a_while, daemon=True)
+    try:
+        run.start()
+        producer.start()
+        wait_for({"e-00000000"}, 150)  # Spark is up and reading
+        # A topic created while the run lives (the pattern matches it): found and read.
+        broker.create_topic(later, 2)
+        oracle |= produce_clicks(broker.bootstrap, later, range(500), prefix="b")
+        producer.join(60)
+        wait_for(set(oracle), 60)
+        with platform.engine.connect() as conn:
+            live = conn.execute(
+                sa.select(splits.c.uri, splits.c.subtask).where(
+                    splits.c.source == name, splits.c.end_offset.is_(None)
+                )
+            ).all()
+        # Six open splits, three per subtask, read at once.
+        assert len(live) == 6 and sorted(s for _, s in live) == [0, 0, 0, 1, 1, 1], live
+    finally:
+        feeder.stop()
+        # Cancelled, as Dagster cancels a continuous run.
+        spark_for(settings).sparkContext.cancelAllJobs()
+        run.join(60)
+    assert not run.is_alive()
+    rows = output_rows(folder)
+    assert_exactly_once(rows, oracle)
+    # More messages after the continuous run stopped: a bounded run continues the open
+    # splits from their committed offsets and reads exactly those.
+    oracle |= produce_clicks(broker.bootstrap, first, range(3000, 3400))
+    discover(platform, discovery_of(pipeline, settings))
+    after = run_pipeline(settings, pipeline)
+    assert after.rows_out == 400
+    assert_exactly_once(output_rows(folder), oracle)
+    platform.close()
