@@ -15,10 +15,10 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import TopicPartition
 from conftest import TestSettings
-from kafka_broker import KafkaBroker, kafka_broker, produce_clicks
+from kafka_broker import KafkaBroker, kafka_broker, produce_clicks, producer
 from kafka_pipeline import assert_exactly_once, click_pipeline, output_rows
 
-from enumerator_service import SplitStore, splits
+from enumerator_service import SplitStore, dead_letters, splits
 from enumerator_service._operations import discover, open_platform
 from spark_jobs._spark import spark_for
 from spark_jobs.connectors.kafka._client import consumer, watermarks
@@ -76,10 +76,27 @@ def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
 
         # More messages; the next bounded run reads exactly those.
         oracle |= produce_clicks(broker.bootstrap, topic, range(2000, 3000))
+        sender = producer(broker.bootstrap)  # two malformed messages: dead letters
+        sender.produce(topic, b"{oops", key=b"k1", partition=1)
+        sender.produce(topic, b"\xff", key=b"k2", partition=3)
+        assert sender.flush(10) == 0
         discover(platform, discovery_of(pipeline, settings))
         second = run_pipeline(settings, pipeline)
-        assert second.rows_out == 1000
+        assert (second.rows_out, second.dead_letters) == (1000, 2)
         assert_exactly_once(output_rows(folder), oracle)
+        with platform.engine.connect() as conn:
+            letters = conn.execute(
+                sa.select(dead_letters.c.uri, dead_letters.c.offset, dead_letters.c.reason)
+                .where(dead_letters.c.source == name)
+                .order_by(dead_letters.c.uri)
+            ).all()
+        ends = {r.uri: r.end_offset for r in _split_rows(platform.engine, name)}
+        assert [(u, o) for u, o, _ in letters] == [
+            (f"{topic}/1", ends[f"{topic}/1"] - 1),  # the last message of each
+            (f"{topic}/3", ends[f"{topic}/3"] - 1),
+        ]
+        assert letters[0].reason.startswith("invalid JSON") and "(key 'k1')" in letters[0].reason
+        assert letters[1].reason == "invalid UTF-8: the message is not valid UTF-8 text (key 'k2')"
         # Nothing new: a third run reads nothing.
         discover(platform, discovery_of(pipeline, settings))
         assert run_pipeline(settings, pipeline).rows_out == 0
@@ -96,7 +113,7 @@ def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
         assert {tp.partition: tp.offset for tp in group} == {
             p: ends[(topic, p)][1] for p in range(4)
         }
-        assert sum(end for _, end in ends.values()) == 3000
+        assert sum(end for _, end in ends.values()) == 3002
     finally:
         broker.delete_topic(topic)
         platform.close()

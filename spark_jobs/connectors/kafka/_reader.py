@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from enumerator_service import SplitAssignment
 from spark_jobs.connectors.kafka._client import consumer, watermarks
@@ -88,6 +89,7 @@ class KafkaSplitReader:
         max_bytes: int,
         batch_messages: int = 5000,
         poll_seconds: float = 0.2,
+        check_seconds: float = 5.0,
     ) -> None:
         self._schema = schema
         self._options = options
@@ -101,6 +103,8 @@ class KafkaSplitReader:
         self._consumer: Consumer | None = None
         self._replayer: Consumer | None = None
         self._woken = threading.Event()
+        self._check = check_seconds
+        self._next_check = time.monotonic() + check_seconds
         #: Messages skipped per split by ``on_offset_out_of_range="earliest"``.
         self.lost: dict[int, int] = {}
 
@@ -155,6 +159,7 @@ class KafkaSplitReader:
             return self._replay(batch)
         if not self._reads:
             return batch
+        self._check_partitions(batch)
         messages, eofs = self._poll_messages(self._open(), self._reads)
         for key, read in list(self._reads.items()):
             block = self._block(read, messages.get(key, ()))
@@ -167,6 +172,41 @@ class KafkaSplitReader:
                 self._release(read)
                 batch.finished.append(read.split_id)
         return batch
+
+    def _check_partitions(self, batch: RecordsWithSplitIds) -> None:
+        """Every ``check_seconds``: is each partition being read still there? (A consumer
+        assigned a deleted partition may just get nothing.) Gone: a named topic's, or a
+        bounded split's, fails the task; a pattern's open split ends where it is (its topic
+        was retired: a warning says so)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + self._check
+        client = self._open()
+        for topic in sorted({read.topic for read in self._reads.values()}):
+            try:
+                found = client.list_topics(topic, timeout=self._options.timeout).topics.get(topic)
+            except KafkaException:
+                return  # unreachable for now: librdkafka keeps trying, the next check too
+            if found is not None and found.error is not None:
+                if found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    continue  # e.g. no leader right now
+                found = None
+            for read in [r for r in self._reads.values() if r.topic == topic]:
+                if found is not None and read.partition in found.partitions:
+                    continue
+                where = f"{read.topic}/{read.partition}"
+                if self._options.pattern is None or read.stop is not None:
+                    raise PartitionGoneError(
+                        f"KafkaSource(topics): partition {where} no longer exists (deleted "
+                        f"while it was read, at offset {read.next})"
+                    )
+                _log.warning(
+                    "KafkaSource: topic of %s deleted; its open split ends at offset %d "
+                    "(messages it had and were not read are lost)", where, read.next,
+                )  # fmt: skip
+                self._release(read)
+                batch.finished.append(read.split_id)
 
     def _poll_messages(
         self, client: Consumer, reads: dict[_Key, _Read]
