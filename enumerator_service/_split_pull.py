@@ -62,8 +62,9 @@ def _owner(q: Callable[[str], str]) -> str:
     (Flink's KafkaSourceEnumerator: a topic's partitions round-robin from a start index
     given by a stable hash of the topic — Postgres's ``hashtext``)."""
     uri = q("uri")
-    topic = f"regexp_replace({uri}, '/[0-9]+$', '')"
-    partition = f"coalesce(substring({uri} from '/([0-9]+)$'), '0')::bigint"
+    # "<topic>/<partition>", or a day's split of it: "<topic>/<partition>@YYYY-MM-DD".
+    topic = f"regexp_replace({uri}, '/[0-9]+(@[0-9-]+)?$', '')"
+    partition = f"coalesce(substring({uri} from '/([0-9]+)(?:@[0-9-]+)?$'), '0')::bigint"
     owners = "greatest(:owners, 1)"
     start = f"mod((hashtext({topic})::bigint * 31) & 2147483647, {owners})"
     return f"mod({start} + {partition}, {owners})"

@@ -202,3 +202,40 @@ def produce_clicks(
     if sender.flush(30) != 0:
         raise RuntimeError("messages left unsent")
     return oracle
+
+
+def scanned_offsets(
+    client: Any, options: Any, marks: dict[tuple[str, int], tuple[int, int]], millis: int
+) -> dict[tuple[str, int], int]:
+    """What ``offsets_for_times`` answers on a real broker, found by reading the partitions
+    (Tansu answers 0 for every time): per partition the first offset whose timestamp is at
+    or after ``millis``, else its end. A drop-in for the connector's ``timestamp_offsets``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    out = {tp: high for tp, (_, high) in marks.items()}
+    todo = {tp for tp, (low, high) in marks.items() if high > low}
+    if not todo:
+        return out
+    reader = Consumer(
+        {
+            "bootstrap.servers": options.bootstrap,
+            "group.id": "tests-scan",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "logger": _log,
+        }
+    )
+    try:  # every partition at once, to its end
+        reader.assign([TopicPartition(t, p, marks[(t, p)][0]) for t, p in sorted(todo)])
+        while todo:
+            for message in reader.consume(1000, 1.0):
+                key = (message.topic(), message.partition())
+                if key not in todo:
+                    continue
+                if message.error() is not None or message.timestamp()[1] >= millis:
+                    if message.error() is None:
+                        out[key] = message.offset()
+                    todo.discard(key)
+    finally:
+        reader.close()
+    return out

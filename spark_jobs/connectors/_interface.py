@@ -153,6 +153,10 @@ class SourceConnector(abc.ABC):
     #: blocks of several splits), the fetcher hands it every split it pulls, and a subtask
     #: pulls only the splits it owns (``SplitStore.pull_splits(owners=…)``).
     concurrent_splits: bool = False
+    #: Its splits of a day (``partition_key``, registered by a discovery bounded to that
+    #: day) hold exactly the day's records (Kafka: a time range), so a rebuild of the day
+    #: re-reads them alone — not the splits that fed the day (a stream's main line).
+    own_day_splits: bool = False
 
     @abc.abstractmethod
     def validate(self, spec: Any, ctx: Context) -> SourceDetails:

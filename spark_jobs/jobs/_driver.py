@@ -227,7 +227,9 @@ class ReaderRun:
                 self.dates or [],
                 self.run_id,
                 lease_seconds=settings.lease_seconds,
-                event_days=self.pipeline.plan.source.event_day_partitions,
+                event_days=self.pipeline.plan.source.event_day_partitions
+                and not self._source_connector.own_day_splits,
+                fed_members=not self._source_connector.own_day_splits,
             )
             if self.rebuild
             else []

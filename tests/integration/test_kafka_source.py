@@ -9,18 +9,21 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from datetime import date
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from confluent_kafka import TopicPartition
 from conftest import TestSettings
-from kafka_broker import KafkaBroker, kafka_broker, produce_clicks, producer
+from kafka_broker import KafkaBroker, kafka_broker, produce_clicks, producer, scanned_offsets
 from kafka_pipeline import assert_exactly_once, click_pipeline, output_rows
 
 from enumerator_service import SplitStore, dead_letters, splits
 from enumerator_service._operations import discover, open_platform
+from enumerator_service._schema import partition_completions
 from spark_jobs._spark import spark_for
+from spark_jobs.connectors.kafka import _enumerator as kafka_enumerator
 from spark_jobs.connectors.kafka._client import consumer, watermarks
 from spark_jobs.connectors.parquet import output_path
 from spark_jobs.jobs import run_pipeline
@@ -221,3 +224,62 @@ def test_a_continuous_run_reads_while_messages_arrive_and_finds_new_topics(
     assert after.rows_out == 400
     assert_exactly_once(output_rows(folder), oracle)
     platform.close()
+
+
+def test_a_day_is_backfilled_by_time_range_and_rebuilt_from_its_day_splits_alone(
+    make_settings: Any, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tansu answers offsets_for_times with 0: the real answer, found by reading.
+    monkeypatch.setattr(kafka_enumerator, "timestamp_offsets", scanned_offsets)
+    settings: TestSettings = make_settings(parallelism=2)
+    platform = open_platform(settings)
+    topic = f"days_{secrets.token_hex(3)}"
+    broker.create_topic(topic, 4)
+    days = [date(2026, 5, 1), date(2026, 5, 2), date(2026, 5, 3)]
+    # Three days of 300 events; each message's Kafka timestamp is its event time.
+    oracle = produce_clicks(broker.bootstrap, topic, range(900), per_day=300, timestamps=True)
+
+    def of_day(day: date) -> dict[str, dict[str, Any]]:
+        return {k: v for k, v in oracle.items() if v["ts"].startswith(day.isoformat())}
+
+    def completions(source: str) -> dict[date, int]:
+        with platform.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(partition_completions.c.partition_key, sa.func.count())
+                .where(partition_completions.c.source == source)
+                .group_by(partition_completions.c.partition_key)
+            ).all()
+        return {row.partition_key: int(row[1]) for row in rows}
+
+    try:
+        # A pipeline that never read the topic backfills day 2 alone: exactly its events.
+        backfill = click_pipeline(f"kafka_{secrets.token_hex(3)}", broker.bootstrap, topics=topic)
+        registered = discover(platform, discovery_of(backfill, settings), dates=[days[1]])
+        assert registered.splits_registered == 4  # a day split per partition
+        day_run = run_pipeline(settings, backfill, dates=[days[1]])
+        assert day_run.rows_out == 300
+        assert_exactly_once(output_rows(output_path(backfill, settings)), of_day(days[1]))
+        assert completions(backfill.name) == {days[1]: 1}
+
+        # The main line reads everything; then day 2 is re-materialised by time range: its
+        # day splits alone are read (not the main line's), and replace the day's output.
+        name = f"kafka_{secrets.token_hex(3)}"
+        pipeline = click_pipeline(name, broker.bootstrap, topics=topic)
+        discover(platform, discovery_of(pipeline, settings))
+        assert run_pipeline(settings, pipeline).rows_out == 900
+        folder = output_path(pipeline, settings)
+        assert_exactly_once(output_rows(folder), oracle)
+        assert completions(name) == dict.fromkeys(days, 1)  # each day complete once
+        main_line = _split_rows(platform.engine, name)
+        discover(platform, discovery_of(pipeline, settings), dates=[days[1]])
+        rebuilt = run_pipeline(settings, pipeline, dates=[days[1]], rebuild=True)
+        assert rebuilt.rows_out == 300
+        assert_exactly_once(output_rows(folder), oracle)
+        rows = _split_rows(platform.engine, name)
+        assert [r for r in rows if "@" not in r.uri] == main_line  # not re-read
+        assert {r.status for r in rows if "@" in r.uri} == {"COMPLETED"}
+        # Day 2 completes again as a new generation (Dagster re-reports it), once.
+        assert completions(name) == {days[0]: 1, days[1]: 2, days[2]: 1}
+    finally:
+        broker.delete_topic(topic)
+        platform.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import date
+from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -47,6 +47,7 @@ class KafkaConnector(SourceConnector):
     name = "kafka"
     split_kinds = (KIND,)
     concurrent_splits = True
+    own_day_splits = True
 
     def validate(self, spec: Any, ctx: Context) -> SourceDetails:
         options = ctx.check(check_options, spec, ctx.pipeline)
@@ -68,11 +69,19 @@ class KafkaConnector(SourceConnector):
 
     def discovery(self, pipeline: Pipeline, settings: Settings) -> EnumeratorDiscovery:
         options, source = _options(pipeline), pipeline.name
+        margin = timedelta(seconds=pipeline.plan.source.out_of_orderness)
 
         def make(
             engine: Engine, settings: Settings, dates: Sequence[date] | None
         ) -> SplitEnumerator:
-            return KafkaEnumerator(engine, source, options, lease_seconds=settings.lease_seconds)
+            return KafkaEnumerator(
+                engine,
+                source,
+                options,
+                lease_seconds=settings.lease_seconds,
+                dates=dates,
+                margin=margin,
+            )
 
         return EnumeratorDiscovery(source, make)
 
@@ -129,6 +138,7 @@ class KafkaOffsetCommitter(CompletionHook):
                 splits.c.source == self._source,
                 splits.c.kind == KIND,
                 splits.c.committed_offset.is_not(None),
+                sa.not_(splits.c.uri.contains("@")),  # the main line, not day splits
             )
             .order_by(splits.c.uri, splits.c.start_offset.desc())
             .ext(distinct_on(splits.c.uri))

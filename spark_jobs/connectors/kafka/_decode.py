@@ -18,7 +18,7 @@ Threading: immutable after construction; used by one fetcher thread.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import orjson
@@ -47,6 +47,7 @@ class MessageDecoder:
         self._format = format
         self._meta = [(i, n) for i, n in enumerate(self._names) if n in METADATA_FIELDS]
         self._max = max_bytes
+        self._event = self._names.index(schema.event_time) if schema.event_time else None
         self._csv: CsvLinesParser | None = None
         if format == "csv":
             # The value's fields by CSV rules; the metadata fields (no CSV columns) as a
@@ -72,6 +73,19 @@ class MessageDecoder:
                 values[i] = _metadata(message, name, text=False)
             parsed = self.converter.from_values(values)
         return self._with_key(parsed, message) if isinstance(parsed, str) else parsed
+
+    def of_day(self, parsed: tuple[Any, ...] | str, message: Message, day: date) -> bool:
+        """Whether a decoded record is of event ``day`` (a dead letter, or a source without
+        an event-time field: by the message's Kafka timestamp)."""
+        moment: Any = None
+        if isinstance(parsed, tuple) and self._event is not None:
+            moment = parsed[self._event]
+        elif not isinstance(parsed, tuple) or self._event is None:
+            moment = _metadata(message, "kafka_timestamp", text=False)
+        if not isinstance(moment, datetime):
+            return False
+        aware = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+        return aware.date() == day
 
     def raw(self, message: Message) -> bytes:
         """What a dead letter keeps of the message: its value's first 4 KiB."""

@@ -13,6 +13,13 @@ partitions whose split is open (``end`` None).
   splits no run holds at the partitions' end offsets taken then (:meth:`close_open`), so it
   reads what was there when it started and ends; the next tick opens ``[end, ∞)``. A split
   with nothing in it is dropped instead (it would take the next one's identity).
+- A tick **bounded to days** (a backfill, a Dagster day partition) registers, per partition
+  and day D, a *day split* ``"<topic>/<partition>@D"`` (partition key D) of the offsets
+  from ``offsets_for_times(D 00:00 - margin)`` to ``offsets_for_times(D+1 00:00 + margin)``
+  (the end offset when no message is that late; ``margin``: the source's
+  ``out_of_orderness``). Its reader keeps only the records of event day D. The main line
+  and its cursor are untouched: a day split is read by a run of that day (a rebuild of D
+  when D has output: the day splits alone replace it).
 
 Threading: like every enumerator, owned by one thread; methods block on the broker (bounded
 by ``KafkaSource(timeout)``) and on Postgres.
@@ -21,9 +28,12 @@ by ``KafkaSource(timeout)``) and on Postgres.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from confluent_kafka import Consumer
 from sqlalchemy.engine import Engine
 
 from enumerator_service import (
@@ -33,8 +43,14 @@ from enumerator_service import (
     StreamSplit,
     splits,
 )
-from spark_jobs.connectors.kafka._client import consumer, list_partitions, start_offsets, watermarks
-from spark_jobs.connectors.kafka._options import KafkaOptions, topic_of
+from spark_jobs.connectors.kafka._client import (
+    consumer,
+    list_partitions,
+    start_offsets,
+    timestamp_offsets,
+    watermarks,
+)
+from spark_jobs.connectors.kafka._options import KafkaOptions, day_path, topic_of
 
 __all__ = ["KIND", "KafkaEnumerator"]
 
@@ -46,10 +62,19 @@ class KafkaEnumerator(SplitEnumerator):
     """Registers an open split per topic-partition of ``options`` (see the module)."""
 
     def __init__(
-        self, engine: Engine, source: str, options: KafkaOptions, *, lease_seconds: float = 60.0
+        self,
+        engine: Engine,
+        source: str,
+        options: KafkaOptions,
+        *,
+        lease_seconds: float = 60.0,
+        dates: Sequence[date] | None = None,
+        margin: timedelta = timedelta(0),
     ) -> None:
         super().__init__(engine, source, lease_seconds=lease_seconds)
         self._options = options
+        self._dates = None if dates is None else sorted(set(dates))
+        self._margin = margin
 
     def cursor(self) -> dict[str, Any]:
         return self._load_cursor({"next": {}, "open": []})
@@ -62,6 +87,8 @@ class KafkaEnumerator(SplitEnumerator):
             cursor = self.cursor()
             known: dict[str, int] = dict(cursor["next"])
             opened = set(cursor["open"])
+            if self._dates is not None:
+                return self._discover_days(client, found)
             new = [tp for tp in found if _path(tp) not in known]
             if new:
                 for tp, offset in start_offsets(client, self._options, new).items():
@@ -78,6 +105,24 @@ class KafkaEnumerator(SplitEnumerator):
         state = {"next": known, "open": sorted(opened)}
         self._save_cursor(state)
         return DiscoveryResult(len(found), registered, state)
+
+    def _discover_days(self, client: Consumer, found: list[tuple[str, int]]) -> DiscoveryResult:
+        """The day splits of ``dates`` (see the module docstring)."""
+        assert self._dates is not None
+        marks = watermarks(client, self._options, found)
+        added = []
+        for day in self._dates:
+            begin = datetime.combine(day, time(), UTC) - self._margin
+            end = begin + timedelta(days=1) + 2 * self._margin
+            low = timestamp_offsets(client, self._options, marks, _millis(begin))
+            high = timestamp_offsets(client, self._options, marks, _millis(end))
+            added += [
+                StreamSplit(self._source, KIND, day_path(*tp, day), low[tp], high[tp], day)
+                for tp in found
+                if high[tp] > low[tp]
+            ]
+        registered = self._store.register(added)
+        return DiscoveryResult(len(found), registered, self.cursor())
 
     def close_open(self) -> int:
         """Close the open splits no run holds at the partitions' end offsets now (a bounded
@@ -123,6 +168,10 @@ class KafkaEnumerator(SplitEnumerator):
             self.save_cursor(cursor, conn)  # with the splits it describes
         _log.info("%s: %d open Kafka splits closed for a bounded run", self._source, len(rows))
         return closed
+
+
+def _millis(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
 
 
 def _path(tp: tuple[str, int]) -> str:

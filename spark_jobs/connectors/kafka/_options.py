@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from spark_jobs.connectors.kafka._spec import METADATA_FIELDS
 
-__all__ = ["FORMATS", "KafkaOptions", "check_options", "topic_of"]
+__all__ = ["FORMATS", "KafkaOptions", "check_options", "day_of", "day_path", "topic_of"]
 
 FORMATS = ("json", "csv", "raw")
 _START_WORDS = ("earliest", "latest", "committed")
@@ -50,9 +50,21 @@ class KafkaOptions:
 
 
 def topic_of(path: str) -> tuple[str, int]:
-    """``"<topic>/<partition>"`` (a split's path) as (topic, partition)."""
-    topic, _, partition = path.rpartition("/")
+    """``"<topic>/<partition>"`` (a split's path; a day split's ends ``@YYYY-MM-DD``) as
+    (topic, partition)."""
+    topic, _, partition = path.partition("@")[0].rpartition("/")
     return topic, int(partition)
+
+
+def day_of(path: str) -> date | None:
+    """The day of a day split's path (``"<topic>/<partition>@YYYY-MM-DD"``), else None."""
+    _, at, day = path.partition("@")
+    return date.fromisoformat(day) if at else None
+
+
+def day_path(topic: str, partition: int, day: date) -> str:
+    """The path of the split of ``day``'s messages of a partition."""
+    return f"{topic}/{partition}@{day.isoformat()}"
 
 
 def _topics(spec: Any) -> tuple[tuple[str, ...], str | None]:

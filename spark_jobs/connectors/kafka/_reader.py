@@ -11,6 +11,10 @@ offset, a block ``[first, last + 1)``, so the split's state is the next offset t
 the bounded splits it finished (next offset ≥ ``end``, or the partition's end reached past
 it). Two splits of one partition are read one after the other.
 
+A day split (``"<topic>/<partition>@D"``, a backfill's) keeps only the records of event day
+D (the event-time field's day; a dead letter's: its Kafka timestamp's) — its offset range is
+a little wider than the day.
+
 Restore: a split's ``pending`` ranges (in flight at the restored checkpoint) are re-read
 first, one at a time, by a consumer of their own, as blocks marked ``replay``.
 
@@ -31,6 +35,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -38,7 +43,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from enumerator_service import SplitAssignment
 from spark_jobs.connectors.kafka._client import consumer, watermarks
 from spark_jobs.connectors.kafka._decode import MessageDecoder
-from spark_jobs.connectors.kafka._options import KafkaOptions, topic_of
+from spark_jobs.connectors.kafka._options import KafkaOptions, day_of, topic_of
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._convert import new_block
 from spark_jobs.source._format_router import replay_reads
@@ -66,6 +71,8 @@ class _Read:
     stop: int | None
     replay: bool = False
     entry: int = 0
+    #: A day split's day: only records of that event day are kept.
+    day: date | None = None
 
     @property
     def key(self) -> _Key:
@@ -113,9 +120,11 @@ class KafkaSplitReader:
     def add_split(self, assignment: SplitAssignment) -> None:
         split = assignment.split
         topic, partition = topic_of(split.path)
+        day = day_of(split.path)
         for replay in replay_reads(assignment):
-            self._replays.append(_of(replay, topic, partition))
+            self._replays.append(_of(replay, topic, partition, day))
         read = _Read(assignment.split_id, topic, partition, assignment.resume_offset, split.end)
+        read.day = day
         if read.done(None):
             self._finished.append(read.split_id)
         elif read.key in self._reads or any(w.key == read.key for w in self._waiting):
@@ -273,12 +282,14 @@ class KafkaSplitReader:
             if read.stop is not None and offset >= read.stop:
                 break
             parsed = self._decoder.decode(message)
+            last, seen = offset, True
+            if read.day is not None and not self._decoder.of_day(parsed, message, read.day):
+                continue  # a day split: another day's record (the main line has it)
             if isinstance(parsed, str):
                 dead.append((offset, self._decoder.raw(message), parsed))
             else:
                 rows.append(parsed)
                 offsets.append(offset)
-            last, seen = offset, True
         if not seen:
             return None
         read.next = last + 1
@@ -328,5 +339,5 @@ def _or(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def _of(read: SplitRead, topic: str, partition: int) -> _Read:
-    return _Read(read.split_id, topic, partition, read.resume, read.stop, True, read.entry)
+def _of(read: SplitRead, topic: str, partition: int, day: date | None) -> _Read:
+    return _Read(read.split_id, topic, partition, read.resume, read.stop, True, read.entry, day)
