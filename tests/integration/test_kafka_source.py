@@ -122,6 +122,17 @@ def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
         platform.close()
 
 
+def _completions(platform: Any, source: str) -> dict[date, int]:
+    """Completion generations per output day of ``source``."""
+    with platform.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(partition_completions.c.partition_key, sa.func.count())
+            .where(partition_completions.c.source == source)
+            .group_by(partition_completions.c.partition_key)
+        ).all()
+    return {row.partition_key: int(row[1]) for row in rows}
+
+
 class _Feeder:
     """What the continuous sensor does: discovery ticks, new splits assigned to the live
     run (here every ``interval`` seconds, from a thread of its own)."""
@@ -200,6 +211,14 @@ def test_a_continuous_run_reads_while_messages_arrive_and_finds_new_topics(
         oracle |= produce_clicks(broker.bootstrap, later, range(500), prefix="b")
         producer.join(60)
         wait_for(set(oracle), 60)
+        # Per-partition watermarks with idleness: the new topic's partitions hold only early
+        # events of 05-01 and go quiet; once idle (2 s) they stop holding the watermark back,
+        # so 05-01 and 05-02 complete while the run lives (05-03 is still open).
+        deadline = time.monotonic() + 30
+        while not {date(2026, 5, 1), date(2026, 5, 2)} <= set(_completions(platform, name)):
+            assert run.is_alive() and time.monotonic() < deadline, _completions(platform, name)
+            time.sleep(0.3)
+        assert date(2026, 5, 3) not in _completions(platform, name)
         with platform.engine.connect() as conn:
             live = conn.execute(
                 sa.select(splits.c.uri, splits.c.subtask).where(
@@ -243,13 +262,7 @@ def test_a_day_is_backfilled_by_time_range_and_rebuilt_from_its_day_splits_alone
         return {k: v for k, v in oracle.items() if v["ts"].startswith(day.isoformat())}
 
     def completions(source: str) -> dict[date, int]:
-        with platform.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(partition_completions.c.partition_key, sa.func.count())
-                .where(partition_completions.c.source == source)
-                .group_by(partition_completions.c.partition_key)
-            ).all()
-        return {row.partition_key: int(row[1]) for row in rows}
+        return _completions(platform, source)
 
     try:
         # A pipeline that never read the topic backfills day 2 alone: exactly its events.
