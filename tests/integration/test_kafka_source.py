@@ -16,9 +16,12 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import TopicPartition
 from conftest import TestSettings
+from dagster import DagsterInstance, materialize
 from kafka_broker import KafkaBroker, kafka_broker, produce_clicks, producer, scanned_offsets
 from kafka_pipeline import assert_exactly_once, click_pipeline, output_rows
+from sluice_resource import resource_for
 
+from dagster_project import pipeline_definitions
 from enumerator_service import SplitStore, dead_letters, splits
 from enumerator_service._operations import discover, open_platform
 from enumerator_service._schema import partition_completions
@@ -293,6 +296,47 @@ def test_a_day_is_backfilled_by_time_range_and_rebuilt_from_its_day_splits_alone
         assert {r.status for r in rows if "@" in r.uri} == {"COMPLETED"}
         # Day 2 completes again as a new generation (Dagster re-reports it), once.
         assert completions(name) == {days[0]: 1, days[1]: 2, days[2]: 1}
+    finally:
+        broker.delete_topic(topic)
+        platform.close()
+
+
+def test_a_dagster_day_partition_of_a_kafka_pipeline_is_its_time_range_once(
+    make_settings: Any, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setattr(kafka_enumerator, "timestamp_offsets", scanned_offsets)  # (Tansu)
+    settings: TestSettings = make_settings(parallelism=2, checkpoint_interval_seconds=1.0)
+    topic = f"dg_{secrets.token_hex(3)}"
+    broker.create_topic(topic, 4)
+    days = [date(2026, 5, 1), date(2026, 5, 2)]
+    oracle = produce_clicks(broker.bootstrap, topic, range(400), per_day=200, timestamps=True)
+    name = f"kafka_{secrets.token_hex(3)}"
+    pipeline = click_pipeline(name, broker.bootstrap, topics=topic, start_date=days[0])
+    built = pipeline_definitions(pipeline, settings)
+    assert built.output.partitions_def is not None
+    (tmp_path / "dagster").mkdir()
+    platform = open_platform(settings)
+    try:
+        with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
+            for _ in range(2):  # a second materialisation replaces the day, exactly
+                result = materialize(
+                    [built.output, *built.checks],
+                    partition_key=days[1].isoformat(),
+                    resources={"sluice": resource_for(settings)},
+                    instance=instance,
+                )
+                assert result.success
+                events = result.asset_materializations_for_node(name)
+                assert [e.partition for e in events] == [days[1].isoformat()]
+                checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+                assert all(checks.values()), checks
+                day_two = {k: v for k, v in oracle.items() if v["ts"].startswith("2026-05-02")}
+                assert_exactly_once(output_rows(output_path(pipeline, settings)), day_two)
+        # Only day 2 was read (its day splits); it completed once per materialisation.
+        assert _completions(platform, name) == {days[1]: 2}
+        assert {r.uri.partition("@")[2] for r in _split_rows(platform.engine, name)} == {
+            days[1].isoformat()
+        }
     finally:
         broker.delete_topic(topic)
         platform.close()
