@@ -203,10 +203,17 @@ class SourceConnector(abc.ABC):
         """The task-side reader of this connector's splits (one per task and connector)."""
 
     def before_assignment(
-        self, engine: Engine, pipeline: Pipeline, settings: Settings, *, continuous: bool
+        self,
+        engine: Engine,
+        pipeline: Pipeline,
+        settings: Settings,
+        *,
+        continuous: bool,
+        dates: Sequence[date] | None = None,
     ) -> None:
-        """Called by a run's driver before it assigns the source's splits to itself (a
-        stream source closes its open splits for a bounded run). Default: nothing."""
+        """Called by a run's driver before it assigns the source's splits (of ``dates``, if
+        given) to itself (a stream source closes its open splits for a bounded run of all
+        new input). Default: nothing."""
         return None
 
     def completion_hook(

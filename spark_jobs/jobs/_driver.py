@@ -236,7 +236,7 @@ class ReaderRun:
         )
         assigned = rebuilds.unfinished_members([r.id for r in replacing])
         self._source_connector.before_assignment(
-            self._engine, self.pipeline, settings, continuous=self.continuous
+            self._engine, self.pipeline, settings, continuous=self.continuous, dates=self.dates
         )
         assigned += store.assign_to_run(
             self.run_id,

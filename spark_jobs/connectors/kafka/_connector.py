@@ -95,9 +95,17 @@ class KafkaConnector(SourceConnector):
             client.close()
 
     def before_assignment(
-        self, engine: Engine, pipeline: Pipeline, settings: Settings, *, continuous: bool
+        self,
+        engine: Engine,
+        pipeline: Pipeline,
+        settings: Settings,
+        *,
+        continuous: bool,
+        dates: Sequence[date] | None = None,
     ) -> None:
-        if not continuous:  # a bounded run reads up to the end offsets as it starts
+        # A bounded run of all new input reads up to the end offsets as it starts (a run of
+        # some days reads their day splits only: the main line is left as it is).
+        if not continuous and dates is None:
             KafkaEnumerator(engine, pipeline.name, _options(pipeline)).close_open()
 
     def completion_hook(

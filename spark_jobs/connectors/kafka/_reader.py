@@ -311,7 +311,9 @@ class KafkaSplitReader:
             self._replayer = consumer(
                 self._options, **{"enable.partition.eof": True, "auto.offset.reset": "error"}
             )
-            self._replayer.assign([TopicPartition(read.topic, read.partition, read.next)])
+            self._replayer.incremental_assign(
+                [TopicPartition(read.topic, read.partition, read.next)]
+            )
         messages, eofs = self._poll_messages(self._replayer, {read.key: read})
         block = self._block(read, messages.get(read.key, ()))
         if block is not None:
