@@ -281,6 +281,13 @@ def test_bad_settings_and_unreachable_or_missing_input_fail_in_one_line(
         with pytest.raises(ConfigError, match=r"^KafkaSource\(bootstrap\)"):
             run_pipeline(settings, gone)  # before any Spark task starts
         assert time.monotonic() - started < 10
+        # A named topic deleted after discovery: the run stops when it opens, in one line.
+        topic = _topic(broker, 2)
+        deleted = click_pipeline(f"p_{secrets.token_hex(3)}", broker.bootstrap, topics=[topic])
+        assert discover(platform, discovery_of(deleted, settings)).splits_registered == 2
+        broker.delete_topic(topic)
+        with pytest.raises(ConfigError, match=rf"^KafkaSource\(topics\): topic {topic} does not"):
+            run_pipeline(settings, deleted)
         missing = click_pipeline("p", broker.bootstrap, topics=["no_such_topic"])
         with pytest.raises(
             ConfigError, match=r"^KafkaSource\(topics\): topic no_such_topic does not exist"
