@@ -13,14 +13,20 @@ from typing import Any
 
 import orjson
 import pytest
+import sqlalchemy as sa
 from confluent_kafka import KafkaError
 from kafka_broker import KafkaBroker, kafka_broker, produce_clicks, producer
 from kafka_pipeline import click_pipeline
 
-from enumerator_service import ConfigError, SplitAssignment, StreamSplit
+from enumerator_service import ConfigError, SplitAssignment, StreamSplit, splits
 from enumerator_service._operations import discover, open_platform
 from spark_jobs import KafkaSource, ParquetSink, Pipeline, PipelineDefinitionError
-from spark_jobs.connectors.kafka import KafkaSplitReader, PartitionGoneError
+from spark_jobs.connectors.kafka import (
+    KafkaConnector,
+    KafkaEnumerator,
+    KafkaSplitReader,
+    PartitionGoneError,
+)
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.jobs._source_reader import record_schema
 from spark_jobs.pipeline._paths import discovery_of
@@ -294,4 +300,55 @@ def test_bad_settings_and_unreachable_or_missing_input_fail_in_one_line(
         ):
             discover(platform, discovery_of(missing, settings))
     finally:
+        platform.close()
+
+
+def test_a_bounded_run_closes_open_splits_at_the_end_and_retires_a_deleted_pattern_topic(
+    make_settings: Any, broker: KafkaBroker
+) -> None:
+    settings = make_settings()
+    platform = open_platform(settings)
+    prefix = f"pt_{secrets.token_hex(3)}"
+    kept, retired = f"{prefix}_a", f"{prefix}_b"
+    broker.create_topic(kept, 2)
+    broker.create_topic(retired, 1)
+    produce_clicks(broker.bootstrap, kept, range(40))
+    name = f"p_{secrets.token_hex(3)}"
+    pipeline = click_pipeline(name, broker.bootstrap, pattern=f"{prefix}_.*")
+    try:
+        assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 3
+        broker.delete_topic(retired)  # (no consumer assigned: Tansu and librdkafka survive)
+        connector = KafkaConnector()
+        connector.before_assignment(platform.engine, pipeline, settings, continuous=False)
+        with platform.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(splits.c.uri, splits.c.start_offset, splits.c.end_offset)
+                .where(splits.c.source == name)
+                .order_by(splits.c.uri)
+            ).all()
+        # The kept topic's splits end at its partitions' ends (40 messages in all); the
+        # deleted topic's empty open split is gone, and its cursor entry with it.
+        assert [r.uri for r in rows] == [f"{kept}/0", f"{kept}/1"]
+        assert sum(r.end_offset for r in rows) == 40 and all(r.start_offset == 0 for r in rows)
+        cursor = KafkaEnumerator(platform.engine, name, pipeline.plan.source.options).cursor()
+        assert cursor == {"next": {r.uri: r.end_offset for r in rows}, "open": []}
+        # A run of some days, or a continuous run, leaves open splits open.
+        discover(platform, discovery_of(pipeline, settings))
+        connector.before_assignment(platform.engine, pipeline, settings, continuous=True)
+        connector.before_assignment(
+            platform.engine,
+            pipeline,
+            settings,
+            continuous=False,
+            dates=[datetime(2026, 5, 1).date()],
+        )
+        with platform.engine.connect() as conn:
+            open_splits = conn.execute(
+                sa.select(sa.func.count()).where(
+                    splits.c.source == name, splits.c.end_offset.is_(None)
+                )
+            ).scalar()
+        assert open_splits == 2
+    finally:
+        broker.delete_topic(kept)
         platform.close()
