@@ -205,10 +205,19 @@ class SplitStore:
         lease_seconds: float,
         partition_keys: Sequence[date] | None = None,
     ) -> int:
-        """Assign every unassigned split of ``source`` (optionally of some dates) to a run."""
+        """Assign every unassigned split of ``source`` (optionally of some dates) to a run.
+
+        A stream's split of a day (a Kafka day split: a time range re-read for a backfill)
+        goes only to a run of its day: a run of all new input (``partition_keys`` None: a
+        continuous run, a schedule) reads the stream's main line, which holds those
+        records too."""
         conditions = [splits.c.source == source, splits.c.status == SplitStatus.UNASSIGNED]
         if partition_keys is not None:
             conditions.append(splits.c.partition_key.in_(list(partition_keys)))
+        else:
+            conditions.append(
+                sa.or_(splits.c.kind.not_in(sorted(STREAM_KINDS)), splits.c.partition_key.is_(None))
+            )
         stmt = (
             sa.update(splits)
             .where(*conditions)

@@ -6,6 +6,7 @@ go to whoever asks."""
 from __future__ import annotations
 
 import secrets
+from datetime import date
 from typing import Any
 
 from enumerator_service import SplitStore, StreamSplit
@@ -51,5 +52,27 @@ def test_each_partition_is_pulled_by_its_owner_only(make_settings: Any) -> None:
         store.register([StreamSplit(source, "kafka", f"{topic}/9", 0, None)])
         store.assign_to_run(run, source, lease_seconds=60)
         assert [a.split.path for a in store.pull_splits(run, 5, 60, max_splits=1)] == [f"{topic}/9"]
+    finally:
+        platform.close()
+
+
+def test_a_streams_day_split_goes_only_to_a_run_of_its_day(make_settings: Any) -> None:
+    settings = make_settings()
+    platform = open_platform(settings)
+    try:
+        store, source = SplitStore(platform.engine), f"day_{secrets.token_hex(3)}"
+        day = date(2026, 5, 2)
+        store.register(
+            [
+                StreamSplit(source, "kafka", "t/0", 0, None),
+                StreamSplit(source, "kafka", "t/0@2026-05-02", 10, 20, day),
+            ]
+        )
+        # A run of all new input (continuous, scheduled) takes the main line only.
+        assert store.assign_to_run("all", source, lease_seconds=60) == 1
+        assert store.assign_to_run("day", source, lease_seconds=60, partition_keys=[day]) == 1
+        assert [a.split.path for a in store.pull_splits("day", 0, 60, max_splits=5)] == [
+            "t/0@2026-05-02"
+        ]
     finally:
         platform.close()
