@@ -22,9 +22,10 @@ from kafka_pipeline import assert_exactly_once, click_pipeline, output_rows
 from sluice_resource import resource_for
 
 from dagster_project import pipeline_definitions
-from enumerator_service import SplitStore, dead_letters, splits
+from enumerator_service import ConfigError, SplitStore, StreamSplit, dead_letters, splits
 from enumerator_service._operations import discover, open_platform
 from enumerator_service._schema import partition_completions
+from spark_jobs._outcomes import DeterministicFailure
 from spark_jobs._spark import spark_for
 from spark_jobs.connectors.kafka import _enumerator as kafka_enumerator
 from spark_jobs.connectors.kafka._client import consumer, watermarks
@@ -337,6 +338,41 @@ def test_a_dagster_day_partition_of_a_kafka_pipeline_is_its_time_range_once(
         assert {r.uri.partition("@")[2] for r in _split_rows(platform.engine, name)} == {
             days[1].isoformat()
         }
+    finally:
+        broker.delete_topic(topic)
+        platform.close()
+
+
+def test_a_partition_gone_mid_run_stops_the_run_in_one_line(
+    make_settings: Any, broker: KafkaBroker
+) -> None:
+    # A partition that is no longer there while a run reads it (its topic deleted, or
+    # created again with fewer partitions): the subtask's metadata check finds it and the
+    # run stops at once with one line — no Spark retry, nothing committed past it. (Deleting
+    # a topic a librdkafka consumer is assigned crashes it against Tansu, so the vanished
+    # partition is a split registered for partition 5 of a 2-partition topic.)
+    settings: TestSettings = make_settings(
+        parallelism=1, checkpoint_interval_seconds=0.5, continuous_idle_seconds=300
+    )
+    platform = open_platform(settings)
+    topic = f"gone_{secrets.token_hex(3)}"
+    broker.create_topic(topic, 2)
+    name = f"kafka_{secrets.token_hex(3)}"
+    pipeline = click_pipeline(name, broker.bootstrap, topics=topic)
+    try:
+        produce_clicks(broker.bootstrap, topic, range(100))
+        discover(platform, discovery_of(pipeline, settings))
+        SplitStore(platform.engine).register([StreamSplit(name, "kafka", f"{topic}/5", 0, None)])
+        # A bounded run refuses it before anything starts.
+        with pytest.raises(ConfigError, match=rf"^KafkaSource\(topics\): partition {topic}/5 no"):
+            run_pipeline(settings, pipeline)
+        # A continuous run (which leaves open splits open) stops when it finds it gone.
+        started = time.monotonic()
+        with pytest.raises(
+            DeterministicFailure, match=rf"partition {topic}/5 no longer exists"
+        ) as e:
+            run_pipeline(settings, pipeline, continuous=True)
+        assert "\n" not in str(e.value) and time.monotonic() - started < 90
     finally:
         broker.delete_topic(topic)
         platform.close()

@@ -37,6 +37,7 @@ from confluent_kafka import Consumer
 from sqlalchemy.engine import Engine
 
 from enumerator_service import (
+    ConfigError,
     DiscoveryResult,
     SplitEnumerator,
     SplitStatus,
@@ -144,7 +145,8 @@ class KafkaEnumerator(SplitEnumerator):
                 return 0
             client = consumer(self._options)
             try:
-                # (A named topic that is gone fails here; a pattern's gone topic is retired.)
+                # (A named topic that is gone fails here, a partition of it below; a pattern's
+                # gone topic is retired.)
                 topics = list_partitions(client, self._options)
                 there = [
                     topic_of(r.uri)
@@ -162,6 +164,12 @@ class KafkaEnumerator(SplitEnumerator):
                     row.committed_offset if row.committed_offset is not None else row.start_offset
                 )
                 gone = topic_of(row.uri) not in marks
+                if gone and self._options.pattern is None:
+                    raise ConfigError(
+                        "KafkaSource(topics)",
+                        f"partition {row.uri} no longer exists (its topic was deleted or "
+                        f"created again with fewer partitions) at offset {resume}",
+                    )
                 if gone:
                     _log.warning(
                         "%s: topic of %s deleted: its open split ends", self._source, row.uri
