@@ -254,6 +254,17 @@ def test_an_offset_out_of_range_fails_or_continues_at_the_earliest_by_policy() -
             reader._failed(client, read, ("orders", 3), error)  # type: ignore[arg-type]
             assert reader.lost == {9: 60} and client.assigned == [("orders", 3, 100)]
             assert read[("orders", 3)].next == 100
+            # Recorded too: a block over the gap with one dead letter (category "lost").
+            (gap,) = reader._gaps
+            assert (gap.split_id, gap.start, gap.end, gap.rows.num_rows) == (9, 40, 100, 0)
+            assert gap.dead == [
+                (
+                    40,
+                    b"",
+                    "lost: 60 messages (offsets 40-99 of orders/3) deleted by retention "
+                    "before they were read",
+                )
+            ]
 
 
 def test_bad_settings_and_unreachable_or_missing_input_fail_in_one_line(

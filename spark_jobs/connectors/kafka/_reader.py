@@ -21,7 +21,8 @@ first, one at a time, by a consumer of their own, as blocks marked ``replay``.
 Errors: a partition that disappears (a deleted topic) fails the task with one line naming
 it. An offset no longer in the partition (retention passed it): ``on_offset_out_of_range``
 ``"fail"`` fails the task naming partition and offset; ``"earliest"`` continues at the
-earliest offset and logs how many messages were lost (``lost``, per split).
+earliest offset; the lost messages are logged, counted (``lost``, per split) and recorded as
+one dead letter per gap (category ``lost``).
 
 Threading: ``add_split``, ``has_splits``, ``fetch`` and ``close`` run on the one fetcher
 thread; ``wake_up`` may be called from any thread (a ``fetch`` returns within
@@ -41,6 +42,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from enumerator_service import SplitAssignment
+from spark_jobs._dead_letters import LOST
 from spark_jobs.connectors.kafka._client import consumer, watermarks
 from spark_jobs.connectors.kafka._decode import MessageDecoder
 from spark_jobs.connectors.kafka._options import KafkaOptions, day_of, topic_of
@@ -107,6 +109,7 @@ class KafkaSplitReader:
         self._waiting: deque[_Read] = deque()  # a later split of a partition being read
         self._replays: deque[_Read] = deque()
         self._finished: list[int] = []
+        self._gaps: list[ParsedBlock] = []  # lost ranges (on_offset_out_of_range="earliest")
         self._consumer: Consumer | None = None
         self._replayer: Consumer | None = None
         self._woken = threading.Event()
@@ -170,6 +173,8 @@ class KafkaSplitReader:
             return batch
         self._check_partitions(batch)
         messages, eofs = self._poll_messages(self._open(), self._reads)
+        batch.blocks.extend(self._gaps)  # (before the blocks that follow them)
+        self._gaps.clear()
         for key, read in list(self._reads.items()):
             block = self._block(read, messages.get(key, ()))
             if block is not None:
@@ -261,6 +266,18 @@ class KafkaSplitReader:
                 "offset %d (on_offset_out_of_range='earliest'): %d messages lost",
                 read.next, where, low, lost,
             )  # fmt: skip
+            if lost and not read.replay:
+                # One dead letter per gap: the loss is in the platform's counts, not only
+                # in a log (category ``lost``, at the first lost offset).
+                reason = (
+                    f"{LOST}: {lost} messages (offsets {read.next}-{low - 1} of {where}) "
+                    "deleted by retention before they were read"
+                )
+                dead: list[DeadLetter] = [(read.next, b"", reason)]
+                rows = self._decoder.converter.empty()
+                self._gaps.append(
+                    new_block(self._schema, read.split_id, read.next, low, rows, dead)
+                )
             read.next = low
             client.incremental_unassign([TopicPartition(*key)])
             client.incremental_assign([TopicPartition(key[0], key[1], read.next)])
