@@ -41,6 +41,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import Location, Settings, StorageOptions, TransactionalSink
+from spark_jobs.connectors._hooks import CompletionHook
 from spark_jobs.connectors._maintenance import TableMaintenance
 
 if TYPE_CHECKING:
@@ -126,20 +127,6 @@ class ObservedInput:
 UpstreamAsset = TableInput | ObservedInput
 
 
-class CompletionHook(abc.ABC):
-    """Work after a checkpoint completed (``SourceConnector.completion_hook``).
-
-    Threading: ``completed`` and ``close`` run on the coordinator's thread, in order."""
-
-    @abc.abstractmethod
-    def completed(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` is committed in Postgres (it may block briefly)."""
-
-    def close(self) -> None:
-        """The run ends."""
-        return None
-
-
 class SourceConnector(abc.ABC):
     """A kind of source. ``name`` is stored in plans and split rows (``split.kind`` values
     are the connector's ``split_kinds``)."""
@@ -147,15 +134,11 @@ class SourceConnector(abc.ABC):
     name: str = ""
     #: The split kinds its split reader reads (e.g. ``jsonl``, ``csv``; ``table``).
     split_kinds: tuple[str, ...] = ()
-    #: Its splits are read all at once by one reader per subtask (unbounded streams: one
-    #: partition must not starve the others): ``concurrent_reader`` gives a whole
-    #: :class:`~spark_jobs.source.SplitReader` (``add_split`` any time, ``fetch`` returns
-    #: blocks of several splits), the fetcher hands it every split it pulls, and a subtask
-    #: pulls only the splits it owns (``SplitStore.pull_splits(owners=…)``).
+    #: All its splits a subtask owns are read at once by one ``concurrent_reader`` (streams:
+    #: no partition starves the others; ``SplitStore.pull_splits(owned_kinds=…)``).
     concurrent_splits: bool = False
-    #: Its splits of a day (``partition_key``, registered by a discovery bounded to that
-    #: day) hold exactly the day's records (Kafka: a time range), so a rebuild of the day
-    #: re-reads them alone — not the splits that fed the day (a stream's main line).
+    #: Its splits of a day hold exactly the day's records (Kafka: a time range): a rebuild
+    #: of the day re-reads them alone, not the splits that fed it (a stream's main line).
     own_day_splits: bool = False
 
     @abc.abstractmethod
@@ -211,21 +194,20 @@ class SourceConnector(abc.ABC):
         continuous: bool,
         dates: Sequence[date] | None = None,
     ) -> None:
-        """Called by a run's driver before it assigns the source's splits (of ``dates``, if
-        given) to itself (a stream source closes its open splits for a bounded run of all
-        new input). Default: nothing."""
+        """Before a run assigns itself the source's splits (a stream source closes its open
+        splits for a bounded run of all new input). Default: nothing."""
         return None
 
     def completion_hook(
         self, engine: Engine, pipeline: Pipeline, settings: Settings
     ) -> CompletionHook | None:
-        """What the run's checkpoint coordinator calls after each completed checkpoint
-        (a stream source commits the completed offsets to its consumer group); its failure
-        is logged, never fails the run. Default: None."""
+        """Called by the coordinator after each completed checkpoint (Kafka: offsets to the
+        consumer group); its failure is logged, never fails the run. Default: None."""
         return None
 
     def concurrent_reader(self, schema: RecordSchema, context: ReaderContext) -> SplitReader:
-        """The task-side reader of all its splits at once (``concurrent_splits`` True)."""
+        """The task-side :class:`~spark_jobs.source.SplitReader` of all its splits at once
+        (``concurrent_splits``: ``add_split`` any time, ``fetch`` gives several splits' blocks)."""
         raise NotImplementedError(f"source connector {self.name!r} reads one split at a time")
 
     def check_split(self, split: Any) -> None:
