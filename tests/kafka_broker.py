@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,7 +36,15 @@ import orjson
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-__all__ = ["KafkaBroker", "click", "kafka_broker", "produce_clicks", "producer"]
+__all__ = [
+    "ClickProducer",
+    "KafkaBroker",
+    "click",
+    "kafka_broker",
+    "produce_clicks",
+    "producer",
+    "scanned_offsets",
+]
 
 _log = logging.getLogger("tests.kafka")
 #: How long the broker may take to answer metadata after it starts.
@@ -202,6 +211,50 @@ def produce_clicks(
     if sender.flush(30) != 0:
         raise RuntimeError("messages left unsent")
     return oracle
+
+
+class ClickProducer(threading.Thread):
+    """A producer thread: clickstream events ``start, start + 1, …`` in batches of ``batch``
+    every ``pause`` seconds until ``limit`` (None: until ``stop``). ``oracle`` is every event
+    produced so far by ``event_id`` (complete once ``stop`` or the end of ``limit`` returned);
+    ``error``: what stopped it early. ``produce_clicks``' keywords pass through."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        start: int = 0,
+        limit: int | None = None,
+        batch: int = 100,
+        pause: float = 0.1,
+        **clicks: Any,
+    ) -> None:
+        super().__init__(name=f"click-producer-{topic}", daemon=True)
+        self._args = (bootstrap, topic, start, limit, batch, pause)
+        self._clicks = clicks
+        self._halt = threading.Event()
+        self.oracle: dict[str, dict[str, Any]] = {}
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        bootstrap, topic, n, limit, batch, pause = self._args
+        try:
+            while not self._halt.is_set() and (limit is None or n < limit):
+                end = n + batch if limit is None else min(n + batch, limit)
+                self.oracle.update(produce_clicks(bootstrap, topic, range(n, end), **self._clicks))
+                n = end
+                self._halt.wait(pause)
+        except BaseException as exc:  # shown by the test
+            self.error = exc
+
+    def stop(self, timeout: float = 60.0) -> dict[str, dict[str, Any]]:
+        """Stop after the batch in progress; the oracle."""
+        self._halt.set()
+        self.join(timeout)
+        if self.error is not None:
+            raise RuntimeError(f"the producer failed: {self.error}") from self.error
+        return self.oracle
 
 
 def scanned_offsets(

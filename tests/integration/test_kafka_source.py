@@ -17,7 +17,14 @@ import sqlalchemy as sa
 from confluent_kafka import TopicPartition
 from conftest import TestSettings
 from dagster import DagsterInstance, materialize
-from kafka_broker import KafkaBroker, kafka_broker, produce_clicks, producer, scanned_offsets
+from kafka_broker import (
+    ClickProducer,
+    KafkaBroker,
+    kafka_broker,
+    produce_clicks,
+    producer,
+    scanned_offsets,
+)
 from kafka_pipeline import assert_exactly_once, click_pipeline, output_rows
 from sluice_resource import resource_for
 
@@ -183,11 +190,6 @@ def test_a_continuous_run_reads_while_messages_arrive_and_finds_new_topics(
     oracle: dict[str, dict[str, Any]] = {}
     result: dict[str, Any] = {}
 
-    def produce_for_a_while() -> None:
-        for start in range(0, 3000, 100):  # ~3 s of messages while the run reads
-            oracle.update(produce_clicks(broker.bootstrap, first, range(start, start + 100)))
-            time.sleep(0.1)
-
     def reader() -> None:
         try:
             result["summary"] = run_pipeline(settings, pipeline, run_id=run_id, continuous=True)
@@ -205,15 +207,15 @@ def test_a_continuous_run_reads_while_messages_arrive_and_finds_new_topics(
     discover(platform, discovery_of(pipeline, settings))
     run = threading.Thread(target=reader, daemon=True)
     feeder = _Feeder(platform, pipeline, settings, run_id)
-    producer = threading.Thread(target=produce_for_a_while, daemon=True)
+    clicks = ClickProducer(broker.bootstrap, first, limit=3000)  # ~3 s while the run reads
     try:
         run.start()
-        producer.start()
+        clicks.start()
         wait_for({"e-00000000"}, 150)  # Spark is up and reading
         # A topic created while the run lives (the pattern matches it): found and read.
         broker.create_topic(later, 2)
         oracle |= produce_clicks(broker.bootstrap, later, range(500), prefix="b")
-        producer.join(60)
+        oracle |= clicks.stop()
         wait_for(set(oracle), 60)
         # Per-partition watermarks with idleness: the new topic's partitions hold only early
         # events of 05-01 and go quiet; once idle (2 s) they stop holding the watermark back,
