@@ -202,8 +202,13 @@ class SplitFetcher(threading.Thread):
                 if not added:
                     self._stop_event.wait(max(0.0, next_pull - now))
                     continue
+            if added:
+                # Announced before the first fetch (which may take a while: a consumer
+                # connecting): the mailbox holds the task watermark back for them from now.
+                if not self._handoff.put(RecordsWithSplitIds(added=added)):
+                    return
+                added = []
             batch = self._reader.fetch() if self._reader.has_splits() else RecordsWithSplitIds()
-            batch.added, added = added, []
             if not self._handoff.put(batch):
                 return
 
