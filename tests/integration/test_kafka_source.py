@@ -31,7 +31,7 @@ from sluice_resource import resource_for
 from dagster_project import pipeline_definitions
 from enumerator_service import ConfigError, SplitStore, StreamSplit, dead_letters, splits
 from enumerator_service._operations import discover, open_platform
-from enumerator_service._schema import partition_completions
+from enumerator_service._schema import partition_completions, run_watermarks
 from spark_jobs._outcomes import DeterministicFailure
 from spark_jobs._spark import spark_for
 from spark_jobs.connectors.kafka import _enumerator as kafka_enumerator
@@ -144,6 +144,20 @@ def _completions(platform: Any, source: str) -> dict[date, int]:
     return {row.partition_key: int(row[1]) for row in rows}
 
 
+def _live(platform: Any, run_id: str) -> Any:
+    """The run's watermark row and its splits' (uri, status, watermark), for a failure."""
+    with platform.engine.connect() as conn:
+        mark = conn.execute(
+            sa.select(run_watermarks).where(run_watermarks.c.run_id == run_id)
+        ).first()
+        held = conn.execute(
+            sa.select(splits.c.uri, splits.c.status, splits.c.committed_watermark).where(
+                splits.c.run_id == run_id
+            )
+        ).all()
+    return mark, held
+
+
 class _Feeder:
     """What the continuous sensor does: discovery ticks, new splits assigned to the live
     run (here every ``interval`` seconds, from a thread of its own)."""
@@ -224,7 +238,10 @@ def test_a_continuous_run_reads_while_messages_arrive_and_finds_new_topics(
         # the run watermark is its last event's time).
         deadline = time.monotonic() + 30
         while not {date(2026, 5, 1), date(2026, 5, 2)} <= set(_completions(platform, name)):
-            assert run.is_alive() and time.monotonic() < deadline, _completions(platform, name)
+            assert run.is_alive() and time.monotonic() < deadline, (
+                _completions(platform, name),
+                _live(platform, run_id),
+            )
             time.sleep(0.3)
         assert _completions(platform, name) == {date(2026, 5, 1): 1, date(2026, 5, 2): 1}
         with platform.engine.connect() as conn:

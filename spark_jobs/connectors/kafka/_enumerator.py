@@ -41,6 +41,7 @@ from enumerator_service import (
     DiscoveryResult,
     SplitEnumerator,
     SplitStatus,
+    SplitStore,
     StreamSplit,
     splits,
 )
@@ -85,26 +86,31 @@ class KafkaEnumerator(SplitEnumerator):
         try:
             topics = list_partitions(client, self._options)
             found = [(t, p) for t, count in sorted(topics.items()) for p in range(count)]
-            cursor = self.cursor()
-            known: dict[str, int] = dict(cursor["next"])
-            opened = set(cursor["open"])
             if self._dates is not None:
                 return self._discover_days(client, found)
-            new = [tp for tp in found if _path(tp) not in known]
-            if new:
-                for tp, offset in start_offsets(client, self._options, new).items():
-                    known[_path(tp)] = offset
+            seen = self.cursor()["next"]
+            new = [tp for tp in found if _path(tp) not in seen]
+            starts = start_offsets(client, self._options, new) if new else {}
         finally:
             client.close()
-        added = [
-            StreamSplit(self._source, KIND, _path(tp), known[_path(tp)], None)
-            for tp in found
-            if _path(tp) not in opened
-        ]
-        registered = self._store.register(added)
-        opened.update(s.path for s in added)
-        state = {"next": known, "open": sorted(opened)}
-        self._save_cursor(state)
+        # The cursor is read again and written under the source's cursor lock, with the
+        # splits: a bounded run closing open splits meanwhile is never undone by this tick.
+        with self._engine.begin() as conn:
+            _lock_cursor(conn, self._source)
+            cursor = self.cursor()
+            known: dict[str, int] = dict(cursor["next"])
+            for tp, offset in starts.items():
+                known.setdefault(_path(tp), offset)
+            opened = set(cursor["open"])
+            added = [
+                StreamSplit(self._source, KIND, _path(tp), known[_path(tp)], None)
+                for tp in found
+                if _path(tp) not in opened
+            ]
+            registered = len(SplitStore.insert(conn, added))
+            opened.update(s.path for s in added)
+            state = {"next": known, "open": sorted(opened)}
+            self.save_cursor(state, conn)
         return DiscoveryResult(len(found), registered, state)
 
     def _discover_days(self, client: Consumer, found: list[tuple[str, int]]) -> DiscoveryResult:
@@ -129,6 +135,7 @@ class KafkaEnumerator(SplitEnumerator):
         """Close the open splits no run holds at the partitions' end offsets now (a bounded
         run reads up to there); returns how many now have something to read."""
         with self._engine.begin() as conn:
+            _lock_cursor(conn, self._source)  # (see discover)
             rows = conn.execute(
                 sa.select(
                     splits.c.id, splits.c.uri, splits.c.start_offset, splits.c.committed_offset
@@ -191,6 +198,13 @@ class KafkaEnumerator(SplitEnumerator):
             self.save_cursor(cursor, conn)  # with the splits it describes
         _log.info("%s: %d open Kafka splits closed for a bounded run", self._source, len(rows))
         return closed
+
+
+def _lock_cursor(conn: sa.Connection, source: str) -> None:
+    """The source's cursor lock, until ``conn``'s transaction ends (ticks and a bounded
+    run's closing of open splits read and write the cursor one after the other)."""
+    key = sa.func.hashtext(sa.literal(f"sluice-kafka-cursor:{source}"))
+    conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
 
 
 def _millis(moment: datetime) -> int:
