@@ -9,9 +9,9 @@ a hit costs the worker far less than the query it replaces:
   (``_cache_rows``: the columns in Arrow, per-position flags and times in flat buffers);
   ``-position`` marks a cached miss. A lookup is one ``dict.get`` per key (a C ``map``), one
   list-to-Arrow conversion, a few compute calls and one ``take`` of the rows found;
-- recency is a CLOCK reference bit per position, set for a batch's hits by one C ``map``
-  (no Python code per key, no rows moved); with ``expire_after_access`` the hit's access
-  time is set the same way;
+- recency is a CLOCK reference bit per position, set for the hits the hand reaches soon
+  (``_mark``) by one C ``map`` (no Python code per key, no rows moved); with
+  ``expire_after_access`` the hits' access times are set the same way;
 - eviction is CLOCK, vectorised: when the cache holds more than ``maximum_size`` rows, the
   hand sweeps the positions from where it stopped and evicts the live rows whose bit is clear
   (clearing the bits it passes: their second chance), the excess plus ``maximum_size / 64``
@@ -36,7 +36,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import not_
 from typing import Any
 
 import pyarrow as pa
@@ -47,6 +46,7 @@ from spark_jobs.lookup._cache_rows import RowLog, as_float64, as_uint8
 __all__ = ["Answer", "BatchCache"]
 
 BULK = 64  # an eviction frees maximum_size / BULK rows more than the excess (amortised)
+REACH = 1024  # positions ahead of the CLOCK hand whose use is marked, at least
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,22 +123,21 @@ class BatchCache:
         log = self._log
         # Step 1: one probe per key (0: not cached; position 0 is never a row).
         where = list(map(self._index.get, keys, repeat(0)))
-        # Step 2: recency, one C loop each (position 0 absorbs the keys not cached).
-        at = list(map(abs, where))
-        deque(map(log.ref.__setitem__, at, repeat(1)), maxlen=0)
-        if log.accessed is not None:
-            deque(map(log.accessed.__setitem__, at, repeat(now)), maxlen=0)
-        # Step 3: the partition: rows found (> 0), cached misses (< 0), not cached (0).
-        absent = where.count(0)
-        self.hits += len(keys) - absent
-        self.misses += absent
-        missing_at, missing = None, []
+        # Step 2: the partition: rows found (> 0), cached misses (< 0), not cached (0).
         positions = pa.array(where, pa.int64())
-        if absent:
-            missing_at = pc.indices_nonzero(pc.equal(positions, 0))
-            missing = list(compress(keys, map(not_, where)))
+        missing_at, missing = pc.indices_nonzero(pc.equal(positions, 0)), []
+        if len(missing_at):
+            missing = list(map(keys.__getitem__, missing_at.to_pylist()))
+        self.hits += len(keys) - len(missing)
+        self.misses += len(missing)
+        # Step 3: recency (position 0 absorbs the keys not cached).
+        self._mark(positions)
+        if log.accessed is not None:
+            deque(map(log.accessed.__setitem__, map(abs, where), repeat(now)), maxlen=0)
         found = pc.greater(positions, 0)
         found_at = pc.indices_nonzero(found)
+        if not missing:
+            missing_at = None
         if not len(found_at):
             empty = pa.array([], pa.int64())
             return Answer(empty, tuple(pa.array([], t) for t in self._types), missing_at, missing)
@@ -191,6 +190,22 @@ class BatchCache:
         self._hand = self._unexpired = 1
 
     # -- eviction and expiry -------------------------------------------------------------
+
+    def _mark(self, positions: pa.Array) -> None:
+        """Set the CLOCK reference bits of the rows used that the hand reaches soon: within
+        ``maximum_size / 4`` (at least ``REACH``) positions ahead of it, wrapping. Marking
+        only those keeps the C loop short; a row used farther ahead is not marked, so it
+        survives the sweep only if used again once near the hand (recent use: closer to LRU
+        than a mark that waits out a whole sweep)."""
+        log = self._log
+        end = log.end
+        hand = self._hand if self._hand < end else 1
+        reach = hand + max(self.maximum_size // 4, REACH)
+        at = pc.abs(positions)
+        near = pc.and_(pc.greater_equal(at, hand), pc.less(at, reach))
+        if reach > end:
+            near = pc.or_(near, pc.less(at, reach - end + 1))
+        deque(map(log.ref.__setitem__, at.filter(near).to_pylist(), repeat(1)), maxlen=0)
 
     def _forget(self, keys: list[Any]) -> None:
         """Drop ``keys`` (not an eviction: the database has no row for them)."""

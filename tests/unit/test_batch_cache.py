@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from spark_jobs.lookup._batch_cache import BatchCache
-from spark_jobs.lookup._cache_rows import MIN_GARBAGE, MIN_TAIL, RowLog
 from spark_jobs.lookup._batch_join import Found, distinct_keys, match
 from spark_jobs.lookup._batch_lookup import BatchLookup
+from spark_jobs.lookup._cache_rows import MIN_GARBAGE, MIN_TAIL, RowLog
 from spark_jobs.lookup._hit_rate_guard import HitRateGuard
 
 TYPES = [pa.string(), pa.int64()]
@@ -175,7 +175,6 @@ class BatchCacheMachine(RuleBasedStateMachine):
         assert sum(log.live) == len(cache._index)
         # The log holds the live rows and bounded garbage.
         assert log.end - 1 <= 2 * max(len(cache._index), 4096) + 10
-
 
     def teardown(self) -> None:
         RowLog.min_garbage, RowLog.min_tail = MIN_GARBAGE, MIN_TAIL
