@@ -73,10 +73,6 @@ class RowLog:
         """The position after the last row."""
         return len(self.keys)
 
-    @property
-    def base_end(self) -> int:
-        return 1 + self._base.num_rows
-
     def append(self, keys: list[Any], columns: Sequence[pa.Array], live: bytes, now: float) -> int:
         """Append rows (``live``: one byte per row), written and accessed at ``now``; the
         first position."""
@@ -115,7 +111,8 @@ class RowLog:
         return pa.concat_arrays(list(order)), tuple(taken.columns)
 
     def wants_merge(self) -> bool:
-        return self._tail_rows > max(self._base.num_rows // 8, self.min_tail)
+        base_rows: int = self._base.num_rows
+        return self._tail_rows > max(base_rows // 8, self.min_tail)
 
     def garbage(self, live_rows: int) -> bool:
         """Whether the dead positions outnumber ``live_rows`` (and ``min_garbage``)."""
