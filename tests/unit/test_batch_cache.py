@@ -2,8 +2,9 @@
 
 1. A Hypothesis state machine runs random lookups and stores (duplicate keys in the rows
    found, cached misses, a virtual clock with write and access expiry, eviction at
-   ``maximum_size``) against a deliberately naive model: an OrderedDict in recency order,
-   expired entries found by scanning everything.
+   ``maximum_size``) against a deliberately naive model: a dict of every key's last stored
+   entry, expired entries found by scanning everything. The cache's CLOCK eviction is not
+   modelled: its answers must be the model's, its keys a subset, its size bounded.
 2. Random batches (duplicates within a batch, null keys) through BatchLookup's cache path
    (``_cached`` / ``_remember``) and a dict "database": each batch's rows must be exactly
    those of the uncached lookup (the database alone), whatever the cache held.
@@ -12,7 +13,6 @@
 from __future__ import annotations
 
 import types
-from collections import OrderedDict
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from spark_jobs.lookup._batch_cache import BatchCache
 from spark_jobs.lookup._batch_join import Found, distinct_keys, match
 from spark_jobs.lookup._batch_lookup import BatchLookup
+from spark_jobs.lookup._cache_rows import MIN_GARBAGE, MIN_TAIL, RowLog
 from spark_jobs.lookup._hit_rate_guard import HitRateGuard
 
 TYPES = [pa.string(), pa.int64()]
@@ -43,16 +44,15 @@ class Clock:
 
 
 class Model:
-    """The cache's semantics, naively: key -> [row or None, written, accessed], least recent
-    first. With ``access`` expiry an exact LRU (a hit moves its key to the end, eviction at
-    the head). Without, the cache evicts like CLOCK with a bounded sweep, a heuristic the
-    model does not follow: it keeps every key's last stored entry (``size`` unbounded) and
-    the machine checks that whatever the cache answers is that entry, unexpired."""
+    """The cache's semantics, naively: key -> [row or None, written, accessed]. The cache
+    evicts like CLOCK (an approximation of LRU the model does not follow): the model keeps
+    every key's last stored entry (no size bound), expired by scanning everything, and the
+    machine checks that whatever the cache answers is that entry, unexpired, that the cache
+    holds no key the model does not, and that it never holds more than ``maximum_size``."""
 
-    def __init__(self, size: int, write: int | None, access: int | None, missing: bool) -> None:
-        self.size, self.write, self.access, self.missing = size, write, access, missing
-        self.entries: OrderedDict[int, list[Any]] = OrderedDict()
-        self.exact = access is not None
+    def __init__(self, write: int | None, access: int | None, missing: bool) -> None:
+        self.write, self.access, self.missing = write, access, missing
+        self.entries: dict[int, list[Any]] = {}
 
     def purge(self, now: int) -> None:
         for key, (_row, written, accessed) in list(self.entries.items()):
@@ -60,14 +60,6 @@ class Model:
                 self.access is not None and now - accessed >= self.access
             ):
                 del self.entries[key]
-
-    def lookup(self, keys: list[int], now: int) -> tuple[dict[int, Any], set[int]]:
-        self.purge(now)
-        hits = {k: self.entries[k][0] for k in keys if k in self.entries}
-        for key in [k for k in self.entries if k in hits and self.exact]:
-            self.entries[key][2] = now  # (their recency order kept)
-            self.entries.move_to_end(key)
-        return {k: r for k, r in hits.items() if r is not None}, set(keys) - set(hits)
 
     def store(self, keys: list[int], found: list[tuple[int, Any]], now: int) -> None:
         self.purge(now)
@@ -84,10 +76,7 @@ class Model:
                 else:
                     self.entries.pop(key, None)
         for key, row in stored:
-            self.entries.pop(key, None)
             self.entries[key] = [row, now, now]
-        while self.exact and len(self.entries) > self.size:
-            self.entries.popitem(last=False)
 
 
 class BatchCacheMachine(RuleBasedStateMachine):
@@ -96,8 +85,13 @@ class BatchCacheMachine(RuleBasedStateMachine):
         write=st.none() | st.integers(1, 6),
         access=st.none() | st.integers(1, 6),
         missing=st.booleans(),
+        often=st.booleans(),
     )
-    def start(self, size: int, write: int | None, access: int | None, missing: bool) -> None:
+    def start(
+        self, size: int, write: int | None, access: int | None, missing: bool, often: bool
+    ) -> None:
+        if often:  # compact the log's garbage and merge its tail at (nearly) every store
+            RowLog.min_garbage = RowLog.min_tail = 0
         self.clock = Clock()
         self.cache = BatchCache(
             size,
@@ -107,8 +101,9 @@ class BatchCacheMachine(RuleBasedStateMachine):
             cache_missing_key=missing,
             clock=self.clock,
         )
-        self.model = Model(size, write, access, missing)
+        self.model = Model(write, access, missing)
         self.version = 0
+        self.hits_before = 0
 
     @rule(keys=st.lists(KEYS, max_size=10, unique=True))
     def lookup(self, keys: list[int]) -> None:
@@ -126,20 +121,19 @@ class BatchCacheMachine(RuleBasedStateMachine):
             assert [keys[i] for i in answer.missing_at.to_pylist()] == answer.missing
         else:
             assert not answer.missing
-        model = self.model
-        if model.exact:
-            expected, missing = model.lookup(keys, self.clock.now)
-            assert found == expected
-            assert set(answer.missing) == missing and len(answer.missing) == len(missing)
-            return
-        # CLOCK: a key answered is answered with its last stored entry, unexpired; a key
-        # not answered (evicted or never stored) is queried.
-        model.purge(self.clock.now)
+        # A key answered is answered with its last stored entry, unexpired (and is accessed
+        # now); a key not answered (evicted, expired or never stored) is queried.
+        model, now = self.model, self.clock.now
+        model.purge(now)
         for key in keys:
             if key in found:
                 assert model.entries[key][0] == found[key]
             elif key not in answer.missing:  # a cached miss
                 assert key in model.entries and model.entries[key][0] is None
+            if key not in answer.missing:
+                model.entries[key][2] = now
+        assert self.cache.hits - self.hits_before == len(keys) - len(answer.missing)
+        self.hits_before = self.cache.hits
 
     @rule(
         keys=st.lists(KEYS, max_size=10, unique=True),
@@ -169,28 +163,35 @@ class BatchCacheMachine(RuleBasedStateMachine):
         self.model.entries.clear()
 
     @invariant()
-    def same_size(self) -> None:
+    def bounded_and_consistent(self) -> None:
         self.model.purge(self.clock.now)
-        if self.model.exact:
-            assert len(self.cache) == len(self.model.entries) <= self.cache.maximum_size
-        else:
-            assert len(self.cache) <= min(len(self.model.entries), self.cache.maximum_size)
-        # The log holds the live rows and bounded garbage.
         cache = self.cache
-        assert cache._end - cache._head <= 2 * max(len(cache._index), 4096) + 10
+        assert len(cache) <= min(len(self.model.entries), cache.maximum_size)
+        # Every cached key is the model's: a row (position > 0) or a cached miss (< 0).
+        log = cache._log
+        for key, position in cache._index.items():
+            assert (position > 0) == (self.model.entries[key][0] is not None)
+            assert log.keys[abs(position)] == key and log.live[abs(position)] == 1
+        assert sum(log.live) == len(cache._index)
+        # The log holds the live rows and bounded garbage.
+        assert log.end - 1 <= 2 * max(len(cache._index), 4096) + 10
+
+    def teardown(self) -> None:
+        RowLog.min_garbage, RowLog.min_tail = MIN_GARBAGE, MIN_TAIL
 
 
 TestBatchCacheMachine = BatchCacheMachine.TestCase
 TestBatchCacheMachine.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
 
 
-def test_eviction_is_least_recently_used_and_counted() -> None:
-    cache = BatchCache(2, TYPES, expire_after_access=60)  # exact LRU
+def test_eviction_spares_the_recently_used_and_is_counted() -> None:
+    cache = BatchCache(2, TYPES, expire_after_access=60)
     cache.store([1, 2], [1, 2], [pa.array(["a", "b"]), pa.array([1, 2])])
-    assert cache.lookup([1]).found_at.to_pylist() == [0]  # 1 is now more recent than 2
+    assert cache.lookup([1]).found_at.to_pylist() == [0]  # 1 is now used, 2 is not
     cache.store([3], [3], [pa.array(["c"]), pa.array([3])])
     answer = cache.lookup([1, 2, 3])
-    assert answer.missing == [2] and answer.values[0].to_pylist() == ["a", "c"]
+    found = dict(zip(answer.found_at.to_pylist(), answer.values[0].to_pylist(), strict=True))
+    assert answer.missing == [2] and found == {0: "a", 2: "c"}
     assert (cache.hits, cache.misses, cache.loads, cache.evictions) == (3, 1, 3, 1)
 
 
@@ -224,8 +225,8 @@ def test_many_batches_compact_the_log_and_keep_every_row() -> None:
             [pa.array([str(k) for k in answer.missing]), pa.array(answer.missing)],
         )
         assert len(cache) <= 5_000
-        assert cache._end - cache._head <= 2 * max(len(cache), 4096) + 3_000
-    assert cache.evictions > 0 and len(cache._chunks) <= 20
+        assert cache._log.end - 1 <= 2 * max(len(cache), 4096) + 3_000
+    assert cache.evictions > 0
 
 
 def test_the_guard_bypasses_a_warm_cache_below_its_threshold_and_samples_it_again() -> None:
