@@ -102,6 +102,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _e2e_cache import cache_plans, cache_verdicts
+from _e2e_cdc import CdcBench, cdc_verdicts
+from _e2e_cdc_latency import measure_cdc_latency
 from _e2e_ceiling import Ceilings
 from _e2e_common import (
     VARIANTS,
@@ -113,6 +115,7 @@ from _e2e_common import (
 )
 from _e2e_data import count_lines, landing_files, prepare_events, prepare_orders, prepare_users
 from _e2e_lakehouse import lakehouse_plans, lakehouse_verdicts, run_compaction
+from _e2e_latency import Latency, latency_verdict
 from _e2e_pgbench import pgbench_binary, run_pgbench
 from _e2e_procs import watch_postgres
 from _e2e_report import legend, report, verdicts
@@ -160,6 +163,15 @@ def main() -> None:
     parser.add_argument(
         "--discovery-objects", type=int, default=100_000, help="objects listed (S3 discovery)"
     )
+    parser.add_argument(
+        "--cdc-changes", type=int, default=300_000, help="changes per round of the CDC rows"
+    )
+    parser.add_argument(
+        "--latency-seconds",
+        type=float,
+        default=30.0,
+        help="how long the stream sources' latency runs offer records",
+    )
     parser.add_argument("--pgbench-clients", type=int, default=8)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument("--profile", type=Path, help="py-spy output of an extra Sluice run")
@@ -180,6 +192,7 @@ def main() -> None:
     if args.quick:
         args.events, args.naive_seconds, args.pgbench_seconds = 100_000, 10.0, 3
         args.discovery_objects = 10_000
+        args.cdc_changes, args.latency_seconds = 50_000, 10.0
     latencies = [float(x) for x in args.latencies.split(",") if x.strip()]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if unknown := skip - set(VARIANTS):
@@ -263,6 +276,8 @@ def main() -> None:
                 plans += lakehouse_plans(ctx, skip)
             if "cache" not in skip and args.cached_rows and 0.0 in latencies:
                 plans += cache_plans(ctx)
+        if "cdc" not in skip:
+            plans += CdcBench(ctx, args.cdc_changes).plans()
         try:
             # (The small runs' labels start with "small": they read other files, so each has
             # its own warm-up, like the ceilings.)
@@ -277,6 +292,11 @@ def main() -> None:
             if ceilings is not None:
                 ceilings.close()
         results.extend(median_of(runs) for runs in rounds.values())
+        cdc_latency: Latency | None = None
+        cdc = next((r for r in results if r.kind == "cdc"), None)
+        if cdc is not None:
+            with console.status("CDC latency: a continuous run at half the CDC rate…"):
+                cdc_latency = measure_cdc_latency(ctx, cdc.rate / 2, args.latency_seconds)
         if "sluice" not in skip:
             if "orders" not in skip:
                 for latency in latencies:
@@ -344,6 +364,8 @@ def main() -> None:
             *s3_verdicts(results),
             *lakehouse_verdicts(results),
             *cache_verdicts(results),
+            *cdc_verdicts(results),
+            latency_verdict(cdc_latency, "CDC"),
         ]:
             console.print(text)
     finally:
