@@ -102,8 +102,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _e2e_cache import cache_plans, cache_verdicts
-from _e2e_cdc import CdcBench, cdc_verdicts
-from _e2e_cdc_latency import measure_cdc_latency
 from _e2e_ceiling import Ceilings
 from _e2e_common import (
     VARIANTS,
@@ -115,7 +113,6 @@ from _e2e_common import (
 )
 from _e2e_data import count_lines, landing_files, prepare_events, prepare_orders, prepare_users
 from _e2e_lakehouse import lakehouse_plans, lakehouse_verdicts, run_compaction
-from _e2e_latency import Latency, latency_verdict
 from _e2e_pgbench import pgbench_binary, run_pgbench
 from _e2e_procs import watch_postgres
 from _e2e_report import legend, report, verdicts
@@ -123,6 +120,7 @@ from _e2e_s3 import run_discovery, s3_landing, s3_plans, s3_verdicts
 from _e2e_sluice import profile_sluice, run_orders, run_sluice
 from _e2e_small import small_plans, small_verdicts
 from _e2e_spark import ensure_jdbc_driver, run_broadcast, run_naive, start_spark
+from _e2e_streams import StreamRows
 
 from enumerator_service import asyncpg_dsn, load_settings
 from enumerator_service._operations import open_platform
@@ -172,6 +170,12 @@ def main() -> None:
         default=30.0,
         help="how long the stream sources' latency runs offer records",
     )
+    parser.add_argument(
+        "--kafka-events",
+        type=int,
+        default=200_000,
+        help="of the events, produced to the Kafka rows' topic (one record per batch: slow)",
+    )
     parser.add_argument("--pgbench-clients", type=int, default=8)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument("--profile", type=Path, help="py-spy output of an extra Sluice run")
@@ -192,7 +196,7 @@ def main() -> None:
     if args.quick:
         args.events, args.naive_seconds, args.pgbench_seconds = 100_000, 10.0, 3
         args.discovery_objects = 10_000
-        args.cdc_changes, args.latency_seconds = 50_000, 10.0
+        args.cdc_changes, args.latency_seconds, args.kafka_events = 50_000, 10.0, 50_000
     latencies = [float(x) for x in args.latencies.split(",") if x.strip()]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if unknown := skip - set(VARIANTS):
@@ -235,6 +239,7 @@ def main() -> None:
         if not {"s3", "sluice"} & skip and 0.0 in latencies:
             with console.status("S3: moto_server on 127.0.0.1, the files uploaded…"):
                 s3 = servers.enter_context(s3_landing(ctx))
+        streams = StreamRows(ctx, skip, servers)  # the Kafka topic produced once, here
         with console.status("Starting Spark (session, Python daemon and workers)…"):
             ctx.spark = start_spark(jdbc)
 
@@ -276,8 +281,7 @@ def main() -> None:
                 plans += lakehouse_plans(ctx, skip)
             if "cache" not in skip and args.cached_rows and 0.0 in latencies:
                 plans += cache_plans(ctx)
-        if "cdc" not in skip:
-            plans += CdcBench(ctx, args.cdc_changes).plans()
+        plans += streams.plans()
         try:
             # (The small runs' labels start with "small": they read other files, so each has
             # its own warm-up, like the ceilings.)
@@ -289,14 +293,11 @@ def main() -> None:
                 for label, fn in plans:
                     rounds[label].append(measure(f"round {round_no}: {label}", fn, record=False))
         finally:
+            streams.close()
             if ceilings is not None:
                 ceilings.close()
         results.extend(median_of(runs) for runs in rounds.values())
-        cdc_latency: Latency | None = None
-        cdc = next((r for r in results if r.kind == "cdc"), None)
-        if cdc is not None:
-            with console.status("CDC latency: a continuous run at half the CDC rate…"):
-                cdc_latency = measure_cdc_latency(ctx, cdc.rate / 2, args.latency_seconds)
+        streams.latencies(results)
         if "sluice" not in skip:
             if "orders" not in skip:
                 for latency in latencies:
@@ -364,8 +365,7 @@ def main() -> None:
             *s3_verdicts(results),
             *lakehouse_verdicts(results),
             *cache_verdicts(results),
-            *cdc_verdicts(results),
-            latency_verdict(cdc_latency, "CDC"),
+            *streams.verdicts(results),
         ]:
             console.print(text)
     finally:
