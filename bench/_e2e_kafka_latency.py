@@ -31,9 +31,9 @@ from typing import Any
 
 import orjson
 from _e2e_common import Context
-from _e2e_kafka import PARTITIONS, KafkaTopic, clickstream_pipeline, kafka_source
+from _e2e_kafka import PARTITIONS, KafkaTopic, kafka_source
 from _e2e_latency import Latency
-from _e2e_sluice import sluice_settings
+from _e2e_sluice import clickstream_pipeline, sluice_settings
 from _harness import forget_source
 
 from enumerator_service import SplitStore, splits
