@@ -272,7 +272,8 @@ class CdcBench:
         drop_slot(self.engine, options.slot, options.publication)
         forget_source(self.engine, state.name)
         with self.engine.begin() as conn:
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {state.table}, {state.table}_out"))
+            out = f"{state.table}_out"  # (and the Postgres sink's staging table)
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {state.table}, {out}, {out}__staged"))
 
     def sluice(self) -> Result:
         from spark_jobs.jobs import run_pipeline

@@ -166,7 +166,7 @@ def measure_cdc_latency(ctx: Context, rate: float, seconds: float) -> Latency:
         drop_slot(engine, options.slot, options.publication)
         forget_source(engine, name)
         with engine.begin() as conn:
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}, {table}_out"))
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}, {table}_out, {table}_out__staged"))
     offered = sum(rows for _, _, rows in commits)
     return Latency(
         "CDC latency: commit -> visible in the Postgres sink (continuous run)",
