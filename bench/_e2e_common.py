@@ -31,6 +31,8 @@ VARIANTS = (
     "delta",
     "cache",
     "compaction",
+    "cdc",
+    "kafka",
     "naive",
     "broadcast",
     "pgbench",

@@ -14,6 +14,7 @@ The worker function runs in the child processes; ``kafka_ceiling`` blocks until 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from _e2e_ceiling import _QUERY, _join, _read
 
 __all__ = ["BATCH", "kafka_lookup_job"]
 
+#: Seconds without any message before the job fails (a stalled broker), not hangs.
+STALL_SECONDS = 60.0
 #: Messages per ``consume`` call (librdkafka returns fewer when fewer are buffered).
 BATCH = 10_000
 
@@ -48,8 +51,17 @@ async def _consume_lookup_write(
     rows = queries = 0
     try:
         statement = await conn.prepare(_QUERY)
+        quiet_since = time.monotonic()
         while left:
             messages = consumer.consume(BATCH, timeout=1.0)
+            if messages:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > STALL_SECONDS:
+                # (Tansu in memory has stalled mid-topic here: fail rather than hang the bench.)
+                raise RuntimeError(
+                    f"Kafka ceiling: no message for {STALL_SECONDS:g} s, partitions {left} "
+                    f"not read to their end of {topic} (the broker stalled)"
+                )
             values = []
             for message in messages:
                 if message.error() is not None:

@@ -73,8 +73,9 @@ def report(ctx: Context, results: list[Result], skipped: list[str]) -> Table:
         plain, lookup = find("ceiling-plain", None), find("ceiling-lookup", None)
         for r in rows:
             # (discovery rows count objects listed: no ratio to the events' baselines)
-            # (nor compaction rows: rows of a rewritten day, not events)
-            same = not r.kind.startswith(("discovery", "compaction"))
+            # (nor compaction rows: rows of a rewritten day, not events; nor the stream
+            # sources' rows: other input, compared with their own ceilings in the verdicts)
+            same = not r.kind.startswith(("discovery", "compaction", "cdc", "kafka"))
             wall = f"{r.seconds:,.1f}"
             if r.extrapolated_seconds is not None:
                 wall += f" (full: ~{r.extrapolated_seconds:,.0f})"
@@ -130,7 +131,12 @@ def legend(args: argparse.Namespace) -> str:
         "Iceberg / Delta (bench/_e2e_lakehouse.py): the Sluice L=0 run with IcebergSink (Sluice's "
         "catalog, day(event_time)) / DeltaSink (dt) instead of Parquet, a fresh table each run, "
         "in the rounds; compaction: compact_day vs a bare PyIceberg scan + overwrite of the "
-        "same day of small files, rows of the day / median wall s (bench/iceberg_compaction.py)."
+        "same day of small files, rows of the day / median wall s (bench/iceberg_compaction.py).\n"
+        f"CDC (bench/_e2e_cdc.py): {args.cdc_changes:,} changes (60 % inserts, 30 % updates, "
+        "10 % deletes, 1,000 per step) committed after a fresh slot's snapshot; ceiling = a bare "
+        "psycopg2 pgoutput read of the slot to the end LSN; Sluice = discover + a bounded run, "
+        "lookup of the users, Postgres upsert sink (sink == table checked), in the rounds; "
+        f"latency: a continuous run at half its rate for {args.latency_seconds:g} s."
     )
 
 

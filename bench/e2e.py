@@ -3,6 +3,7 @@
     python bench/e2e.py [--events 1000000] [--files 50] [--users 1000000] [--quick]
                         [--latencies 0,1] [--skip naive,broadcast,pgbench,ceiling,s3,...]
                         [--memory-scaling] [--rounds 3] [--profile /tmp/sluice.svg]
+                        [--cdc-changes 300000] [--kafka-events 50000] [--latency-seconds 30]
 
 Data (generated once, cached under ``<home>/bench/e2e``, regenerated only when a parameter
 changes): ``--events`` events in ``--files`` JSON Lines files (``dt=YYYY-MM-DD/`` folders, one
@@ -59,6 +60,18 @@ platform database (the embedded Postgres by default). Then, one after another on
    <= 2x); and compaction of a day of small files (``compact_day``) against a bare PyIceberg
    read + overwrite of the same day (``bench/iceberg_compaction.py``'s measurement, median
    of ``--rounds``; target >= 0.5x its rate).
+
+9. **Stream sources** (``bench/_e2e_streams.py``, skip with ``cdc`` / ``kafka``), in the rounds:
+   **CDC** (``_e2e_cdc.py``): per round a fresh table, slot and pipeline; its snapshot (rate
+   informational), then ``--cdc-changes`` inserts, updates and deletes; a bare psycopg2 read
+   of the slot to the end LSN (the ceiling) against Sluice's stream -> users lookup ->
+   Postgres upsert (target >= 0.5x; the sink must equal the table). **Kafka**
+   (``_e2e_kafka.py``): a Tansu broker, ``--kafka-events`` of the files produced once to a
+   4-partition topic; the no-platform ceiling (``_e2e_kafka_ceiling.py``, CORES processes)
+   against the clickstream over a ``KafkaSource`` -> lookup -> Parquet (target >= 0.5x;
+   rows == the valid events). After the rounds, each source's **latency** run: continuous,
+   input at half its median rate for ``--latency-seconds``, commit/produce -> visible in the
+   committed output, p50 and p99 (target p99 <= the checkpoint interval + 1 s).
 
 The ceilings and Sluice's clickstream rows are the median of ``--rounds`` (3) interleaved
 rounds (the ceilings, Sluice at each L, the small runs, Sluice on S3, into Iceberg and into
@@ -120,6 +133,7 @@ from _e2e_s3 import run_discovery, s3_landing, s3_plans, s3_verdicts
 from _e2e_sluice import profile_sluice, run_orders, run_sluice
 from _e2e_small import small_plans, small_verdicts
 from _e2e_spark import ensure_jdbc_driver, run_broadcast, run_naive, start_spark
+from _e2e_streams import StreamRows
 
 from enumerator_service import asyncpg_dsn, load_settings
 from enumerator_service._operations import open_platform
@@ -160,6 +174,21 @@ def main() -> None:
     parser.add_argument(
         "--discovery-objects", type=int, default=100_000, help="objects listed (S3 discovery)"
     )
+    parser.add_argument(
+        "--cdc-changes", type=int, default=300_000, help="changes per round of the CDC rows"
+    )
+    parser.add_argument(
+        "--latency-seconds",
+        type=float,
+        default=30.0,
+        help="how long the stream sources' latency runs offer records",
+    )
+    parser.add_argument(
+        "--kafka-events",
+        type=int,
+        default=50_000,
+        help="of the events, produced to the Kafka rows' topic (one record per batch: slow)",
+    )
     parser.add_argument("--pgbench-clients", type=int, default=8)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument("--profile", type=Path, help="py-spy output of an extra Sluice run")
@@ -180,6 +209,7 @@ def main() -> None:
     if args.quick:
         args.events, args.naive_seconds, args.pgbench_seconds = 100_000, 10.0, 3
         args.discovery_objects = 10_000
+        args.cdc_changes, args.latency_seconds, args.kafka_events = 50_000, 10.0, 20_000
     latencies = [float(x) for x in args.latencies.split(",") if x.strip()]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if unknown := skip - set(VARIANTS):
@@ -222,6 +252,7 @@ def main() -> None:
         if not {"s3", "sluice"} & skip and 0.0 in latencies:
             with console.status("S3: moto_server on 127.0.0.1, the files uploaded…"):
                 s3 = servers.enter_context(s3_landing(ctx))
+        streams = StreamRows(ctx, skip, servers)  # the Kafka topic produced once, here
         with console.status("Starting Spark (session, Python daemon and workers)…"):
             ctx.spark = start_spark(jdbc)
 
@@ -263,6 +294,7 @@ def main() -> None:
                 plans += lakehouse_plans(ctx, skip)
             if "cache" not in skip and args.cached_rows and 0.0 in latencies:
                 plans += cache_plans(ctx)
+        plans += streams.plans()
         try:
             # (The small runs' labels start with "small": they read other files, so each has
             # its own warm-up, like the ceilings.)
@@ -274,9 +306,11 @@ def main() -> None:
                 for label, fn in plans:
                     rounds[label].append(measure(f"round {round_no}: {label}", fn, record=False))
         finally:
+            streams.close()
             if ceilings is not None:
                 ceilings.close()
         results.extend(median_of(runs) for runs in rounds.values())
+        streams.latencies(results)
         if "sluice" not in skip:
             if "orders" not in skip:
                 for latency in latencies:
@@ -344,6 +378,7 @@ def main() -> None:
             *s3_verdicts(results),
             *lakehouse_verdicts(results),
             *cache_verdicts(results),
+            *streams.verdicts(results),
         ]:
             console.print(text)
     finally:
