@@ -257,9 +257,13 @@ def test_a_continuous_run_reads_while_messages_arrive_and_finds_new_topics(
         # the run watermark is its last event's time).
         deadline = time.monotonic() + 30
         while not {date(2026, 5, 1), date(2026, 5, 2)} <= set(_completions(platform, name)):
+            # The watermark row is read first: a completion commits with its watermark, so
+            # completions read after it include every one that watermark made.
+            live = _live(platform, run_id, name)
             assert run.is_alive() and time.monotonic() < deadline, (
+                result,
                 _completions(platform, name),
-                _live(platform, run_id, name),
+                live,
             )
             time.sleep(0.3)
         assert _completions(platform, name) == {date(2026, 5, 1): 1, date(2026, 5, 2): 1}
