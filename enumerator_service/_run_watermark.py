@@ -73,12 +73,24 @@ def subtask_mark(snapshot: Mapping[str, Any], *, final: bool = False) -> Subtask
 
     ``finished`` closes the channel only once nothing of its input is still in its operator
     chain (no split state with ``pending`` ranges): records in flight at the barrier commit
-    with a later checkpoint, and must not find their day already complete.
+    with a later checkpoint, and must not find their day already complete. An idle subtask
+    with nothing pending has reached the greatest watermark of its splits (see the code).
     """
     reached = _parse(snapshot.get("watermark"))
-    drained = not any(state.get("pending") for state in snapshot.get("splits", ()))
+    states = snapshot.get("splits", ())
+    drained = not any(state.get("pending") for state in states)
     closed = final or (bool(snapshot.get("finished")) and drained)
-    return SubtaskMark(reached, closed=closed, idle=bool(snapshot.get("idle")) and not closed)
+    idle = bool(snapshot.get("idle")) and not closed
+    if idle and drained:
+        # Every split idle and nothing in the chain: every record its splits emitted is at
+        # the sink, so it has reached its splits' greatest watermark, as an all-idle run
+        # reaches its subtasks' greatest. Its markers stopped at the minimum over the splits
+        # still active: a split going idle after the others (the last records of a quiet
+        # topic) never raised them, and a run whose subtasks all went idle so stayed below a
+        # day every split had passed — the day never completed while the run lived.
+        marks = [_parse(state.get("watermark")) for state in states]
+        reached = max([reached, *marks])
+    return SubtaskMark(reached, closed=closed, idle=idle)
 
 
 def _parse(value: object) -> datetime:
