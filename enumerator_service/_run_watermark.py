@@ -16,11 +16,14 @@ Flink's ``StatusWatermarkValve`` over the reader subtasks (channels), with close
   is idle at every barrier — never advanced, and no day completed while the run lived.
   Sound: every record those subtasks read is at their sinks and commits with this checkpoint.
   It applies only when the run holds no split still to be read (ASSIGNED to it in the pool, or
-  READING — a stream's READING split aside: it is in its subtask's reader, whose idle status
-  covers it): such a split's event time is unknown, and an idle subtask is about to take it,
-  so the run waits for the next checkpoint rather than pass it. A stream split (no landing
-  day holds days back for it) ASSIGNED to the run and not yet pulled by its owner stops the
-  run watermark whatever the subtasks say: its owner may not have started reading yet.
+  READING — a concurrently read stream's READING split aside: it is in its subtask's reader,
+  whose idle status covers it): such a split's event time is unknown, and an idle subtask is
+  about to take it, so the run waits for the next checkpoint rather than pass it. A
+  concurrently read stream split (``CONCURRENT_STREAM_KINDS``: Kafka; no landing day holds
+  days back for it) ASSIGNED to the run and not yet pulled by its owner stops the run
+  watermark whatever the subtasks say: its owner may not have started reading yet. A CDC
+  stream split is not read concurrently (it may wait in its fetcher behind the snapshot
+  chunks pulled with it): it keeps the file rules.
 
 The run watermark never moves backwards (``record_run_watermark`` keeps the greatest), and a
 day completes only when it has passed the day's end *and* every registered split of the day
@@ -43,7 +46,7 @@ from sqlalchemy.engine import Connection
 
 from enumerator_service._completeness import END_OF_INPUT, NO_WATERMARK
 from enumerator_service._schema import SplitStatus, splits
-from enumerator_service._splits import STREAM_KINDS
+from enumerator_service._splits import CONCURRENT_STREAM_KINDS
 
 __all__ = ["SubtaskMark", "all_idle", "run_watermark", "run_watermark_of", "subtask_mark"]
 
@@ -70,12 +73,24 @@ def subtask_mark(snapshot: Mapping[str, Any], *, final: bool = False) -> Subtask
 
     ``finished`` closes the channel only once nothing of its input is still in its operator
     chain (no split state with ``pending`` ranges): records in flight at the barrier commit
-    with a later checkpoint, and must not find their day already complete.
+    with a later checkpoint, and must not find their day already complete. An idle subtask
+    with nothing pending has reached the greatest watermark of its splits (see the code).
     """
     reached = _parse(snapshot.get("watermark"))
-    drained = not any(state.get("pending") for state in snapshot.get("splits", ()))
+    states = snapshot.get("splits", ())
+    drained = not any(state.get("pending") for state in states)
     closed = final or (bool(snapshot.get("finished")) and drained)
-    return SubtaskMark(reached, closed=closed, idle=bool(snapshot.get("idle")) and not closed)
+    idle = bool(snapshot.get("idle")) and not closed
+    if idle and drained:
+        # Every split idle and nothing in the chain: every record its splits emitted is at
+        # the sink, so it has reached its splits' greatest watermark, as an all-idle run
+        # reaches its subtasks' greatest. Its markers stopped at the minimum over the splits
+        # still active: a split going idle after the others (the last records of a quiet
+        # topic) never raised them, and a run whose subtasks all went idle so stayed below a
+        # day every split had passed — the day never completed while the run lived.
+        marks = [_parse(state.get("watermark")) for state in states]
+        reached = max([reached, *marks])
+    return SubtaskMark(reached, closed=closed, idle=idle)
 
 
 def _parse(value: object) -> datetime:
@@ -113,23 +128,33 @@ def run_watermark_of(
 ) -> datetime:
     """Inside checkpoint completion, after the snapshots' split states were applied: the run
     watermark from the acknowledgements' ``(snapshot, final)``."""
+    snapshots = list(snapshots)
     marks = [subtask_mark(snapshot, final=final) for snapshot, final in snapshots]
-    if not all(m.closed for m in marks) and _holds_unpulled_stream(conn, run_id):
+    # The splits the subtasks' readers held at their barriers (their idle status covers
+    # these, and only these).
+    announced = {int(s["id"]) for snapshot, _ in snapshots for s in snapshot.get("splits", ())}
+    if not all(m.closed for m in marks) and _holds_unpulled_stream(conn, run_id, announced):
         # A stream split handed to the run that its owner has not pulled yet (a subtask
-        # starting, a partition just found): its event times are unknown and no landing
-        # day holds the days back for it (its partition key is NULL) — no new information.
+        # starting, a partition just found), or pulled but not yet in its subtask's reader
+        # at the barrier: its event times are unknown and no landing day holds the days
+        # back for it (its partition key is NULL) — no new information.
         return NO_WATERMARK
     unread = all_idle(marks) and _holds_unread(conn, run_id)
     return run_watermark(marks, unread=unread)
 
 
-def _holds_unpulled_stream(conn: Connection, run_id: str) -> bool:
+def _holds_unpulled_stream(conn: Connection, run_id: str, announced: set[int]) -> bool:
+    # READING and absent from every snapshot: pulled after its subtask's barrier, or between
+    # the pull and the mailbox hearing of it (the fetcher announces it with its next item).
+    unannounced = sa.and_(
+        splits.c.status == SplitStatus.READING, splits.c.id.not_in(sorted(announced))
+    )
     found = conn.execute(
         sa.select(sa.literal(1))
         .where(
             splits.c.run_id == run_id,
-            splits.c.status == SplitStatus.ASSIGNED,
-            splits.c.kind.in_(sorted(STREAM_KINDS)),
+            splits.c.kind.in_(sorted(CONCURRENT_STREAM_KINDS)),
+            sa.or_(splits.c.status == SplitStatus.ASSIGNED, unannounced),
         )
         .limit(1)
     ).first()
@@ -143,7 +168,10 @@ def _holds_unread(conn: Connection, run_id: str) -> bool:
     # is quiet. A split pulled in a batch of file splits may still wait in the fetcher.
     waiting = sa.or_(
         splits.c.status == SplitStatus.ASSIGNED,
-        sa.and_(splits.c.status == SplitStatus.READING, splits.c.kind.not_in(sorted(STREAM_KINDS))),
+        sa.and_(
+            splits.c.status == SplitStatus.READING,
+            splits.c.kind.not_in(sorted(CONCURRENT_STREAM_KINDS)),
+        ),
     )
     found = conn.execute(
         sa.select(sa.literal(1)).where(splits.c.run_id == run_id, waiting).limit(1)

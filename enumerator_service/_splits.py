@@ -9,6 +9,7 @@ from typing import Any
 from enumerator_service._file_identity import FileIdentity
 
 __all__ = [
+    "CONCURRENT_STREAM_KINDS",
     "STREAM_KINDS",
     "TABLE_KINDS",
     "FileSplit",
@@ -26,6 +27,12 @@ TABLE_KINDS = frozenset({"table", "pgcdc-chunk"})
 #: a Kafka topic-partition's offsets, a logical replication slot's LSNs. Every other kind is
 #: a landing file's byte range (:class:`FileSplit`).
 STREAM_KINDS = frozenset({"kafka", "pgcdc"})
+#: Stream kinds read *concurrently*: a subtask's reader takes every split of the kind the
+#: moment it is pulled, and each is pulled only by its owner subtask (Kafka partitions). The
+#: run watermark's stream rules (``_run_watermark``) rely on both, so they apply to these
+#: kinds alone; a CDC stream split is read one at a time after the snapshot chunks pulled
+#: with it, and may wait in its fetcher while READING.
+CONCURRENT_STREAM_KINDS = frozenset({"kafka"})
 
 
 @dataclass(frozen=True, slots=True)

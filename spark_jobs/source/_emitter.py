@@ -50,7 +50,10 @@ class RecordEmitter:
     time raises it. A split that emitted no record for ``idle_timeout`` seconds (counted from
     when it was added, see :meth:`split_added`) is idle and does not hold the task watermark
     back until its next record; before that, a split without a watermark yet holds it back
-    (Flink's per-split watermark outputs start active at the minimum).
+    (Flink's per-split watermark outputs start active at the minimum). A split its reader
+    reports *behind* (records known to be waiting for it, :meth:`set_behind`) is never idle:
+    a stalled fetch must not let the task watermark pass records not read yet, which would
+    arrive late and reopen their day. Its idleness is counted from when it was last behind.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class RecordEmitter:
         self._clock = clock
         self._max_event_time: dict[int, datetime] = {}
         self._last_record: dict[int, float] = {}  # split -> clock time of its last record
+        self._behind: frozenset[int] = frozenset()  # splits with a known backlog
 
     def emit(
         self, split_id: int, block: ParsedBlock, state: SplitState, output: ReaderOutput
@@ -99,10 +103,23 @@ class RecordEmitter:
         """The split joined this reader: its idleness is counted from now."""
         self._last_record[split_id] = self._clock()
 
+    def set_behind(self, split_ids: frozenset[int]) -> None:
+        """The reader's latest word on backlogs (``RecordsWithSplitIds.behind``): exactly
+        these splits have records waiting. One that stops being behind without a record
+        (its backlog went otherwise: compaction, retention) is idle ``idle_timeout`` from now."""
+        now = self._clock()
+        for split_id in self._behind - split_ids:
+            if split_id in self._last_record:
+                self._last_record[split_id] = max(self._last_record[split_id], now)
+        self._behind = split_ids
+
     def split_finished(self, split_id: int) -> None:
         self._max_event_time.pop(split_id, None)
         self._last_record.pop(split_id, None)
+        self._behind = self._behind - {split_id}
 
     def is_idle(self, split_id: int) -> bool:
+        if split_id in self._behind:
+            return False
         last = self._last_record.get(split_id)
         return last is None or last <= self._clock() - self._idle_timeout

@@ -105,6 +105,8 @@ class SourceReaderBase:
                 return InputStatus.NOTHING_AVAILABLE
             if isinstance(item, BaseException):
                 raise item
+            if item.behind is not None:
+                self._emitter.set_behind(item.behind)
             for assignment in item.added:
                 state = assignment.initial_state()
                 self._states[assignment.split_id] = state

@@ -66,6 +66,11 @@ class RecordsWithSplitIds:
     splits dropped by it because their content failed (``SplitFailure``; see ``_poison``).
 
     Blocks come before the finished and failed splits: a split ends after its last block.
+
+    ``behind``: None when the fetch says nothing about backlogs (every file reader); else
+    the reader's splits known, after this fetch, to have records still to read (a Kafka
+    partition whose last known end is past the split's next offset). Such a split is never
+    idle, however long its fetches stall (``RecordEmitter.set_behind``).
     """
 
     added: list[SplitAssignment] = field(default_factory=list)
@@ -73,3 +78,4 @@ class RecordsWithSplitIds:
     finished: list[int] = field(default_factory=list)
     failed: list[SplitFailure] = field(default_factory=list)
     end_of_input: bool = False
+    behind: frozenset[int] | None = None

@@ -30,7 +30,14 @@ from spark_jobs.connectors.kafka import (
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.jobs._source_reader import record_schema
 from spark_jobs.pipeline._paths import discovery_of
-from spark_jobs.source import OFFSET, RecordsWithSplitIds
+from spark_jobs.source import (
+    OFFSET,
+    HandoffQueue,
+    InputStatus,
+    RecordEmitter,
+    RecordsWithSplitIds,
+    SourceReaderBase,
+)
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +272,107 @@ def test_an_offset_out_of_range_fails_or_continues_at_the_earliest_by_policy() -
                     "before they were read",
                 )
             ]
+
+
+class _Stalled:
+    """A consumer whose fetches bring nothing while its partition's end offset, known from the
+    last fetch response, is ``end``."""
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+
+    def consume(self, *_: Any, **__: Any) -> list[Any]:
+        return []
+
+    def get_watermark_offsets(self, _: Any, *, cached: bool = False, **__: Any) -> tuple[int, int]:
+        assert cached, "the fetch path never asks the broker for the end offsets"
+        return (0, self.end)
+
+    def incremental_assign(self, _: Any) -> None:
+        pass
+
+    def incremental_unassign(self, _: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Output:
+    def split_added(self, *_: Any) -> None: ...
+    def collect_block(self, *_: Any) -> None: ...
+    def dead_letter(self, *_: Any) -> None: ...
+    def split_finished(self, *_: Any) -> None: ...
+    def split_failed(self, *_: Any) -> None: ...
+
+
+class _NoThread:
+    def start(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+def test_a_partition_with_a_backlog_is_never_idle_while_its_fetches_stall() -> None:
+    # An open split at offset 40 of a partition whose end is 100: 60 messages wait, and
+    # every fetch brings nothing (a slow broker). Idle after 5 s, it would stop holding the
+    # watermark back: its 60 messages could then arrive late and reopen their day.
+    reader = _reader(click_pipeline("p", "127.0.0.1:9", topics=["orders"]), check_seconds=3600)
+    client = _Stalled(end=100)
+    reader._consumer = client  # type: ignore[assignment]
+    now = [0.0]
+    emitter = RecordEmitter(idle_timeout=5.0, clock=lambda: now[0])
+    handoff = HandoffQueue(4)
+    source = SourceReaderBase(_NoThread(), handoff, emitter)  # type: ignore[arg-type]
+    assignment = SplitAssignment(7, StreamSplit("s", "kafka", "orders/0", 0, None), 1, 40)
+    reader.add_split(assignment)
+    handoff.put(RecordsWithSplitIds(added=[assignment]))
+
+    def fetch_and_emit() -> None:
+        handoff.put(reader.fetch())
+        while source.poll_next(_Output()) is not InputStatus.NOTHING_AVAILABLE:  # type: ignore[arg-type]
+            pass
+
+    for _ in range(4):  # 40 s of fetches that bring nothing
+        fetch_and_emit()
+        now[0] += 10.0
+        assert (source.is_idle(), source.idle_splits()) == (False, []), now
+        assert source.watermark() is None  # it still holds the task watermark back
+    # Caught up (its backlog went: the end is its next offset): idle 5 s after it was last
+    # known behind, as a split that read its last record then.
+    client.end = 40
+    fetch_and_emit()
+    assert not source.is_idle()
+    now[0] += 5.0
+    assert (source.is_idle(), source.idle_splits()) == (True, [7])
+    reader.close()
+
+
+def test_a_split_is_behind_until_it_has_read_to_its_partitions_end(broker: KafkaBroker) -> None:
+    # The real consumer: the end offset known from the last fetch response says whether a
+    # split has messages still waiting (no broker request per fetch).
+    topic = _topic(broker)
+    _send(
+        broker,
+        topic,
+        [
+            (b"k", orjson.dumps({"event_id": f"e{i}", "ts": "2026-05-01T00:00:00Z"}))
+            for i in range(50)
+        ],
+    )
+    reader = _reader(click_pipeline("p", broker.bootstrap, topics=[topic]), batch_messages=10)
+    reader.add_split(_split(topic, 0, None))
+    seen: list[tuple[int, bool]] = []
+    deadline = time.monotonic() + 20
+    read = 0
+    while read < 50 or seen[-1][1]:
+        assert time.monotonic() < deadline, seen
+        batch = reader.fetch()
+        read += sum(b.rows.num_rows for b in batch.blocks)
+        assert batch.behind is not None
+        seen.append((read, 1 in batch.behind))
+    # Behind after some but not all messages were read; not behind once all 50 were.
+    assert any(behind for n, behind in seen if 0 < n < 50), seen
+    assert seen[-1] == (50, False), seen
+    reader.close()
 
 
 def test_bad_settings_and_unreachable_or_missing_input_fail_in_one_line(

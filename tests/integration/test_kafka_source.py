@@ -31,7 +31,12 @@ from sluice_resource import resource_for
 from dagster_project import pipeline_definitions
 from enumerator_service import ConfigError, SplitStore, StreamSplit, dead_letters, splits
 from enumerator_service._operations import discover, open_platform
-from enumerator_service._schema import partition_completions, run_watermarks
+from enumerator_service._schema import (
+    checkpoints,
+    partition_completions,
+    partition_stats,
+    run_watermarks,
+)
 from spark_jobs._outcomes import DeterministicFailure
 from spark_jobs._spark import spark_for
 from spark_jobs.connectors.kafka import _enumerator as kafka_enumerator
@@ -144,18 +149,32 @@ def _completions(platform: Any, source: str) -> dict[date, int]:
     return {row.partition_key: int(row[1]) for row in rows}
 
 
-def _live(platform: Any, run_id: str) -> Any:
-    """The run's watermark row and its splits' (uri, status, watermark), for a failure."""
+def _live(platform: Any, run_id: str, source: str) -> Any:
+    """For a failure: the run's watermark row, the source's splits (uri, status, run,
+    partition key, watermark), its partition stats and the run's last checkpoints."""
     with platform.engine.connect() as conn:
         mark = conn.execute(
             sa.select(run_watermarks).where(run_watermarks.c.run_id == run_id)
         ).first()
         held = conn.execute(
-            sa.select(splits.c.uri, splits.c.status, splits.c.committed_watermark).where(
-                splits.c.run_id == run_id
-            )
+            sa.select(
+                splits.c.uri,
+                splits.c.status,
+                splits.c.run_id,
+                splits.c.partition_key,
+                splits.c.committed_watermark,
+            ).where(splits.c.source == source)
         ).all()
-    return mark, held
+        stats = conn.execute(
+            sa.select(partition_stats).where(partition_stats.c.source == source)
+        ).all()
+        last = conn.execute(
+            sa.select(checkpoints.c.checkpoint_id, checkpoints.c.status, checkpoints.c.completed_at)
+            .where(checkpoints.c.run_id == run_id)
+            .order_by(checkpoints.c.checkpoint_id.desc())
+            .limit(3)
+        ).all()
+    return mark, held, stats, last
 
 
 class _Feeder:
@@ -238,9 +257,13 @@ def test_a_continuous_run_reads_while_messages_arrive_and_finds_new_topics(
         # the run watermark is its last event's time).
         deadline = time.monotonic() + 30
         while not {date(2026, 5, 1), date(2026, 5, 2)} <= set(_completions(platform, name)):
+            # The watermark row is read first: a completion commits with its watermark, so
+            # completions read after it include every one that watermark made.
+            live = _live(platform, run_id, name)
             assert run.is_alive() and time.monotonic() < deadline, (
+                result,
                 _completions(platform, name),
-                _live(platform, run_id),
+                live,
             )
             time.sleep(0.3)
         assert _completions(platform, name) == {date(2026, 5, 1): 1, date(2026, 5, 2): 1}

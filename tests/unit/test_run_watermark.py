@@ -77,6 +77,25 @@ def test_an_idle_subtask_does_not_hold_the_run_back() -> None:
     assert not subtask_mark({"idle": True, "finished": True}).idle
 
 
+def test_an_idle_drained_subtask_has_reached_its_splits_greatest_watermark() -> None:
+    # A quiet topic's split (its last event 05-02 23:58) went idle after the subtask's other
+    # split (05-03 11:58), so the sink's markers stopped at 05-02 23:58. Idle with nothing
+    # in its chain, every record both emitted is at the sink: it has reached 05-03 11:58,
+    # and a run whose subtasks are all so passes 05-03 00:00 (05-02 completes).
+    low, high = datetime(2026, 5, 2, 23, 58, tzinfo=UTC), datetime(2026, 5, 3, 11, 58, tzinfo=UTC)
+    split_states = [{"watermark": low.isoformat()}, {"watermark": high.isoformat()}]
+    quiet = {"watermark": low.isoformat(), "idle": True, "splits": split_states}
+    assert subtask_mark(quiet).reached == high
+    assert run_watermark([subtask_mark(quiet), subtask_mark(quiet)]) == high
+    assert run_watermark([subtask_mark(quiet), _active(low)]) == low  # the min of the active
+    # Not idle, or records still pending (re-read after a restore): its sink's marker only.
+    assert subtask_mark({**quiet, "idle": False}).reached == low
+    pending = [{"watermark": high.isoformat(), "pending": [[3, 9]]}]
+    assert subtask_mark({**quiet, "splits": pending}).reached == low
+    # A split without a watermark yet adds nothing.
+    assert subtask_mark({**quiet, "splits": [{"watermark": None}]}).reached == low
+
+
 def test_a_watermark_without_time_zone_is_refused() -> None:
     with pytest.raises(ValueError, match="no time zone"):
         subtask_mark({"watermark": "2026-01-02T03:04:05"})

@@ -15,6 +15,11 @@ A day split (``"<topic>/<partition>@D"``, a backfill's) keeps only the records o
 D (the event-time field's day; a dead letter's: its Kafka timestamp's) — its offset range is
 a little wider than the day.
 
+Backlog: each fetch also says which splits are *behind* (their partition's end offset
+known from the last fetch response is past their next offset): the emitter never counts
+such a split idle, so a partition whose fetches stall with unread messages keeps holding the
+watermark (``RecordsWithSplitIds.behind``).
+
 Restore: a split's ``pending`` ranges (in flight at the restored checkpoint) are re-read
 first, one at a time, by a consumer of their own, as blocks marked ``replay``.
 
@@ -185,7 +190,33 @@ class KafkaSplitReader:
                     batch.blocks.append(self._empty(read, read.stop))
                 self._release(read)
                 batch.finished.append(read.split_id)
+        batch.behind = self._behind()
         return batch
+
+    def _behind(self) -> frozenset[int]:
+        """The splits with a known backlog: their partition's end offset as of the last fetch
+        response (``get_watermark_offsets(cached=True)``: no request, unknown before the
+        first response) is past their next offset. Told to the emitter, which never counts
+        such a split idle however long its fetches stall (a partition with unread messages
+        that went idle would let the watermark pass them; they would arrive late)."""
+        client = self._open()
+        ends: dict[_Key, int] = {}
+        for read in self._reads.values():
+            try:
+                _, high = client.get_watermark_offsets(
+                    TopicPartition(read.topic, read.partition), cached=True
+                )
+            except KafkaException:
+                continue  # nothing known about it yet
+            if high is not None and high >= 0:
+                ends[read.key] = high
+        reads = [*self._reads.values(), *self._waiting]
+        return frozenset(
+            r.split_id
+            for r in reads
+            if r.key in ends
+            and r.next < (ends[r.key] if r.stop is None else min(ends[r.key], r.stop))
+        )
 
     def _check_partitions(self, batch: RecordsWithSplitIds) -> None:
         """Every ``check_seconds``: is each partition being read still there? (A consumer
