@@ -112,6 +112,24 @@ class OwnPostgres:
         parts = (self._bin / "pg_ctl", self.pgdata, self._socket_dir, self._user or "")
         return "|".join(str(part) for part in parts)
 
+    def enable_logical_decoding(self) -> None:
+        """``wal_level = logical`` (and room for slots and WAL senders), as the platform's
+        embedded server has it (``enumerator_service._embedded``): ``ALTER SYSTEM``, then a
+        clean restart (the setting takes effect only at server start)."""
+        settings = {"wal_level": "logical", "max_replication_slots": "16", "max_wal_senders": "16"}
+        admin = sa.create_engine(
+            sa.make_url(self.url).set(drivername="postgresql+psycopg"),
+            isolation_level="AUTOCOMMIT",
+        )
+        try:
+            with admin.connect() as conn:
+                for name, value in settings.items():  # constants: ALTER SYSTEM takes no binds
+                    conn.execute(sa.text(f"ALTER SYSTEM SET {name} = '{value}'"))
+        finally:
+            admin.dispose()
+        self._pg_ctl("-m", "fast", "-w", "stop")
+        self.start()
+
     def restart(self, downtime: float) -> None:
         self.crash()
         time.sleep(downtime)
@@ -665,6 +683,19 @@ class Driver:
         run = self._current = Run(self._number, self.env, self.root, self.pipeline)
         log(f"run {run.number} ({self.pipeline}) started (pid {run.proc.pid})")
         return run
+
+    def start_run(self) -> Run:
+        """One more `sluice run` (a case that schedules its own faults)."""
+        return self._start()
+
+    def finish_run(self, run: Run, kills: list[str]) -> RunRecord:
+        """Wait for ``run`` and record it (with the kinds of the faults it met)."""
+        return self._finish(run, kills)
+
+    def record_kill(self, kind: str, run: Run, detail: str) -> None:
+        """Put a fault the case delivered itself on the timeline."""
+        self.chaos.kills.append(Kill(kind, run.number, time.monotonic() - self._t0, detail))
+        log(f"kill {len(self.chaos.kills)}: run {run.number} {detail}")
 
     def close(self) -> None:
         """Kill a run still in flight (the test is failing)."""
