@@ -161,9 +161,10 @@ class SplitEnumerator(abc.ABC):
         """The discovery cursor persisted in ``enumerator_state`` (``empty`` before any)."""
         return self._load_cursor(empty)
 
-    def save_cursor(self, cursor: dict[str, Any]) -> None:
-        """Persist the discovery cursor (a small JSON value: bounded state)."""
-        self._save_cursor(cursor)
+    def save_cursor(self, cursor: dict[str, Any], conn: sa.Connection | None = None) -> None:
+        """Persist the discovery cursor (a small JSON value: bounded state); in ``conn``'s
+        transaction when given (with the split changes it describes)."""
+        self._save_cursor(cursor, conn)
 
     def _load_cursor(self, empty: dict[str, Any]) -> dict[str, Any]:
         stmt = sa.select(enumerator_state.c.cursor).where(enumerator_state.c.source == self._source)
@@ -171,13 +172,16 @@ class SplitEnumerator(abc.ABC):
             cursor = conn.execute(stmt).scalar()
         return dict(cursor) if cursor else empty
 
-    def _save_cursor(self, cursor: dict[str, Any]) -> None:
+    def _save_cursor(self, cursor: dict[str, Any], conn: sa.Connection | None = None) -> None:
         stmt = insert(enumerator_state).values(source=self._source, cursor=cursor)
         stmt = stmt.on_conflict_do_update(
             index_elements=["source"], set_={"cursor": cursor, "updated_at": sa.func.now()}
         )
-        with self._engine.begin() as conn:
+        if conn is not None:
             conn.execute(stmt)
+            return
+        with self._engine.begin() as own:
+            own.execute(stmt)
 
     def _require_run(self) -> str:
         if self._run_id is None:

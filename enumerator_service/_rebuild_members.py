@@ -116,11 +116,18 @@ def hold_unread(conn: Connection, source: str, days: Sequence[date]) -> None:
 
 
 def members(
-    conn: Connection, source: str, days: Sequence[date], run_id: str, *, event_days: bool
+    conn: Connection,
+    source: str,
+    days: Sequence[date],
+    run_id: str,
+    *,
+    event_days: bool,
+    fed: bool = True,
 ) -> tuple[dict[date, list[int]], set[int]]:
     """The member split ids of a rebuild of each of ``days`` (processed ones), after the
     checks that nothing else reads them or may still write to the days; and which members
-    are fresh (event days: a file of the day no run had read)."""
+    are fresh (event days: a file of the day no run had read). ``fed`` False: only the
+    splits of the day itself (not the splits that fed it)."""
     out: dict[date, list[int]] = {}
     owner: dict[int, date] = {}
     for day in days:
@@ -129,14 +136,16 @@ def members(
             partition_rebuilds.c.partition_key == day,
             partition_rebuilds.c.status == RebuildStatus.BUILDING,
         )
-        fed = sa.select(split_partitions.c.split_id).where(split_partitions.c.partition_key == day)
+        fed_day = sa.select(split_partitions.c.split_id).where(
+            split_partitions.c.partition_key == day
+        )
         ids = conn.execute(
             sa.select(splits.c.id)
             .where(
                 splits.c.source == source,
                 sa.or_(
                     splits.c.partition_key == day,
-                    splits.c.id.in_(fed),
+                    splits.c.id.in_(fed_day) if fed else sa.false(),
                     splits.c.rebuild_id.in_(replaced),
                 ),
                 _current_version(),

@@ -111,6 +111,7 @@ class RebuildStore:
         *,
         lease_seconds: float,
         event_days: bool = False,
+        fed_members: bool = True,
     ) -> list[Rebuild]:
         """Start rebuilding each of ``days`` that was processed; returns the rebuilds.
 
@@ -118,7 +119,9 @@ class RebuildStore:
         the same day that a dead run left unfinished is abandoned (its folder is swept
         later); a member a live run holds raises :class:`PartitionBusyError`.
         ``event_days``: the source partitions by event day (module docstring: the checks of
-        :class:`CrossDayRebuildError`, files HELD source-wide).
+        :class:`CrossDayRebuildError`, files HELD source-wide). ``fed_members`` False: the
+        members are the day's own splits only (a source whose splits of a day hold exactly
+        its records: Kafka's time-bounded day splits), not every split that fed it.
         """
         if not days:
             return []
@@ -133,7 +136,9 @@ class RebuildStore:
             if event_days:
                 hold_unread(conn, source, processed)
             # Step 2b: the members, checked (a raise rolls everything back).
-            member_ids, fresh = members(conn, source, processed, run_id, event_days=event_days)
+            member_ids, fresh = members(
+                conn, source, processed, run_id, event_days=event_days, fed=fed_members
+            )
             # Step 3: a swap in progress must finish first.
             swapping = conn.execute(
                 sa.select(partition_rebuilds.c.partition_key).where(

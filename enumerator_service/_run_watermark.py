@@ -16,8 +16,11 @@ Flink's ``StatusWatermarkValve`` over the reader subtasks (channels), with close
   is idle at every barrier — never advanced, and no day completed while the run lived.
   Sound: every record those subtasks read is at their sinks and commits with this checkpoint.
   It applies only when the run holds no split still to be read (ASSIGNED to it in the pool, or
-  READING): such a split's event time is unknown, and an idle subtask is about to take it, so
-  the run waits for the next checkpoint rather than pass it.
+  READING — a stream's READING split aside: it is in its subtask's reader, whose idle status
+  covers it): such a split's event time is unknown, and an idle subtask is about to take it,
+  so the run waits for the next checkpoint rather than pass it. A stream split (no landing
+  day holds days back for it) ASSIGNED to the run and not yet pulled by its owner stops the
+  run watermark whatever the subtasks say: its owner may not have started reading yet.
 
 The run watermark never moves backwards (``record_run_watermark`` keeps the greatest), and a
 day completes only when it has passed the day's end *and* every registered split of the day
@@ -40,6 +43,7 @@ from sqlalchemy.engine import Connection
 
 from enumerator_service._completeness import END_OF_INPUT, NO_WATERMARK
 from enumerator_service._schema import SplitStatus, splits
+from enumerator_service._splits import STREAM_KINDS
 
 __all__ = ["SubtaskMark", "all_idle", "run_watermark", "run_watermark_of", "subtask_mark"]
 
@@ -110,17 +114,38 @@ def run_watermark_of(
     """Inside checkpoint completion, after the snapshots' split states were applied: the run
     watermark from the acknowledgements' ``(snapshot, final)``."""
     marks = [subtask_mark(snapshot, final=final) for snapshot, final in snapshots]
+    if not all(m.closed for m in marks) and _holds_unpulled_stream(conn, run_id):
+        # A stream split handed to the run that its owner has not pulled yet (a subtask
+        # starting, a partition just found): its event times are unknown and no landing
+        # day holds the days back for it (its partition key is NULL) — no new information.
+        return NO_WATERMARK
     unread = all_idle(marks) and _holds_unread(conn, run_id)
     return run_watermark(marks, unread=unread)
 
 
-def _holds_unread(conn: Connection, run_id: str) -> bool:
+def _holds_unpulled_stream(conn: Connection, run_id: str) -> bool:
     found = conn.execute(
         sa.select(sa.literal(1))
         .where(
             splits.c.run_id == run_id,
-            splits.c.status.in_((SplitStatus.ASSIGNED, SplitStatus.READING)),
+            splits.c.status == SplitStatus.ASSIGNED,
+            splits.c.kind.in_(sorted(STREAM_KINDS)),
         )
         .limit(1)
+    ).first()
+    return found is not None
+
+
+def _holds_unread(conn: Connection, run_id: str) -> bool:
+    # A stream's READING split is in its subtask's reader (a concurrent reader takes every
+    # split as it is pulled), so that subtask's idle status covers it; an open split is
+    # READING for ever, and counting it would stop days completing once every partition
+    # is quiet. A split pulled in a batch of file splits may still wait in the fetcher.
+    waiting = sa.or_(
+        splits.c.status == SplitStatus.ASSIGNED,
+        sa.and_(splits.c.status == SplitStatus.READING, splits.c.kind.not_in(sorted(STREAM_KINDS))),
+    )
+    found = conn.execute(
+        sa.select(sa.literal(1)).where(splits.c.run_id == run_id, waiting).limit(1)
     ).first()
     return found is not None

@@ -8,6 +8,7 @@ prepares it after a few executions. Pure functions; they never block.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.sql.compiler import IdentifierPreparer
@@ -39,6 +40,7 @@ def pull_statement(quote: IdentifierPreparer) -> sa.TextClause:
         f" CASE WHEN {q('kind')} = ANY(:byte_kinds) AND {q('end_offset')} IS NOT NULL"
         f" THEN {q('end_offset')} - {q('start_offset')} ELSE :unknown_size END AS size"
         f" FROM {table} WHERE {q('run_id')} = :run_id AND {q('status')} = 'ASSIGNED'"
+        f" AND (NOT {q('kind')} = ANY(:owned_kinds) OR {_owner(q)} = :subtask)"
         f" ORDER BY {q('partition_key')}, {q('id')} LIMIT :max_splits"
         " FOR UPDATE SKIP LOCKED),"
         " claimed AS (SELECT id FROM (SELECT id, row_number() OVER w AS n,"
@@ -55,10 +57,32 @@ def pull_statement(quote: IdentifierPreparer) -> sa.TextClause:
     )
 
 
+def _owner(q: Callable[[str], str]) -> str:
+    """The subtask that owns a stream split ``"<topic>/<partition>"`` among ``:owners``
+    (Flink's KafkaSourceEnumerator: a topic's partitions round-robin from a start index
+    given by a stable hash of the topic — Postgres's ``hashtext``)."""
+    uri = q("uri")
+    # "<topic>/<partition>", or a day's split of it: "<topic>/<partition>@YYYY-MM-DD".
+    topic = f"regexp_replace({uri}, '/[0-9]+(@[0-9-]+)?$', '')"
+    partition = f"coalesce(substring({uri} from '/([0-9]+)(?:@[0-9-]+)?$'), '0')::bigint"
+    owners = "greatest(:owners, 1)"
+    start = f"mod((hashtext({topic})::bigint * 31) & 2147483647, {owners})"
+    return f"mod({start} + {partition}, {owners})"
+
+
 def pull_parameters(
-    run_id: str, subtask: int, lease_seconds: float, *, max_splits: int, max_bytes: int
+    run_id: str,
+    subtask: int,
+    lease_seconds: float,
+    *,
+    max_splits: int,
+    max_bytes: int,
+    owned_kinds: Sequence[str] = (),
+    owners: int = 1,
 ) -> dict[str, object]:
-    """The bound parameters of :func:`pull_statement`."""
+    """The bound parameters of :func:`pull_statement`. ``owned_kinds``: split kinds a
+    subtask only pulls when it owns them (stream partitions, read all at once by their
+    owner; see ``_owner``) among ``owners`` subtasks; other kinds go to whoever asks."""
     if max_splits < 1:
         raise ValueError(f"max_splits must be at least 1, not {max_splits}")
     return {
@@ -69,4 +93,6 @@ def pull_parameters(
         "max_bytes": max(0, max_bytes),
         "unknown_size": max(0, max_bytes) + 1,  # never fits the budget: such a split goes alone
         "byte_kinds": list(BYTE_RANGE_KINDS),
+        "owned_kinds": list(owned_kinds),
+        "owners": max(1, owners),
     }

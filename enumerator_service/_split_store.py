@@ -205,10 +205,19 @@ class SplitStore:
         lease_seconds: float,
         partition_keys: Sequence[date] | None = None,
     ) -> int:
-        """Assign every unassigned split of ``source`` (optionally of some dates) to a run."""
+        """Assign every unassigned split of ``source`` (optionally of some dates) to a run.
+
+        A stream's split of a day (a Kafka day split: a time range re-read for a backfill)
+        goes only to a run of its day: a run of all new input (``partition_keys`` None: a
+        continuous run, a schedule) reads the stream's main line, which holds those
+        records too."""
         conditions = [splits.c.source == source, splits.c.status == SplitStatus.UNASSIGNED]
         if partition_keys is not None:
             conditions.append(splits.c.partition_key.in_(list(partition_keys)))
+        else:
+            conditions.append(
+                sa.or_(splits.c.kind.not_in(sorted(STREAM_KINDS)), splits.c.partition_key.is_(None))
+            )
         stmt = (
             sa.update(splits)
             .where(*conditions)
@@ -295,8 +304,15 @@ class SplitStore:
         *,
         max_splits: int,
         max_bytes: int = 0,
+        owned_kinds: Sequence[str] = (),
+        owners: int = 1,
     ) -> list[SplitAssignment]:
         """Hand the next splits of the run to ``subtask`` in one transaction; [] when none left.
+
+        Splits of ``owned_kinds`` (stream partitions) are handed only to the subtask that
+        owns them among ``owners`` (a stable function of the partition's name, Flink's
+        owner rule), so each partition has one reader for the whole run and partitions
+        found later go to their owner.
 
         The first split in (partition_key, id) order that no concurrent puller holds is always
         handed out. Up to ``max_splits - 1`` further ones follow only while they are *small*:
@@ -308,7 +324,13 @@ class SplitStore:
         order. May block (one database round trip).
         """
         params = pull_parameters(
-            run_id, subtask, lease_seconds, max_splits=max_splits, max_bytes=max_bytes
+            run_id,
+            subtask,
+            lease_seconds,
+            max_splits=max_splits,
+            max_bytes=max_bytes,
+            owned_kinds=owned_kinds,
+            owners=owners,
         )
         # Its own implicit transaction (AUTOCOMMIT: no BEGIN/COMMIT round trips).
         stmt = pull_statement(self._engine.dialect.identifier_preparer)

@@ -26,6 +26,7 @@ __all__ = [
     "LATE",
     "LINE_TOO_LONG",
     "LOOKUP_MISS",
+    "LOST",
     "MISSING_FIELD",
     "WRONG_TYPE",
     "Category",
@@ -43,6 +44,7 @@ WRONG_TYPE = "wrong type"
 BAD_VALUE = "bad value"
 LOOKUP_MISS = "lookup miss"
 LATE = "late"
+LOST = "lost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +131,18 @@ CATEGORIES: tuple[Category, ...] = (
         "lookup miss: public.users has no row for user_id=42",
         "Add the missing rows to the lookup table and rebuild the day, or use "
         '`on_miss="keep"` (nulls) or `RetryOnMiss` for rows that arrive later.',
+    ),
+    Category(
+        LOST,
+        "Messages a Kafka partition's split had not read yet were deleted (retention) before "
+        'it read them, and the source has `on_offset_out_of_range="earliest"`: reading went '
+        "on at the earliest offset left. One dead letter per gap, at its first offset, with "
+        "no raw bytes.",
+        "the `KafkaSource` reader",
+        "lost: 120 messages (offsets 40-159 of clicks/3) deleted by retention before they "
+        "were read",
+        "Read the topic more often or keep messages longer; use "
+        '`on_offset_out_of_range="fail"` to stop instead of losing them.',
     ),
     Category(
         LATE,

@@ -18,7 +18,7 @@ import spark_jobs.connectors
 
 PIPELINE_GROUPS: dict[str, list[str]] = {
     "Pipeline": ["Pipeline", "SampleTarget", "claim_demo_table"],
-    "Sources": ["FileSource", "TableSource"],
+    "Sources": ["FileSource", "TableSource", "KafkaSource"],
     "Steps": ["Lookup", "AsyncMap", "Map", "Filter"],
     "Lookup caches and misses": ["PartialCache", "FullCache", "RetryOnMiss"],
     "Async functions": [
@@ -79,6 +79,7 @@ CONNECTOR_GROUPS: dict[str, list[str]] = {
     "Built-in specs": [
         "FileSource",
         "TableSource",
+        "KafkaSource",
         "ParquetSink",
         "PostgresSink",
         "DeltaSink",

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
@@ -42,6 +42,9 @@ from enumerator_service import (
 from spark_jobs.checkpoint._aligned import AlignedBarrierHandler
 from spark_jobs.checkpoint._common import AbortReason
 from spark_jobs.checkpoint._tracker import BarrierTracker
+
+if TYPE_CHECKING:
+    from spark_jobs.connectors import CompletionHook
 
 __all__ = ["AbortedCheckpoint", "CheckpointCoordinator", "CoordinatorStats"]
 
@@ -82,7 +85,9 @@ class CheckpointCoordinator(threading.Thread):
     instead of leaving subtasks waiting for a final checkpoint that never comes.
     ``on_stop_request`` is called (from this thread, once) with the line of the first
     deterministic error a subtask reports: the driver cancels the job instead of letting
-    Spark retry the stage.
+    Spark retry the stage. ``on_complete`` (the source connector's hook: a Kafka source
+    commits offsets to its consumer group) is told of each completed checkpoint, from this
+    thread, after its Postgres transaction; what it raises is logged, never fails the run.
     """
 
     def __init__(
@@ -98,6 +103,7 @@ class CheckpointCoordinator(threading.Thread):
         source: str | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         on_stop_request: Callable[[str], None] | None = None,
+        on_complete: CompletionHook | None = None,
         give_up_after: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
         history_seconds: float | None = None,
@@ -113,6 +119,7 @@ class CheckpointCoordinator(threading.Thread):
         self._two_phase = exactly_once
         self._on_failure = on_failure
         self._on_stop_request = on_stop_request
+        self._on_complete = on_complete
         self._give_up_after = give_up_after
         self._clock = clock
         self._stop_event = threading.Event()
@@ -324,6 +331,13 @@ class CheckpointCoordinator(threading.Thread):
             )
         for subtask in done.final_subtasks:
             self._close(subtask)
+        if self._on_complete is not None:
+            try:
+                self._on_complete.completed(done.checkpoint_id)
+            except Exception:  # only for lag tools: the checkpoint stands
+                _log.warning(
+                    "checkpoint %d: completion hook failed", done.checkpoint_id, exc_info=True
+                )
 
     def _close(self, subtask: int) -> None:
         if subtask in self._open:

@@ -10,8 +10,9 @@ rebuilds. Register one with ``register_source`` / ``register_sink``, keyed by it
 spec type; nothing else in the platform names a concrete connector.
 
 Built in, each in a folder of its own: ``files`` (``FileSource``), ``postgres_table``
-(``TableSource``), ``postgres_cdc`` (``PostgresCdcSource``), ``parquet`` (``ParquetSink``),
-``postgres`` (``PostgresSink``), ``delta`` (``DeltaSink``), ``iceberg`` (``IcebergSink``).
+(``TableSource``), ``kafka`` (``KafkaSource``), ``postgres_cdc`` (``PostgresCdcSource``),
+``parquet`` (``ParquetSink``), ``postgres`` (``PostgresSink``), ``delta`` (``DeltaSink``),
+``iceberg`` (``IcebergSink``).
 
 A lakehouse sink also offers its table's maintenance (``SinkConnector.maintenance``: a
 ``TableMaintenance`` that compacts a day, expires snapshots, removes orphan files); the
@@ -20,6 +21,7 @@ Iceberg and Delta functions are public names of ``spark_jobs.connectors.iceberg`
 """
 
 from spark_jobs.connectors._interface import (
+    CompletionHook,
     ObservedInput,
     ReaderContext,
     SinkConnector,
@@ -55,6 +57,7 @@ from spark_jobs.connectors._registry import (
 from spark_jobs.connectors.delta import DeltaSink
 from spark_jobs.connectors.files import FileSource
 from spark_jobs.connectors.iceberg import IcebergSink
+from spark_jobs.connectors.kafka import KafkaSource
 from spark_jobs.connectors.parquet import ParquetSink
 from spark_jobs.connectors.postgres import PostgresSink
 from spark_jobs.connectors.postgres_cdc import PostgresCdcSource
@@ -65,10 +68,12 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_RETENTION",
     "CompactionResult",
+    "CompletionHook",
     "DeltaSink",
     "ExpiryResult",
     "FileSource",
     "IcebergSink",
+    "KafkaSource",
     "ObservedInput",
     "OrphanResult",
     "ParquetSink",

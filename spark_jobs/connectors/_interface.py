@@ -41,6 +41,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import Location, Settings, StorageOptions, TransactionalSink
+from spark_jobs.connectors._hooks import CompletionHook
 from spark_jobs.connectors._maintenance import TableMaintenance
 
 if TYPE_CHECKING:
@@ -49,9 +50,11 @@ if TYPE_CHECKING:
     from spark_jobs.pipeline._definition import Pipeline
     from spark_jobs.pipeline._plan import Column, Plan, SinkPlan, SourcePlan
     from spark_jobs.source._batch import RecordSchema
+    from spark_jobs.source._format_router import SplitReader
     from spark_jobs.source._records import BlockReader
 
 __all__ = [
+    "CompletionHook",
     "ObservedInput",
     "ReaderContext",
     "SinkConnector",
@@ -139,6 +142,12 @@ class SourceConnector(abc.ABC):
     name: str = ""
     #: The split kinds its split reader reads (e.g. ``jsonl``, ``csv``; ``table``).
     split_kinds: tuple[str, ...] = ()
+    #: All its splits a subtask owns are read at once by one ``concurrent_reader`` (streams:
+    #: no partition starves the others; ``SplitStore.pull_splits(owned_kinds=…)``).
+    concurrent_splits: bool = False
+    #: Its splits of a day hold exactly the day's records (Kafka: a time range): a rebuild
+    #: of the day re-reads them alone, not the splits that fed it (a stream's main line).
+    own_day_splits: bool = False
 
     @abc.abstractmethod
     def validate(self, spec: Any, ctx: Context) -> SourceDetails:
@@ -188,6 +197,31 @@ class SourceConnector(abc.ABC):
     @abc.abstractmethod
     def split_reader(self, schema: RecordSchema, context: ReaderContext) -> BlockReader:
         """The task-side reader of this connector's splits (one per task and connector)."""
+
+    def before_assignment(
+        self,
+        engine: Engine,
+        pipeline: Pipeline,
+        settings: Settings,
+        *,
+        continuous: bool,
+        dates: Sequence[date] | None = None,
+    ) -> None:
+        """Before a run assigns itself the source's splits (a stream source closes its open
+        splits for a bounded run of all new input). Default: nothing."""
+        return None
+
+    def completion_hook(
+        self, engine: Engine, pipeline: Pipeline, settings: Settings
+    ) -> CompletionHook | None:
+        """Called by the coordinator after each completed checkpoint (Kafka: offsets to the
+        consumer group); its failure is logged, never fails the run. Default: None."""
+        return None
+
+    def concurrent_reader(self, schema: RecordSchema, context: ReaderContext) -> SplitReader:
+        """The task-side :class:`~spark_jobs.source.SplitReader` of all its splits at once
+        (``concurrent_splits``: ``add_split`` any time, ``fetch`` gives several splits' blocks)."""
+        raise NotImplementedError(f"source connector {self.name!r} reads one split at a time")
 
     def check_split(self, split: Any) -> None:
         """Called in the fetcher before a split is opened: raise when it must not be read

@@ -227,12 +227,17 @@ class ReaderRun:
                 self.dates or [],
                 self.run_id,
                 lease_seconds=settings.lease_seconds,
-                event_days=self.pipeline.plan.source.event_day_partitions,
+                event_days=self.pipeline.plan.source.event_day_partitions
+                and not self._source_connector.own_day_splits,
+                fed_members=not self._source_connector.own_day_splits,
             )
             if self.rebuild
             else []
         )
         assigned = rebuilds.unfinished_members([r.id for r in replacing])
+        self._source_connector.before_assignment(
+            self._engine, self.pipeline, settings, continuous=self.continuous, dates=self.dates
+        )
         assigned += store.assign_to_run(
             self.run_id,
             self.source,
@@ -287,6 +292,8 @@ class ReaderRun:
         parallelism = (
             settings.parallelism if self.continuous else min(settings.parallelism, assigned)
         )
+        config = dataclasses.replace(config, parallelism=parallelism)
+        hook = self._source_connector.completion_hook(engine, self.pipeline, settings)
         heartbeat = Heartbeat(
             SplitStore(engine),
             engine,
@@ -311,6 +318,7 @@ class ReaderRun:
             on_failure=lambda _exc: spark.sparkContext.cancelAllJobs(),
             # A deterministic error: stop now, Spark's stage retries would only repeat it.
             on_stop_request=lambda _line: spark.sparkContext.cancelAllJobs(),
+            on_complete=hook,
         )
         heartbeat.start()
         coordinator.start()
@@ -338,6 +346,8 @@ class ReaderRun:
         finally:
             coordinator.stop()
             heartbeat.stop()
+            if hook is not None:
+                hook.close()
             self._give_back()
         if coordinator.stop_requested is not None:
             raise DeterministicFailure(coordinator.stop_requested)

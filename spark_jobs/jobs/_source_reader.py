@@ -24,6 +24,7 @@ from spark_jobs.source import (
     SplitFetcher,
 )
 from spark_jobs.source._batch import RecordSchema
+from spark_jobs.source._format_router import SplitReader
 
 __all__ = ["open_source_reader", "record_schema"]
 
@@ -56,8 +57,18 @@ def open_source_reader(config: TaskConfig, subtask: int, store: SplitStore) -> S
         storage=config.storage,
         continuous=config.continuous,
     )
+    connector = config.source_connector
+    concurrent = connector is not None and connector.concurrent_splits
+    reader: SplitReader = router
+    owned: tuple[str, ...] = ()
+    if concurrent:
+        # A stream source: all the subtask's partitions at once, each pulled only by its
+        # owner (one reader per partition for the whole run).
+        assert connector is not None
+        reader = connector.concurrent_reader(router.schema, router.context)
+        owned = connector.split_kinds
     fetcher = SplitFetcher(
-        router,
+        reader,
         handoff,
         functools.partial(
             store.pull_splits,
@@ -66,11 +77,14 @@ def open_source_reader(config: TaskConfig, subtask: int, store: SplitStore) -> S
             config.lease_seconds,
             max_splits=config.pull_max_splits,
             max_bytes=config.pull_max_bytes,
+            owned_kinds=owned,
+            owners=config.parallelism,
         ),
         restored,
         name=f"split-fetcher-{subtask}",
         poll_interval=config.continuous_poll_seconds if config.continuous else None,
         idle_exit=config.continuous_idle_seconds,
+        concurrent=concurrent,
     )
     emitter = RecordEmitter(
         out_of_orderness=source.out_of_orderness, idle_timeout=source.idle_timeout

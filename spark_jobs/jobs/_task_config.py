@@ -78,6 +78,8 @@ class TaskConfig:
     #: The run's connectors, pickled with the task (see :meth:`register_connectors`).
     source_connector: SourceConnector | None = None
     sink_connector: SinkConnector | None = None
+    #: The run's number of subtasks (owners of stream partitions: ``pull_splits(owners=)``).
+    parallelism: int = 1
 
     def register_connectors(self) -> None:
         """Register the run's connectors in this process when they are not (a connector

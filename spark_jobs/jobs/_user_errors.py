@@ -108,10 +108,13 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 
 def deterministic_error(error: BaseException) -> str | None:
     """The one line of ``error`` if it (or an error it was raised from) is deterministic —
-    a :class:`UserCodeError`, or Postgres's SQLSTATE class 42 — else None (transient)."""
+    a :class:`UserCodeError`, Postgres's SQLSTATE class 42, or an error whose class says
+    ``deterministic = True`` (a connector's: a deleted Kafka topic) — else None (transient)."""
     for cause in _chain(error):
         if isinstance(cause, UserCodeError):
             return cause.line()
+        if getattr(type(cause), "deterministic", False) is True:
+            return " ".join(str(cause).split()) or type(cause).__name__
         state = getattr(cause, "sqlstate", None)
         if isinstance(state, str) and state.startswith("42"):
             first = " ".join(str(cause).split()) or type(cause).__name__

@@ -25,7 +25,14 @@ from spark_jobs.connectors._registry import (
 from spark_jobs.pipeline._checks import Context, names, require
 from spark_jobs.pipeline._derive_steps import empty_batch, probe_map, stage_plan
 from spark_jobs.pipeline._errors import check_field_name, check_identifier
-from spark_jobs.pipeline._plan import Column, Plan, SinkPlan, SourcePlan, StagePlan
+from spark_jobs.pipeline._plan import (
+    AsyncMapPlan,
+    Column,
+    Plan,
+    SinkPlan,
+    SourcePlan,
+    StagePlan,
+)
 from spark_jobs.pipeline._sources import LATE_POLICIES, Source
 from spark_jobs.pipeline._types import arrow_type, seconds
 
@@ -78,6 +85,15 @@ def derive(
         raise ctx.fail(
             f"an upsert of a change stream needs the source's field(s) {', '.join(lost)}"
             " in the output (the steps dropped them)"
+        )
+    per_record = [s for s in stages if isinstance(s, AsyncMapPlan) and s.per_record]
+    if sink.upsert_key is None and source.order_field is not None and per_record:
+        # The records of one transaction share a stream position: a restore re-reads a
+        # per-record step's in-flight records by position, so it would append again those
+        # of their transaction that had already left.
+        raise ctx.fail(
+            "an append sink of a change stream cannot follow a per-record AsyncMap (step "
+            f'{per_record[0].index}): use per="batch" on the AsyncMap, or an upsert sink'
         )
     if sink.upsert_key is not None and source.order_field in produced:
         # A change stream: the latest change of a key wins (its commit position), and a

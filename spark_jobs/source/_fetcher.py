@@ -85,6 +85,13 @@ class SplitFetcher(threading.Thread):
     Bounded (``poll_interval`` None): no split left means end of input. Continuous: the
     fetcher asks again every ``poll_interval`` seconds (splits keep arriving), and ends the
     input only after ``idle_exit`` seconds without a split (None: never; ``shutdown`` stops it).
+
+    ``concurrent`` (a reader of stream splits, which reads all its splits at once): every
+    split pulled goes to the reader at once — each request is repeated until it returns
+    none, at the start and, bounded, whenever the reader has run out (then an empty answer
+    ends the input); continuous, again every ``poll_interval`` seconds while it reads, so a
+    partition found later joins the others without waiting for them (Flink's
+    ``addSplits`` at any time).
     """
 
     def __init__(
@@ -98,8 +105,10 @@ class SplitFetcher(threading.Thread):
         poll_interval: float | None = None,
         idle_exit: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        concurrent: bool = False,
     ) -> None:
         super().__init__(name=name, daemon=True)
+        self._concurrent = concurrent
         self._reader = reader
         self._handoff = handoff
         self._request = request_splits
@@ -133,6 +142,9 @@ class SplitFetcher(threading.Thread):
             added = list(self._restored)
             for assignment in added:
                 self._reader.add_split(assignment)
+            if self._concurrent:
+                self._run_concurrent(added)
+                return
             while not self._stop_event.is_set():
                 if not self._reader.has_splits():
                     requested = self._next_split()
@@ -150,6 +162,55 @@ class SplitFetcher(threading.Thread):
             self._handoff.put(exc)
         finally:
             self._reader.close()
+
+    def _pull_all(self) -> list[SplitAssignment]:
+        """Every split the store hands this subtask now, each added to the reader."""
+        pulled: list[SplitAssignment] = []
+        while not self._stop_event.is_set():
+            requested = self._request()
+            if not requested:
+                break
+            for assignment in requested:
+                self._reader.add_split(assignment)
+            pulled.extend(requested)
+        return pulled
+
+    def _run_concurrent(self, added: list[SplitAssignment]) -> None:
+        """The loop of a reader that reads all its splits at once (``concurrent``)."""
+        continuous = self._poll_interval is not None
+        idle_since = next_pull = self._clock()
+        first = True
+        while not self._stop_event.is_set():
+            now = self._clock()
+            if not continuous:
+                if first or not self._reader.has_splits():
+                    first = False
+                    added.extend(self._pull_all())
+                    if not self._reader.has_splits():
+                        self._handoff.put(RecordsWithSplitIds(end_of_input=True))
+                        return
+            elif now >= next_pull:
+                assert self._poll_interval is not None
+                added.extend(self._pull_all())
+                next_pull = now + self._poll_interval
+            if self._reader.has_splits():
+                idle_since = now
+            elif continuous:
+                if self._idle_exit is not None and now - idle_since >= self._idle_exit:
+                    self._handoff.put(RecordsWithSplitIds(end_of_input=True))
+                    return
+                if not added:
+                    self._stop_event.wait(max(0.0, next_pull - now))
+                    continue
+            if added:
+                # Announced before the first fetch (which may take a while: a consumer
+                # connecting): the mailbox holds the task watermark back for them from now.
+                if not self._handoff.put(RecordsWithSplitIds(added=added)):
+                    return
+                added = []
+            batch = self._reader.fetch() if self._reader.has_splits() else RecordsWithSplitIds()
+            if not self._handoff.put(batch):
+                return
 
     def shutdown(self) -> None:
         self._stop_event.set()

@@ -110,6 +110,11 @@ class FormatRouter:
     def max_line_bytes(self) -> int:
         return self._context.max_line_bytes
 
+    @property
+    def context(self) -> ReaderContext:
+        """What the connectors' readers get in this task."""
+        return self._context
+
     def _reader_for(self, kind: str) -> tuple[SourceConnector, BlockReader]:
         found = self._readers.get(kind)
         if found is None:

@@ -72,3 +72,20 @@ def test_bad_definitions_are_one_line(change: dict[str, Any], message: str) -> N
 def test_an_upsert_without_the_change_fields_is_refused() -> None:
     with pytest.raises(PipelineDefinitionError, match="needs the source's field\\(s\\) _op"):
         _pipeline(steps=[Map(_drop_op)])
+
+
+async def _enrich(record: dict[str, Any]) -> dict[str, Any]:
+    return {"extra": 1}
+
+
+def test_an_append_of_a_change_stream_after_a_per_record_async_step_is_refused() -> None:
+    """A transaction's changes share one stream position: a restore re-reads a per-record
+    step's in-flight records by position, so an append sink would get some of them twice.
+    Per batch (whole transactions per block) and upsert sinks are exact, and allowed."""
+    from spark_jobs import AsyncMap
+
+    per_record = AsyncMap(_enrich, output={"extra": "int64"})
+    with pytest.raises(PipelineDefinitionError, match='per="batch"') as err:
+        _pipeline(sink=ParquetSink("copy"), steps=[per_record])
+    assert "\n" not in str(err.value) and "step 1" in str(err.value)
+    assert _pipeline(steps=[per_record]).plan.sink.op_field == "_op"

@@ -1,0 +1,399 @@
+"""The Kafka source end to end on real Spark against a real Kafka-protocol broker (Tansu,
+started by the test): bounded "available now" runs exactly once over a 4-partition topic
+with 2 subtasks (each subtask reads its own 2 partitions at once), the next run only what
+was produced since, and the committed offsets back in the consumer group."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from datetime import date
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka import TopicPartition
+from conftest import TestSettings
+from dagster import DagsterInstance, materialize
+from kafka_broker import (
+    ClickProducer,
+    KafkaBroker,
+    kafka_broker,
+    produce_clicks,
+    producer,
+    scanned_offsets,
+)
+from kafka_pipeline import assert_exactly_once, click_pipeline, output_rows
+from sluice_resource import resource_for
+
+from dagster_project import pipeline_definitions
+from enumerator_service import ConfigError, SplitStore, StreamSplit, dead_letters, splits
+from enumerator_service._operations import discover, open_platform
+from enumerator_service._schema import partition_completions, run_watermarks
+from spark_jobs._outcomes import DeterministicFailure
+from spark_jobs._spark import spark_for
+from spark_jobs.connectors.kafka import _enumerator as kafka_enumerator
+from spark_jobs.connectors.kafka._client import consumer, watermarks
+from spark_jobs.connectors.parquet import output_path
+from spark_jobs.jobs import run_pipeline
+from spark_jobs.pipeline._paths import discovery_of
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[KafkaBroker]:
+    with kafka_broker() as running:
+        yield running
+
+
+def _split_rows(engine: sa.Engine, source: str) -> list[Any]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(
+                    splits.c.uri,
+                    splits.c.start_offset,
+                    splits.c.end_offset,
+                    splits.c.status,
+                    splits.c.subtask,
+                    splits.c.committed_offset,
+                )
+                .where(splits.c.source == source)
+                .order_by(splits.c.uri, splits.c.start_offset)
+            ).all()
+        )
+
+
+def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
+    make_settings: Any, broker: KafkaBroker
+) -> None:
+    settings: TestSettings = make_settings(parallelism=2)
+    platform = open_platform(settings)
+    topic = f"clicks_{secrets.token_hex(3)}"
+    name = f"kafka_{secrets.token_hex(3)}"
+    broker.create_topic(topic, 4)
+    try:
+        oracle = produce_clicks(broker.bootstrap, topic, range(0, 2000))
+        pipeline = click_pipeline(name, broker.bootstrap, topics=[topic])
+        assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 4
+        first = run_pipeline(settings, pipeline)
+        assert (first.rows_out, first.dead_letters) == (2000, 0)
+        rows = _split_rows(platform.engine, name)
+        # 4 partitions, 2 subtasks: each read its own 2 (one consumer per subtask).
+        assert sorted(r.subtask for r in rows) == [0, 0, 1, 1], rows
+        assert {r.status for r in rows} == {"COMPLETED"}
+        folder = output_path(pipeline, settings)
+        assert_exactly_once(output_rows(folder), oracle)
+
+        # More messages; the next bounded run reads exactly those.
+        oracle |= produce_clicks(broker.bootstrap, topic, range(2000, 3000))
+        sender = producer(broker.bootstrap)  # two malformed messages: dead letters
+        sender.produce(topic, b"{oops", key=b"k1", partition=1)
+        sender.produce(topic, b"\xff", key=b"k2", partition=3)
+        assert sender.flush(10) == 0
+        discover(platform, discovery_of(pipeline, settings))
+        second = run_pipeline(settings, pipeline)
+        assert (second.rows_out, second.dead_letters) == (1000, 2)
+        assert_exactly_once(output_rows(folder), oracle)
+        with platform.engine.connect() as conn:
+            letters = conn.execute(
+                sa.select(dead_letters.c.uri, dead_letters.c.offset, dead_letters.c.reason)
+                .where(dead_letters.c.source == name)
+                .order_by(dead_letters.c.uri)
+            ).all()
+        ends = {r.uri: r.end_offset for r in _split_rows(platform.engine, name)}
+        assert [(u, o) for u, o, _ in letters] == [
+            (f"{topic}/1", ends[f"{topic}/1"] - 1),  # the last message of each
+            (f"{topic}/3", ends[f"{topic}/3"] - 1),
+        ]
+        assert letters[0].reason.startswith("invalid JSON") and "(key 'k1')" in letters[0].reason
+        assert letters[1].reason == "invalid UTF-8: the message is not valid UTF-8 text (key 'k2')"
+        # Nothing new: a third run reads nothing.
+        discover(platform, discovery_of(pipeline, settings))
+        assert run_pipeline(settings, pipeline).rows_out == 0
+
+        # The group holds the committed offsets: each partition's end.
+        options = pipeline.plan.source.options
+        client = consumer(options)
+        try:
+            ends = watermarks(client, options, [(topic, p) for p in range(4)])
+            group = client.committed([TopicPartition(topic, p) for p in range(4)], timeout=10)
+        finally:
+            client.close()
+        assert options.group_id == f"sluice-{name}"
+        assert {tp.partition: tp.offset for tp in group} == {
+            p: ends[(topic, p)][1] for p in range(4)
+        }
+        assert sum(end for _, end in ends.values()) == 3002
+    finally:
+        broker.delete_topic(topic)
+        platform.close()
+
+
+def _completions(platform: Any, source: str) -> dict[date, int]:
+    """Completion generations per output day of ``source``."""
+    with platform.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(partition_completions.c.partition_key, sa.func.count())
+            .where(partition_completions.c.source == source)
+            .group_by(partition_completions.c.partition_key)
+        ).all()
+    return {row.partition_key: int(row[1]) for row in rows}
+
+
+def _live(platform: Any, run_id: str) -> Any:
+    """The run's watermark row and its splits' (uri, status, watermark), for a failure."""
+    with platform.engine.connect() as conn:
+        mark = conn.execute(
+            sa.select(run_watermarks).where(run_watermarks.c.run_id == run_id)
+        ).first()
+        held = conn.execute(
+            sa.select(splits.c.uri, splits.c.status, splits.c.committed_watermark).where(
+                splits.c.run_id == run_id
+            )
+        ).all()
+    return mark, held
+
+
+class _Feeder:
+    """What the continuous sensor does: discovery ticks, new splits assigned to the live
+    run (here every ``interval`` seconds, from a thread of its own)."""
+
+    def __init__(self, platform: Any, pipeline: Any, settings: Any, run_id: str) -> None:
+        self._args = (platform, pipeline, settings, run_id)
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        platform, pipeline, settings, run_id = self._args
+        store = SplitStore(platform.engine)
+        try:
+            while not self._stop.wait(0.3):
+                discover(platform, discovery_of(pipeline, settings))
+                store.assign_to_run(run_id, pipeline.name, lease_seconds=settings.lease_seconds)
+        except BaseException as exc:  # shown by the test
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_a_continuous_run_reads_while_messages_arrive_and_finds_new_topics(
+    make_settings: Any, broker: KafkaBroker
+) -> None:
+    settings: TestSettings = make_settings(
+        parallelism=2,
+        checkpoint_interval_seconds=0.5,
+        continuous_poll_seconds=0.3,
+        continuous_idle_seconds=300,
+    )
+    platform = open_platform(settings)
+    prefix = f"ct_{secrets.token_hex(3)}"
+    name = f"kafka_{secrets.token_hex(3)}"
+    first, later = f"{prefix}_a", f"{prefix}_b"
+    broker.create_topic(first, 4)
+    pipeline = click_pipeline(name, broker.bootstrap, pattern=f"{prefix}_.*", idle_timeout="5s")
+    folder = output_path(pipeline, settings)
+    run_id = f"{name}-live"
+    oracle: dict[str, dict[str, Any]] = {}
+    result: dict[str, Any] = {}
+
+    def reader() -> None:
+        try:
+            result["summary"] = run_pipeline(settings, pipeline, run_id=run_id, continuous=True)
+        except BaseException as exc:  # shown by the test
+            result["error"] = exc
+
+    def wait_for(events: set[str], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not events <= {r["event_id"] for r in output_rows(folder)}:
+            assert run.is_alive(), result
+            assert feeder.error is None, feeder.error
+            assert time.monotonic() < deadline, "the continuous run did not read them in time"
+            time.sleep(0.3)
+
+    discover(platform, discovery_of(pipeline, settings))
+    run = threading.Thread(target=reader, daemon=True)
+    feeder = _Feeder(platform, pipeline, settings, run_id)
+    clicks = ClickProducer(broker.bootstrap, first, limit=3000)  # ~3 s while the run reads
+    try:
+        run.start()
+        clicks.start()
+        wait_for({"e-00000000"}, 150)  # Spark is up and reading
+        # A topic created while the run lives (the pattern matches it): found and read.
+        broker.create_topic(later, 2)
+        # (Its events are of 05-03, a day still open: none can be late.)
+        oracle |= produce_clicks(broker.bootstrap, later, range(2000, 2500), prefix="b")
+        oracle |= clicks.stop()
+        wait_for(set(oracle), 60)
+        # Per-partition watermarks with idleness: every partition is quiet now; idle after
+        # 5 s, they stop holding the run back (all idle: the greatest watermark reached), so
+        # 05-01 and 05-02 complete while the run lives, once each (05-03 is still open:
+        # the run watermark is its last event's time).
+        deadline = time.monotonic() + 30
+        while not {date(2026, 5, 1), date(2026, 5, 2)} <= set(_completions(platform, name)):
+            assert run.is_alive() and time.monotonic() < deadline, (
+                _completions(platform, name),
+                _live(platform, run_id),
+            )
+            time.sleep(0.3)
+        assert _completions(platform, name) == {date(2026, 5, 1): 1, date(2026, 5, 2): 1}
+        with platform.engine.connect() as conn:
+            live = conn.execute(
+                sa.select(splits.c.uri, splits.c.subtask).where(
+                    splits.c.source == name, splits.c.end_offset.is_(None)
+                )
+            ).all()
+        # Six open splits, three per subtask, read at once.
+        assert len(live) == 6 and sorted(s for _, s in live) == [0, 0, 0, 1, 1, 1], live
+    finally:
+        feeder.stop()
+        # Cancelled, as Dagster cancels a continuous run.
+        spark_for(settings).sparkContext.cancelAllJobs()
+        run.join(60)
+    assert not run.is_alive()
+    rows = output_rows(folder)
+    assert_exactly_once(rows, oracle)
+    # More messages after the continuous run stopped: a bounded run continues the open
+    # splits from their committed offsets and reads exactly those.
+    oracle |= produce_clicks(broker.bootstrap, first, range(3000, 3400))
+    discover(platform, discovery_of(pipeline, settings))
+    after = run_pipeline(settings, pipeline)
+    assert after.rows_out == 400
+    assert_exactly_once(output_rows(folder), oracle)
+    platform.close()
+
+
+def test_a_day_is_backfilled_by_time_range_and_rebuilt_from_its_day_splits_alone(
+    make_settings: Any, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tansu answers offsets_for_times with 0: the real answer, found by reading.
+    monkeypatch.setattr(kafka_enumerator, "timestamp_offsets", scanned_offsets)
+    settings: TestSettings = make_settings(parallelism=2)
+    platform = open_platform(settings)
+    topic = f"days_{secrets.token_hex(3)}"
+    broker.create_topic(topic, 4)
+    days = [date(2026, 5, 1), date(2026, 5, 2), date(2026, 5, 3)]
+    # Three days of 300 events; each message's Kafka timestamp is its event time.
+    oracle = produce_clicks(broker.bootstrap, topic, range(900), per_day=300, timestamps=True)
+
+    def of_day(day: date) -> dict[str, dict[str, Any]]:
+        return {k: v for k, v in oracle.items() if v["ts"].startswith(day.isoformat())}
+
+    def completions(source: str) -> dict[date, int]:
+        return _completions(platform, source)
+
+    try:
+        # A pipeline that never read the topic backfills day 2 alone: exactly its events.
+        backfill = click_pipeline(f"kafka_{secrets.token_hex(3)}", broker.bootstrap, topics=topic)
+        registered = discover(platform, discovery_of(backfill, settings), dates=[days[1]])
+        assert registered.splits_registered == 4  # a day split per partition
+        day_run = run_pipeline(settings, backfill, dates=[days[1]])
+        assert day_run.rows_out == 300
+        assert_exactly_once(output_rows(output_path(backfill, settings)), of_day(days[1]))
+        assert completions(backfill.name) == {days[1]: 1}
+
+        # The main line reads everything; then day 2 is re-materialised by time range: its
+        # day splits alone are read (not the main line's), and replace the day's output.
+        name = f"kafka_{secrets.token_hex(3)}"
+        pipeline = click_pipeline(name, broker.bootstrap, topics=topic)
+        discover(platform, discovery_of(pipeline, settings))
+        assert run_pipeline(settings, pipeline).rows_out == 900
+        folder = output_path(pipeline, settings)
+        assert_exactly_once(output_rows(folder), oracle)
+        assert completions(name) == dict.fromkeys(days, 1)  # each day complete once
+        main_line = _split_rows(platform.engine, name)
+        discover(platform, discovery_of(pipeline, settings), dates=[days[1]])
+        rebuilt = run_pipeline(settings, pipeline, dates=[days[1]], rebuild=True)
+        assert rebuilt.rows_out == 300
+        assert_exactly_once(output_rows(folder), oracle)
+        rows = _split_rows(platform.engine, name)
+        assert [r for r in rows if "@" not in r.uri] == main_line  # not re-read
+        assert {r.status for r in rows if "@" in r.uri} == {"COMPLETED"}
+        # Day 2 completes again as a new generation (Dagster re-reports it), once.
+        assert completions(name) == {days[0]: 1, days[1]: 2, days[2]: 1}
+    finally:
+        broker.delete_topic(topic)
+        platform.close()
+
+
+def test_a_dagster_day_partition_of_a_kafka_pipeline_is_its_time_range_once(
+    make_settings: Any, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setattr(kafka_enumerator, "timestamp_offsets", scanned_offsets)  # (Tansu)
+    settings: TestSettings = make_settings(parallelism=2, checkpoint_interval_seconds=1.0)
+    topic = f"dg_{secrets.token_hex(3)}"
+    broker.create_topic(topic, 4)
+    days = [date(2026, 5, 1), date(2026, 5, 2)]
+    oracle = produce_clicks(broker.bootstrap, topic, range(400), per_day=200, timestamps=True)
+    name = f"kafka_{secrets.token_hex(3)}"
+    pipeline = click_pipeline(name, broker.bootstrap, topics=topic, start_date=days[0])
+    built = pipeline_definitions(pipeline, settings)
+    assert built.output.partitions_def is not None
+    (tmp_path / "dagster").mkdir()
+    platform = open_platform(settings)
+    try:
+        with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
+            for _ in range(2):  # a second materialisation replaces the day, exactly
+                result = materialize(
+                    [built.output, *built.checks],
+                    partition_key=days[1].isoformat(),
+                    resources={"sluice": resource_for(settings)},
+                    instance=instance,
+                )
+                assert result.success
+                events = result.asset_materializations_for_node(name)
+                assert [e.partition for e in events] == [days[1].isoformat()]
+                checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+                assert all(checks.values()), checks
+                day_two = {k: v for k, v in oracle.items() if v["ts"].startswith("2026-05-02")}
+                assert_exactly_once(output_rows(output_path(pipeline, settings)), day_two)
+        # Only day 2 was read (its day splits); it completed once per materialisation.
+        assert _completions(platform, name) == {days[1]: 2}
+        assert {r.uri.partition("@")[2] for r in _split_rows(platform.engine, name)} == {
+            days[1].isoformat()
+        }
+    finally:
+        broker.delete_topic(topic)
+        platform.close()
+
+
+def test_a_partition_gone_mid_run_stops_the_run_in_one_line(
+    make_settings: Any, broker: KafkaBroker
+) -> None:
+    # A partition that is no longer there while a run reads it (its topic deleted, or
+    # created again with fewer partitions): the subtask's metadata check finds it and the
+    # run stops at once with one line — no Spark retry, nothing committed past it. (Deleting
+    # a topic a librdkafka consumer is assigned crashes it against Tansu, so the vanished
+    # partition is a split registered for partition 5 of a 2-partition topic.)
+    settings: TestSettings = make_settings(
+        parallelism=1, checkpoint_interval_seconds=0.5, continuous_idle_seconds=300
+    )
+    platform = open_platform(settings)
+    topic = f"gone_{secrets.token_hex(3)}"
+    broker.create_topic(topic, 2)
+    name = f"kafka_{secrets.token_hex(3)}"
+    pipeline = click_pipeline(name, broker.bootstrap, topics=topic)
+    try:
+        produce_clicks(broker.bootstrap, topic, range(100))
+        discover(platform, discovery_of(pipeline, settings))
+        SplitStore(platform.engine).register([StreamSplit(name, "kafka", f"{topic}/5", 0, None)])
+        # A bounded run refuses it before anything starts.
+        with pytest.raises(ConfigError, match=rf"^KafkaSource\(topics\): partition {topic}/5 no"):
+            run_pipeline(settings, pipeline)
+        # A continuous run (which leaves open splits open) stops when it finds it gone.
+        started = time.monotonic()
+        with pytest.raises(
+            DeterministicFailure, match=rf"partition {topic}/5 no longer exists"
+        ) as e:
+            run_pipeline(settings, pipeline, continuous=True)
+        assert "\n" not in str(e.value) and time.monotonic() - started < 90
+    finally:
+        broker.delete_topic(topic)
+        platform.close()
