@@ -44,7 +44,13 @@ from kafka_fault_pipelines import BOOTSTRAP_SETTING, TOPIC
 from kafka_faults import GroupWatch, group_offsets, sluice_offsets
 from kafka_pipeline import assert_exactly_once, output_rows
 
-pytestmark = [pytest.mark.faults, pytest.mark.spark, pytest.mark.timeout(1200)]
+# `extended`: minutes each (`make faults` runs them, `make test` leaves them out).
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.extended,
+    pytest.mark.spark,
+    pytest.mark.timeout(1200),
+]
 
 SEED = int(os.environ.get("SLUICE_FAULTS_SEED", "20260101"))
 MODULE = "tests.faults.kafka_fault_pipelines"
