@@ -669,6 +669,8 @@ class Driver:
     moment: tuple[float, float] = (0.3, 3.0)
     pg_downtime: tuple[float, float] = (0.5, 3.0)
     max_drain_runs: int = 12
+    #: How long a run may take to start its Spark Python workers (a kill waits for them).
+    start_timeout: float = START_TIMEOUT
     #: Called when every split is committed but kills are left: lands and registers more
     #: events (a stream that keeps arriving); returns False when it may add no more.
     top_up: Callable[[], bool] | None = None
@@ -730,7 +732,7 @@ class Driver:
         return record
 
     def _wait_for_workers(self, run: Run) -> bool:
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if not run.alive():
                 return False

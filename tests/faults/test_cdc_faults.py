@@ -58,6 +58,8 @@ pytestmark = [
 SEED = int(os.environ.get("SLUICE_FAULTS_SEED", "20260101"))
 MODULE = "tests.faults.cdc_pipelines"
 LEASE_SECONDS = 4.0
+#: A run's Spark start on a machine shared with other test suites (load 30 on 2 cores seen).
+SPARK_START = 400.0
 KINDS = {"worker", "driver", "postgres"}
 #: Kill points of each phase (the order shuffled by the seed): every kind once while the
 #: snapshot chunks are read, once more while the stream is. A CDC run under the writer takes
@@ -191,6 +193,7 @@ def test_cdc_sink_equals_table_under_kills(postgres: tuple[OwnPostgres, Path]) -
     driver = Driver(
         chaos, case.env, case.work, case.server, case.db_url, case.pipeline, LEASE_SECONDS
     )
+    driver.start_timeout = SPARK_START
     driver.top_up = top_up
     writer = case.writer(SEED)
     watch = SlotWatch(case.db_url, "sluice_cdc_kills", case.pipeline, l0)
@@ -285,7 +288,7 @@ def _crash_during_snapshot(case: Case, driver: Driver, chunks: int, run: Run) ->
     """Crash Postgres once some chunk of ``run`` is being read and before all are
     committed; returns the faults the run met."""
     rng = driver.chaos.rng
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + SPARK_START
     while not _chunk_states(case).get("READING"):
         assert run.alive() and time.monotonic() < deadline, run.output()[-3000:]
         time.sleep(0.2)
@@ -319,6 +322,7 @@ def test_cdc_snapshot_survives_a_postgres_restart(postgres: tuple[OwnPostgres, P
     driver = Driver(
         chaos, case.env, case.work, case.server, case.db_url, case.pipeline, LEASE_SECONDS
     )
+    driver.start_timeout = SPARK_START
     writer = case.writer(seed)
     watch = SlotWatch(case.db_url, "sluice_cdc_snapshot", case.pipeline, l0)
     started = time.monotonic()
