@@ -671,6 +671,8 @@ class Driver:
     max_drain_runs: int = 12
     #: How long a run may take to start its Spark Python workers (a kill waits for them).
     start_timeout: float = START_TIMEOUT
+    #: How long a run may take to end after its last kill (or, without one, at all).
+    run_timeout: float = RUN_TIMEOUT
     #: Called when every split is committed but kills are left: lands and registers more
     #: events (a stream that keeps arriving); returns False when it may add no more.
     top_up: Callable[[], bool] | None = None
@@ -705,12 +707,12 @@ class Driver:
             self._current.terminate_all()
 
     def _finish(self, run: Run, kills: list[str]) -> RunRecord:
-        rc = run.wait(RUN_TIMEOUT)
+        rc = run.wait(self.run_timeout)
         if rc is None:
             stacks = run.diagnose()
             run.terminate_all()
             raise AssertionError(
-                f"run {run.number} did not end within {RUN_TIMEOUT:.0f}s after its last kill"
+                f"run {run.number} did not end within {self.run_timeout:.0f}s after its last kill"
                 f" ({', '.join(kills) or 'no kill'}); stacks:\n{stacks}\n"
                 f"log tail:\n{run.output()[-4000:]}"
             )

@@ -193,7 +193,7 @@ def test_cdc_sink_equals_table_under_kills(postgres: tuple[OwnPostgres, Path]) -
     driver = Driver(
         chaos, case.env, case.work, case.server, case.db_url, case.pipeline, LEASE_SECONDS
     )
-    driver.start_timeout = SPARK_START
+    driver.start_timeout = driver.run_timeout = SPARK_START
     driver.top_up = top_up
     writer = case.writer(SEED)
     watch = SlotWatch(case.db_url, "sluice_cdc_kills", case.pipeline, l0)
@@ -322,7 +322,7 @@ def test_cdc_snapshot_survives_a_postgres_restart(postgres: tuple[OwnPostgres, P
     driver = Driver(
         chaos, case.env, case.work, case.server, case.db_url, case.pipeline, LEASE_SECONDS
     )
-    driver.start_timeout = SPARK_START
+    driver.start_timeout = driver.run_timeout = SPARK_START
     writer = case.writer(seed)
     watch = SlotWatch(case.db_url, "sluice_cdc_snapshot", case.pipeline, l0)
     started = time.monotonic()
