@@ -35,7 +35,9 @@ test-fast: install
 	$(BIN)/python -m pytest tests/unit
 
 ## faults: exactly-once under SIGKILLed Spark workers, drivers, Dagster daemon; Postgres restarts;
-## the S3 endpoint unreachable (landing and warehouse on the S3 test server); the
+## the S3 endpoint unreachable (landing and warehouse on the S3 test server); the CDC source
+## (sink == table under a concurrent writer; Postgres crashed during the snapshot) and the Kafka
+## source (output == produced, exactly once; the consumer group never ahead of Sluice); the
 ## error-injection matrix (tests/faults/test_errors_*.py), its `extended` cases included;
 ## then the `extended` cases outside tests/faults (the examples on S3 through the CLI, the
 ## external connector through the CLI, the continuous run under a real dagster-daemon)

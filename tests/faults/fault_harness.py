@@ -112,6 +112,24 @@ class OwnPostgres:
         parts = (self._bin / "pg_ctl", self.pgdata, self._socket_dir, self._user or "")
         return "|".join(str(part) for part in parts)
 
+    def enable_logical_decoding(self) -> None:
+        """``wal_level = logical`` (and room for slots and WAL senders), as the platform's
+        embedded server has it (``enumerator_service._embedded``): ``ALTER SYSTEM``, then a
+        clean restart (the setting takes effect only at server start)."""
+        settings = {"wal_level": "logical", "max_replication_slots": "16", "max_wal_senders": "16"}
+        admin = sa.create_engine(
+            sa.make_url(self.url).set(drivername="postgresql+psycopg"),
+            isolation_level="AUTOCOMMIT",
+        )
+        try:
+            with admin.connect() as conn:
+                for name, value in settings.items():  # constants: ALTER SYSTEM takes no binds
+                    conn.execute(sa.text(f"ALTER SYSTEM SET {name} = '{value}'"))
+        finally:
+            admin.dispose()
+        self._pg_ctl("-m", "fast", "-w", "stop")
+        self.start()
+
     def restart(self, downtime: float) -> None:
         self.crash()
         time.sleep(downtime)
@@ -651,6 +669,10 @@ class Driver:
     moment: tuple[float, float] = (0.3, 3.0)
     pg_downtime: tuple[float, float] = (0.5, 3.0)
     max_drain_runs: int = 12
+    #: How long a run may take to start its Spark Python workers (a kill waits for them).
+    start_timeout: float = START_TIMEOUT
+    #: How long a run may take to end after its last kill (or, without one, at all).
+    run_timeout: float = RUN_TIMEOUT
     #: Called when every split is committed but kills are left: lands and registers more
     #: events (a stream that keeps arriving); returns False when it may add no more.
     top_up: Callable[[], bool] | None = None
@@ -666,18 +688,31 @@ class Driver:
         log(f"run {run.number} ({self.pipeline}) started (pid {run.proc.pid})")
         return run
 
+    def start_run(self) -> Run:
+        """One more `sluice run` (a case that schedules its own faults)."""
+        return self._start()
+
+    def finish_run(self, run: Run, kills: list[str]) -> RunRecord:
+        """Wait for ``run`` and record it (with the kinds of the faults it met)."""
+        return self._finish(run, kills)
+
+    def record_kill(self, kind: str, run: Run, detail: str) -> None:
+        """Put a fault the case delivered itself on the timeline."""
+        self.chaos.kills.append(Kill(kind, run.number, time.monotonic() - self._t0, detail))
+        log(f"kill {len(self.chaos.kills)}: run {run.number} {detail}")
+
     def close(self) -> None:
         """Kill a run still in flight (the test is failing)."""
         if self._current is not None and self._current.alive():
             self._current.terminate_all()
 
     def _finish(self, run: Run, kills: list[str]) -> RunRecord:
-        rc = run.wait(RUN_TIMEOUT)
+        rc = run.wait(self.run_timeout)
         if rc is None:
             stacks = run.diagnose()
             run.terminate_all()
             raise AssertionError(
-                f"run {run.number} did not end within {RUN_TIMEOUT:.0f}s after its last kill"
+                f"run {run.number} did not end within {self.run_timeout:.0f}s after its last kill"
                 f" ({', '.join(kills) or 'no kill'}); stacks:\n{stacks}\n"
                 f"log tail:\n{run.output()[-4000:]}"
             )
@@ -699,7 +734,7 @@ class Driver:
         return record
 
     def _wait_for_workers(self, run: Run) -> bool:
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if not run.alive():
                 return False
