@@ -320,6 +320,15 @@ def _run(
         summary = run_pipeline(settings, pipeline, dates=dates, progress=report, rebuild=rebuild)
         if summary.nothing_new:
             progress.update(task, visible=False)
+    if summary.nothing_new and rebuild and not summary.rebuilt:
+        # Asked to replace, and nothing was: never "nothing new" with exit 0.
+        days = ", ".join(d.isoformat() for d in dates or [])
+        click.echo(
+            f"sluice: cannot replace: nothing of {days} was replaced ({pipeline.name} has no "
+            "committed output of it to replace, nor input of it to read)",
+            err=True,
+        )
+        sys.exit(ExitCode.USAGE)
     if summary.nothing_new:
         console.print(nothing_line(summary))
     else:
