@@ -357,8 +357,9 @@ def run_cmd(
     letters commit with checkpoints, and the next run resumes a failed one's splits from
     where their committed output ends.
     With --replace, the --date days are read again from scratch and their output replaced
-    whole. Exit code: 0, or 3 (quarantined input), 4 (input left to another run), 5 (an
-    error in the pipeline's code), 1 (failed).
+    whole (a --replace that cannot start, or that found nothing to replace, is one line and
+    exit code 2). Exit code: 0, or 3 (quarantined input), 4 (input left to another run), 5
+    (an error in the pipeline's code), 1 (failed).
     """
     if replace and not dates:
         raise click.UsageError("--replace needs the partitions to replace (--date)")
