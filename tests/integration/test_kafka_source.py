@@ -354,7 +354,7 @@ def test_a_day_rebuild_whose_day_splits_miss_the_committed_offsets_is_refused(
         assert run_pipeline(settings, pipeline).rows_out == 200
         assert_exactly_once(output_rows(folder), oracle)
         before = _completions(platform, name)
-        assert before == dict.fromkeys(days, 1)
+        assert set(before) == set(days)  # (a day may complete twice: late records)
         # Every day range empty: no day split at all.
         monkeypatch.setattr(kafka_enumerator, "timestamp_offsets", empty)
         assert (
