@@ -162,6 +162,8 @@ def members(
                     "them in separate runs",
                 )
             owner[split_id] = day
+        if not fed:
+            _check_own_splits_cover(conn, source, day, out[day])
     _check_busy(conn, source, out, run_id)
     if not event_days:
         return out, set()
@@ -177,6 +179,51 @@ def members(
     )
     _check_other_days(conn, source, out, fresh)
     return out, fresh
+
+
+def _check_own_splits_cover(conn: Connection, source: str, day: date, ids: list[int]) -> None:
+    """A rebuild from the day's own splits (``fed`` False: Kafka's time-bounded day splits,
+    paths ``<stream>@<day>``) replaces every row of the day, so its members must reach the
+    offsets the day's committed rows were read from: per stream (the path before ``@``) a
+    member's range must overlap every split that fed the day. Else (the broker's
+    ``offsets_for_times`` resolved the day to an empty range or one that misses it: retention,
+    producer timestamps that are not event time) the swap would replace committed rows with
+    none — refused in one line, before anything changed."""
+    fed_day = sa.select(split_partitions.c.split_id).where(split_partitions.c.partition_key == day)
+    fed = conn.execute(
+        sa.select(
+            splits.c.uri,
+            splits.c.start_offset,
+            sa.func.coalesce(splits.c.end_offset, splits.c.committed_offset).label("end"),
+        )
+        .where(splits.c.source == source, splits.c.id.in_(fed_day))
+        .order_by(splits.c.uri, splits.c.start_offset)
+    ).all()
+    own = conn.execute(
+        sa.select(splits.c.uri, splits.c.start_offset, splits.c.end_offset).where(
+            splits.c.id.in_(ids)
+        )
+    ).all()
+    for split in fed:
+        stream, end = split.uri.partition("@")[0], split.end
+        if end is not None and end <= split.start_offset:
+            continue  # read nothing: no row of the day came from it
+        ranges = [o for o in own if o.uri.partition("@")[0] == stream]
+        top = float("inf") if end is None else end
+        if not any(
+            o.end_offset is not None
+            and max(o.start_offset, split.start_offset) < min(o.end_offset, top)
+            for o in ranges
+        ):
+            covered = ", ".join(f"[{o.start_offset}, {o.end_offset})" for o in ranges) or "none"
+            read = f"[{split.start_offset}, {'end' if end is None else end})"
+            raise CrossDayRebuildError(
+                source,
+                day,
+                f"its committed rows were read from {stream} offsets {read} but its day "
+                f"splits of {stream} cover {covered} (the broker's offsets_for_times "
+                "resolved the day to a range that misses them): nothing replaced",
+            )
 
 
 def _check_busy(conn: Connection, source: str, out: dict[date, list[int]], run_id: str) -> None:

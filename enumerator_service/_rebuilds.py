@@ -121,7 +121,9 @@ class RebuildStore:
         ``event_days``: the source partitions by event day (module docstring: the checks of
         :class:`CrossDayRebuildError`, files HELD source-wide). ``fed_members`` False: the
         members are the day's own splits only (a source whose splits of a day hold exactly
-        its records: Kafka's time-bounded day splits), not every split that fed it.
+        its records: Kafka's time-bounded day splits), not every split that fed it; they
+        must overlap, per stream, the offsets the day's committed rows came from, else
+        :class:`CrossDayRebuildError` (an empty day range never replaces committed rows).
         """
         if not days:
             return []

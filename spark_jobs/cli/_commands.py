@@ -320,6 +320,15 @@ def _run(
         summary = run_pipeline(settings, pipeline, dates=dates, progress=report, rebuild=rebuild)
         if summary.nothing_new:
             progress.update(task, visible=False)
+    if summary.nothing_new and rebuild and not summary.rebuilt:
+        # Asked to replace, and nothing was: never "nothing new" with exit 0.
+        days = ", ".join(d.isoformat() for d in dates or [])
+        click.echo(
+            f"sluice: cannot replace: nothing of {days} was replaced ({pipeline.name} has no "
+            "committed output of it to replace, nor input of it to read)",
+            err=True,
+        )
+        sys.exit(ExitCode.USAGE)
     if summary.nothing_new:
         console.print(nothing_line(summary))
     else:
@@ -348,8 +357,9 @@ def run_cmd(
     letters commit with checkpoints, and the next run resumes a failed one's splits from
     where their committed output ends.
     With --replace, the --date days are read again from scratch and their output replaced
-    whole. Exit code: 0, or 3 (quarantined input), 4 (input left to another run), 5 (an
-    error in the pipeline's code), 1 (failed).
+    whole (a --replace that cannot start, or that found nothing to replace, is one line and
+    exit code 2). Exit code: 0, or 3 (quarantined input), 4 (input left to another run), 5
+    (an error in the pipeline's code), 1 (failed).
     """
     if replace and not dates:
         raise click.UsageError("--replace needs the partitions to replace (--date)")

@@ -5,6 +5,7 @@ out of range, bad settings."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Iterator
@@ -418,6 +419,27 @@ def test_bad_settings_and_unreachable_or_missing_input_fail_in_one_line(
             ConfigError, match=r"^KafkaSource\(topics\): topic no_such_topic does not exist"
         ):
             discover(platform, discovery_of(missing, settings))
+    finally:
+        platform.close()
+
+
+def test_an_unreachable_broker_is_one_line_without_librdkafka_noise(
+    make_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # librdkafka logs a FAIL line per reconnect at its level ERROR (the CLI printed ~100 of
+    # them before its one line): they go at DEBUG, the one ConfigError line says it all.
+    settings = make_settings()
+    platform = open_platform(settings)
+    caplog.set_level(logging.DEBUG)
+    try:
+        gone = click_pipeline("p", "127.0.0.1:9", topics=["a"], timeout=1)
+        with pytest.raises(ConfigError, match=r"^KafkaSource\(bootstrap\): no answer") as e:
+            discover(platform, discovery_of(gone, settings))
+        assert "\n" not in str(e.value)
+        noise = [
+            r for r in caplog.records if r.name == "sluice.kafka" and r.levelno > logging.DEBUG
+        ]
+        assert noise == [], [r.getMessage() for r in noise[:3]]
     finally:
         platform.close()
 

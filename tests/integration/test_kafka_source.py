@@ -29,7 +29,14 @@ from kafka_pipeline import assert_exactly_once, click_pipeline, output_rows
 from sluice_resource import resource_for
 
 from dagster_project import pipeline_definitions
-from enumerator_service import ConfigError, SplitStore, StreamSplit, dead_letters, splits
+from enumerator_service import (
+    ConfigError,
+    CrossDayRebuildError,
+    SplitStore,
+    StreamSplit,
+    dead_letters,
+    splits,
+)
 from enumerator_service._operations import discover, open_platform
 from enumerator_service._schema import (
     checkpoints,
@@ -341,6 +348,62 @@ def test_a_day_is_backfilled_by_time_range_and_rebuilt_from_its_day_splits_alone
         assert {r.status for r in rows if "@" in r.uri} == {"COMPLETED"}
         # Day 2 completes again as a new generation (Dagster re-reports it), once.
         assert completions(name) == {days[0]: 1, days[1]: 2, days[2]: 1}
+    finally:
+        broker.delete_topic(topic)
+        platform.close()
+
+
+def test_a_day_rebuild_whose_day_splits_miss_the_committed_offsets_is_refused(
+    make_settings: Any, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The broker resolves the day to an empty range (Tansu answers 0 for both bounds; a real
+    # broker after retention, or with producer timestamps that are not event time): a
+    # replacement of a day with committed rows would swap them for none. Refused, one line.
+    settings: TestSettings = make_settings(parallelism=2)
+    platform = open_platform(settings)
+    topic = f"miss_{secrets.token_hex(3)}"
+    broker.create_topic(topic, 2)
+    days = [date(2026, 5, 1), date(2026, 5, 2)]
+    oracle = produce_clicks(broker.bootstrap, topic, range(200), per_day=100, timestamps=True)
+    name = f"kafka_{secrets.token_hex(3)}"
+    pipeline = click_pipeline(name, broker.bootstrap, topics=topic)
+    folder = output_path(pipeline, settings)
+
+    def empty(_c: Any, _o: Any, marks: dict[Any, tuple[int, int]], _m: int) -> dict[Any, int]:
+        return {tp: low for tp, (low, _high) in marks.items()}
+
+    try:
+        discover(platform, discovery_of(pipeline, settings))
+        assert run_pipeline(settings, pipeline).rows_out == 200
+        assert_exactly_once(output_rows(folder), oracle)
+        before = _completions(platform, name)
+        assert set(before) == set(days)  # (a day may complete twice: late records)
+        # Every day range empty: no day split at all.
+        monkeypatch.setattr(kafka_enumerator, "timestamp_offsets", empty)
+        assert (
+            discover(platform, discovery_of(pipeline, settings), dates=[days[1]]).splits_registered
+            == 0
+        )
+        with pytest.raises(CrossDayRebuildError, match=rf"{topic}/\d offsets .* cover none") as e:
+            run_pipeline(settings, pipeline, dates=[days[1]], rebuild=True)
+        assert "\n" not in str(e.value)
+
+        # One partition's range misses the day (partition 0 empty): refused naming it.
+        def partial(c: Any, o: Any, marks: dict[Any, tuple[int, int]], m: int) -> dict[Any, int]:
+            out = scanned_offsets(c, o, marks, m)
+            out[(topic, 0)] = marks[(topic, 0)][0]
+            return out
+
+        monkeypatch.setattr(kafka_enumerator, "timestamp_offsets", partial)
+        assert (
+            discover(platform, discovery_of(pipeline, settings), dates=[days[1]]).splits_registered
+            == 1
+        )
+        with pytest.raises(CrossDayRebuildError, match=rf"{topic}/0 offsets .* cover none"):
+            run_pipeline(settings, pipeline, dates=[days[1]], rebuild=True)
+        # Nothing replaced: the committed rows are all there, no new generation.
+        assert_exactly_once(output_rows(folder), oracle)
+        assert _completions(platform, name) == before
     finally:
         broker.delete_topic(topic)
         platform.close()

@@ -31,6 +31,19 @@ __all__ = [
 
 #: librdkafka's own log lines (connection refused, …) go to this logger, not to stderr.
 _log = logging.getLogger("sluice.kafka")
+
+
+class _DebugLog:
+    """librdkafka's log lines, all at DEBUG on ``sluice.kafka``. An unreachable broker makes
+    librdkafka log a FAIL line per reconnect (~100 within a metadata probe's timeout) at its
+    own level ERROR; what matters reaches the caller as a KafkaException, said in one line
+    (:func:`_unreachable`, a reader's error). Threading: called on the thread polling the
+    client; stateless."""
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        _log.debug(msg, *args)
+
+
 _BOOTSTRAP = "KafkaSource(bootstrap)"
 _TOPICS = "KafkaSource(topics)"
 
@@ -45,7 +58,7 @@ def consumer(options: KafkaOptions, **extra: Any) -> Consumer:
         "enable.auto.offset.store": False,
         "socket.timeout.ms": max(timeout_ms, 10),
         "isolation.level": "read_committed",
-        "logger": _log,
+        "logger": _DebugLog(),
     }
     config.update(extra)
     return Consumer(config)

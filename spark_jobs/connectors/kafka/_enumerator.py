@@ -19,7 +19,10 @@ partitions whose split is open (``end`` None).
   (the end offset when no message is that late; ``margin``: the source's
   ``out_of_orderness``). Its reader keeps only the records of event day D. The main line
   and its cursor are untouched: a day split is read by a run of that day (a rebuild of D
-  when D has output: the day splits alone replace it).
+  when D has output: the day splits alone replace it). A partition whose day range resolves
+  empty gets no day split; a rebuild of a day with committed rows is refused unless its day
+  splits overlap the offsets those rows came from (``_rebuild_members``), never swapped
+  for nothing.
 
 Threading: like every enumerator, owned by one thread; methods block on the broker (bounded
 by ``KafkaSource(timeout)``) and on Postgres.
