@@ -114,6 +114,35 @@ def test_status_check_and_drop_of_a_slot(make_settings: Any, db_url: str, tmp_pa
         platform.close()
 
 
+def test_discover_after_a_slot_dropped_by_hand_is_one_line(
+    make_settings: Any, db_url: str, tmp_path: Path
+) -> None:
+    """``sluice discover`` of a pipeline whose slot an admin dropped: the one line (no
+    traceback) telling to drop and discover again, and the bad-input exit code 2."""
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    table = f"public.cdc_{secrets.token_hex(3)}"
+    name = f"cdcops_{secrets.token_hex(3)}"
+    pipeline = _pipeline(name, table)
+    slot = pipeline.plan.source.options.slot
+    (tmp_path / "cdc_pipelines.py").write_text(MODULE.format(name=name, table=table))
+    env = {"SLUICE_PIPELINES": "cdc_pipelines", "SLUICE_DATABASE_URL": db_url}
+    try:
+        create_table(platform.engine, table, rows=10)
+        assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 1
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text("SELECT pg_drop_replication_slot(:s)"), {"s": slot})
+        shown = _sluice(["discover", name], env, tmp_path)
+        assert shown.returncode == 2, shown.stderr
+        lines = shown.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in shown.stderr, shown.stderr
+        assert f"replication slot '{slot}' of {name} does not exist" in lines[0]
+        assert f"sluice cdc drop {name}" in lines[0]
+    finally:
+        drop_slot(platform.engine, slot, slot)
+        platform.close()
+
+
 class _Level:
     def __init__(self, level: str) -> None:
         self.level = level

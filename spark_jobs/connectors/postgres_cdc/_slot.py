@@ -40,9 +40,11 @@ __all__ = [
 class SlotMissingError(RuntimeError):
     """The slot a CDC source reads from does not exist any more (dropped by an admin). Its
     SQLSTATE (undefined object, class 42) makes a run stop at once: retrying cannot bring
-    the slot's WAL back (see ``deterministic_error``)."""
+    the slot's WAL back (see ``deterministic_error``); ``bad_input``: the source's input,
+    not a refused query — one line, exit code 2 (a run's and ``sluice discover``'s)."""
 
     sqlstate = "42704"
+    bad_input = True
 
 
 @dataclass(frozen=True, slots=True)
