@@ -206,6 +206,47 @@ def test_another_pipelines_publication_is_neither_altered_nor_dropped(make_setti
         platform.close()
 
 
+def test_a_stream_split_a_live_run_reads_is_not_backlog(make_settings: Any) -> None:
+    """The stream split of a continuous run is READING as long as the run lives: not
+    backlog. Once its lease has expired (the run died), it is waiting again."""
+    from datetime import UTC, datetime, timedelta
+
+    from enumerator_service._live_state import live_state
+
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    source = f"cdclive_{secrets.token_hex(3)}"
+    now = datetime.now(UTC)
+    later_lease = now + timedelta(days=60)
+    insert = sa.text(
+        "INSERT INTO sluice.splits (source, kind, uri, start_offset, end_offset, status,"
+        " lease_expires_at) VALUES (:s, 'pgcdc', :u, 0, :e, :st, :lease)"
+    )
+    try:
+        with platform.engine.begin() as conn:
+            conn.execute(
+                insert,
+                {
+                    "s": source,
+                    "u": "slot",
+                    "e": None,
+                    "st": "READING",
+                    "lease": later_lease,
+                },
+            )
+            conn.execute(
+                insert, {"s": source, "u": "chunk", "e": 10, "st": "UNASSIGNED", "lease": None}
+            )
+        with platform.engine.connect() as conn:
+            assert live_state(conn, source, now).backlog_splits == 1  # the chunk only
+            later = now + timedelta(days=61)  # the stream's lease expired: waiting
+            assert live_state(conn, source, later).backlog_splits == 2
+    finally:
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM sluice.splits WHERE source = :s"), {"s": source})
+        platform.close()
+
+
 class _Level:
     def __init__(self, level: str) -> None:
         self.level = level
