@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from cdc_oracle import cdc_pipeline, compare, create_table, rows_of
 from conftest import TestSettings
 
-from enumerator_service._operations import discover, open_platform
+from enumerator_service._operations import discover, open_platform, platform_status
 from spark_jobs import BadInputFailure, PipelineDefinitionError
 from spark_jobs.connectors.postgres_cdc import SlotMissingError, drop_slot
 from spark_jobs.jobs import run_pipeline
@@ -29,6 +29,8 @@ def _snapshot(settings: TestSettings, platform: Any, rows: int) -> tuple[str, An
     create_table(platform.engine, table, rows=rows)
     discover(platform, discovery_of(pipeline, settings))
     assert run_pipeline(settings, pipeline).rows_out == rows
+    # sluice status counts the committed rows of the unpartitioned output (it showed 0).
+    assert platform_status(platform, pipeline.name).rows_committed == rows
     return table, pipeline
 
 
