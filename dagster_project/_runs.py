@@ -17,7 +17,7 @@ from enumerator_service import (
     open_platform,
     safe_name,
 )
-from spark_jobs import DeterministicFailure, ExitCode
+from spark_jobs import BadInputFailure, DeterministicFailure, ExitCode
 from spark_jobs.connectors import source_connector_named
 from spark_jobs.pipeline import Pipeline, discovery_of
 
@@ -147,6 +147,13 @@ def discover_and_run(
             run_id=run_id,
             rebuild=rebuild,
         )
+    except BadInputFailure as exc:
+        # The source's input (a truncated table, a dropped slot): a retry meets it again.
+        raise Failure(
+            description=str(exc),
+            metadata={"exit_code": int(ExitCode.USAGE)},
+            allow_retries=False,
+        ) from None
     except DeterministicFailure as exc:
         # An error in the pipeline's code: every retry would fail on the same record.
         raise Failure(

@@ -5,7 +5,8 @@ shows and the live-state sensor reports to Dagster as an observation of the outp
   watermark of its latest completed checkpoint, :func:`run_watermark`; +infinity, lag 0,
   once the run's input ended), and its lag behind now;
 - the oldest unprocessed split's age (now - when it was registered: the file waited that long);
-- the backlog: splits not yet completed (unassigned, assigned, being read, held);
+- the backlog: splits not yet completed (unassigned, assigned, being read, held) — but a
+  stream split (no end) a live run reads under its lease is not waiting;
 - rows/s: rows the last checkpoint committed over the time since the run's previous one;
 - the last checkpoint's duration (triggered → completed).
 
@@ -25,6 +26,7 @@ from enumerator_service._completeness import END_OF_INPUT
 from enumerator_service._schema import (
     UNREAD_SPLIT,
     CheckpointStatus,
+    SplitStatus,
     checkpoints,
     run_watermarks,
     sink_transactions,
@@ -101,10 +103,18 @@ def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
         .order_by(c.c.completed_at.desc(), c.c.checkpoint_id.desc())
         .limit(1)
     ).first()
+    # A stream split (no end) a live run reads under its lease is being processed, not
+    # waiting: a continuous run holds it for as long as it runs.
+    streamed = sa.and_(
+        s.c.status == SplitStatus.READING,
+        s.c.end_offset.is_(None),
+        s.c.lease_expires_at > now,
+    )
     backlog, oldest = conn.execute(
         sa.select(sa.func.count(), sa.func.min(s.c.registered_at)).where(
             s.c.source == source,
             s.c.status.in_(UNREAD_SPLIT),  # input not processed yet
+            ~streamed,
         )
     ).one()
     if last is None:

@@ -246,15 +246,16 @@ def platform_status(platform: Platform, source: str, now: datetime | None = None
     txn = sink_transactions.c
     # A rebuild's records of other days were counted as dropped; they stay as first written.
     other_days = sa.func.coalesce(txn.partition_counts["detail"]["other_days"].as_integer(), 0)
+    # An acknowledgement without partitions stores JSON null (not SQL NULL): both mean the
+    # rows of an unpartitioned output (a CDC or table source), counted from the transaction.
+    no_partitions = sa.func.coalesce(sa.func.jsonb_typeof(txn.partition_counts), "null") == "null"
     with platform.engine.connect() as conn:
         # Rows of day partitions are counted once in partition_stats, which a replaced day's
         # swap resets to the rebuild's counts (summing the transactions counted its old and
         # new rows); the transactions count the rows of unpartitioned output.
         unpartitioned, dropped, last_commit = conn.execute(
             sa.select(
-                sa.func.coalesce(
-                    sa.func.sum(txn.row_count).filter(txn.partition_counts.is_(None)), 0
-                ),
+                sa.func.coalesce(sa.func.sum(txn.row_count).filter(no_partitions), 0),
                 sa.func.coalesce(sa.func.sum(txn.dropped_count - other_days), 0),
                 sa.func.max(txn.committed_at),
             ).where(txn.committed, txn.source == source)

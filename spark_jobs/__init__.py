@@ -7,7 +7,7 @@ reader), ``lookup`` (Postgres lookups), ``sink`` (transactional Parquet and Post
 ``checkpoint`` (barriers, coordinator), ``jobs`` (driver and subtask), ``cli``.
 """
 
-from spark_jobs._outcomes import DeterministicFailure, ExitCode
+from spark_jobs._outcomes import BadInputFailure, DeterministicFailure, ExitCode
 from spark_jobs._spark import spark_for
 from spark_jobs.pipeline import (
     EMPTY_RESULT,
@@ -44,6 +44,7 @@ __all__ = [
     "HAS_EXCEPTION",
     "AsyncFunction",
     "AsyncMap",
+    "BadInputFailure",
     "CoroutineAsyncFunction",
     "DeltaSink",
     "DemoDataRefused",

@@ -2,7 +2,9 @@
 
 - 0: the run completed (or nothing was new) and every split in its scope is committed.
 - 1: the run failed (an error that stayed after the retries, an outage, a bug).
-- 2: usage, configuration or definition error; nothing was run.
+- 2: usage, configuration or definition error; nothing was run. Also a run (or discovery)
+  stopped by a source's input that cannot be read as it is (a CDC source's truncated table,
+  dropped replication slot or column): one line saying what to do.
 - 3: the run completed, but input in its scope is quarantined: poison splits, and files
   refused because they changed after discovery (``sluice status`` lists them with their
   reasons, ``sluice retry`` puts them back).
@@ -23,12 +25,15 @@ import enum
 import re
 
 __all__ = [
+    "BAD_INPUT",
     "PRECEDENCE",
+    "BadInputFailure",
     "DeterministicFailure",
     "ExitCode",
     "RunFailed",
     "job_failure",
     "run_exit_code",
+    "stopped_by",
 ]
 
 
@@ -67,7 +72,10 @@ _MEANINGS: dict[ExitCode, str] = {
     "once the cause is fixed: committed output is kept, the rest is read again.",
     ExitCode.USAGE: "Usage, configuration or definition error (or a `--replace` that cannot "
     "start, a refused `demo-data`, a schema that needs `sluice db upgrade`); one line on "
-    "stderr, nothing was run.",
+    "stderr, nothing was run. Also bad input of a source that no retry can read (a CDC "
+    "source's truncated table, dropped replication slot, dropped or renamed column): one "
+    "line saying what to do (e.g. `sluice cdc drop` and a new snapshot); nothing was "
+    "committed past it.",
     ExitCode.QUARANTINED: "The run completed, but input in its scope is quarantined: poison "
     "splits, and files refused because they changed after discovery (`sluice status` lists "
     "them with their reasons, `sluice retry` puts them back).",
@@ -85,6 +93,24 @@ class DeterministicFailure(RuntimeError):
     """The run stopped at a deterministic error in the pipeline's code (or in what a step
     queries): ``str()`` is one line naming pipeline, step, field and record. Nothing was
     committed past it; the run's splits went back to the pool. Exit code 5."""
+
+
+#: How the one line of a run stopped by bad source input begins, after ``pipeline NAME: ``.
+BAD_INPUT = "bad input: "
+
+
+class BadInputFailure(DeterministicFailure):
+    """The run (or discovery) stopped at a source's input that cannot be read as it is — a
+    CDC source's truncated table, dropped slot or column — not at the pipeline's code nor a
+    refused query: ``str()`` is one line saying what to do. Exit code 2."""
+
+
+def stopped_by(line: str) -> DeterministicFailure:
+    """The failure of a run a subtask stopped with the deterministic error ``line``."""
+    _, _, rest = line.partition(": ")
+    if line.startswith("pipeline ") and rest.startswith(BAD_INPUT):
+        return BadInputFailure(line)
+    return DeterministicFailure(line)
 
 
 class RunFailed(RuntimeError):

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 import click
 
 from enumerator_service import ConfigError, CrossDayRebuildError, PartitionBusyError, SchemaError
-from spark_jobs._outcomes import DeterministicFailure, ExitCode, RunFailed
+from spark_jobs._outcomes import (
+    BAD_INPUT,
+    BadInputFailure,
+    DeterministicFailure,
+    ExitCode,
+    RunFailed,
+)
 from spark_jobs.cli._commands import cli
 from spark_jobs.pipeline import DemoDataRefused, PipelineDefinitionError
 
@@ -40,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (CrossDayRebuildError, PartitionBusyError) as exc:  # nothing was changed
         click.echo(f"sluice: cannot replace: {exc}", err=True)
         sys.exit(ExitCode.USAGE)
+    except BadInputFailure as exc:  # the source's input: says what to do, no wrapper
+        click.echo(f"sluice: {exc}", err=True)
+        sys.exit(ExitCode.USAGE)
     except DeterministicFailure as exc:  # retrying cannot help: the one line, no traceback
         click.echo(f"sluice: run failed: {exc}", err=True)
         sys.exit(ExitCode.CODE_ERROR)
@@ -52,3 +61,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
+    except Exception as exc:
+        if getattr(type(exc), "bad_input", False) is not True:
+            raise
+        # A source's input met outside a run (a discovery's dropped slot): the one line.
+        click.echo(f"sluice: {BAD_INPUT}{' '.join(str(exc).split())}", err=True)
+        sys.exit(ExitCode.USAGE)

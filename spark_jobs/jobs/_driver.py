@@ -34,7 +34,7 @@ from enumerator_service import (
     safe_name,
     sweep_secret_files,
 )
-from spark_jobs._outcomes import DeterministicFailure, job_failure
+from spark_jobs._outcomes import job_failure, stopped_by
 from spark_jobs._spark import auth_secret, slot_error, spark_for
 from spark_jobs.checkpoint import CheckpointCoordinator
 from spark_jobs.connectors._registry import sink_connector_named, source_connector_named
@@ -331,7 +331,7 @@ class ReaderRun:
             # a continuous reader would otherwise keep running without its driver's leases.
             cancel_subtasks(spark)
             if coordinator.stop_requested is not None:
-                raise DeterministicFailure(coordinator.stop_requested) from None
+                raise stopped_by(coordinator.stop_requested) from None
             too_few = slot_error(exc, spark, parallelism, settings.spark_master)
             if too_few is not None:
                 raise too_few from None
@@ -350,7 +350,7 @@ class ReaderRun:
                 hook.close()
             self._give_back()
         if coordinator.stop_requested is not None:
-            raise DeterministicFailure(coordinator.stop_requested)
+            raise stopped_by(coordinator.stop_requested)
         if coordinator.error is not None:
             raise _coordinator_failed(coordinator.error) from coordinator.error
         return results, coordinator

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from spark_jobs._outcomes import BAD_INPUT
 from spark_jobs.source._batch import OFFSET, Batch
 
 __all__ = ["UserCodeError", "deterministic_error", "first_bad_value"]
@@ -109,10 +110,14 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 def deterministic_error(error: BaseException) -> str | None:
     """The one line of ``error`` if it (or an error it was raised from) is deterministic —
     a :class:`UserCodeError`, Postgres's SQLSTATE class 42, or an error whose class says
-    ``deterministic = True`` (a connector's: a deleted Kafka topic) — else None (transient)."""
+    ``deterministic = True`` (a connector's: a deleted Kafka topic) — else None (transient).
+    An error whose class says ``bad_input = True`` (a CDC source's truncated table, dropped
+    slot) is the source's input, not a refused query: its line begins with ``BAD_INPUT``."""
     for cause in _chain(error):
         if isinstance(cause, UserCodeError):
             return cause.line()
+        if getattr(type(cause), "bad_input", False) is True:  # not a refused query
+            return BAD_INPUT + (" ".join(str(cause).split()) or type(cause).__name__)
         if getattr(type(cause), "deterministic", False) is True:
             return " ".join(str(cause).split()) or type(cause).__name__
         state = getattr(cause, "sqlstate", None)

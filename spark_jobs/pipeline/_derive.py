@@ -28,6 +28,7 @@ from spark_jobs.pipeline._errors import check_field_name, check_identifier
 from spark_jobs.pipeline._plan import (
     AsyncMapPlan,
     Column,
+    LookupPlan,
     Plan,
     SinkPlan,
     SourcePlan,
@@ -95,6 +96,7 @@ def derive(
             "an append sink of a change stream cannot follow a per-record AsyncMap (step "
             f'{per_record[0].index}): use per="batch" on the AsyncMap, or an upsert sink'
         )
+    _refuse_lossy_lookups(ctx, source, stages)
     if sink.upsert_key is not None and source.order_field in produced:
         # A change stream: the latest change of a key wins (its commit position), and a
         # delete removes the key unless a later change is stored.
@@ -125,6 +127,23 @@ def derive(
 
 
 # --------------------------------------------------------------------------- source
+
+
+def _refuse_lossy_lookups(ctx: Context, source: SourcePlan, stages: list[StagePlan]) -> None:
+    """A change stream's Lookup must keep its misses: a delete carries only the key (the
+    other columns are null), so a lookup on them misses; a dropped miss loses the delete,
+    and the dead letters of one transaction share its position (the commit LSN), so all
+    but one of them would be lost. Until a transaction's records get distinct positions."""
+    if source.order_field is None:
+        return
+    for stage in stages:
+        if isinstance(stage, LookupPlan) and stage.on_miss != "keep":
+            ctx.where = stage.where
+            raise ctx.fail(
+                f'on_miss="{stage.on_miss}" on a change stream loses deletes (a delete'
+                " carries only the key, its other columns are null, so it misses): use"
+                ' on_miss="keep"',
+            )
 
 
 def _source(ctx: Context, source: object) -> SourcePlan:

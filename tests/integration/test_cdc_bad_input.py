@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from cdc_oracle import cdc_pipeline, compare, create_table, rows_of
 from conftest import TestSettings
 
-from enumerator_service._operations import discover, open_platform
-from spark_jobs import DeterministicFailure, PipelineDefinitionError
+from enumerator_service._operations import discover, open_platform, platform_status
+from spark_jobs import BadInputFailure, PipelineDefinitionError
 from spark_jobs.connectors.postgres_cdc import SlotMissingError, drop_slot
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.pipeline._paths import discovery_of
@@ -29,6 +29,8 @@ def _snapshot(settings: TestSettings, platform: Any, rows: int) -> tuple[str, An
     create_table(platform.engine, table, rows=rows)
     discover(platform, discovery_of(pipeline, settings))
     assert run_pipeline(settings, pipeline).rows_out == rows
+    # sluice status counts the committed rows of the unpartitioned output (it showed 0).
+    assert platform_status(platform, pipeline.name).rows_committed == rows
     return table, pipeline
 
 
@@ -71,9 +73,12 @@ def test_a_truncate_fails_the_run_with_one_line(make_settings: Any) -> None:
         with platform.engine.begin() as conn:
             conn.execute(sa.text(f"TRUNCATE {table}"))
         discover(platform, discovery_of(pipeline, settings))
-        with pytest.raises(DeterministicFailure, match=f"table {table} was truncated") as err:
+        with pytest.raises(BadInputFailure, match=f"table {table} was truncated") as err:
             run_pipeline(settings, pipeline)
-        assert "\n" not in str(err.value)
+        line = str(err.value)
+        # Bad input, not a refused query nor the pipeline's code: its own form (exit 2).
+        assert "\n" not in line and f"pipeline {pipeline.name}: bad input: table" in line
+        assert "refused" not in line and "CdcError" not in line
     finally:
         drop_slot(platform.engine, options.slot, options.publication)
         platform.close()
@@ -90,10 +95,11 @@ def test_a_slot_dropped_by_an_admin_fails_with_one_line(make_settings: Any) -> N
             conn.execute(sa.text(f"INSERT INTO {table} VALUES (11, 'x', 11)"))
             conn.execute(sa.text("SELECT pg_drop_replication_slot(:s)"), {"s": options.slot})
         with pytest.raises(
-            DeterministicFailure, match=f"replication slot '{options.slot}' does not exist"
+            BadInputFailure, match=f"replication slot '{options.slot}' does not exist"
         ) as err:
             run_pipeline(settings, pipeline)
         assert "sluice cdc drop" in str(err.value) and "\n" not in str(err.value)
+        assert "refused" not in str(err.value)
         with pytest.raises(SlotMissingError, match="does not exist"):
             discover(platform, discovery_of(pipeline, settings))
     finally:

@@ -22,8 +22,12 @@ from dagster_project._check_outcomes import check_names, outcomes_of
 from enumerator_service import ConfigError
 from enumerator_service._operations import discover, open_platform
 from spark_jobs import Pipeline, PipelineDefinitionError, PostgresCdcSource, PostgresSink
-from spark_jobs.connectors.postgres_cdc import drop_slot, slot_info
-from spark_jobs.connectors.postgres_cdc._slot import check_wal_level
+from spark_jobs.connectors.postgres_cdc import PublicationMissingError, drop_slot, slot_info
+from spark_jobs.connectors.postgres_cdc._slot import (
+    check_wal_level,
+    publication_tables,
+    release_source,
+)
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.pipeline._paths import discovery_of
 
@@ -111,6 +115,135 @@ def test_status_check_and_drop_of_a_slot(make_settings: Any, db_url: str, tmp_pa
             assert slot_info(conn, slot) is not None
     finally:
         drop_slot(platform.engine, slot, slot)
+        platform.close()
+
+
+def test_discover_after_a_slot_dropped_by_hand_is_one_line(
+    make_settings: Any, db_url: str, tmp_path: Path
+) -> None:
+    """``sluice discover`` of a pipeline whose slot an admin dropped: the one line (no
+    traceback) telling to drop and discover again, and the bad-input exit code 2."""
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    table = f"public.cdc_{secrets.token_hex(3)}"
+    name = f"cdcops_{secrets.token_hex(3)}"
+    pipeline = _pipeline(name, table)
+    slot = pipeline.plan.source.options.slot
+    (tmp_path / "cdc_pipelines.py").write_text(MODULE.format(name=name, table=table))
+    env = {"SLUICE_PIPELINES": "cdc_pipelines", "SLUICE_DATABASE_URL": db_url}
+    try:
+        create_table(platform.engine, table, rows=10)
+        assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 1
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text("SELECT pg_drop_replication_slot(:s)"), {"s": slot})
+        shown = _sluice(["discover", name], env, tmp_path)
+        assert shown.returncode == 2, shown.stderr
+        lines = shown.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in shown.stderr, shown.stderr
+        assert f"replication slot '{slot}' of {name} does not exist" in lines[0]
+        assert f"sluice cdc drop {name}" in lines[0]
+    finally:
+        drop_slot(platform.engine, slot, slot)
+        platform.close()
+
+
+def _published(platform: Any, publication: str) -> set[tuple[str, str]] | None:
+    with platform.engine.connect() as conn:
+        return publication_tables(conn, publication)
+
+
+def test_another_pipelines_publication_is_neither_altered_nor_dropped(make_settings: Any) -> None:
+    """A pipeline naming another's publication (other tables): its discovery is refused in
+    one line naming PostgresCdcSource(publication) and alters nothing; its 'cdc drop' keeps
+    that publication (and says so). The owner's stream, once started, does not recreate a
+    publication dropped under it: one line, never a silent loss of changes."""
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    owner = _pipeline(f"cdcown_{secrets.token_hex(3)}", f"public.cdc_{secrets.token_hex(3)}")
+    publication = owner.plan.source.options.publication
+    theirs = f"public.cdc_{secrets.token_hex(3)}"
+    intruder = Pipeline(
+        name=f"cdcint_{secrets.token_hex(3)}",
+        source=PostgresCdcSource(
+            tables=theirs,
+            key="id",
+            schema={"id": "int64", "v": "string", "n": "int64"},
+            publication=publication,
+        ),
+        sink=PostgresSink(f"{theirs}_out", upsert_key=["id"]),
+    )
+    mine = {("public", owner.plan.source.options.tables[0][1])}
+    intruder_slot = intruder.plan.source.options.slot
+    try:
+        create_table(platform.engine, owner.plan.source.options.table_names[0], rows=10)
+        create_table(platform.engine, theirs, rows=10)
+        assert discover(platform, discovery_of(owner, settings)).splits_registered == 1
+        assert _published(platform, publication) == mine
+        # (a) refused in one line, nothing altered, no slot created.
+        with pytest.raises(ConfigError, match=r"PostgresCdcSource\(publication\)") as err:
+            discover(platform, discovery_of(intruder, settings))
+        assert "\n" not in str(err.value) and "lists " in str(err.value)
+        assert _published(platform, publication) == mine
+        with platform.engine.connect() as conn:
+            assert slot_info(conn, intruder_slot) is None
+        # (b) its drop keeps the owner's publication, and says so.
+        lines = release_source(
+            platform.engine, intruder.name, intruder_slot, publication, [("public", theirs[7:])]
+        )
+        assert any(line.startswith(f"publication {publication}: not dropped") for line in lines)
+        assert _published(platform, publication) == mine
+        # (c) dropped under the owner's started stream: one line, not recreated.
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text(f'DROP PUBLICATION "{publication}"'))
+        with pytest.raises(PublicationMissingError, match="does not exist") as missing:
+            discover(platform, discovery_of(owner, settings))
+        assert f"sluice cdc drop {owner.name}" in str(missing.value)
+        assert "\n" not in str(missing.value)
+        assert _published(platform, publication) is None
+    finally:
+        drop_slot(platform.engine, owner.plan.source.options.slot, publication)
+        drop_slot(platform.engine, intruder_slot, None)
+        platform.close()
+
+
+def test_a_stream_split_a_live_run_reads_is_not_backlog(make_settings: Any) -> None:
+    """The stream split of a continuous run is READING as long as the run lives: not
+    backlog. Once its lease has expired (the run died), it is waiting again."""
+    from datetime import UTC, datetime, timedelta
+
+    from enumerator_service._live_state import live_state
+
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    source = f"cdclive_{secrets.token_hex(3)}"
+    now = datetime.now(UTC)
+    later_lease = now + timedelta(days=60)
+    insert = sa.text(
+        "INSERT INTO sluice.splits (source, kind, uri, start_offset, end_offset, status,"
+        " lease_expires_at) VALUES (:s, 'pgcdc', :u, 0, :e, :st, :lease)"
+    )
+    try:
+        with platform.engine.begin() as conn:
+            conn.execute(
+                insert,
+                {
+                    "s": source,
+                    "u": "slot",
+                    "e": None,
+                    "st": "READING",
+                    "lease": later_lease,
+                },
+            )
+            conn.execute(
+                insert, {"s": source, "u": "chunk", "e": 10, "st": "UNASSIGNED", "lease": None}
+            )
+        with platform.engine.connect() as conn:
+            assert live_state(conn, source, now).backlog_splits == 1  # the chunk only
+            later = now + timedelta(days=61)  # the stream's lease expired: waiting
+            assert live_state(conn, source, later).backlog_splits == 2
+    finally:
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM sluice.splits WHERE source = :s"), {"s": source})
         platform.close()
 
 

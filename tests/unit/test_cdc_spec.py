@@ -89,3 +89,23 @@ def test_an_append_of_a_change_stream_after_a_per_record_async_step_is_refused()
         _pipeline(sink=ParquetSink("copy"), steps=[per_record])
     assert "\n" not in str(err.value) and "step 1" in str(err.value)
     assert _pipeline(steps=[per_record]).plan.sink.op_field == "_op"
+
+
+@pytest.mark.parametrize("on_miss", ["drop", "dead_letter"])
+def test_a_lookup_that_does_not_keep_its_misses_is_refused(on_miss: str) -> None:
+    """A delete carries only the key (its other columns are null): a Lookup on them misses,
+    and a miss dropped or dead-lettered (one transaction's dead letters share its position)
+    would lose the delete. Refused at definition, in one line naming the step."""
+    from spark_jobs import Lookup
+
+    def lookup(miss: str) -> Lookup:
+        return Lookup("shop.users", on={"v": "name"}, columns=["country"], on_miss=miss)  # type: ignore[arg-type]
+
+    with pytest.raises(PipelineDefinitionError, match='on_miss="keep"') as err:
+        _pipeline(steps=[lookup(on_miss)])
+    line = str(err.value)
+    assert "\n" not in line and "step 1 (Lookup" in line and on_miss in line
+    assert "delete" in line
+    with pytest.raises(PipelineDefinitionError, match="loses deletes"):
+        _pipeline(sink=ParquetSink("copy"), steps=[lookup(on_miss)])
+    assert _pipeline(steps=[lookup("keep")]).plan.stages[0].on_miss == "keep"  # type: ignore[attr-defined]

@@ -32,9 +32,11 @@ __all__ = ["CdcError", "ChangeRows"]
 
 class CdcError(RuntimeError):
     """A change the source cannot carry faithfully (one line; fails the run). Its SQLSTATE
-    class 42 makes the run stop at once instead of retrying (see ``deterministic_error``)."""
+    class 42 makes the run stop at once instead of retrying (see ``deterministic_error``);
+    ``bad_input``: the source's input, not a refused query (exit code 2)."""
 
     sqlstate = "42000"
+    bad_input = True
 
 
 def _json_default(value: Any) -> str:

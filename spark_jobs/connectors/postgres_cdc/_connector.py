@@ -243,4 +243,6 @@ class CdcConnector(SourceConnector):
 
     def release(self, engine: Engine, plan: Plan) -> list[str] | None:
         options: CdcOptions = plan.source.options
-        return release_source(engine, plan.name, options.slot, options.publication)
+        return release_source(
+            engine, plan.name, options.slot, options.publication, list(options.tables)
+        )

@@ -54,6 +54,7 @@ from spark_jobs.connectors.postgres_cdc._slot import (
     ensure_publication,
     ensure_slot,
     lsn_text,
+    require_publication,
     slot_info,
 )
 
@@ -105,10 +106,15 @@ class CdcEnumerator(SplitEnumerator):
 
     def discover(self) -> DiscoveryResult:
         cursor = self.cursor()
-        # Step 1: the server can decode, the publication lists every table.
+        # Step 1: the server can decode; the publication lists exactly the tables (one that
+        # lists others is another pipeline's: never altered). Created only before the stream
+        # starts: once it has, a missing publication means lost changes, never recreated.
         with self._engine.begin() as conn:
             check_wal_level(conn)
-            ensure_publication(conn, self._publication, list(self._tables))
+            if cursor["start_lsn"] is None:
+                ensure_publication(conn, self._publication, list(self._tables))
+            else:
+                require_publication(conn, self._source, self._publication, list(self._tables))
         # Step 2: the slot before any chunk (its start is L0), unless it exists already.
         if cursor["start_lsn"] is None:
             start, _ = ensure_slot(self._engine, self._slot)

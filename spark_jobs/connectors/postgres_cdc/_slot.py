@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 from enumerator_service import ConfigError, qualified_name, quote_identifier
 
 __all__ = [
+    "PublicationMissingError",
     "SlotInfo",
     "SlotMissingError",
     "advance_slot",
@@ -32,7 +33,9 @@ __all__ = [
     "ensure_publication",
     "ensure_slot",
     "lsn_text",
+    "publication_tables",
     "release_source",
+    "require_publication",
     "slot_info",
 ]
 
@@ -40,9 +43,20 @@ __all__ = [
 class SlotMissingError(RuntimeError):
     """The slot a CDC source reads from does not exist any more (dropped by an admin). Its
     SQLSTATE (undefined object, class 42) makes a run stop at once: retrying cannot bring
-    the slot's WAL back (see ``deterministic_error``)."""
+    the slot's WAL back (see ``deterministic_error``); ``bad_input``: the source's input,
+    not a refused query — one line, exit code 2 (a run's and ``sluice discover``'s)."""
 
     sqlstate = "42704"
+    bad_input = True
+
+
+class PublicationMissingError(RuntimeError):
+    """The publication of a CDC source whose stream has started does not exist any more:
+    pgoutput decodes by the publication as of each change, so the changes made while it
+    was gone are lost. Never recreated silently; like a dropped slot (one line, exit 2)."""
+
+    sqlstate = "42704"
+    bad_input = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,27 +112,63 @@ def slot_info(conn: Connection, slot: str) -> SlotInfo | None:
     )
 
 
-def ensure_publication(conn: Connection, publication: str, tables: list[tuple[str, str]]) -> None:
-    """Create ``publication`` for ``tables``, or add the tables it lacks (in the caller's
-    transaction)."""
+def publication_tables(conn: Connection, publication: str) -> set[tuple[str, str]] | None:
+    """The tables ``publication`` lists (None: it does not exist)."""
+    exists = conn.execute(
+        sa.text("SELECT 1 FROM pg_publication WHERE pubname = :p"), {"p": publication}
+    ).first()
+    if exists is None:
+        return None
     found = conn.execute(
         sa.text("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = :p"),
         {"p": publication},
     ).all()
-    exists = conn.execute(
-        sa.text("SELECT 1 FROM pg_publication WHERE pubname = :p"), {"p": publication}
-    ).first()
-    listed = {(str(s), str(t)) for s, t in found}
-    missing = [t for t in tables if t not in listed]
-    names = ", ".join(qualified_name(s, t) for s, t in missing)
-    if exists is None:
-        conn.execute(
-            sa.text(f"CREATE PUBLICATION {quote_identifier(publication)} FOR TABLE {names}")
+    return {(str(s), str(t)) for s, t in found}
+
+
+def _shown(tables: set[tuple[str, str]] | list[tuple[str, str]]) -> str:
+    return ", ".join(sorted(f"{s}.{t}" for s, t in tables)) or "no table"
+
+
+def _check_owned(
+    publication: str, listed: set[tuple[str, str]], tables: list[tuple[str, str]]
+) -> None:
+    # Altering (or later dropping) a publication that lists other tables would change what
+    # another pipeline receives: its changes made meanwhile would be lost.
+    if listed != set(tables):
+        raise ConfigError(
+            "PostgresCdcSource(publication)",
+            f"publication {publication!r} exists and lists {_shown(listed)}, not exactly the"
+            f" pipeline's tables ({_shown(tables)}); it is left as it is (another pipeline's?):"
+            " name a publication of the pipeline's own",
         )
-    elif missing:
-        conn.execute(
-            sa.text(f"ALTER PUBLICATION {quote_identifier(publication)} ADD TABLE {names}")
+
+
+def ensure_publication(conn: Connection, publication: str, tables: list[tuple[str, str]]) -> None:
+    """Create ``publication`` for ``tables`` (in the caller's transaction); one that exists
+    must list exactly ``tables`` (ConfigError naming ``PostgresCdcSource(publication)``) —
+    never altered."""
+    listed = publication_tables(conn, publication)
+    if listed is not None:
+        _check_owned(publication, listed, tables)
+        return
+    names = ", ".join(qualified_name(s, t) for s, t in tables)
+    conn.execute(sa.text(f"CREATE PUBLICATION {quote_identifier(publication)} FOR TABLE {names}"))
+
+
+def require_publication(
+    conn: Connection, source: str, publication: str, tables: list[tuple[str, str]]
+) -> None:
+    """A started stream's publication: it must exist (else PublicationMissingError, never
+    recreated) and list exactly ``tables`` (else ConfigError)."""
+    listed = publication_tables(conn, publication)
+    if listed is None:
+        raise PublicationMissingError(
+            f"publication {publication!r} of {source} does not exist (dropped?): changes made"
+            f" while it was missing are lost; run 'sluice cdc drop {source}' and discover"
+            " again to take a new snapshot"
         )
+    _check_owned(publication, listed, tables)
 
 
 def ensure_slot(engine: Engine, slot: str) -> tuple[int, bool]:
@@ -157,9 +207,9 @@ def advance_slot(engine: Engine, slot: str, lsn: int) -> bool:
         return True
 
 
-def drop_slot(engine: Engine, slot: str, publication: str) -> tuple[bool, bool]:
-    """Drop the slot (ending a session that reads it) and the publication; (slot dropped,
-    publication dropped). Idempotent."""
+def drop_slot(engine: Engine, slot: str, publication: str | None) -> tuple[bool, bool]:
+    """Drop the slot (ending a session that reads it) and the publication (None: keep it);
+    (slot dropped, publication dropped). Idempotent."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(
             sa.text(
@@ -172,11 +222,10 @@ def drop_slot(engine: Engine, slot: str, publication: str) -> tuple[bool, bool]:
         if slot_info(conn, slot) is not None:
             conn.execute(sa.text("SELECT pg_drop_replication_slot(:s)"), {"s": slot})
             dropped = True
-        had = conn.execute(
-            sa.text("SELECT 1 FROM pg_publication WHERE pubname = :p"), {"p": publication}
-        ).first()
+        if publication is None or publication_tables(conn, publication) is None:
+            return dropped, False
         conn.execute(sa.text(f"DROP PUBLICATION IF EXISTS {quote_identifier(publication)}"))
-        return dropped, had is not None
+        return dropped, True
 
 
 _FORGET_SPLITS = sa.text(
@@ -185,16 +234,30 @@ _FORGET_SPLITS = sa.text(
 _FORGET_CURSOR = sa.text("DELETE FROM sluice.enumerator_state WHERE source = :source")
 
 
-def release_source(engine: Engine, source: str, slot: str, publication: str) -> list[str]:
-    """``sluice cdc drop``: drop the slot and the publication, then forget the source's
-    splits (their dead letters go with them) and its discovery cursor, so that the next
-    discovery creates them again and takes a new snapshot. Lines saying what was done."""
-    dropped_slot, dropped_publication = drop_slot(engine, slot, publication)
+def release_source(
+    engine: Engine, source: str, slot: str, publication: str, tables: list[tuple[str, str]]
+) -> list[str]:
+    """``sluice cdc drop``: drop the slot and the publication — only when it lists exactly
+    the source's ``tables``: one that lists others is another pipeline's, and dropping it
+    would lose that pipeline's changes — then forget the source's splits (their dead
+    letters go with them) and its discovery cursor, so that the next discovery creates
+    them again and takes a new snapshot. Lines saying what was done."""
+    with engine.connect() as conn:
+        listed = publication_tables(conn, publication)
+    owned = listed is None or listed == set(tables)
+    dropped_slot, dropped_publication = drop_slot(engine, slot, publication if owned else None)
     with engine.begin() as conn:
         forgotten = conn.execute(_FORGET_SPLITS, {"source": source}).rowcount
         conn.execute(_FORGET_CURSOR, {"source": source})
+    if listed is not None and not owned:
+        shown = (
+            f"not dropped: it lists {_shown(listed)}, not exactly the pipeline's tables"
+            f" ({_shown(tables)}) — another pipeline's? (PostgresCdcSource(publication))"
+        )
+    else:
+        shown = "dropped" if dropped_publication else "did not exist"
     return [
         f"replication slot {slot}: {'dropped' if dropped_slot else 'did not exist'}",
-        f"publication {publication}: {'dropped' if dropped_publication else 'did not exist'}",
+        f"publication {publication}: {shown}",
         f"{forgotten} split(s) of {source} forgotten: the next discovery takes a new snapshot",
     ]

@@ -53,8 +53,9 @@ class PostgresCdcSource:
         key: An integer column of every table (its primary key): snapshot chunks are ranges
             of it.
         schema: Columns to read → types (checked against the catalog when a run opens).
-        publication: The publication to read (created when missing); default
-            `sluice_<pipeline>`.
+        publication: The publication to read (created by the first discovery when
+            missing; one that exists must list exactly `tables` and is never altered, nor
+            recreated once the stream started); default `sluice_<pipeline>`.
         slot: The logical replication slot (created when missing); default
             `sluice_<pipeline>`.
         required: As for `FileSource` (a delete carries only the key columns unless the
