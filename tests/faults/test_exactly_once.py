@@ -248,6 +248,9 @@ def _assert_reported_once(env: dict[str, str], source: str) -> None:
     assert reporting.open_days == []
 
 
+# `extended` since the stream sources' tests joined `make test` (CI's 30-minute budget): the
+# kills of workers, the driver and Postgres run in `make faults`, with the CDC and Kafka cases.
+@pytest.mark.extended
 def test_exactly_once_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
     verdict = _fault_run(postgres, "EXACTLY_ONCE", SEED)
     assert verdict.duplicates == 0
@@ -255,7 +258,7 @@ def test_exactly_once_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
 
 # `extended` (about 2.5 minutes; CI's time budget): poison files are quarantined in a
 # continuous run in tests/integration/test_poison_splits.py and under changing files in
-# tests/faults/test_errors_files.py; the kills are tested by test_exactly_once_under_kills.
+# tests/faults/test_errors_files.py; the kills by test_exactly_once_under_kills (make faults).
 @pytest.mark.extended
 def test_poison_files_are_quarantined_under_kills(postgres: tuple[OwnPostgres, Path]) -> None:
     """Poison files among good ones while workers, the driver and Postgres are killed: each is
