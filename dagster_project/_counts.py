@@ -26,7 +26,14 @@ from datetime import date
 
 import sqlalchemy as sa
 
-from enumerator_service import Settings, SplitStatus, dead_letters, open_platform, splits
+from enumerator_service import (
+    STREAM_KINDS,
+    Settings,
+    SplitStatus,
+    dead_letters,
+    open_platform,
+    splits,
+)
 from spark_jobs.connectors import sink_connector_named
 from spark_jobs.pipeline import Pipeline
 
@@ -87,7 +94,13 @@ def partition_counts(
                     )
                     # An unbounded split (a change stream a continuous run follows) never
                     # completes: not one the output waits for.
-                    .where(*of_source, splits.c.end_offset.is_not(None))
+                    .where(
+                        *of_source,
+                        sa.or_(
+                            splits.c.end_offset.is_not(None),
+                            splits.c.kind.not_in(sorted(STREAM_KINDS)),
+                        ),
+                    )
                     .group_by(by_day)
                 )
             }

@@ -32,6 +32,7 @@ from enumerator_service._schema import (
     sink_transactions,
 )
 from enumerator_service._schema import splits as splits_table
+from enumerator_service._splits import STREAM_KINDS
 
 __all__ = ["LiveState", "live_state", "run_watermark"]
 
@@ -107,6 +108,7 @@ def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
     # waiting: a continuous run holds it for as long as it runs.
     streamed = sa.and_(
         s.c.status == SplitStatus.READING,
+        s.c.kind.in_(sorted(STREAM_KINDS)),
         s.c.end_offset.is_(None),
         s.c.lease_expires_at > now,
     )
