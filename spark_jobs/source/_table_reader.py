@@ -15,6 +15,7 @@ only; ``wake_up`` may be called from any thread (a query in progress finishes fi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -25,7 +26,37 @@ from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._convert import RecordConverter, new_block, raw_json
 from spark_jobs.source._records import SplitRead
 
-__all__ = ["TableRangeSplitReader", "table_query"]
+__all__ = ["Page", "TableRangeSplitReader", "page_block", "table_query"]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """How a key-range reader turns a page of rows into records: its converter, the schema of
+    its blocks and the declared field names (of dead letters)."""
+
+    converter: RecordConverter
+    schema: RecordSchema
+    names: list[str]
+
+
+def page_block(
+    reader: Page, split_id: int, start: int, found: list[Any], tail: tuple[Any, ...] = ()
+) -> ParsedBlock:
+    """The block of one page of ``(key, *values)`` rows read from ``start``, ending after its
+    last key (``tail``: values appended to every row). A row the converter refuses is a dead letter
+    with its declared values."""
+    rows: list[tuple[Any, ...]] = []
+    offsets: list[int] = []
+    dead: list[DeadLetter] = []
+    for key, *values in found:
+        parsed = reader.converter.from_values([*values, *tail])
+        if isinstance(parsed, str):
+            dead.append((key, raw_json(dict(zip(reader.names, values, strict=True))), parsed))
+        else:
+            rows.append(parsed)
+            offsets.append(key)
+    batch = reader.converter.to_batch(rows, offsets)
+    return new_block(reader.schema, split_id, start, found[-1][0] + 1, batch, dead)
 
 
 def table_query(split: TableRangeSplit, names: list[str]) -> str:
@@ -80,19 +111,10 @@ class TableRangeSplitReader:
             self._read = None
         if not found:
             return None, finished
-        rows: list[tuple[Any, ...]] = []
-        offsets: list[int] = []
-        dead: list[DeadLetter] = []
-        for key, *values in found:
-            parsed = self._converter.from_values(values)
-            if isinstance(parsed, str):
-                dead.append((key, raw_json(dict(zip(self._names, values, strict=True))), parsed))
-            else:
-                rows.append(parsed)
-                offsets.append(key)
-        start, self._next_key = self._next_key, found[-1][0] + 1
-        batch = self._converter.to_batch(rows, offsets)
-        return new_block(self._schema, read.split_id, start, self._next_key, batch, dead), finished
+        block = page_block(Page(self._converter, self._schema, self._names), read.split_id,
+                           self._next_key, found)  # fmt: skip
+        self._next_key = block.end
+        return block, finished
 
     def wake_up(self) -> None:
         """Nothing to interrupt: a ``fetch`` runs one query."""

@@ -22,9 +22,10 @@ import psycopg
 
 from enumerator_service import TableRangeSplit
 from spark_jobs.pipeline._errors import quote
-from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
-from spark_jobs.source._convert import RecordConverter, new_block, raw_json
+from spark_jobs.source._batch import ParsedBlock, RecordSchema
+from spark_jobs.source._convert import RecordConverter
 from spark_jobs.source._records import SplitRead
+from spark_jobs.source._table_reader import Page, page_block
 
 __all__ = ["ChunkReader"]
 
@@ -106,20 +107,11 @@ class ChunkReader:
             self._read = None
         if not found:
             return None, finished
-        rows: list[tuple[Any, ...]] = []
-        offsets: list[int] = []
-        dead: list[DeadLetter] = []
         tail = ("r", start_lsn, read_at, None, self._table)
-        for key, *values in found:
-            parsed = self._converter.from_values([*values, *tail])
-            if isinstance(parsed, str):
-                dead.append((key, raw_json(dict(zip(self._declared, values, strict=True))), parsed))
-            else:
-                rows.append(parsed)
-                offsets.append(key)
-        start, self._next_key = self._next_key, found[-1][0] + 1
-        batch = self._converter.to_batch(rows, offsets)
-        return new_block(self._schema, read.split_id, start, self._next_key, batch, dead), finished
+        page = Page(self._converter, self._schema, list(self._declared))
+        block = page_block(page, read.split_id, self._next_key, found, tail)
+        self._next_key = block.end
+        return block, finished
 
     def wake_up(self) -> None:
         """Nothing to interrupt: a ``fetch`` runs one query."""
