@@ -80,7 +80,10 @@ def run_table(summary: RunSummary, pipeline: Pipeline, settings: Settings) -> Ta
             f"{summary.checkpoint_p50_ms:.0f} / {summary.checkpoint_p99_ms:.0f} ms "
             f"(alignment p50 {summary.alignment_p50_ms:.0f} ms)",
         ),
-        ("lookups (queries)", f"{summary.lookups:,} ({summary.lookup_queries:,})"),
+        (
+            "looked-up records (database queries)",
+            f"{summary.lookups:,} ({summary.lookup_queries:,})",
+        ),
         ("lookup cache hits", f"{summary.cache_hit_rate:.1%}"),
         ("lookup p50 / p99", f"{summary.lookup_p50_ms:.1f} / {summary.lookup_p99_ms:.1f} ms"),
         ("seconds", f"{summary.seconds:,.1f}"),
