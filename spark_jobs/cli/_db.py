@@ -1,4 +1,7 @@
-"""``sluice db status|stop|url|shell``: the platform database's lifecycle and a way in.
+"""``sluice db upgrade|status|stop|url|shell``: the platform database's lifecycle and a way in.
+
+``upgrade`` creates the database (an embedded PostgreSQL when no SLUICE_DATABASE_URL) or migrates
+its schema; the other commands never change a schema.
 
 ``status`` and ``stop`` create and start nothing: ``status`` only reports (and reads the schema
 revision of a server that is already up), ``stop`` stops the home's embedded PostgreSQL.
@@ -24,8 +27,9 @@ from enumerator_service import (
     split_password,
     stop_embedded,
 )
+from spark_jobs.cli._common import console, open_for
 
-__all__ = ["db_shell", "db_status", "db_stop", "db_url"]
+__all__ = ["db", "db_shell", "db_status", "db_stop", "db_upgrade", "db_url"]
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -138,3 +142,33 @@ def db_shell(ctx: click.Context, psql_args: tuple[str, ...]) -> None:
     psql = psql_path()
     # psql replaces this process: its exit code, signals (Ctrl-C) and terminal are the user's.
     os.execve(psql, [psql, "--dbname", bare, *psql_args], env)  # noqa: S606 (no shell: argv as given)
+
+
+@click.command("upgrade")
+@click.pass_context
+def db_upgrade(ctx: click.Context) -> None:
+    """Create or migrate the platform database's schema.
+
+    Applies the Alembic migrations (sql/versions) to the platform database, creating the
+    embedded PostgreSQL first when SLUICE_HOME has none. Concurrent upgrades are serialised.
+    Other commands only check the schema version and ask for this command when it is behind.
+    """
+    platform = open_for(_settings(ctx), migrate=True)
+    console.print(f"Schema [bold]sluice[/] is up to date at {redact_url(platform.url)}")
+    platform.close()
+
+
+@click.group()
+def db() -> None:
+    """The platform database: create or migrate it, see it, stop it, open it.
+
+    Without SLUICE_DATABASE_URL the platform database is an embedded PostgreSQL under
+    SLUICE_HOME/pg, created by 'sluice db upgrade' (or 'sluice demo').
+    """
+
+
+db.add_command(db_upgrade)
+db.add_command(db_status)
+db.add_command(db_stop)
+db.add_command(db_url)
+db.add_command(db_shell)

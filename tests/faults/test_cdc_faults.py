@@ -23,7 +23,6 @@ through the ``sluice`` CLI in subprocesses against a Postgres of the test's own,
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,18 +32,18 @@ import pytest
 import sqlalchemy as sa
 from cdc_faults import CrashProofWriter, SlotWatch, slot_offsets
 from cdc_oracle import compare, create_table, libpq_url, rows_of
-from fault_harness import (
-    REPO,
-    Chaos,
-    Driver,
-    OwnPostgres,
-    Run,
-    log,
-    make_root,
-    remove,
-    sluice,
-    sluice_env,
-    split_counts,
+from fault_harness import Chaos, Driver, OwnPostgres, Run, log, sluice, sluice_env, split_counts
+from kill_cases import (
+    LEASE_SECONDS,
+    MAX_DRAIN_RUNS,
+    SEED,
+    SPARK_START,
+    chaos_session,
+    drain_stream,
+    own_postgres,
+    python_path,
+    run_settings,
+    stream_driver,
 )
 
 # `extended`: minutes each (`make faults` runs them, `make test` leaves them out).
@@ -55,12 +54,7 @@ pytestmark = [
     pytest.mark.timeout(1200),
 ]
 
-SEED = int(os.environ.get("SLUICE_FAULTS_SEED", "20260101"))
 MODULE = "tests.faults.cdc_pipelines"
-LEASE_SECONDS = 4.0
-#: A run's Spark start on a machine shared with other test suites (load 30 on 2 cores seen).
-SPARK_START = 400.0
-KINDS = {"worker", "driver", "postgres"}
 #: Kill points of each phase (the order shuffled by the seed): every kind once while the
 #: snapshot chunks are read, once more while the stream is. A CDC run under the writer takes
 #: 30-100 s on a busy 2-core machine: without the phases every kill landed in the snapshot.
@@ -69,8 +63,6 @@ KILLS_ROWS = 20_000
 SNAPSHOT_ROWS = 200_000
 #: Discoveries (each a new bounded stream split) at most while kills are left.
 MAX_TOP_UPS = 30
-#: Fault-free runs at most after the writer stopped.
-MAX_DRAIN_RUNS = 8
 #: WAL the idle slot may retain after the final discovery moved it. Postgres moves a logical
 #: slot's restart_lsn only to a decoding restart point whose validity the confirmed position
 #: passed, so after one advance it may lag far behind confirmed_flush_lsn: 8 MiB, 29 MiB and
@@ -81,36 +73,13 @@ RETAINED_MAX = 128 << 20
 
 @pytest.fixture(scope="module")
 def postgres(request: pytest.FixtureRequest) -> Iterator[tuple[OwnPostgres, Path]]:
-    root = make_root()
-    server = OwnPostgres(root)
-    server.enable_logical_decoding()
-    log(f"own Postgres (wal_level=logical) in {root} ({server.url})")
-    failed_before = request.session.testsfailed
-    yield server, root
-    server.stop()
-    if request.session.testsfailed > failed_before or os.environ.get("SLUICE_FAULTS_KEEP"):
-        log(f"kept {root} (run logs under */logs, Postgres log in pg/log)")
-    else:
-        remove(root)
+    with own_postgres(request, logical=True) as server_and_root:
+        yield server_and_root
 
 
 def _env(work: Path, db_url: str) -> dict[str, str]:
-    python_path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return sluice_env(
-        {
-            "SLUICE_DATABASE_URL": db_url,
-            "SLUICE_PIPELINES": MODULE,
-            "SLUICE_HOME": str(work / "home"),
-            "SLUICE_DATA_DIR": str(work / "data"),
-            "SLUICE_SPARK_MASTER": "local[2]",
-            "SLUICE_PARALLELISM": "2",
-            "SLUICE_LEASE_SECONDS": str(LEASE_SECONDS),
-            "SLUICE_CHECKPOINT_INTERVAL_SECONDS": "1",
-            "SLUICE_CHECKPOINT_TIMEOUT_SECONDS": "20",
-            "PYTHONPATH": python_path,
-        },
-        work,
-    )
+    settings = {**run_settings(work, db_url, MODULE), "PYTHONPATH": python_path()}
+    return sluice_env(settings, work)
 
 
 class Case:
@@ -147,17 +116,11 @@ class Case:
         """Discover and run (no faults) until every split is COMPLETED and the sink equals
         the table (the writer has stopped: the last bounded stream run reads past its last
         change)."""
-        for _ in range(MAX_DRAIN_RUNS):
-            log(f"discover: {self.discover()}")
-            record = driver.finish_run(driver.start_run(), [])
-            counts = split_counts(self.db_url, self.pipeline)
-            if set(counts) == {"COMPLETED"} and self.diff().equal:
-                return
-            if record.returncode not in (0, 3) or set(counts) != {"COMPLETED"}:
-                time.sleep(LEASE_SECONDS + 1)  # a dead run's leases expire
-        raise AssertionError(
-            f"not drained after {MAX_DRAIN_RUNS} fault-free runs: "
-            f"{split_counts(self.db_url, self.pipeline)}; {self.diff()}"
+        drain_stream(
+            driver,
+            lambda: log(f"discover: {self.discover()}"),
+            lambda: self.diff().equal,
+            lambda: f"; {self.diff()}",
         )
 
     def diff(self) -> object:
@@ -193,17 +156,14 @@ def test_cdc_sink_equals_table_under_kills(postgres: tuple[OwnPostgres, Path]) -
         log(f"discover: {case.discover()}")
         return True
 
-    driver = Driver(
-        chaos, case.env, case.work, case.server, case.db_url, case.pipeline, LEASE_SECONDS
+    driver = stream_driver(
+        chaos, case.env, case.work, case.server, case.db_url, case.pipeline, top_up
     )
-    driver.start_timeout = driver.run_timeout = SPARK_START
-    driver.top_up = top_up
     writer = case.writer(SEED)
     watch = SlotWatch(case.db_url, "sluice_cdc_kills", case.pipeline, l0)
-    started = time.monotonic()
     writer.start()
     watch.start()
-    try:
+    with chaos_session(driver, "cdc_kills", [writer, watch]):
         # Phase 1: kills while the chunks are read (should the snapshot be committed with
         # kills left, top_up registers stream splits and the rest land in the stream).
         driver.spend_budget()
@@ -217,16 +177,7 @@ def test_cdc_sink_equals_table_under_kills(postgres: tuple[OwnPostgres, Path]) -
         writer.stop()
         log(f"writer stopped: {writer.ops}, {writer.reconnects} reconnects")
         case.drain(driver)
-    finally:
-        driver.close()
-        if writer.is_alive():
-            writer.stop()
-        watch.stop()
-        print(chaos.timeline(), flush=True)
-    log(
-        f"cdc_kills: {len(chaos.kills)} kills ({in_snapshot} from the start of the snapshot on), "
-        f"{len(chaos.runs)} runs, {time.monotonic() - started:.1f}s"
-    )
+    log(f"cdc_kills: {in_snapshot} kills from the start of the snapshot on")
     snapshot, stream = chaos.kills[:in_snapshot], chaos.kills[in_snapshot:]
     assert sorted(k.kind for k in snapshot) == sorted(PHASE_PLAN)
     assert sorted(k.kind for k in stream) == sorted(PHASE_PLAN)
@@ -322,29 +273,18 @@ def test_cdc_snapshot_survives_a_postgres_restart(postgres: tuple[OwnPostgres, P
     seed = SEED + 1
     chaos = Chaos(seed, [])
     log(f"seed {seed}; {SNAPSHOT_ROWS:,} rows in {chunks} chunks; slot start L0 {l0}")
-    driver = Driver(
-        chaos, case.env, case.work, case.server, case.db_url, case.pipeline, LEASE_SECONDS
-    )
-    driver.start_timeout = driver.run_timeout = SPARK_START
+    driver = stream_driver(chaos, case.env, case.work, case.server, case.db_url, case.pipeline)
     writer = case.writer(seed)
     watch = SlotWatch(case.db_url, "sluice_cdc_snapshot", case.pipeline, l0)
-    started = time.monotonic()
     writer.start()  # changes during the snapshot, and across the crash
     watch.start()
-    try:
+    with chaos_session(driver, "cdc_snapshot", [writer, watch], kinds=False):
         run = driver.start_run()
         driver.finish_run(run, _crash_during_snapshot(case, driver, chunks, run))
         time.sleep(LEASE_SECONDS + 1)  # whatever the run left leased comes back
         writer.stop()
         log(f"writer stopped: {writer.ops}, {writer.reconnects} reconnects")
         case.drain(driver)
-    finally:
-        driver.close()
-        if writer.is_alive():
-            writer.stop()
-        watch.stop()
-        print(chaos.timeline(), flush=True)
-    log(f"cdc_snapshot: {len(chaos.runs)} runs, {time.monotonic() - started:.1f}s")
     assert [kill.kind for kill in chaos.kills] == ["postgres"]
     assert writer.reconnects >= 1 and writer.ops.get("delete") and writer.ops.get("rekey")
     case.verdict("cdc_snapshot")

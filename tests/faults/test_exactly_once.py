@@ -21,8 +21,6 @@ own (one database per run). The seed is printed; ``SLUICE_FAULTS_SEED=<n>`` repl
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable, Iterator
 from datetime import date, timedelta
 from pathlib import Path
@@ -37,24 +35,19 @@ from fault_harness import (
     expected_events,
     land_poison,
     log,
-    make_root,
     quarantined_files,
-    remove,
     sluice,
     sluice_env,
     verify,
 )
 from fault_reporting import report_completions_once
+from kill_cases import LEASE_SECONDS, SEED, chaos_session, own_postgres, run_settings
 from orders_oracle import OrdersVerdict, landed_orders, verify_orders
 
 from enumerator_service._database import asyncpg_dsn
 from examples._clickstream_data import DemoSpec, generate_events, load_users
 
 pytestmark = [pytest.mark.faults, pytest.mark.spark, pytest.mark.timeout(1200)]
-
-SEED = int(os.environ.get("SLUICE_FAULTS_SEED", "20260101"))
-LEASE_SECONDS = 4.0
-KINDS = {"worker", "driver", "postgres"}
 
 # -- clickstream ------------------------------------------------------------------------------
 CLICKSTREAM = "clickstream"
@@ -95,29 +88,13 @@ ORDERS_MAX_TOP_UPS = 10
 
 @pytest.fixture(scope="module")
 def postgres(request: pytest.FixtureRequest) -> Iterator[tuple[OwnPostgres, Path]]:
-    root = make_root()
-    server = OwnPostgres(root)
-    log(f"own Postgres in {root} ({server.url})")
-    failed_before = request.session.testsfailed
-    yield server, root
-    server.stop()
-    if request.session.testsfailed > failed_before or os.environ.get("SLUICE_FAULTS_KEEP"):
-        log(f"kept {root} (run logs under */logs, Postgres log in pg/log)")
-    else:
-        remove(root)
+    with own_postgres(request) as server_and_root:
+        yield server_and_root
 
 
 def _settings(work: Path, db_url: str, mode: str, modules: str) -> dict[str, str]:
     return {
-        "SLUICE_DATABASE_URL": db_url,
-        "SLUICE_PIPELINES": modules,
-        "SLUICE_HOME": str(work / "home"),
-        "SLUICE_DATA_DIR": str(work / "data"),
-        "SLUICE_SPARK_MASTER": "local[2]",
-        "SLUICE_PARALLELISM": "2",
-        "SLUICE_LEASE_SECONDS": str(LEASE_SECONDS),
-        "SLUICE_CHECKPOINT_INTERVAL_SECONDS": "1",
-        "SLUICE_CHECKPOINT_TIMEOUT_SECONDS": "20",
+        **run_settings(work, db_url, modules),
         "SLUICE_CHECKPOINTING_MODE": mode,
         "SLUICE_LOOKUP_TIMEOUT_SECONDS": "20",
     }
@@ -136,18 +113,9 @@ def _chaos_loop(
     """Spend every kill of ``chaos`` on runs of ``pipeline``, then drain; prints the
     timeline and checks that every kind was delivered."""
     driver = Driver(chaos, env, work, server, db_url, pipeline, LEASE_SECONDS, top_up=top_up)
-    started = time.monotonic()
-    try:
+    with chaos_session(driver, label):
         driver.spend_budget()
         driver.drain()
-    finally:
-        driver.close()
-        print(chaos.timeline(), flush=True)
-    log(
-        f"{label}: {len(chaos.kills)} kills, {len(chaos.runs)} runs, "
-        f"{time.monotonic() - started:.1f}s"
-    )
-    assert {kill.kind for kill in chaos.kills} == KINDS
 
 
 def _fault_run(

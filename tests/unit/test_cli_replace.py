@@ -10,7 +10,7 @@ import pytest
 
 import spark_jobs.jobs
 from spark_jobs._outcomes import ExitCode
-from spark_jobs.cli import _commands
+from spark_jobs.cli import _runs
 from spark_jobs.jobs._summary import RunSummary
 
 
@@ -32,7 +32,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, summary: RunSummary, *, rebuild: bool)
         return summary
 
     monkeypatch.setattr(spark_jobs.jobs, "run_pipeline", run_pipeline)
-    _commands._run(Any, _Pipeline(), [date(2026, 11, 20)], rebuild=rebuild)  # type: ignore[arg-type]
+    _runs._run(Any, _Pipeline(), [date(2026, 11, 20)], rebuild=rebuild)  # type: ignore[arg-type]
 
 
 def test_a_replace_that_replaced_nothing_is_one_line_and_exit_code_2(
@@ -48,7 +48,7 @@ def test_a_replace_that_replaced_nothing_is_one_line_and_exit_code_2(
 def test_a_replace_that_replaced_the_day_and_a_plain_run_with_nothing_new_exit_0(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(_commands, "run_table", lambda *_a: "replaced partitions: 2026-11-20")
+    monkeypatch.setattr(_runs, "run_table", lambda *_a: "replaced partitions: 2026-11-20")
     _run(monkeypatch, _summary(("2026-11-20",), nothing=False), rebuild=True)
     _run(monkeypatch, _summary((), nothing=True), rebuild=False)
     assert capsys.readouterr().err == ""

@@ -1,0 +1,95 @@
+"""``sluice pipelines`` and ``sluice status``: what is registered, and where each pipeline is.
+
+Both only read: they never create a database nor change its schema.
+
+Threading: the CLI runs on one thread; nothing here is shared across threads.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from enumerator_service import ConfigError, platform_status
+from spark_jobs._outcomes import ExitCode
+from spark_jobs.cli._common import console, open_for, settings_of
+from spark_jobs.cli._render import describe_table, status_json, status_table
+from spark_jobs.connectors._registry import source_connector_named
+from spark_jobs.pipeline._errors import MissingTableError
+from spark_jobs.pipeline._registry import load_pipelines, pick_pipeline
+
+__all__ = ["pipelines_cmd", "status_cmd"]
+
+
+@click.command("pipelines")
+@click.pass_context
+def pipelines_cmd(ctx: click.Context) -> None:
+    """List the registered pipelines with their source, steps, sink and output fields.
+
+    The output fields are shown with their types, those of looked-up columns from the
+    database's catalog. A definition that does not fit the database (a key type, a missing
+    column) is an error: exit code 2 after the listing; a table not created yet is only a
+    note.
+    """
+    from spark_jobs.pipeline._catalog import resolve
+
+    settings = settings_of(ctx)
+    found = load_pipelines(settings)
+    if not found:
+        pick_pipeline(found, None)  # raises: nothing registered
+    platform = open_for(settings)
+    errors = 0
+    try:
+        for pipeline in found.values():
+            error = False
+            try:
+                plan = resolve(pipeline, platform.engine).plan
+                note = None
+            except MissingTableError as exc:  # created later (sample data, the user)
+                plan, note = None, str(exc)
+            except (ConfigError, ValueError) as exc:  # the definition does not fit
+                plan, note, error = None, str(exc), True
+            errors += error
+            connector = source_connector_named(pipeline.plan.source.kind)
+            landing = connector.location(pipeline, settings)
+            console.print(describe_table(pipeline, plan, landing, note, error=error))
+    finally:
+        platform.close()
+    if errors:
+        click.echo(f"sluice: {errors} pipeline definition error(s), shown above", err=True)
+        sys.exit(ExitCode.USAGE)
+
+
+@click.command("status")
+@click.argument("pipeline", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
+    """Show where a pipeline is (or every registered one).
+
+    Splits by state, committed rows, rows removed by steps, dead letters by reason,
+    quarantined splits (file, reason, attempts, last error), the last checkpoint, live state
+    (watermark and lag, backlog and oldest waiting split, rows/s, last checkpoint's
+    duration), complete partitions, and what the source holds on a server (a CDC source's
+    replication slot: active or not, the WAL it retains).
+    """
+    settings = settings_of(ctx)
+    found = load_pipelines(settings)  # (an import error fails before any database is opened)
+    platform = open_for(settings)
+    try:
+        chosen = [pick_pipeline(found, pipeline)] if pipeline or not found else [*found.values()]
+        statuses = [platform_status(platform, p.name) for p in chosen]
+        with platform.engine.connect() as conn:
+            held = {
+                p.name: source_connector_named(p.plan.source.kind).source_status(conn, p.plan)
+                for p in chosen
+            }
+    finally:
+        platform.close()
+    if as_json:
+        click.echo(json.dumps(status_json(statuses, held), indent=2, sort_keys=True))
+        return
+    for status in statuses:
+        console.print(status_table(status, held.get(status.source)))
