@@ -39,6 +39,7 @@ from enumerator_service._database import (
     database_url,
     read_password_file,
     require_current_schema,
+    schema_revision,
     upgrade_schema,
 )
 from enumerator_service._embedded import embedded_state, psql_path, stop_embedded
@@ -232,6 +233,7 @@ __all__ = [
     "retry_splits",
     "run_id_used",
     "safe_name",
+    "schema_revision",
     "sink_transactions",
     "split_password",
     "splits",

@@ -24,6 +24,7 @@ from enumerator_service import (
     psql_path,
     redact_url,
     require_current_schema,
+    schema_revision,
     split_password,
     stop_embedded,
 )
@@ -42,11 +43,12 @@ def _schema_line(url: str) -> str:
     engine = connect_engine(url, pool_size=1)
     try:
         require_current_schema(engine)
+        revision = schema_revision(engine)
     except SchemaError as exc:
         return f"schema: {exc}"
     finally:
         engine.dispose()
-    return "schema: up to date"
+    return f"schema: up to date (revision {revision})"
 
 
 @click.command("status")
@@ -154,7 +156,10 @@ def db_upgrade(ctx: click.Context) -> None:
     Other commands only check the schema version and ask for this command when it is behind.
     """
     platform = open_for(_settings(ctx), migrate=True)
-    console.print(f"Schema [bold]sluice[/] is up to date at {redact_url(platform.url)}")
+    revision = schema_revision(platform.engine)
+    console.print(
+        f"Schema [bold]sluice[/] is up to date (revision {revision}) at {redact_url(platform.url)}"
+    )
     platform.close()
 
 

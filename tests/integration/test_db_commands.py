@@ -172,13 +172,14 @@ def test_db_stop_stops_the_embedded_server_of_the_home(short_home: Path, tmp_pat
     none = _run(["db", "status"], env, tmp_path)
     assert none.returncode == 0 and none.stdout.startswith(f"no Sluice database at {short_home}")
 
-    assert _run(["db", "upgrade"], env, tmp_path).returncode == 0
+    upgrade = _run(["db", "upgrade"], env, tmp_path)
+    assert upgrade.returncode == 0 and f"(revision {head_revision()})" in upgrade.stdout
     state = embedded_state(Settings(home=short_home, database_url=None))
     assert state.pid is not None and _postgres_on(pgdata)
     status = _run(["db", "status"], env, tmp_path)
     assert status.stdout.splitlines() == [
         f"embedded PostgreSQL in {pgdata}: running (pid {state.pid})",
-        "schema: up to date",
+        f"schema: up to date (revision {head_revision()})",
     ]
 
     stopped = _run(["db", "stop"], env, tmp_path)
@@ -203,7 +204,10 @@ def test_db_stop_leaves_an_external_database_alone(db_url: str, tmp_path: Path) 
         "SLUICE_DATABASE_URL is set: that server is not managed by Sluice, not stopped"
     )
     status = _run(["db", "status"], {"SLUICE_DATABASE_URL": db_url}, tmp_path)
-    assert status.returncode == 0 and status.stdout.splitlines()[-1] == "schema: up to date"
+    assert (
+        status.returncode == 0
+        and status.stdout.splitlines()[-1] == f"schema: up to date (revision {head_revision()})"
+    )
 
 
 def test_version_is_the_package_version_on_one_line(tmp_path: Path) -> None:

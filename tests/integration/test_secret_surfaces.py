@@ -103,7 +103,8 @@ def test_cli_db_upgrade_and_status_json_at_debug(
     }
     upgrade = _cli(["db", "upgrade"], env, tmp_path)
     assert upgrade.returncode == 0, upgrade.stderr  # the password worked
-    assert "is up to date at postgresql" in upgrade.stdout and "://alice:***@/" in upgrade.stdout
+    assert ") at postgresql" in upgrade.stdout and "is up to date (revision " in upgrade.stdout
+    assert "://alice:***@/" in upgrade.stdout
     status = _cli(["status", "--json"], env, tmp_path)
     assert status.returncode == 0, status.stderr
     assert "secret_pipe" in status.stdout
