@@ -8,12 +8,10 @@ a hit costs the worker far less than the query it replaces:
 - a dict maps each cached key to the *position* of its row in a :class:`RowLog`
   (``_cache_rows``: the columns in Arrow, per-position flags and times in flat buffers);
   ``-position`` marks a cached miss. A lookup is one ``dict.get`` per key (a C ``map``), one
-  list-to-Arrow conversion, a few compute calls and one ``take`` of the rows found (its cost
-  per key is a fraction of the query's: sending the key, decoding its row into Python
-  objects and those into Arrow);
-- recency is a CLOCK reference bit per position, set for every row used by one C ``map``
-  (no Python code per key, no rows moved); with ``expire_after_access`` the rows' access
-  times are set the same way;
+  list-to-Arrow conversion, a few compute calls and one ``take`` of the rows found;
+- recency is a CLOCK reference bit per position, set for the hits the hand reaches soon
+  (``_mark``) by one C ``map`` (no Python code per key, no rows moved); with
+  ``expire_after_access`` the hits' access times are set the same way;
 - eviction is CLOCK, vectorised: when the cache holds more than ``maximum_size`` rows, the
   hand sweeps the positions from where it stopped and evicts the live rows whose bit is clear
   (clearing the bits it passes: their second chance), the excess plus ``maximum_size / 64``
@@ -49,6 +47,7 @@ from spark_jobs.lookup._cache_rows import RowLog, as_float64, as_uint8
 __all__ = ["Answer", "BatchCache"]
 
 BULK = 64  # an eviction frees maximum_size / BULK rows more than the excess (amortised)
+REACH = 1024  # positions ahead of the CLOCK hand whose use is marked, at least
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,26 +114,29 @@ class BatchCache(CacheOptions):
         log = self._log
         # Step 1: one probe per key (0: not cached; position 0 is never a row).
         where = list(map(self._index.get, keys, repeat(0)))
-        # Step 2: recency: the CLOCK bit (and access time) of every row used, cached misses
-        # (-position) included; position 0 absorbs the keys not cached.
-        used = where if min(where, default=0) >= 0 else list(map(abs, where))
-        deque(map(log.ref.__setitem__, used, repeat(1)), maxlen=0)
-        if log.accessed is not None:
-            deque(map(log.accessed.__setitem__, used, repeat(now)), maxlen=0)
-        # Step 3: the partition: rows found (> 0), cached misses (< 0), not cached (0).
+        # Step 2: the partition: rows found (> 0), cached misses (< 0), not cached (0).
         positions = pa.array(where, pa.int64())
-        not_cached = pc.indices_nonzero(pc.equal(positions, 0))
-        missing: list[Any] = list(map(keys.__getitem__, not_cached.to_pylist()))
-        missing_at = not_cached if missing else None
+        missing_at, missing = pc.indices_nonzero(pc.equal(positions, 0)), []
+        if len(missing_at):
+            missing = list(map(keys.__getitem__, missing_at.to_pylist()))
         self.hits += len(keys) - len(missing)
         self.misses += len(missing)
+        # Step 3: recency (position 0 absorbs the keys not cached).
+        self._mark(positions)
+        if log.accessed is not None:
+            deque(map(log.accessed.__setitem__, map(abs, where), repeat(now)), maxlen=0)
         found = pc.greater(positions, 0)
         found_at = pc.indices_nonzero(found)
+        if not missing:
+            missing_at = None
         if not len(found_at):
             empty = pa.array([], pa.int64())
             return Answer(empty, tuple(pa.array([], t) for t in self._types), missing_at, missing)
-        # Step 4: their rows, one take.
-        return Answer(found_at, log.take(positions.filter(found)), missing_at, missing)
+        # Step 4: their rows, one take (two when some are in the log's tail).
+        order, values = log.take(positions.filter(found))
+        return Answer(
+            found_at if order is None else found_at.take(order), values, missing_at, missing
+        )
 
     def store(self, keys: list[Any], found_keys: list[Any], values: Sequence[pa.Array]) -> None:
         """Cache the rows the database returned for ``keys`` (``found_keys`` aligned with
@@ -179,6 +181,22 @@ class BatchCache(CacheOptions):
         self._hand = self._unexpired = 1
 
     # -- eviction and expiry -------------------------------------------------------------
+
+    def _mark(self, positions: pa.Array) -> None:
+        """Set the CLOCK reference bits of the rows used that the hand reaches soon: within
+        ``maximum_size / 4`` (at least ``REACH``) positions ahead of it, wrapping. Marking
+        only those keeps the C loop short; a row used farther ahead is not marked, so it
+        survives the sweep only if used again once near the hand (recent use: closer to LRU
+        than a mark that waits out a whole sweep)."""
+        log = self._log
+        end = log.end
+        hand = self._hand if self._hand < end else 1
+        reach = hand + max(self.maximum_size // 4, REACH)
+        at = pc.abs(positions)
+        near = pc.and_(pc.greater_equal(at, hand), pc.less(at, reach))
+        if reach > end:
+            near = pc.or_(near, pc.less(at, reach - end + 1))
+        deque(map(log.ref.__setitem__, at.filter(near).to_pylist(), repeat(1)), maxlen=0)
 
     def _forget(self, keys: list[Any]) -> None:
         """Drop ``keys`` (not an eviction: the database has no row for them)."""

@@ -7,9 +7,9 @@ Per position, in flat Python buffers written with C-speed ``map``/slice operatio
 
 - ``keys`` (a list), ``live`` and ``ref`` (bytearrays: the CLOCK reference bit), and the
   write/access times (``array('d')``, only when a TTL needs them);
-- the looked-up columns in Arrow: one *base* RecordBatch (row ``p`` is position ``p``; row
-  0 is all null) and a short *tail* of the batches appended since; a lookup is one ``take``
-  over the base and the tail's chunks together. The tail is merged into the base once it holds
+- the looked-up columns in Arrow: one *base* RecordBatch (positions ``1 .. base_end - 1``)
+  and a short *tail* of the batches appended since; a lookup is one ``take`` of the base
+  (plus one of the tail when a hit is in it). The tail is merged into the base once it holds
   an eighth of it (each row copied O(1) times, amortised), and the garbage is compacted away
   at a merge once it outnumbers the live rows (positions renumbered: the caller rebuilds its
   index from :meth:`compact`'s answer).
@@ -28,6 +28,7 @@ from itertools import compress, repeat
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = ["MIN_GARBAGE", "MIN_TAIL", "RowLog", "as_float64", "as_uint8"]
 
@@ -63,7 +64,7 @@ class RowLog:
         self.ref = bytearray(1)
         self.written: array[float] | None = array("d", [0.0]) if "written" in times else None
         self.accessed: array[float] | None = array("d", [0.0]) if "accessed" in times else None
-        self._base: pa.RecordBatch = _empty(self.schema)  # row p is position p
+        self._base: pa.RecordBatch = _empty(self.schema)
         self._tail: list[pa.RecordBatch] = []
         self._tail_rows = 0
 
@@ -87,16 +88,30 @@ class RowLog:
         self._tail_rows += count
         return start
 
-    def take(self, positions: pa.Array) -> tuple[pa.Array, ...]:
-        """The columns of the rows at ``positions`` (int64, in order; 0 gives nulls): one
-        ``take`` over the base and the tail's chunks (row ``p`` of them is position ``p``)."""
-        if not self._tail:
-            return tuple(self._base.take(positions).columns)
-        table = pa.Table.from_batches([self._base, *self._tail])
-        return tuple(c.combine_chunks() for c in table.take(positions).columns)
+    def take(self, positions: pa.Array) -> tuple[pa.Array | None, tuple[pa.Array, ...]]:
+        """The rows at ``positions`` (int64, all > 0): (the order they come in, as indices
+        into ``positions``: None = as given; their columns)."""
+        rows = pc.subtract(positions, 1)
+        if not self._tail_rows:
+            return None, tuple(self._base.take(rows).columns)
+        if len(self._tail) > 1:
+            self._tail = [pa.concat_batches(self._tail)]
+        base_rows = self._base.num_rows
+        in_tail = pc.greater_equal(rows, base_rows)
+        if not pc.any(in_tail).as_py():
+            return None, tuple(self._base.take(rows).columns)
+        in_base = pc.invert(in_tail)
+        order = pc.indices_nonzero(in_base), pc.indices_nonzero(in_tail)
+        taken = pa.concat_batches(
+            [
+                self._base.take(rows.filter(in_base)),
+                self._tail[0].take(pc.subtract(rows.filter(in_tail), base_rows)),
+            ]
+        )
+        return pa.concat_arrays(list(order)), tuple(taken.columns)
 
     def wants_merge(self) -> bool:
-        base_rows: int = self._base.num_rows - 1
+        base_rows: int = self._base.num_rows
         return self._tail_rows > max(base_rows // 8, self.min_tail)
 
     def garbage(self, live_rows: int) -> bool:
@@ -115,7 +130,8 @@ class RowLog:
         self.merge()
         live = self.live
         kept = list(compress(range(1, self.end), live[1:]))
-        self._base = self._base.take(pa.array([0, *kept], pa.int64()))
+        rows = pc.subtract(pa.array(kept, pa.int64()), 1)
+        self._base = self._base.take(rows)
         self.keys = [None, *compress(self.keys[1:], live[1:])]
         self.ref = bytearray(b"\0") + bytearray(compress(self.ref[1:], live[1:]))
         if self.written is not None:
@@ -127,5 +143,4 @@ class RowLog:
 
 
 def _empty(schema: pa.Schema) -> pa.RecordBatch:
-    """Position 0's row (all null): positions index the base and tail directly."""
-    return pa.RecordBatch.from_arrays([pa.nulls(1, f.type) for f in schema], schema=schema)
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
