@@ -41,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.lookup._cache_options import CacheOptions
 from spark_jobs.lookup._cache_rows import RowLog, as_float64, as_uint8
 
 __all__ = ["Answer", "BatchCache"]
@@ -62,7 +63,7 @@ class Answer:
     missing: list[Any]
 
 
-class BatchCache:
+class BatchCache(CacheOptions):
     """Partial cache of rows of ``value_types`` columns, answered per batch (module docstring).
 
     Counters (plain attributes): ``hits``/``misses`` (keys answered / not answered, cached
@@ -80,28 +81,18 @@ class BatchCache:
         cache_missing_key: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if maximum_size < 1:
-            raise ValueError(f"maximum_size must be at least 1, got {maximum_size}")
-        for name, value in (
-            ("expire_after_write", expire_after_write),
-            ("expire_after_access", expire_after_access),
-        ):
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must not be negative, got {value}")
-        self.maximum_size = maximum_size
-        self.expire_after_write = expire_after_write
-        self.expire_after_access = expire_after_access
-        self.cache_missing_key = cache_missing_key
+        super().__init__(
+            maximum_size,
+            expire_after_write=expire_after_write,
+            expire_after_access=expire_after_access,
+            cache_missing_key=cache_missing_key,
+            clock=clock,
+        )
         self._types = tuple(value_types)
-        self._clock = clock
         self._index: dict[Any, int] = {}  # key -> its row's position (-position: a miss)
         self._log = self._new_log()
         self._hand = 1  # CLOCK: the position the next sweep starts from
         self._unexpired = 1  # write expiry: the positions below it are expired and purged
-        self.hits = 0
-        self.misses = 0
-        self.loads = 0
-        self.evictions = 0
 
     def __len__(self) -> int:
         self._purge(self._clock())

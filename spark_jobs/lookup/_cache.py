@@ -17,6 +17,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
+from spark_jobs.lookup._cache_options import CacheOptions
+
 __all__ = ["CacheHit", "LookupCache"]
 
 K = TypeVar("K", bound=Hashable)
@@ -48,7 +50,7 @@ class _Entry(Generic[V]):
         self.accessed = now
 
 
-class LookupCache(Generic[K, V]):
+class LookupCache(CacheOptions, Generic[K, V]):
     """LRU cache of lookup results with optional write/access expiry. Every operation is O(1)
     (amortised: expired entries are removed as they reach the head of an ordering).
 
@@ -72,19 +74,13 @@ class LookupCache(Generic[K, V]):
         cache_missing_key: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if maximum_size < 1:
-            raise ValueError(f"maximum_size must be at least 1, got {maximum_size}")
-        for name, value in (
-            ("expire_after_write", expire_after_write),
-            ("expire_after_access", expire_after_access),
-        ):
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must not be negative, got {value}")
-        self.maximum_size = maximum_size
-        self.expire_after_write = expire_after_write
-        self.expire_after_access = expire_after_access
-        self.cache_missing_key = cache_missing_key
-        self._clock = clock
+        super().__init__(
+            maximum_size,
+            expire_after_write=expire_after_write,
+            expire_after_access=expire_after_access,
+            cache_missing_key=cache_missing_key,
+            clock=clock,
+        )
         self._expires = expire_after_write is not None or expire_after_access is not None
         # Least recently used first: get/put move an entry to the end.
         self._by_access: OrderedDict[K, _Entry[V]] = OrderedDict()
@@ -93,10 +89,6 @@ class LookupCache(Generic[K, V]):
         self._by_write: OrderedDict[K, _Entry[V]] | None = (
             OrderedDict() if expire_after_write is not None else None
         )
-        self.hits = 0
-        self.misses = 0
-        self.loads = 0
-        self.evictions = 0
 
     def __len__(self) -> int:
         if self._expires:

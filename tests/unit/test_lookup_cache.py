@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from spark_jobs.lookup import CacheHit, LookupCache
+from spark_jobs.lookup._batch_cache import BatchCache
 
 
 class FakeClock:
@@ -142,8 +144,11 @@ def test_a_hit_is_the_same_object_every_time() -> None:
     ],
 )
 def test_invalid_settings_are_rejected(kwargs: dict[str, Any], message: str) -> None:
+    # Both partial caches check their options in one place (CacheOptions).
     with pytest.raises(ValueError, match=message):
         LookupCache(**kwargs)
+    with pytest.raises(ValueError, match=message):
+        BatchCache(value_types=[pa.int64()], **kwargs)
 
 
 class Model:
