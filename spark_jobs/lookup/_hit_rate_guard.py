@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from spark_jobs.lookup._batch_cache import BatchCache
 
-__all__ = ["HitRateGuard"]
+__all__ = ["MIN_FILL", "HitRateGuard"]
+
+#: Below this mean fill a window is not judged.
+MIN_FILL = 0.01
 
 
 class HitRateGuard:
@@ -16,18 +19,22 @@ class HitRateGuard:
     A lookup through the cache costs about a microsecond per key more than the query alone
     (a dict probe, Arrow conversions, eviction); a hit saves a few microseconds of query,
     transfer and decoding. Below ``threshold`` hits per key the cache costs more than it
-    saves, so: the keys of ``window`` keys' worth of batches are counted; when a window's
-    hit rate is below ``threshold`` and the cache was warm when the window started (it had
-    stored at least half its ``maximum_size``: a cold cache hits little whatever the keys), the
-    next ``pause``
-    windows' worth of batches bypass the cache (neither consulted nor filled: a plain query),
-    then one window samples it again. A cache whose hit rate never reaches ``threshold``
-    thus costs ``1 / (pause + 1)`` of its full cost.
+    saves, so: the keys of ``window`` keys' worth of batches are counted, and at the end of
+    each window its hit rate is *projected* to a full cache: divided by the window's mean
+    fill (rows stored so far over ``maximum_size``, at most 1; the mean of its fill at start
+    and end). A cache filling with uniformly drawn keys hits in proportion to its fill, so
+    a cold cache's low rate is not mistaken for a cache that does not pay, and a cache that
+    cannot pay is found within its first window instead of after it filled (filling it costs
+    the most: every key is stored). When the projection is below ``threshold``, the next
+    ``pause`` windows' worth of batches bypass the cache (neither consulted nor filled: a
+    plain query), then one window samples it again. A window whose mean fill is below
+    ``MIN_FILL`` is not judged (too little seen). A cache whose hit rate never reaches
+    ``threshold`` thus costs ``1 / (pause + 1)`` of its full cost.
 
     Threading contract: that of its cache (one event loop thread).
     """
 
-    __slots__ = ("_hits", "_keys", "_skip", "_warm", "bypassed", "pause", "threshold", "window")
+    __slots__ = ("_fill", "_hits", "_keys", "_skip", "bypassed", "pause", "threshold", "window")
 
     def __init__(self, threshold: float, *, window: int = 16_384, pause: int = 9) -> None:
         if not 0.0 <= threshold <= 1.0:
@@ -35,7 +42,7 @@ class HitRateGuard:
         self.threshold, self.window, self.pause = threshold, window, pause
         self._hits = self._keys = 0
         self._skip = 0  # keys still to bypass
-        self._warm = False  # the cache was warm when this window started
+        self._fill = 0.0  # the cache's fill when this window started
         self.bypassed = 0  # keys looked up without the cache (a counter)
 
     def consult(self, keys: int) -> bool:
@@ -54,6 +61,8 @@ class HitRateGuard:
             return
         rate = self._hits / self._keys
         self._hits = self._keys = 0
-        if rate < self.threshold and self._warm:
+        size = cache.maximum_size
+        fill = min(1.0, cache.loads / size) if size > 0 else 1.0
+        mean, self._fill = (self._fill + fill) / 2, fill
+        if mean >= MIN_FILL and rate / mean < self.threshold:
             self._skip = self.pause * self.window
-        self._warm = cache.loads >= cache.maximum_size // 2
