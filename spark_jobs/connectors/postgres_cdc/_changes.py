@@ -81,6 +81,12 @@ class ChangeRows:
         found = self._relations.get(relid)
         return None if found is None else found.qualified
 
+    def layout_of(self, relid: int) -> tuple[Relation, tuple[int, ...]] | None:
+        """A source table's relation and the index of each declared column in it; None for
+        an unknown relation or another table (the reference path, :meth:`rows`, says which)."""
+        layout = self._layout.get(relid)
+        return None if layout is None else (self._relations[relid], layout[0])
+
     def rows(self, change: Change, lsn: int, committed: datetime) -> list[list[Any]]:
         """The records of one change ([] when its table is not a source table)."""
         relation = self._relations.get(change.relid)
