@@ -28,15 +28,16 @@ Threading: owned by the stream reader's fetcher thread (like its :class:`ChangeR
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.connectors.postgres_cdc._changes import CdcError, ChangeRows
+from spark_jobs.connectors.postgres_cdc._changes import CdcError, ChangeRows, json_default
+from spark_jobs.connectors.postgres_cdc._frame import Frame
 from spark_jobs.connectors.postgres_cdc._pgoutput import Change, Relation, from_text
 from spark_jobs.connectors.postgres_cdc._pgoutput import decode as decode_message
 from spark_jobs.source._batch import DeadLetter
@@ -60,59 +61,28 @@ _RISKY_OIDS = frozenset({17, 1082, 1114, 1184})
 _TYPED_OIDS = _INT_OIDS | _FLOAT_OIDS | _RISKY_OIDS | {_BOOL_OID, 1700}
 _INT_TYPES = {pa.int8(), pa.int16(), pa.int32(), pa.int64()}
 _MAX_LSN = (1 << 63) - 1
-_unpack_h = struct.Struct(">h").unpack_from
-_unpack_i = struct.Struct(">i").unpack_from
-_unpack_I = struct.Struct(">I").unpack_from
 
 
 class _Fallback(Exception):
     """The whole block goes through the reference path."""
 
 
-def new_tuple(p: bytes) -> tuple[int, list[bytes | None]] | None:
-    """(relid, raw text values) of an insert or of an update without an old tuple; None for
-    a slow message (another kind, an unchanged TOASTed value, anything malformed)."""
-    kind = p[0]
-    if (kind != 73 and kind != 85) or len(p) < 8 or p[5] != 78:  # 'I' / 'U', then 'N'
-        return None
-    at = 8
-    values: list[bytes | None] = []
-    append = values.append
-    try:
-        for _ in range(_unpack_h(p, 6)[0]):
-            tag = p[at]
-            if tag == 116:  # 't'
-                size = _unpack_i(p, at + 1)[0]
-                if size < 0:
-                    return None
-                at += 5
-                append(p[at : at + size])
-                at += size
-            elif tag == 110:  # 'n'
-                append(None)
-                at += 1
-            else:  # 'u' (unchanged TOAST: the reference path says what it means) or bad
-                return None
-    except (IndexError, struct.error):
-        return None
-    if at != len(p):
-        return None
-    return _unpack_I(p, 1)[0], values
-
-
 class _Group:
-    """The fast records of one relation: raw texts and their CDC fields."""
+    """The fast records of one relation: their messages and raw column values."""
 
-    __slots__ = ("layout", "lsns", "ops", "payloads", "positions", "times", "tuples")
+    __slots__ = ("columns", "delete", "layout", "rows")
 
-    def __init__(self, layout: tuple[Relation, tuple[int, ...]]) -> None:
+    def __init__(
+        self,
+        layout: tuple[Relation, tuple[int, ...]],
+        rows: pa.Array,
+        columns: list[pa.Array],
+        delete: bool,
+    ) -> None:
         self.layout = layout
-        self.tuples: list[list[bytes | None]] = []
-        self.positions: list[int] = []
-        self.lsns: list[int] = []
-        self.times: list[datetime] = []
-        self.ops: list[str] = []
-        self.payloads: list[bytes] = []
+        self.delete = delete  # columns: the old tuple (else the new one)
+        self.rows = rows  # message indices (int64)
+        self.columns = columns
 
 
 class BlockDecoder:
@@ -181,122 +151,148 @@ class BlockDecoder:
             # path fails with the first bad message's exact error.
             return self.reference(payloads, runs)
 
-    def _frame(
-        self, payloads: Sequence[bytes], runs: Runs
-    ) -> tuple[dict[int, _Group], list[tuple[int, list[Any]]]]:
-        """Step 1: fast records grouped by relation; slow records with their positions."""
-        groups: dict[int, _Group] = {}
-        slow: list[tuple[int, list[Any]]] = []
-        layout_of = self._changes.layout_of
-        position = start = 0
-        for end, lsn, committed in runs:
-            if lsn > _MAX_LSN:
-                raise _Fallback
-            for p in payloads[start:end]:
-                framed = new_tuple(p)
-                group = None
-                if framed is not None:
-                    group = groups.get(framed[0])
-                    if group is None:
-                        layout = layout_of(framed[0])
-                        if layout is not None:
-                            group = groups[framed[0]] = _Group(layout)
-                if (
-                    framed is None
-                    or group is None
-                    or len(framed[1]) != len(group.layout[0].columns)
-                ):
-                    for values in self._message_rows(p, lsn, committed):
-                        slow.append((position, values))
-                        position += 1
+    def _frame(self, payloads: Sequence[bytes]) -> tuple[list[_Group], set[int], pa.Array]:
+        """Step 1: fast messages grouped by relation (their column values); the indices of
+        the others."""
+        frame = Frame(payloads)
+        if frame.too_big:
+            raise _Fallback
+        groups: list[_Group] = []
+        fast: set[int] = set()
+        for kinds, delete in ((frame.candidates, False), (frame.deletes, True)):
+            for relid in pc.unique(pc.filter(frame.relids, kinds)).to_pylist():
+                layout = self._changes.layout_of(relid)
+                if layout is None:  # not a source table, or unknown: the reference path says
                     continue
-                group.tuples.append(framed[1])
-                group.positions.append(position)
-                group.lsns.append(lsn)
-                group.times.append(committed)
-                group.ops.append("c" if p[0] == 73 else "u")
-                group.payloads.append(p)
-                position += 1
-            start = end
-        return groups, slow
+                rows = pc.indices_nonzero(pc.and_(kinds, pc.equal(frame.relids, relid)))
+                ok, columns = frame.tuples(rows, len(layout[0].columns))
+                if not pc.all(ok).as_py():
+                    rows, columns = rows.filter(ok), [c.filter(ok) for c in columns]
+                if len(rows):
+                    groups.append(_Group(layout, pc.cast(rows, pa.int64()), columns, delete))
+                    fast.update(rows.to_pylist())
+        return groups, fast, frame.inserts
 
     def _fast(self, payloads: Sequence[bytes], runs: Runs) -> Piece:
-        groups, slow = self._frame(payloads, runs)
-        parts: list[tuple[list[int], pa.RecordBatch]] = []
-        for group in groups.values():
-            batch, bad = self._columns(group)
-            keep = [i for i in range(len(group.positions)) if i not in bad] if bad else None
-            for i in sorted(bad):
-                (values,) = self._message_rows(group.payloads[i], group.lsns[i], group.times[i])
-                slow.append((group.positions[i], values))
-            if keep is None:
-                parts.append((group.positions, batch))
-            elif keep:
-                parts.append(([group.positions[i] for i in keep], batch.take(keep)))
+        groups, fast, frame_inserts = self._frame(payloads)
+        # Each message's transaction (index into runs); record positions: 2 x message index
+        # (+ 1 for a key change's second record).
+        run_of: list[int] = []
+        for index, (end, _, _) in enumerate(runs):
+            run_of.extend([index] * (end - len(run_of)))
+        slow: list[tuple[int, list[Any]]] = []
+        for i in range(len(payloads)):
+            if i not in fast:
+                _, lsn, committed = runs[run_of[i]]
+                for sub, values in enumerate(self._message_rows(payloads[i], lsn, committed)):
+                    slow.append((2 * i + sub, values))
+        if runs[-1][1] > _MAX_LSN:
+            raise _Fallback
+        run_index = pa.array(run_of, pa.int64())
+        parts: list[tuple[pa.Array, pa.RecordBatch]] = []
+        for group in groups:
+            inserts = pc.take(frame_inserts, group.rows)
+            batch, bad = self._columns(group, pc.take(run_index, group.rows), runs, inserts)
+            positions = pc.multiply(group.rows, 2)
+            if bad:
+                for i in sorted(bad):
+                    message = group.rows[i].as_py()
+                    _, lsn, committed = runs[run_of[message]]
+                    (values,) = self._message_rows(payloads[message], lsn, committed)
+                    slow.append((2 * message, values))
+                keep = pa.array([i for i in range(len(group.rows)) if i not in bad], pa.int64())
+                positions, batch = pc.take(positions, keep), batch.take(keep)
+            parts.append((positions, batch))
         dead: list[DeadLetter] = []
         if slow:
             slow.sort(key=lambda entry: entry[0])
-            found = [values for _, values in slow]
-            batch, dead, kept = self._convert_rows(found)
-            parts.append(([slow[i][0] for i in kept], batch))
+            batch, dead, kept = self._convert_rows([values for _, values in slow])
+            parts.append((pa.array([slow[i][0] for i in kept], pa.int64()), batch))
         return _merge(parts, self._converter), dead
 
     # -- columns ---------------------------------------------------------------------------
 
-    def _columns(self, group: _Group) -> tuple[pa.RecordBatch, set[int]]:
+    def _columns(
+        self, group: _Group, runs_of: pa.Array, runs: Runs, inserts: pa.Array
+    ) -> tuple[pa.RecordBatch, set[int]]:
         """Step 2: the group's batch (every record) and the records it cannot prove."""
         relation, positions = group.layout
-        tuples, count = group.tuples, len(group.tuples)
+        count = len(group.rows)
         declared = set(positions)
         for index, column in enumerate(relation.columns):
             if index not in declared:  # the reference parses these too (and may fail)
-                self._check_undeclared(column.type_oid, [t[index] for t in tuples])
+                self._check_undeclared(column.type_oid, group.columns[index])
         bad: set[int] = set()
         arrays = [
-            self._column(j, relation.columns[index].type_oid, [t[index] for t in tuples], bad)
+            self._column(j, relation.columns[index].type_oid, group.columns[index], bad)
             for j, index in enumerate(positions)
         ]
         if "_before" in self._required:
             bad.update(range(count))
-        lsns = pa.array(group.lsns, pa.int64())
+        lsns = pc.take(pa.array([lsn for _, lsn, _ in runs], pa.int64()), runs_of)
+        if group.delete:
+            ops, before = pa.array(["d"] * count, pa.string()), self._before(group)
+        else:
+            ops, before = pc.if_else(inserts, "c", "u"), pa.nulls(count, pa.string())
         arrays += [
-            pa.array(group.ops, pa.string()),
+            ops,
             lsns,
-            self._times(group.times),
-            pa.nulls(count, pa.string()),
+            pc.take(self._times(runs), runs_of),
+            before,
             pa.array([relation.qualified] * count, pa.string()),
             lsns,
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=self._batch_schema), bad
 
-    def _times(self, times: list[datetime]) -> pa.Array:
-        # The reference's conversion of each distinct commit time (one per transaction).
+    def _before(self, group: _Group) -> pa.Array:
+        """``_before`` of deletes: the old tuple's values as JSON (the reference's
+        ``_before_json``). A tuple of only an integer key, the common case, is formatted
+        column-wise (Postgres prints integers the way ``int`` then JSON does)."""
+        relation, columns = group.layout[0], group.columns
+        names = [c.name for c in relation.columns]
+        key = names.index(self._changes.key)
+        simple = pc.is_valid(columns[key])
+        for index, column in enumerate(columns):
+            if index != key:
+                simple = pc.and_(simple, pc.is_null(column))
+        if relation.columns[key].type_oid not in _INT_OIDS:
+            simple = pc.and_(simple, False)
+        prefix = b"{" + orjson.dumps(names[key]) + b":"
+        text = pc.binary_join_element_wise(
+            pa.scalar(prefix, pa.binary()), columns[key], pa.scalar(b"}", pa.binary()), b""
+        )
+        if pc.all(simple).as_py():
+            return text.cast(pa.string())
+        rows = zip(*(c.to_pylist() for c in columns), strict=True)
+        out = [
+            None if is_simple else _json_of(relation, values)
+            for is_simple, values in zip(simple.to_pylist(), rows, strict=True)
+        ]
+        return pc.if_else(simple, text.cast(pa.string()), pa.array(out, pa.string()))
+
+    def _times(self, runs: Runs) -> pa.Array:
+        """The reference's conversion of each transaction's commit time."""
         at = self._declared + 2
-        convert, seen = self._convert[at], {}
-        for when in times:
-            if when not in seen:
-                seen[when] = convert(when)
-        return pa.array([seen[when] for when in times], self._fields[at].type)
+        convert = self._convert[at]
+        return pa.array([convert(when) for _, _, when in runs], self._fields[at].type)
 
     @staticmethod
-    def _check_undeclared(oid: int, texts: list[bytes | None]) -> None:
-        raw = pa.array(texts, pa.binary())
+    def _check_undeclared(oid: int, raw: pa.Array) -> None:
         try:
             raw.cast(pa.string())
         except pa.ArrowInvalid:
             raise _Fallback from None
         if oid in _RISKY_OIDS:
-            for text in texts:
+            for text in raw.to_pylist():
                 if text is not None:
                     try:
                         from_text(oid, text.decode())
                     except ValueError:
                         raise _Fallback from None
 
-    def _column(self, j: int, oid: int, texts: list[bytes | None], bad: set[int]) -> pa.Array:
+    def _column(self, j: int, oid: int, raw: pa.Array, bad: set[int]) -> pa.Array:
         field = self._fields[j]
         kind = field.type
-        raw = pa.array(texts, pa.binary())
         try:
             text = raw.cast(pa.string())
         except pa.ArrowInvalid:
@@ -308,7 +304,7 @@ class BlockDecoder:
             return fast
         convert = self._convert[j]
         values: list[Any] = []
-        for i, value in enumerate(texts):
+        for i, value in enumerate(raw.to_pylist()):
             if value is None:
                 values.append(None)
                 continue
@@ -322,6 +318,18 @@ class BlockDecoder:
                 bad.add(i)
                 values.append(None)
         return pa.array(values, kind)
+
+
+def _json_of(relation: Relation, texts: Sequence[bytes | None]) -> str:
+    """The reference's ``_before`` of an old tuple's raw values."""
+    old = {}
+    for column, text in zip(relation.columns, texts, strict=True):
+        if text is not None:
+            try:
+                old[column.name] = from_text(column.type_oid, text.decode())
+            except ValueError:
+                raise _Fallback from None
+    return orjson.dumps(old, default=json_default).decode()
 
 
 def _where(mask: pa.Array) -> list[int]:
