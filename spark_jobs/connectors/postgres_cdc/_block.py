@@ -151,14 +151,13 @@ class BlockDecoder:
             # path fails with the first bad message's exact error.
             return self.reference(payloads, runs)
 
-    def _frame(self, payloads: Sequence[bytes]) -> tuple[list[_Group], set[int], pa.Array]:
+    def _frame(self, payloads: Sequence[bytes]) -> tuple[list[_Group], list[int], pa.Array]:
         """Step 1: fast messages grouped by relation (their column values); the indices of
         the others."""
         frame = Frame(payloads)
         if frame.too_big:
             raise _Fallback
         groups: list[_Group] = []
-        fast: set[int] = set()
         for kinds, delete in ((frame.candidates, False), (frame.deletes, True)):
             for relid in pc.unique(pc.filter(frame.relids, kinds)).to_pylist():
                 layout = self._changes.layout_of(relid)
@@ -170,22 +169,26 @@ class BlockDecoder:
                     rows, columns = rows.filter(ok), [c.filter(ok) for c in columns]
                 if len(rows):
                     groups.append(_Group(layout, pc.cast(rows, pa.int64()), columns, delete))
-                    fast.update(rows.to_pylist())
-        return groups, fast, frame.inserts
+        # The other messages, by index (no Python per fast message).
+        everything = pc.subtract(
+            pc.cumulative_sum(pc.fill_null(pa.nulls(len(payloads), pa.int64()), 1)), 1
+        )
+        fast = pa.concat_arrays([g.rows for g in groups]) if groups else pa.array([], pa.int64())
+        slow = pc.indices_nonzero(pc.invert(pc.is_in(everything, value_set=fast)))
+        return groups, slow.to_pylist(), frame.inserts
 
     def _fast(self, payloads: Sequence[bytes], runs: Runs) -> Piece:
-        groups, fast, frame_inserts = self._frame(payloads)
+        groups, slow_messages, frame_inserts = self._frame(payloads)
         # Each message's transaction (index into runs); record positions: 2 x message index
         # (+ 1 for a key change's second record).
         run_of: list[int] = []
         for index, (end, _, _) in enumerate(runs):
             run_of.extend([index] * (end - len(run_of)))
         slow: list[tuple[int, list[Any]]] = []
-        for i in range(len(payloads)):
-            if i not in fast:
-                _, lsn, committed = runs[run_of[i]]
-                for sub, values in enumerate(self._message_rows(payloads[i], lsn, committed)):
-                    slow.append((2 * i + sub, values))
+        for i in slow_messages:
+            _, lsn, committed = runs[run_of[i]]
+            for sub, values in enumerate(self._message_rows(payloads[i], lsn, committed)):
+                slow.append((2 * i + sub, values))
         if runs[-1][1] > _MAX_LSN:
             raise _Fallback
         run_index = pa.array(run_of, pa.int64())
@@ -367,14 +370,14 @@ def _arrow_column(
 
 
 def _merge(
-    parts: list[tuple[list[int], pa.RecordBatch]], converter: RecordConverter
+    parts: list[tuple[pa.Array, pa.RecordBatch]], converter: RecordConverter
 ) -> pa.RecordBatch:
     """The parts' records in position order."""
-    parts = [(positions, batch) for positions, batch in parts if positions]
+    parts = [(positions, batch) for positions, batch in parts if len(positions)]
     if not parts:
         return converter.empty()
     if len(parts) == 1:
         return parts[0][1]
     batch = pa.concat_batches([b for _, b in parts])
-    order = pc.sort_indices(pa.array([p for positions, _ in parts for p in positions]))
+    order = pc.sort_indices(pa.concat_arrays([positions for positions, _ in parts]))
     return batch.take(order)

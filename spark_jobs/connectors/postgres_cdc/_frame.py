@@ -18,7 +18,6 @@ Threading: plain values; the fetcher thread builds and uses one per block.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import accumulate
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,8 +34,8 @@ class Frame:
         data = b"".join(payloads)
         #: Beyond int32 offsets: the caller decodes the block the per-message way.
         self.too_big = len(data) >= 1 << 31
-        lengths = pa.array([len(p) for p in payloads], pa.int64())
-        self.ends = pa.array(list(accumulate(lengths.to_pylist())), pa.int64())
+        lengths = pa.array(list(map(len, payloads)), pa.int64())
+        self.ends = pc.cumulative_sum(lengths)
         self.starts = pc.subtract(self.ends, lengths)
         self._size = len(data)
         self._flat = pa.Array.from_buffers(pa.uint8(), len(data), [None, pa.py_buffer(data)])
@@ -75,7 +74,7 @@ class Frame:
         end = pc.take(self.ends, rows)
         at = pc.add(pc.take(self.starts, rows), 8)
         ok = pc.equal(pc.take(self.ncols, rows), ncols)
-        columns = []
+        starts, sizes, valid = [], [], []
         for _ in range(ncols):
             tag = self._byte(at)
             text = pc.equal(tag, _T)
@@ -84,25 +83,41 @@ class Frame:
             good_text = pc.and_(text, pc.and_(pc.less(size, 1 << 31), pc.less_equal(after, end)))
             ok = pc.and_(ok, pc.and_(pc.less(at, end), pc.or_(good_text, pc.equal(tag, _N))))
             value = pc.and_(ok, text)
-            columns.append(self._gather(pc.add(at, 5), pc.if_else(value, size, 0), value))
+            starts.append(pc.add(at, 5))
+            sizes.append(pc.if_else(value, size, 0))
+            valid.append(value)
             at = pc.if_else(ok, pc.if_else(text, after, pc.add(at, 1)), at)
+        count = len(rows)
+        raw = self._gather(pa.concat_arrays(starts), pa.concat_arrays(sizes), valid)
+        columns = [raw.slice(c * count, count) for c in range(ncols)]
         return pc.and_(ok, pc.equal(at, end)), columns
 
-    def _gather(self, start: pa.Array, size: pa.Array, valid: pa.Array) -> pa.Array:
-        """A binary array of the bytes ``[start, start + size)`` (null where not valid)."""
-        start = pc.if_else(pc.greater(size, 0), start, 0)
-        sizes = pc.cast(size, pa.int32())
-        view = pa.ListViewArray.from_arrays(pc.cast(start, pa.int32()), sizes, self._flat)
-        data = pc.list_flatten(view)
-        offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(sizes)])
-        raw = pa.Array.from_buffers(
-            pa.binary(), len(sizes), [None, offsets.buffers()[1], _values(data)]
+    def _gather(self, start: pa.Array, size: pa.Array, valid: list[pa.Array]) -> pa.Array:
+        """A binary array of the bytes ``[start, start + size)`` (null where not valid): one
+        ``take`` of the buffer at ``start + 0, 1, ...`` of each value (a run-end decoded
+        shift added to a running index)."""
+        total = pc.sum(size).as_py() or 0
+        offsets = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(size)])
+        if total:
+            nonempty = pc.greater(size, 0)
+            starts, sizes = pc.filter(start, nonempty), pc.filter(size, nonempty)
+            ends = pc.cumulative_sum(sizes)
+            shift = pc.subtract(starts, pc.subtract(ends, sizes))
+            runs = pa.RunEndEncodedArray.from_arrays(pc.cast(ends, pa.int32()), shift)
+            ones = pc.fill_null(pa.nulls(total, pa.int64()), 1)
+            index = pc.add(pc.run_end_decode(runs), pc.subtract(pc.cumulative_sum(ones), 1))
+            data = _values(pc.take(self._flat, index))
+        else:
+            data = pa.py_buffer(b"")
+        mask = pa.concat_arrays(valid)
+        bitmap = _values(mask) if mask.offset == 0 else _values(pa.concat_arrays([mask]))
+        return pa.Array.from_buffers(
+            pa.binary(), len(size), [bitmap, pc.cast(offsets, pa.int32()).buffers()[1], data]
         )
-        return pc.if_else(valid, raw, pa.scalar(None, pa.binary()))
 
 
 def _values(data: pa.Array) -> pa.Buffer | None:
-    """The value buffer of a uint8 array (copied when it is a slice)."""
+    """The value buffer of an array (copied when it is a slice)."""
     if data.offset:
         data = pa.concat_arrays([data])
     return data.buffers()[1]
