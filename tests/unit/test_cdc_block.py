@@ -258,7 +258,7 @@ def test_the_block_decoder_gives_what_the_reference_gives(
 
 
 @pytest.mark.extended
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(messages=stream(), schema=st.sampled_from(SCHEMAS))
 def test_the_block_decoder_gives_what_the_reference_gives_exhaustively(
     messages: list[bytes], schema: RecordSchema
