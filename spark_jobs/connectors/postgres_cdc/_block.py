@@ -6,17 +6,21 @@ The result is *defined* by the per-message reference path (:meth:`BlockDecoder.r
 :func:`decode`, :meth:`ChangeRows.rows`, :meth:`RecordConverter.from_values`); the fast path
 only takes what it can prove gives the same records:
 
-1. framing: one tight loop slices each new tuple's text values (an insert, or an update
-   without an old tuple: one record each), grouped by relation. Any other message — a
-   delete, an update with an old tuple, an unchanged TOASTed value, a change of a table the
-   source does not read, anything malformed — is a *slow message*: its records come from the
-   reference path, one message at a time.
+1. framing (:class:`Frame`, Arrow kernels over the joined payloads, no Python per message or
+   value): the tuple of each insert and update without an old tuple (its new row) and of
+   each delete (its old row: the key columns, or the whole row), grouped by relation, one
+   record each. Any other message — an update with an old tuple (a key change, ``REPLICA
+   IDENTITY FULL``), an unchanged TOASTed value, a change of a table the source does not
+   read or of an unknown relation, anything malformed — is a *slow message*: its records
+   come from the reference path, one message at a time.
 2. columns: each declared column's texts are converted at once with Arrow where the pair
    (Postgres type, declared type) has an exact Arrow form (integers, double floats, bools,
    text, binary); other pairs convert value by value with the reference functions. A record
    the fast form cannot prove (a null required field, an integer outside a narrower type, a
    non-finite float, a value the declared type refuses) is a *slow record*: the reference
-   path converts it, so its dead-letter reason is the exact one.
+   path converts it, so its dead-letter reason is the exact one. A delete's ``_before``
+   (JSON of its old values) is formatted column-wise when only an integer key is set, else
+   per record with the reference's functions.
 3. A value the reference's text parsing rejects (a run-failing :class:`CdcError`), invalid
    UTF-8, an LSN beyond int64: the whole block goes through the reference path, which fails
    (or dead-letters) exactly as it always did.

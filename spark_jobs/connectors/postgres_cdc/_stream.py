@@ -22,6 +22,12 @@ transactions, the reader reads its split's ``committed_offset`` back from the sp
 re-reads from the slot), and, when it moved, stops streaming, advances the idle slot to it
 (``pg_replication_slot_advance``) and streams on from its in-memory position.
 
+Decoding: Begin, Commit, Relation, Truncate and marker messages are decoded as they arrive;
+change messages (Insert, Update, Delete) are kept as raw payloads with their transaction
+and decoded a block at a time, column-wise (:class:`BlockDecoder`) — and before a Relation
+or Truncate message is applied, so every change reads with the definition it was sent
+under and fails (a bad value) before a later message's error.
+
 A bounded run (``ReaderContext.continuous`` False) reads up to the WAL position when the read
 opens and finishes the split there; a continuous run follows the slot. A replayed range
 (``SplitRead.stop``) ends at its stop.
