@@ -27,7 +27,7 @@ import orjson
 
 from spark_jobs.connectors.postgres_cdc._pgoutput import UNCHANGED, Change, Relation, from_text
 
-__all__ = ["CdcError", "ChangeRows"]
+__all__ = ["CdcError", "ChangeRows", "json_default"]
 
 
 class CdcError(RuntimeError):
@@ -39,7 +39,8 @@ class CdcError(RuntimeError):
     bad_input = True
 
 
-def _json_default(value: Any) -> str:
+def json_default(value: Any) -> str:
+    """orjson's default of ``_before`` values (bytes as hex, others as text)."""
     return value.hex() if isinstance(value, bytes) else str(value)
 
 
@@ -80,6 +81,16 @@ class ChangeRows:
     def table_of(self, relid: int) -> str | None:
         found = self._relations.get(relid)
         return None if found is None else found.qualified
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    def layout_of(self, relid: int) -> tuple[Relation, tuple[int, ...]] | None:
+        """A source table's relation and the index of each declared column in it; None for
+        an unknown relation or another table (the reference path, :meth:`rows`, says which)."""
+        layout = self._layout.get(relid)
+        return None if layout is None else (self._relations[relid], layout[0])
 
     def rows(self, change: Change, lsn: int, committed: datetime) -> list[list[Any]]:
         """The records of one change ([] when its table is not a source table)."""
@@ -142,4 +153,4 @@ class ChangeRows:
             for c, v in zip(relation.columns, before, strict=True)
             if v is not None and v is not UNCHANGED
         }
-        return orjson.dumps(old, default=_json_default).decode()
+        return orjson.dumps(old, default=json_default).decode()

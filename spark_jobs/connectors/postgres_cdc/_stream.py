@@ -22,6 +22,12 @@ transactions, the reader reads its split's ``committed_offset`` back from the sp
 re-reads from the slot), and, when it moved, stops streaming, advances the idle slot to it
 (``pg_replication_slot_advance``) and streams on from its in-memory position.
 
+Decoding: Begin, Commit, Relation, Truncate and marker messages are decoded as they arrive;
+change messages (Insert, Update, Delete) are kept as raw payloads with their transaction
+and decoded a block at a time, column-wise (:class:`BlockDecoder`) — and before a Relation
+or Truncate message is applied, so every change reads with the definition it was sent
+under and fails (a bad value) before a later message's error.
+
 A bounded run (``ReaderContext.continuous`` False) reads up to the WAL position when the read
 opens and finishes the split there; a continuous run follows the slot. A replayed range
 (``SplitRead.stop``) ends at its stop.
@@ -42,12 +48,13 @@ import psycopg
 import psycopg2
 import psycopg2.errors
 import psycopg2.extras
+import pyarrow as pa
 
 from enumerator_service import StreamSplit
+from spark_jobs.connectors.postgres_cdc._block import BlockDecoder, Piece, Runs
 from spark_jobs.connectors.postgres_cdc._changes import CdcError, ChangeRows
 from spark_jobs.connectors.postgres_cdc._pgoutput import (
     Begin,
-    Change,
     Commit,
     Marker,
     Relation,
@@ -56,7 +63,7 @@ from spark_jobs.connectors.postgres_cdc._pgoutput import (
 from spark_jobs.connectors.postgres_cdc._pgoutput import decode as decode_message
 from spark_jobs.connectors.postgres_cdc._slot import SlotMissingError, lsn_text
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
-from spark_jobs.source._convert import RecordConverter, new_block, raw_json
+from spark_jobs.source._convert import RecordConverter, new_block
 from spark_jobs.source._records import SplitRead
 
 __all__ = ["MARKER_PREFIX", "StreamReader"]
@@ -68,8 +75,10 @@ _FETCH_SECONDS = 0.5
 _ADVANCE_SECONDS = 5.0
 #: Idle seconds after which a continuous read writes a position marker.
 _MARKER_SECONDS = 2.0
-#: Records per block (whole transactions: a bigger transaction makes a bigger block).
+#: Change messages per block (whole transactions: a bigger transaction makes a bigger block).
 _BLOCK_ROWS = 5000
+#: First payload bytes of Insert, Update and Delete messages (decoded a block at a time).
+_CHANGE_KINDS = frozenset(b"IUD")
 
 _COMMITTED = "SELECT committed_offset, pending FROM sluice.splits WHERE id = %s"
 _MARK = "SELECT pg_logical_emit_message(false, %s, '') - '0/0'"
@@ -93,8 +102,6 @@ class StreamReader:
     ) -> None:
         self._schema = schema
         self._converter = RecordConverter(schema)
-        self._names = list(self._converter.names)
-        self._lsn_at = self._names.index("_lsn")
         self._dsn = dsn
         self._publication = publication
         self._tables = tables
@@ -113,12 +120,20 @@ class StreamReader:
 
     def _reset(self, position: int) -> None:
         self._changes = ChangeRows(self._declared, self._tables, self._key)
-        self._position = position  # every transaction committed before it is in _rows
+        self._decoder = BlockDecoder(self._converter, self._changes)
+        self._position = position  # every transaction committed before it is in the block
         self._block_start = position
         self._stop: int | None = None
         self._txn: Begin | None = None
-        self._txn_rows: list[list[Any]] = []
-        self._rows: list[list[Any]] = []
+        # The block so far: decoded pieces, then change payloads not decoded yet (of whole
+        # transactions: ``_runs``); the open transaction's likewise. Payloads are decoded
+        # a block at a time, and before a Relation message changes how they read.
+        self._pieces: list[Piece] = []
+        self._payloads: list[bytes] = []
+        self._runs: Runs = []
+        self._txn_pieces: list[Piece] = []
+        self._txn_payloads: list[bytes] = []
+        self._counted = 0  # change messages in the block so far
         now = time.monotonic()
         self._next_advance = now + _ADVANCE_SECONDS
         self._last_message = now
@@ -205,10 +220,14 @@ class StreamReader:
             message = self._cursor.read_message()
             if message is not None:
                 self._last_message = time.monotonic()
-                if self._handle(decode_message(message.payload)):
+                payload = message.payload
+                if payload and payload[0] in _CHANGE_KINDS:
+                    self._change(payload)
+                    continue
+                if self._handle(decode_message(payload)):
                     return self._finish(read)
                 if self._txn is None:
-                    if len(self._rows) >= _BLOCK_ROWS:
+                    if self._counted >= _BLOCK_ROWS:
                         return self._block(read), False
                     self._maybe_advance(self._last_message)  # (also under constant load)
                 continue
@@ -232,25 +251,47 @@ class StreamReader:
         except BlockingIOError:
             pass
 
+    def _change(self, payload: bytes) -> None:
+        """An Insert, Update or Delete: kept (undecoded) when its transaction counts."""
+        txn = self._txn
+        if txn is None:
+            raise CdcError("pgoutput change outside a transaction")
+        if txn.commit_lsn >= self._position:
+            self._txn_payloads.append(payload)
+
+    def _decode_pending(self) -> None:
+        """Decode the payloads kept so far (a Relation message is about to change how they
+        read, or a Truncate may fail the read after their errors)."""
+        if self._payloads:
+            self._pieces.append(self._decoder.decode(self._payloads, self._runs))
+            self._payloads, self._runs = [], []
+        txn = self._txn
+        if self._txn_payloads and txn is not None:
+            run = [(len(self._txn_payloads), txn.commit_lsn, txn.commit_time)]
+            self._txn_pieces.append(self._decoder.decode(self._txn_payloads, run))
+            self._txn_payloads = []
+
     def _handle(self, message: object) -> bool:
-        """Apply one message; True when the read is done (the stream passed its stop)."""
+        """Apply one message (not a change); True when the read is done (the stream passed
+        its stop)."""
         if isinstance(message, Begin):
             if self._stop is not None and message.commit_lsn >= self._stop:
                 return True  # commits come in order: everything before the stop was sent
-            self._txn, self._txn_rows = message, []
-        elif isinstance(message, Change):
-            txn = self._txn
-            if txn is None:
-                raise CdcError("pgoutput change outside a transaction")
-            if txn.commit_lsn >= self._position:
-                self._txn_rows.extend(self._changes.rows(message, txn.commit_lsn, txn.commit_time))
+            self._txn, self._txn_payloads, self._txn_pieces = message, [], []
         elif isinstance(message, Commit):
             txn, self._txn = self._txn, None
             if txn is not None and txn.commit_lsn >= self._position:
-                self._rows.extend(self._txn_rows)
+                if self._txn_pieces:  # decoded before a Relation: they go first
+                    self._decode_pending()
+                    self._pieces.extend(self._txn_pieces)
+                if self._txn_payloads:
+                    self._payloads.extend(self._txn_payloads)
+                    self._runs.append((len(self._payloads), txn.commit_lsn, txn.commit_time))
+                    self._counted += len(self._txn_payloads)
                 self._position = txn.commit_lsn + 1
-            self._txn_rows = []
+            self._txn_payloads, self._txn_pieces = [], []
         elif isinstance(message, Relation):
+            self._decode_pending()
             self._changes.relation(message)
         elif isinstance(message, Marker):
             if not message.transactional and self._txn is None:
@@ -258,6 +299,7 @@ class StreamReader:
                     return True
                 self._position = max(self._position, message.lsn)
         elif isinstance(message, Truncate):
+            self._decode_pending()
             mine = [t for t in map(self._changes.table_of, message.relids) if t in self._tables]
             if mine:
                 raise CdcError(
@@ -268,22 +310,19 @@ class StreamReader:
 
     def _block(self, read: SplitRead) -> ParsedBlock | None:
         """The transactions read since the last block (None: nothing, not even a move)."""
-        if not self._rows and self._position == self._block_start:
+        if not self._pieces and not self._payloads and self._position == self._block_start:
             return None
-        rows: list[tuple[Any, ...]] = []
-        offsets: list[int] = []
-        dead: list[DeadLetter] = []
-        for values in self._rows:
-            parsed = self._converter.from_values(values)
-            if isinstance(parsed, str):
-                record = dict(zip(self._names, values, strict=True))
-                dead.append((values[self._lsn_at], raw_json(record), parsed))
-            else:
-                rows.append(parsed)
-                offsets.append(values[self._lsn_at])
-        self._rows = []
+        pieces = self._pieces
+        if self._payloads:
+            pieces.append(self._decoder.decode(self._payloads, self._runs))
+        self._pieces, self._payloads, self._runs, self._counted = [], [], [], 0
         start, self._block_start = self._block_start, self._position
-        batch = self._converter.to_batch(rows, offsets)
+        batches = [batch for batch, _ in pieces if batch.num_rows]
+        if not batches:
+            batch = self._converter.empty()
+        else:
+            batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        dead: list[DeadLetter] = [letter for _, letters in pieces for letter in letters]
         return new_block(self._schema, read.split_id, start, self._position, batch, dead)
 
     def _finish(self, read: SplitRead) -> tuple[ParsedBlock | None, bool]:
