@@ -213,6 +213,10 @@ class StreamReader:
                     self._maybe_advance(self._last_message)  # (also under constant load)
                 continue
             now = time.monotonic()
+            if self._continuous and self._txn is None and self._rows:
+                # Caught up (nothing more has arrived): what is read goes now, not at the
+                # deadline — a waiting transaction would miss the next checkpoint barrier.
+                return self._block(read), False
             if self._txn is None:
                 self._maybe_advance(now)
                 if self._continuous and now - self._last_message >= _MARKER_SECONDS:
