@@ -4,12 +4,16 @@ A split ``[start, end)`` of ``"<topic>/<partition>"`` is read from its resume of
 None: for ever. The reader is a whole :class:`~spark_jobs.source.SplitReader` (the fetcher
 hands it every split it pulls, not one at a time: an unbounded partition must not starve the
 others), backed by one librdkafka ``Consumer`` that is ``assign``\\ ed every partition with
-its offset — no group subscription, no rebalancing, no automatic commit. Each ``fetch`` polls
-up to ``batch_messages`` messages for at most ``poll_seconds`` and returns one block per
-partition that had some (records tagged by their split id; a record's offset is its Kafka
-offset, a block ``[first, last + 1)``, so the split's state is the next offset to read) and
-the bounded splits it finished (next offset ≥ ``end``, or the partition's end reached past
-it). Two splits of one partition are read one after the other.
+its offset — no group subscription, no rebalancing, no automatic commit. Each ``fetch`` takes
+what librdkafka has queued (up to ``batch_messages``), or, when nothing is, waits at most
+``poll_seconds`` for the first message, and returns one block per partition that had some
+(records tagged by their split id; a record's offset is its Kafka offset, a block ``[first,
+last + 1)``, so the split's state is the next offset to read) and the bounded splits it
+finished (next offset ≥ ``end``, or the partition's end reached past it).
+Two splits of one partition are read one after the other.
+
+JSON messages of a block are decoded in one Arrow parse (``_json_block``), falling back to
+message by message (``MessageDecoder``) where that cannot be proven equal.
 
 A day split (``"<topic>/<partition>@D"``, a backfill's) keeps only the records of event day
 D (the event-time field's day; a dead letter's: its Kafka timestamp's) — its offset range is
@@ -48,7 +52,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from enumerator_service import SplitAssignment
 from spark_jobs._dead_letters import LOST
-from spark_jobs.connectors.kafka._client import consumer, watermarks
+from spark_jobs.connectors.kafka._client import READING, consume_ready, consumer, watermarks
 from spark_jobs.connectors.kafka._decode import MessageDecoder
 from spark_jobs.connectors.kafka._json_block import JsonBlockDecoder
 from spark_jobs.connectors.kafka._options import KafkaOptions, day_of, topic_of
@@ -61,10 +65,6 @@ __all__ = ["KafkaSplitReader", "PartitionGoneError"]
 
 _log = logging.getLogger(__name__)
 _Key = tuple[str, int]
-#: The reading consumers' settings. ``fetch.wait.max.ms``: how long the broker may hold a
-#: fetch of a caught-up partition (librdkafka's 500 ms default): a record produced meanwhile
-#: waits for the answer (Tansu answered after ~115 ms at the median; 50 ms: ~12 ms).
-_READING = {"enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 50}
 
 
 class PartitionGoneError(RuntimeError):
@@ -166,7 +166,7 @@ class KafkaSplitReader:
 
     def _open(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = consumer(self._options, **_READING)
+            self._consumer = consumer(self._options, **READING)
         return self._consumer
 
     # -- fetching ------------------------------------------------------------------------
@@ -263,7 +263,7 @@ class KafkaSplitReader:
     ) -> tuple[dict[_Key, list[Message]], dict[_Key, int]]:
         messages: dict[_Key, list[Message]] = {}
         eofs: dict[_Key, int] = {}
-        for message in self._consume(client):
+        for message in consume_ready(client, self._batch, self._poll):
             error = message.error()
             # (An error of no partition — the client's own — has no topic: key ("", -1).)
             key = (message.topic() or "", _or(message.partition(), -1))
@@ -274,18 +274,6 @@ class KafkaSplitReader:
             else:
                 self._failed(client, reads, key, error)
         return messages, eofs
-
-    def _consume(self, client: Consumer) -> list[Message]:
-        """What librdkafka has queued (up to ``batch_messages``), at once; when nothing is,
-        the first message within ``poll_seconds`` and what came with it. (``consume`` of n
-        waits out its whole timeout unless n messages arrive: a reader that is caught up
-        would hold every record back by up to ``poll_seconds``.)"""
-        messages = client.consume(self._batch, timeout=0)
-        if not messages:
-            messages = client.consume(1, timeout=self._poll)
-            if messages and self._batch > 1:
-                messages += client.consume(self._batch - 1, timeout=0)
-        return messages
 
     def _failed(
         self, client: Consumer, reads: dict[_Key, _Read], key: _Key, error: KafkaError
@@ -364,7 +352,7 @@ class KafkaSplitReader:
         """One block of the first pending range, read by a consumer of its own."""
         read = self._replays[0]
         if self._replayer is None:
-            self._replayer = consumer(self._options, **_READING)
+            self._replayer = consumer(self._options, **READING)
             self._replayer.incremental_assign(
                 [TopicPartition(read.topic, read.partition, read.next)]
             )

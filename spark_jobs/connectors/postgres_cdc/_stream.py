@@ -62,7 +62,9 @@ from spark_jobs.source._records import SplitRead
 __all__ = ["MARKER_PREFIX", "StreamReader"]
 
 MARKER_PREFIX = "sluice-cdc"
-#: Seconds one ``fetch`` waits for changes before it returns (the fetcher then calls again).
+#: Seconds one ``fetch`` waits for changes before it returns (the fetcher then calls again);
+#: a continuous read returns earlier, as soon as it has whole transactions and nothing more
+#: has arrived.
 _FETCH_SECONDS = 0.5
 #: Seconds between two looks at the committed offset (and slot advances).
 _ADVANCE_SECONDS = 5.0
