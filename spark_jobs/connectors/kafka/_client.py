@@ -48,8 +48,9 @@ class _DebugLog:
 
 #: The split readers' consumers' settings. ``fetch.wait.max.ms``: how long the broker may
 #: hold a fetch of a caught-up partition (librdkafka's default: 500 ms): a record produced
-#: meanwhile waits for the answer (Tansu answered after ~115 ms at the median; 50 ms: ~12 ms).
-READING = {"enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 50}
+#: meanwhile waits for the answer (Tansu: ~140 ms at the median at 500, ~40 ms at 100; at 50,
+#: ~15 ms, but draining a backlog was up to 2x slower in some runs).
+READING = {"enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 100}
 
 _BOOTSTRAP = "KafkaSource(bootstrap)"
 _TOPICS = "KafkaSource(topics)"
