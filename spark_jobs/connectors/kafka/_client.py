@@ -48,9 +48,12 @@ class _DebugLog:
 
 #: The split readers' consumers' settings. ``fetch.wait.max.ms``: how long the broker may
 #: hold a fetch of a caught-up partition (librdkafka's default: 500 ms): a record produced
-#: meanwhile waits for the answer (Tansu: ~140 ms at the median at 500, ~40 ms at 100; at 50,
+#: meanwhile waits for the answer (Tansu: ~140 ms at the median at 500, ~40 ms at 200; at 50,
 #: ~15 ms, but draining a backlog was up to 2x slower in some runs).
-READING = {"enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 100}
+READING = {"enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 200}
+#: Seconds a read waits for more messages once it has some: blocks big enough that their
+#: per-block costs (a lookup query, Arrow, a mailbox hop) stay small, at a bounded latency.
+LINGER_SECONDS = 0.05
 
 _BOOTSTRAP = "KafkaSource(bootstrap)"
 _TOPICS = "KafkaSource(topics)"
@@ -73,14 +76,15 @@ def consumer(options: KafkaOptions, **extra: Any) -> Consumer:
 
 
 def consume_ready(client: Consumer, most: int, timeout: float) -> list[Message]:
-    """What librdkafka has queued (up to ``most`` messages and events), at once; when nothing
-    is, the first within ``timeout`` s and what came with it. (``consume`` of n waits out its
-    whole timeout unless n arrive: a caught-up reader would hold each record back.)"""
-    messages = client.consume(most, timeout=0)
+    """Up to ``most`` messages (and events): what arrives within ``LINGER_SECONDS``; when
+    nothing does, the first within ``timeout`` s and what follows it within the linger.
+    (``consume`` of n waits out its whole timeout unless n arrive: with the poll timeout, a
+    caught-up reader held each record back by up to that timeout.)"""
+    messages = client.consume(most, timeout=min(LINGER_SECONDS, timeout))
     if not messages:
         messages = client.consume(1, timeout=timeout)
         if messages and most > 1:
-            messages += client.consume(most - 1, timeout=0)
+            messages += client.consume(most - 1, timeout=min(LINGER_SECONDS, timeout))
     return messages
 
 
