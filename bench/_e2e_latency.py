@@ -25,10 +25,13 @@ POLL = 0.05  # the pollers' period: a sample is late by up to this much
 
 
 class Poller(threading.Thread):
-    """Calls ``look(now)`` every ``POLL`` s until stopped (``now``: ``clock()`` before the
-    look: what the look sees was visible by then). The first error ends it (``error``)."""
+    """Calls ``look(now)`` every ``POLL`` s until stopped (``now``: ``clock()`` as the look
+    starts; a record it finds first counts as visible then). The first error ends it
+    (``error``)."""
 
-    def __init__(self, name: str, look: Callable[[float], None], clock: Callable[[], float]):
+    def __init__(
+        self, name: str, look: Callable[[float], None], clock: Callable[[], float]
+    ) -> None:
         super().__init__(name=name, daemon=True)
         self._look, self._clock = look, clock
         self.stop = threading.Event()
