@@ -4,7 +4,8 @@ A fresh table (1,000 rows) and pipeline as the CDC rows' (``_e2e_cdc.cdc_pipelin
 Postgres upsert sink), run continuously (``run_pipeline(continuous=True)`` in a thread, fed by
 discover + assign as the continuous sensor does). Once its stream split is being read, a
 writer on this thread commits inserts of increasing ids at ``rate`` rows/s (one transaction
-per ``TICK``) for ``seconds``; a poller thread reads ``max(id)`` of the sink every ``POLL`` s.
+per ``TICK``) for ``seconds``; a poller thread (``_e2e_latency.Poller``) reads ``max(id)`` of
+the sink every ``POLL`` s.
 A row's latency = the first poll that saw an id >= its transaction's last id minus the
 moment its COMMIT returned (one clock, ``time.monotonic``; the poll period adds up to
 ``POLL``). The run is then cancelled, the sink compared with the table, everything dropped.
@@ -24,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from _e2e_cdc import cdc_pipeline, create_orders, libpq, sink_diff
 from _e2e_common import Context
-from _e2e_latency import Latency
+from _e2e_latency import POLL, Latency, Poller
 from _e2e_sluice import sluice_settings
 from _harness import forget_source
 
@@ -34,32 +35,21 @@ from enumerator_service._operations import Platform, discover
 __all__ = ["measure_cdc_latency"]
 
 TICK = 0.1  # one writer transaction per tick
-POLL = 0.05  # the poller's period
 START_TIMEOUT = 180.0  # until the stream split is read (snapshot, sensor-like discovery)
 CATCH_UP = 60.0
 
 
-class _Poller(threading.Thread):
-    """``(monotonic time, max(id))`` of ``<table>_out`` every ``POLL`` s until stopped."""
+class _High:
+    """``(monotonic time, max(id))`` of ``<table>_out`` per look (a ``Poller``'s)."""
 
     def __init__(self, engine: sa.Engine, table: str) -> None:
-        super().__init__(name="cdc-latency-poller", daemon=True)
         self.engine, self.table = engine, table
         self.seen: list[tuple[float, int]] = []
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        query = sa.text(f"SELECT coalesce(max(id), 0) FROM {self.table}_out")
-        try:
-            with self.engine.connect() as conn:
-                while not self.stop.is_set():
-                    high = int(conn.execute(query).scalar_one())
-                    conn.commit()  # a fresh snapshot per poll
-                    self.seen.append((time.monotonic(), high))
-                    time.sleep(POLL)
-        except BaseException as exc:  # raised by measure_cdc_latency
-            self.error = exc
+    def look(self, now: float) -> None:
+        with self.engine.connect() as conn:  # a fresh snapshot per look
+            high = conn.execute(sa.text(f"SELECT coalesce(max(id), 0) FROM {self.table}_out"))
+            self.seen.append((now, int(high.scalar_one())))
 
     def latest(self) -> int:
         return self.seen[-1][1] if self.seen else 0
@@ -134,7 +124,8 @@ def measure_cdc_latency(ctx: Context, rate: float, seconds: float) -> Latency:
             outcome["error"] = exc
 
     run = threading.Thread(target=reader, name="cdc-latency-run", daemon=True)
-    poller = _Poller(engine, table)
+    high = _High(engine, table)
+    poller = Poller("cdc-latency-poller", high.look, time.monotonic)
     try:
         create_orders(engine, table, 1_000, ctx.args.users)
         deadline = time.monotonic() + START_TIMEOUT
@@ -149,13 +140,7 @@ def measure_cdc_latency(ctx: Context, rate: float, seconds: float) -> Latency:
         time.sleep(2.0)  # the snapshot's last checkpoint out of the way
         poller.start()
         commits = _write(libpq(ctx.platform.url), table, 100_000, rate, seconds, ctx.args.users)
-        deadline = time.monotonic() + CATCH_UP
-        while poller.latest() < commits[-1][0]:
-            assert run.is_alive() and poller.is_alive(), (outcome, poller.error)
-            assert time.monotonic() < deadline, "the sink did not catch up"
-            time.sleep(POLL)
-        poller.stop.set()
-        poller.join()
+        poller.catch_up(lambda: high.latest() >= commits[-1][0], run, outcome, CATCH_UP)
         load = os.getloadavg()
         diff = sink_diff(engine, table)
         assert not diff, f"CDC latency run: the sink differs from the table: {diff}"
@@ -170,7 +155,7 @@ def measure_cdc_latency(ctx: Context, rate: float, seconds: float) -> Latency:
     offered = sum(rows for _, _, rows in commits)
     return Latency(
         "CDC latency: commit -> visible in the Postgres sink (continuous run)",
-        _samples(commits, poller.seen),
+        _samples(commits, high.seen),
         offered / seconds,
         seconds,
         settings.checkpoint_interval_seconds,

@@ -8,10 +8,10 @@ sensor does). Once all its splits are being read, a producer on this thread send
 ``event_time`` the produce moment (wall clock, UTC), its produce moment also kept here by id.
 This producer batches (librdkafka's defaults): a continuous run never stops at a high
 watermark, so Tansu's batch quirk does not matter, and one record per batch could not keep up.
-A poller thread lists the committed Parquet files (outside the staging folder) every
-``POLL`` s and reads each new one's ``event_id``: a record's latency = the first poll that
-saw it minus its produce moment (``time.time``; the poll period adds up to ``POLL``). Every
-produced record must be seen exactly once. The run is then cancelled.
+A poller thread (``_e2e_latency.Poller``) lists the committed Parquet files (outside the
+staging folder) every ``POLL`` s and reads each new one's ``event_id``: a record's latency =
+the first poll that saw it minus its produce moment (``time.time``; the poll period adds up
+to ``POLL``). Every produced record must be seen exactly once. The run is then cancelled.
 
 Threading: the run and the poller are daemon threads of this module; ``measure_kafka_latency``
 joins both before it returns.
@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from _e2e_common import Context
 from _e2e_kafka import PARTITIONS, KafkaTopic, kafka_source
-from _e2e_latency import Latency
+from _e2e_latency import POLL, Latency, Poller
 from _e2e_sluice import clickstream_pipeline, sluice_settings
 from _harness import forget_source
 
@@ -42,39 +42,30 @@ from enumerator_service._operations import Platform, discover
 __all__ = ["measure_kafka_latency"]
 
 TICK = 0.05
-POLL = 0.1
 START_TIMEOUT = 180.0
 CATCH_UP = 60.0
 
 
-class _Poller(threading.Thread):
-    """First-seen time of every ``event_id`` in the committed files under ``root``."""
+class _Files:
+    """First-seen time of every ``event_id`` in the committed files under ``root`` (a
+    ``Poller``'s look)."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__(name="kafka-latency-poller", daemon=True)
         self.root = root
         self.seen: dict[str, float] = {}
         self.duplicates = 0
         self.files: set[Path] = set()
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
+    def look(self, now: float) -> None:
         import pyarrow.parquet as pq
 
-        try:
-            while not self.stop.is_set():
-                now = time.time()
-                for path in self.root.rglob("*.parquet"):
-                    if path in self.files or "_staging" in path.parts:
-                        continue
-                    self.files.add(path)
-                    for event_id in pq.read_table(path, columns=["event_id"]).column(0).to_pylist():
-                        self.duplicates += event_id in self.seen
-                        self.seen.setdefault(event_id, now)
-                time.sleep(POLL)
-        except BaseException as exc:  # raised by measure_kafka_latency
-            self.error = exc
+        for path in self.root.rglob("*.parquet"):
+            if path in self.files or "_staging" in path.parts:
+                continue
+            self.files.add(path)
+            for event_id in pq.read_table(path, columns=["event_id"]).column(0).to_pylist():
+                self.duplicates += event_id in self.seen
+                self.seen.setdefault(event_id, now)
 
 
 def _produce(bootstrap: str, topic: str, rate: float, seconds: float, users: int) -> dict:
@@ -146,7 +137,8 @@ def measure_kafka_latency(ctx: Context, topic: KafkaTopic, rate: float, seconds:
             outcome["error"] = exc
 
     run = threading.Thread(target=reader, name="kafka-latency-run", daemon=True)
-    poller = _Poller(settings.warehouse_path)
+    files = _Files(settings.warehouse_path)
+    poller = Poller("kafka-latency-poller", files.look, time.time)
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while _reading(engine, name) < PARTITIONS:  # what the continuous sensor does
@@ -159,16 +151,10 @@ def measure_kafka_latency(ctx: Context, topic: KafkaTopic, rate: float, seconds:
             time.sleep(0.5)
         poller.start()
         sent = _produce(topic.bootstrap, topic_name, rate, seconds, ctx.args.users)
-        deadline = time.monotonic() + CATCH_UP
-        while len(poller.seen) < len(sent):
-            assert run.is_alive() and poller.is_alive(), (outcome, poller.error)
-            assert time.monotonic() < deadline, f"{len(poller.seen):,} of {len(sent):,} seen"
-            time.sleep(POLL)
-        poller.stop.set()
-        poller.join()
+        poller.catch_up(lambda: len(files.seen) >= len(sent), run, outcome, CATCH_UP)
         load = os.getloadavg()
-        extra = poller.seen.keys() - sent.keys()
-        assert not extra and not poller.duplicates, (len(extra), poller.duplicates)
+        extra = files.seen.keys() - sent.keys()
+        assert not extra and not files.duplicates, (len(extra), files.duplicates)
     finally:
         poller.stop.set()
         ctx.spark.sparkContext.cancelAllJobs()
@@ -178,7 +164,7 @@ def measure_kafka_latency(ctx: Context, topic: KafkaTopic, rate: float, seconds:
         topic.broker.delete_topic(topic_name)
     return Latency(
         "Kafka latency: produce -> visible in the committed Parquet (continuous run)",
-        [poller.seen[k] - at for k, at in sent.items()],
+        [files.seen[k] - at for k, at in sent.items()],
         len(sent) / seconds,
         seconds,
         settings.checkpoint_interval_seconds,

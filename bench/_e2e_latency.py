@@ -2,18 +2,61 @@
 
 A continuous run at a steady input rate; each record's time from produce (or commit, for
 CDC) to visible in the committed output is one sample. The target (the issue's): p99 <= the
-pipeline's checkpoint interval + 1 s.
+pipeline's checkpoint interval + 1 s. :class:`Poller` is the rows' watcher of the output.
+
+Threading: a ``Poller`` is a daemon thread; its ``look`` runs there, everything else on the
+caller's thread.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from _harness import verdict_line
 
-__all__ = ["Latency", "latency_verdict", "percentile"]
+__all__ = ["POLL", "Latency", "Poller", "latency_verdict", "percentile"]
 
 SLACK_SECONDS = 1.0  # target: p99 <= checkpoint interval + this
+POLL = 0.05  # the pollers' period: a sample is late by up to this much
+
+
+class Poller(threading.Thread):
+    """Calls ``look(now)`` every ``POLL`` s until stopped (``now``: ``clock()`` as the look
+    starts; a record it finds first counts as visible then). The first error ends it
+    (``error``)."""
+
+    def __init__(
+        self, name: str, look: Callable[[float], None], clock: Callable[[], float]
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self._look, self._clock = look, clock
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self._look(self._clock())
+                time.sleep(POLL)
+        except BaseException as exc:  # raised by catch_up
+            self.error = exc
+
+    def catch_up(
+        self, done: Callable[[], bool], run: threading.Thread, outcome: Any, seconds: float
+    ) -> None:
+        """Wait until ``done()`` (the output holds every record offered), then stop; fails
+        when the run or this poller died, or after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while not done():
+            assert run.is_alive() and self.is_alive(), (outcome, self.error)
+            assert time.monotonic() < deadline, "the output did not catch up"
+            time.sleep(POLL)
+        self.stop.set()
+        self.join()
 
 
 def percentile(samples: list[float], share: float) -> float:

@@ -18,6 +18,7 @@ Threading: immutable after construction; used by one fetcher thread.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -27,7 +28,7 @@ from confluent_kafka import Message
 
 from spark_jobs._dead_letters import BAD_VALUE, INVALID_JSON, INVALID_UTF8, WRONG_TYPE
 from spark_jobs.connectors.kafka._spec import METADATA_FIELDS
-from spark_jobs.source._batch import RecordSchema
+from spark_jobs.source._batch import DeadLetter, RecordSchema
 from spark_jobs.source._convert import RecordConverter
 from spark_jobs.source._csv import CsvLinesParser
 
@@ -73,6 +74,27 @@ class MessageDecoder:
                 values[i] = _metadata(message, name, text=False)
             parsed = self.converter.from_values(values)
         return self._with_key(parsed, message) if isinstance(parsed, str) else parsed
+
+    def decode_each(
+        self, messages: Sequence[Message], day: date | None
+    ) -> tuple[pa.RecordBatch, list[DeadLetter]]:
+        """Messages one by one: (their rows, in order, dead letters); ``day``: only the
+        records of that event day (a day split's)."""
+        rows: list[tuple[Any, ...]] = []
+        offsets: list[int] = []
+        dead: list[DeadLetter] = []
+        for message in messages:
+            offset = message.offset()
+            assert offset is not None  # a consumed message's
+            parsed = self.decode(message)
+            if day is not None and not self.of_day(parsed, message, day):
+                continue  # a day split: another day's record (the main line has it)
+            if isinstance(parsed, str):
+                dead.append((offset, self.raw(message), parsed))
+            else:
+                rows.append(parsed)
+                offsets.append(offset)
+        return self.converter.to_batch(rows, offsets), dead
 
     def of_day(self, parsed: tuple[Any, ...] | str, message: Message, day: date) -> bool:
         """Whether a decoded record is of event ``day`` (a dead letter, or a source without

@@ -4,12 +4,16 @@ A split ``[start, end)`` of ``"<topic>/<partition>"`` is read from its resume of
 None: for ever. The reader is a whole :class:`~spark_jobs.source.SplitReader` (the fetcher
 hands it every split it pulls, not one at a time: an unbounded partition must not starve the
 others), backed by one librdkafka ``Consumer`` that is ``assign``\\ ed every partition with
-its offset — no group subscription, no rebalancing, no automatic commit. Each ``fetch`` polls
-up to ``batch_messages`` messages for at most ``poll_seconds`` and returns one block per
-partition that had some (records tagged by their split id; a record's offset is its Kafka
-offset, a block ``[first, last + 1)``, so the split's state is the next offset to read) and
-the bounded splits it finished (next offset ≥ ``end``, or the partition's end reached past
-it). Two splits of one partition are read one after the other.
+its offset — no group subscription, no rebalancing, no automatic commit. Each ``fetch`` takes
+what librdkafka has queued (up to ``batch_messages``), or, when nothing is, waits at most
+``poll_seconds`` for the first message, and returns one block per partition that had some
+(records tagged by their split id; a record's offset is its Kafka offset, a block ``[first,
+last + 1)``, so the split's state is the next offset to read) and the bounded splits it
+finished (next offset ≥ ``end``, or the partition's end reached past it).
+Two splits of one partition are read one after the other.
+
+JSON messages of a block are decoded in one Arrow parse (``_json_block``), falling back to
+message by message (``MessageDecoder``) where that cannot be proven equal.
 
 A day split (``"<topic>/<partition>@D"``, a backfill's) keeps only the records of event day
 D (the event-time field's day; a dead letter's: its Kafka timestamp's) — its offset range is
@@ -48,8 +52,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from enumerator_service import SplitAssignment
 from spark_jobs._dead_letters import LOST
-from spark_jobs.connectors.kafka._client import consumer, watermarks
+from spark_jobs.connectors.kafka._client import READING, consume_ready, consumer, watermarks
 from spark_jobs.connectors.kafka._decode import MessageDecoder
+from spark_jobs.connectors.kafka._json_block import JsonBlockDecoder
 from spark_jobs.connectors.kafka._options import KafkaOptions, day_of, topic_of
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._convert import new_block
@@ -108,6 +113,8 @@ class KafkaSplitReader:
         self._schema = schema
         self._options = options
         self._decoder = MessageDecoder(schema, options.format, options.columns, max_bytes)
+        self._blocks = JsonBlockDecoder(schema, max_bytes, self._decoder)
+        self._blocks.usable &= options.format == "json"
         self._batch = batch_messages
         self._poll = poll_seconds
         self._reads: dict[_Key, _Read] = {}  # assigned to the consumer
@@ -159,9 +166,7 @@ class KafkaSplitReader:
 
     def _open(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = consumer(
-                self._options, **{"enable.partition.eof": True, "auto.offset.reset": "error"}
-            )
+            self._consumer = consumer(self._options, **READING)
         return self._consumer
 
     # -- fetching ------------------------------------------------------------------------
@@ -258,7 +263,7 @@ class KafkaSplitReader:
     ) -> tuple[dict[_Key, list[Message]], dict[_Key, int]]:
         messages: dict[_Key, list[Message]] = {}
         eofs: dict[_Key, int] = {}
-        for message in client.consume(self._batch, timeout=self._poll):
+        for message in consume_ready(client, self._batch, self._poll):
             error = message.error()
             # (An error of no partition — the client's own — has no topic: key ("", -1).)
             key = (message.topic() or "", _or(message.partition(), -1))
@@ -318,30 +323,21 @@ class KafkaSplitReader:
         _log.info("KafkaSource: %s: %s (retried by librdkafka)", where, error.str())
 
     def _block(self, read: _Read, messages: Any) -> ParsedBlock | None:
-        rows: list[tuple[Any, ...]] = []
-        offsets: list[int] = []
-        dead: list[DeadLetter] = []
-        start = last = read.next
-        seen = False
+        kept: list[Message] = []
         for message in messages:
             offset = message.offset()
             if offset < read.next:
                 continue  # delivered again after a seek
             if read.stop is not None and offset >= read.stop:
                 break
-            parsed = self._decoder.decode(message)
-            last, seen = offset, True
-            if read.day is not None and not self._decoder.of_day(parsed, message, read.day):
-                continue  # a day split: another day's record (the main line has it)
-            if isinstance(parsed, str):
-                dead.append((offset, self._decoder.raw(message), parsed))
-            else:
-                rows.append(parsed)
-                offsets.append(offset)
-        if not seen:
+            kept.append(message)
+        if not kept:
             return None
-        read.next = last + 1
-        batch = self._decoder.converter.to_batch(rows, offsets)
+        start = read.next
+        read.next = _or(kept[-1].offset(), read.next - 1) + 1
+        # A day split filters message by message; anything else tries one Arrow parse.
+        decoded = None if read.day is not None else self._blocks.decode(kept)
+        batch, dead = decoded if decoded is not None else self._decoder.decode_each(kept, read.day)
         block = new_block(self._schema, read.split_id, start, read.next, batch, dead)
         if read.replay:
             block.replay, block.replay_entry = True, read.entry
@@ -356,9 +352,7 @@ class KafkaSplitReader:
         """One block of the first pending range, read by a consumer of its own."""
         read = self._replays[0]
         if self._replayer is None:
-            self._replayer = consumer(
-                self._options, **{"enable.partition.eof": True, "auto.offset.reset": "error"}
-            )
+            self._replayer = consumer(self._options, **READING)
             self._replayer.incremental_assign(
                 [TopicPartition(read.topic, read.partition, read.next)]
             )

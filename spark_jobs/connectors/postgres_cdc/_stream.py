@@ -69,7 +69,9 @@ from spark_jobs.source._records import SplitRead
 __all__ = ["MARKER_PREFIX", "StreamReader"]
 
 MARKER_PREFIX = "sluice-cdc"
-#: Seconds one ``fetch`` waits for changes before it returns (the fetcher then calls again).
+#: Seconds one ``fetch`` waits for changes before it returns (the fetcher then calls again);
+#: a continuous read returns earlier, as soon as it has whole transactions and nothing more
+#: has arrived.
 _FETCH_SECONDS = 0.5
 #: Seconds between two looks at the committed offset (and slot advances).
 _ADVANCE_SECONDS = 5.0
@@ -232,6 +234,10 @@ class StreamReader:
                     self._maybe_advance(self._last_message)  # (also under constant load)
                 continue
             now = time.monotonic()
+            if self._continuous and self._txn is None and self._rows:
+                # Caught up (nothing more has arrived): what is read goes now, not at the
+                # deadline — a waiting transaction would miss the next checkpoint barrier.
+                return self._block(read), False
             if self._txn is None:
                 self._maybe_advance(now)
                 if self._continuous and now - self._last_message >= _MARKER_SECONDS:
