@@ -234,7 +234,7 @@ class StreamReader:
                     self._maybe_advance(self._last_message)  # (also under constant load)
                 continue
             now = time.monotonic()
-            if self._continuous and self._txn is None and self._rows:
+            if self._continuous and self._txn is None and (self._payloads or self._pieces):
                 # Caught up (nothing more has arrived): what is read goes now, not at the
                 # deadline — a waiting transaction would miss the next checkpoint barrier.
                 return self._block(read), False
