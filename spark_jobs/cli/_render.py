@@ -34,6 +34,12 @@ __all__ = [
 ]
 
 
+def _plain_row(table: Table, *cells: RenderableType) -> None:
+    """``table.add_row`` with text cells taken literally: names, patterns, paths and
+    reasons come from users and data (``payments(-[a-z]+)?`` is not markup)."""
+    table.add_row(*(Text(cell) if isinstance(cell, str) else cell for cell in cells))
+
+
 def describe_table(
     pipeline: Pipeline,
     plan: Plan | None,
@@ -46,15 +52,15 @@ def describe_table(
     types are unknown (``error``: because the definition does not fit the database)."""
     described = describe(pipeline, plan, landing)
     table = Table(title=f"Pipeline {described.name}", show_header=False, title_justify="left")
-    table.add_row("source", described.source)
-    table.add_row("steps", "\n".join(described.steps) or "none")
-    table.add_row("sink", described.sink)
+    _plain_row(table, "source", described.source)
+    _plain_row(table, "steps", "\n".join(described.steps) or "none")
+    _plain_row(table, "sink", described.sink)
     fields = Table(show_header=True, box=None, pad_edge=False)
     for column in ("field", "type", "from"):
         fields.add_column(column)
     for name, kind, origin in described.output:
-        fields.add_row(name, kind, origin)
-    table.add_row("output", fields)
+        _plain_row(fields, name, kind, origin)
+    _plain_row(table, "output", fields)
     if note is not None and error:
         return Group(table, Text(f"  error: {note}", style="bold red"))
     if note is not None:
@@ -97,7 +103,7 @@ def run_table(summary: RunSummary, pipeline: Pipeline, settings: Settings) -> Ta
     if summary.other_days:
         rows.append(("other days' records (left as written)", f"{summary.other_days:,}"))
     for name, value in rows:
-        table.add_row(name, value)
+        _plain_row(table, name, value)
     return table
 
 
@@ -160,19 +166,20 @@ def status_table(status: PlatformStatus, held: Mapping[str, Any] | None = None) 
     """``held``: what the source holds on a server (``SourceConnector.source_status``)."""
     table = Table(title=f"Pipeline {status.source}", show_header=False)
     for state in SplitStatus:
-        table.add_row(f"splits {state.value.lower()}", f"{status.splits.get(state, 0):,}")
-    table.add_row("rows committed", f"{status.rows_committed:,}")
-    table.add_row("removed by steps", f"{status.rows_dropped:,}")
-    table.add_row("dead letters", f"{status.dead_letters:,}")
+        _plain_row(table, f"splits {state.value.lower()}", f"{status.splits.get(state, 0):,}")
+    _plain_row(table, "rows committed", f"{status.rows_committed:,}")
+    _plain_row(table, "removed by steps", f"{status.rows_dropped:,}")
+    _plain_row(table, "dead letters", f"{status.dead_letters:,}")
     for reason, count in status.dead_letter_reasons:
-        table.add_row(f"  {reason}", f"{count:,}")
+        _plain_row(table, f"  {reason}", f"{count:,}")
     failed = status.quarantined
     for split in failed[:_SHOWN_FAILED]:
-        table.add_row(f"  failed split {split.id}", failed_line(split))
+        _plain_row(table, f"  failed split {split.id}", failed_line(split))
     if len(failed) > _SHOWN_FAILED:
-        table.add_row("  …", f"{len(failed) - _SHOWN_FAILED} more (status --json lists them)")
+        _plain_row(table, "  …", f"{len(failed) - _SHOWN_FAILED} more (status --json lists them)")
     last = status.last_checkpoint
-    table.add_row(
+    _plain_row(
+        table,
         "last checkpoint",
         f"{last['checkpoint_id']} of {last['run_id']} {last['status']} at "
         f"{last['completed_at'] or last['triggered_at']:%Y-%m-%d %H:%M:%S}"
@@ -184,14 +191,14 @@ def status_table(status: PlatformStatus, held: Mapping[str, Any] | None = None) 
         waiting = f" ({done.unreported:,} not yet reported to Dagster)" if done.unreported else ""
         reopened = done.generations - done.partitions
         again = f", {reopened:,} completed again" if reopened else ""
-        table.add_row("partitions complete", f"{done.partitions:,}{again}{waiting}")
+        _plain_row(table, "partitions complete", f"{done.partitions:,}{again}{waiting}")
     live = status.live
     if live is not None and live.run_id is not None:
-        table.add_row("watermark", _watermark_line(live))
-        table.add_row("backlog", _backlog_line(live))
+        _plain_row(table, "watermark", _watermark_line(live))
+        _plain_row(table, "backlog", _backlog_line(live))
         rate = "" if live.rows_per_second is None else f"{live.rows_per_second:,.1f} rows/s; "
         took = live.last_checkpoint_seconds or 0.0
-        table.add_row("throughput", f"{rate}last checkpoint took {took:.1f}s")
+        _plain_row(table, "throughput", f"{rate}last checkpoint took {took:.1f}s")
     _held_rows(table, held or {})
     return table
 
@@ -200,18 +207,19 @@ def _held_rows(table: Table, held: Mapping[str, Any]) -> None:
     """A CDC slot as one line: active or not, retained WAL; other values as they are."""
     if "slot" in held:
         if not held.get("slot_exists"):
-            table.add_row("replication slot", f"{held['slot']} (none yet, or dropped)")
+            _plain_row(table, "replication slot", f"{held['slot']} (none yet, or dropped)")
         else:
             state = "active" if held.get("slot_active") else "inactive"
             retained = int(held.get("retained_wal_bytes", 0)) / (1 << 20)
-            table.add_row(
+            _plain_row(
+                table,
                 "replication slot",
                 f"{held['slot']} {state}, retains {retained:,.1f} MB of WAL"
                 f" (confirmed {held.get('confirmed_flush_lsn')})",
             )
     for name, value in held.items():
         if not name.startswith(("slot", "retained_wal", "confirmed_flush")):
-            table.add_row(name.replace("_", " "), str(value))
+            _plain_row(table, name.replace("_", " "), str(value))
 
 
 def _watermark_line(live: LiveState) -> str:
