@@ -13,7 +13,8 @@
 - 5: the run stopped at a deterministic error in the pipeline's code (one line names
   pipeline, step, field and record); nothing was committed past it, its splits are back in
   the pool.
-- 130: interrupted (Ctrl-C).
+- 130: interrupted (Ctrl-C); 143: terminated (SIGTERM). Either way what the run did not
+  commit goes back to the pool at once.
 
 3 wins over 4 when both apply: quarantined input needs someone to act, held input is read by
 the run holding it.
@@ -51,6 +52,7 @@ class ExitCode(enum.IntEnum):
     HELD = 4
     CODE_ERROR = 5
     INTERRUPTED = 130
+    TERMINATED = 143
 
     @property
     def description(self) -> str:
@@ -85,7 +87,12 @@ _MEANINGS: dict[ExitCode, str] = {
     ExitCode.CODE_ERROR: "The run stopped at a deterministic error in the pipeline's code (one "
     "line names pipeline, step, field and record); nothing was committed past it, its splits "
     "are back in the pool. Fix the code and run again.",
-    ExitCode.INTERRUPTED: "Interrupted (Ctrl-C).",
+    ExitCode.INTERRUPTED: "Interrupted (Ctrl-C). What the run did not commit went back to the "
+    "pool: the next run reads it.",
+    ExitCode.TERMINATED: "Terminated (SIGTERM, e.g. `kill` or a container stop). As for "
+    "Ctrl-C, what the run did not commit went back to the pool: the next run reads it. (A "
+    "SIGKILL cannot be caught: its splits wait for their lease, `SLUICE_LEASE_SECONDS`, "
+    "before another run takes them.)",
 }
 
 

@@ -3,6 +3,7 @@ reading (``spark_jobs``), driving both for the registered pipelines."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -20,7 +21,17 @@ from spark_jobs._outcomes import (
 from spark_jobs.cli._commands import cli
 from spark_jobs.pipeline import DemoDataRefused, PipelineDefinitionError
 
-__all__ = ["cli", "main"]
+__all__ = ["Terminated", "cli", "main"]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt: a run's cleanup
+    (its splits back to the pool, its staged output aborted) runs as for Ctrl-C, rather than
+    the process vanishing with its splits leased until the lease ends."""
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -29,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     and exit code 2; a run stopped by a deterministic error in the pipeline's code is one
     line and exit code 5. Exit codes: ``spark_jobs._outcomes``."""
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except DemoDataRefused as exc:
@@ -55,7 +67,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except RunFailed as exc:  # Spark printed each attempt's traceback; this sums them up
         click.echo(f"sluice: run failed: {exc}", err=True)
         sys.exit(ExitCode.FAILED)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__ or exc.__context__, Terminated):
+            click.echo("Terminated.", err=True)
+            sys.exit(ExitCode.TERMINATED)
         click.echo("Aborted.", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except click.ClickException as exc:

@@ -327,9 +327,14 @@ class ReaderRun:
                 spark, config, parallelism, self.gang_scheduled
             )
         except BaseException as exc:
-            # Interrupted (a cancelled Dagster run, Ctrl-C) or failed: stop the subtasks too —
-            # a continuous reader would otherwise keep running without its driver's leases.
-            cancel_subtasks(spark)
+            # Interrupted (a cancelled Dagster run, Ctrl-C, SIGTERM) or failed: stop the
+            # subtasks too — a continuous reader would otherwise keep running without its
+            # driver's leases. Best effort: an interrupt inside a Py4J call can leave the
+            # gateway answering nothing, and that must not replace the run's own error.
+            try:
+                cancel_subtasks(spark)
+            except Exception as cancel_error:  # logged: the run's own error is raised below
+                _log.warning("run %s: Spark job not cancelled: %s", self.run_id, cancel_error)
             if coordinator.stop_requested is not None:
                 raise stopped_by(coordinator.stop_requested) from None
             too_few = slot_error(exc, spark, parallelism, settings.spark_master)

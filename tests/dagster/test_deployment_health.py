@@ -361,6 +361,7 @@ def spark_daemons(tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.mark.spark
+@pytest.mark.extended  # ~45 s (a standalone master and workers): make faults, not CI
 def test_spark_healthchecks_against_a_real_master_and_workers(
     compose: dict[str, Any], spark_daemons: Any, tmp_path: Path
 ) -> None:

@@ -583,6 +583,7 @@ def test_backfill_of_two_partitions_succeeds(dagster_dev: DagsterDev, backfill: 
     print(f"\nrows per partition: {rows}; {len(runs)} run(s), {backfill.seconds:.0f}s")
 
 
+@pytest.mark.extended  # ~45 s: make faults, not CI (the UI tests above cover the page)
 def test_a_day_the_cli_processed_shows_in_the_partition_status(
     dagster_dev: DagsterDev, backfill: Backfill
 ) -> None:

@@ -235,6 +235,7 @@ def case(make_settings: MakeSettings) -> Iterator[tuple[TestSettings, Platform]]
         platform.close()
 
 
+@pytest.mark.extended  # ~30 s: make faults, not CI (changing files in CI: test_changing_files.py)
 def test_files_changing_during_a_continuous_run_are_refused_then_retried_exactly_once(
     case: tuple[TestSettings, Platform], tmp_path: Path
 ) -> None:

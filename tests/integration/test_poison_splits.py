@@ -144,6 +144,7 @@ def _cli(args: list[str], db_url: str, cwd: Path) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.extended  # ~35 s: make faults, not CI (quarantine itself is tested above)
 def test_status_shows_and_retry_puts_back_failed_splits(
     platform: Platform, db_url: str, tmp_path: Path
 ) -> None:

@@ -1,0 +1,106 @@
+"""A ``sluice run`` stopped by SIGTERM (``kill``, a container stop) ends like Ctrl-C: one
+line, exit 143, and what it did not commit goes back to the pool at once — the next run
+reads it, not "held by another live run" until the lease ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+SLUICE = str(Path(sys.executable).with_name("sluice"))
+
+#: A slow Map (0.3 s a batch) that says when it first ran (the run is reading then).
+SLOW = """
+import pathlib, time
+from spark_jobs import FileSource, Map, Pipeline
+
+def slow(batch):
+    if batch.num_rows:
+        pathlib.Path({started!r}).touch()
+        time.sleep(0.3)
+    return batch
+
+slow_run = Pipeline(
+    name="slow_run",
+    source=FileSource(landing={landing!r}, schema={{"x": "int64"}}, partition_by=None),
+    steps=[Map(slow)],
+)
+"""
+
+
+def _env(db_url: str, cwd: Path) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    clean.update(
+        SLUICE_DATABASE_URL=db_url,
+        SLUICE_PIPELINES="signal_pipelines",
+        SLUICE_HOME=str(cwd / "home"),
+        SLUICE_SPARK_MASTER="local[2]",
+        SLUICE_PARALLELISM="2",
+        SLUICE_LEASE_SECONDS="600",  # waiting out a lease would fail the test's timing
+        COLUMNS="400",
+        PYTHONPATH=os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")]),
+    )
+    return clean
+
+
+@pytest.mark.spark
+def test_sigterm_stops_a_run_in_one_line_and_gives_its_splits_back(
+    db_url: str, tmp_path: Path
+) -> None:
+    landing, started = tmp_path / "landing", tmp_path / "started"
+    landing.mkdir()
+    for n in range(12):  # 12 files of 50 records: ~12 slow batches
+        (landing / f"f{n:02d}.jsonl").write_text(
+            "".join(json.dumps({"x": n * 50 + i}) + "\n" for i in range(50))
+        )
+    (tmp_path / "signal_pipelines.py").write_text(
+        SLOW.format(landing=str(landing), started=str(started))
+    )
+    env = _env(db_url, tmp_path)
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [SLUICE, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert run("discover", "slow_run").returncode == 0
+    process = subprocess.Popen(
+        [SLUICE, "run", "slow_run"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not started.exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the run never started reading"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, (process.returncode, out, err[-3000:])
+    assert err.strip().splitlines()[-1] == "Terminated.", err[-2000:]
+    # Given back at once (before: leased to the dead run until its lease ended, and the next
+    # run exited 4, "held by another live run"): nothing assigned, reading or leased.
+    engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
+    try:
+        with engine.connect() as conn:
+            held = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM sluice.splits WHERE source = 'slow_run' "
+                    "AND (status NOT IN ('UNASSIGNED', 'COMPLETED') OR run_id IS NOT NULL "
+                    "AND status <> 'COMPLETED')"
+                )
+            ).scalar_one()
+            total = conn.execute(
+                sa.text("SELECT count(*) FROM sluice.splits WHERE source = 'slow_run'")
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    assert (held, total) == (0, 12)
