@@ -53,8 +53,8 @@ class Pipeline:
     Args:
         name: Lower-case identifier. Names the split source in the platform database, the
             output folder (by default), the Dagster assets and jobs, and the CLI argument.
-        source: Where records come from: a `FileSource` or a `TableSource` (or a
-            registered connector's spec).
+        source: Where records come from: a `FileSource`, a `TableSource`, a `KafkaSource`
+            or a `PostgresCdcSource` (or a registered connector's spec).
         steps: `Lookup`, `AsyncMap`, `Map` and `Filter` steps, applied in order.
         sink: Where output rows go: a `ParquetSink` (the default, under
             `SLUICE_WAREHOUSE_DIR`), a `PostgresSink`, an `IcebergSink` or a `DeltaSink`
