@@ -125,8 +125,16 @@ def nothing_line(summary: RunSummary) -> str:
 
 def left_lines(summary: RunSummary) -> list[str]:
     """The input of the run's scope it did not read, and why: quarantined splits (each with
-    its reason), splits held by other live runs, splits waiting for a rebuild of their day."""
+    its reason), splits held by other live runs, splits waiting for a rebuild of their day;
+    and a run whose every record went to the dead letters."""
     left, lines = summary.left, []
+    if summary.dead_letters and not summary.rows_out and not summary.dropped:
+        # Exit 0 (nothing is lost: each record is a dead letter with its reason), but a run
+        # that wrote nothing at all is a schema or lookup mistake, not a success to skim.
+        lines.append(
+            f"no row written: every record read went to the dead letters "
+            f"({summary.dead_letters:,}); `sluice status` lists them by reason"
+        )
     if left.quarantined:
         lines.append(
             f"{len(left.quarantined):,} quarantined split(s), not in the output "

@@ -23,3 +23,20 @@ def test_a_topic_pattern_with_brackets_is_shown_as_written() -> None:
     console = Console(record=True, width=200)
     console.print(describe_table(pipeline, None, None, None))
     assert "'payments(-[a-z]+)?'" in console.export_text()
+
+
+def test_a_run_whose_every_record_is_a_dead_letter_says_so() -> None:
+    from spark_jobs.cli._render import left_lines
+    from spark_jobs.jobs import RunSummary
+
+    def summary(rows_out: int, dead: int, dropped: int = 0) -> RunSummary:
+        return RunSummary(
+            "payments", "r", 2, dead + rows_out, rows_out, dead, 0, 1.0, 1.0, False,
+            dropped=dropped,
+        )  # fmt: skip
+
+    (line,) = left_lines(summary(0, 1200))
+    assert line.startswith("no row written: every record read went to the dead letters (1,200)")
+    assert left_lines(summary(5, 1200)) == []  # some rows: the dead letters are ordinary
+    assert left_lines(summary(0, 3, dropped=7)) == []  # a filter removed the rest
+    assert left_lines(summary(0, 0)) == []
