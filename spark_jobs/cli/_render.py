@@ -235,7 +235,10 @@ def _watermark_line(live: LiveState) -> str:
         return "none yet"
     if live.watermark >= END_OF_INPUT:
         return "end of input (every split read)"
-    return f"{live.watermark:%Y-%m-%d %H:%M:%S} (lag {live.watermark_lag_seconds or 0:,.0f}s)"
+    lag = live.watermark_lag_seconds or 0
+    if lag < 0:  # event times in the future (a producer's clock, or data dated ahead)
+        return f"{live.watermark:%Y-%m-%d %H:%M:%S} ({-lag:,.0f}s ahead of this clock)"
+    return f"{live.watermark:%Y-%m-%d %H:%M:%S} (lag {lag:,.0f}s)"
 
 
 def _backlog_line(live: LiveState) -> str:

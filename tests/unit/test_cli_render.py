@@ -40,3 +40,16 @@ def test_a_run_whose_every_record_is_a_dead_letter_says_so() -> None:
     assert left_lines(summary(5, 1200)) == []  # some rows: the dead letters are ordinary
     assert left_lines(summary(0, 3, dropped=7)) == []  # a filter removed the rest
     assert left_lines(summary(0, 0)) == []
+
+
+def test_a_watermark_ahead_of_the_clock_is_not_a_negative_lag() -> None:
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from spark_jobs.cli._render import _watermark_line
+
+    at = datetime(2026, 11, 28, 23, 53, 23, tzinfo=UTC)
+    ahead = SimpleNamespace(watermark=at, watermark_lag_seconds=-142_690.0)
+    assert _watermark_line(ahead) == "2026-11-28 23:53:23 (142,690s ahead of this clock)"  # type: ignore[arg-type]
+    behind = SimpleNamespace(watermark=at, watermark_lag_seconds=61.0)
+    assert _watermark_line(behind) == "2026-11-28 23:53:23 (lag 61s)"  # type: ignore[arg-type]
