@@ -3,8 +3,10 @@ reading (``spark_jobs``), driving both for the registered pipelines."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Sequence
 
@@ -30,8 +32,30 @@ class Terminated(KeyboardInterrupt):
     the process vanishing with its splits leased until the lease ends."""
 
 
+#: Set once Ctrl-C or SIGTERM arrived: what Py4J logs about the call it interrupted is noise.
+_INTERRUPTED = threading.Event()
+
+
 def _terminate(signum: int, _frame: object) -> None:
+    _INTERRUPTED.set()
     raise Terminated(signum)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    _INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+class _InterruptedPy4J(logging.Filter):
+    """Drops Py4J's "KeyboardInterrupt while sending command." (and "Exception while sending
+    command.") once the user interrupted the run: a page of Py4J traceback about the call
+    the interrupt cut short, before the one line that matters. Py4J logs it through the
+    root logger (``logging.exception``), hence a filter on that logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _INTERRUPTED.is_set() or record.name != "root":
+            return True
+        return not str(record.msg).endswith("while sending command.")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -41,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     line and exit code 5. Exit codes: ``spark_jobs._outcomes``."""
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _interrupt)
+    logging.getLogger().addFilter(_InterruptedPy4J())
     try:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except DemoDataRefused as exc:

@@ -86,6 +86,7 @@ def test_sigterm_stops_a_run_in_one_line_and_gives_its_splits_back(
             process.kill()
     assert process.returncode == 143, (process.returncode, out, err[-3000:])
     assert err.strip().splitlines()[-1] == "Terminated.", err[-2000:]
+    assert "while sending command" not in err, err[-2000:]  # Py4J's page about the cut call
     # Given back at once (before: leased to the dead run until its lease ended, and the next
     # run exited 4, "held by another live run"): nothing assigned, reading or leased.
     engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
