@@ -52,6 +52,10 @@ class DiscoveryResult:
     changed_files: int = 0
     #: Data files skipped because their names are not UTF-8.
     skipped_names: int = 0
+    #: One line each, for a person: why a tick registered less than one might expect (a
+    #: day with no message in its time range, day splits registered before). Printed by
+    #: ``sluice discover``; never secrets.
+    notes: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:

@@ -84,6 +84,7 @@ def discover_all(platform: Platform, pipeline: Pipeline, dates: list[date] | Non
     """
     spec = discovery_of(pipeline, platform.settings)
     registered = ticks = skipped = changed = unnamed = 0
+    notes: dict[str, None] = {}  # ordered, each once over the ticks
     with console.status(f"Discovering {pipeline.name}…") as status:
         while True:
             result = discover(platform, spec, dates=dates, wait_settle=True)
@@ -91,6 +92,7 @@ def discover_all(platform: Platform, pipeline: Pipeline, dates: list[date] | Non
             changed += result.changed_files
             skipped = max(skipped, result.skipped_links)  # each tick lists the whole folder
             unnamed = max(unnamed, result.skipped_names)
+            notes.update(dict.fromkeys(result.notes))
             ticks += 1
             if result.complete:
                 break
@@ -104,6 +106,8 @@ def discover_all(platform: Platform, pipeline: Pipeline, dates: list[date] | Non
         f"Discovery ({pipeline.name}): {result.files_seen} seen, "
         f"{registered} new splits registered{chunks}{links}{names}"
     )
+    for note in notes:
+        console.print(f"  {note}", markup=False, highlight=False)
     if result.unsettled_files:
         console.print(
             f"[yellow]{result.unsettled_files} file(s) still being written[/] (changed within "

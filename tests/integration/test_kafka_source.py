@@ -334,6 +334,13 @@ def test_a_day_is_backfilled_by_time_range_and_rebuilt_from_its_day_splits_alone
         backfill = click_pipeline(f"kafka_{secrets.token_hex(3)}", broker.bootstrap, topics=topic)
         registered = discover(platform, discovery_of(backfill, settings), dates=[days[1]])
         assert registered.splits_registered == 4  # a day split per partition
+        assert registered.notes == ()
+        again = discover(platform, discovery_of(backfill, settings), dates=[days[1]])
+        assert again.splits_registered == 0
+        assert again.notes == (
+            "4 day split(s) were registered before (a run of that day reads them once; "
+            "`sluice run --date D --replace` rebuilds the day)",
+        )
         day_run = run_pipeline(settings, backfill, dates=[days[1]])
         assert day_run.rows_out == 300
         assert_exactly_once(output_rows(output_path(backfill, settings)), of_day(days[1]))
@@ -390,9 +397,12 @@ def test_a_day_rebuild_whose_day_splits_miss_the_committed_offsets_is_refused(
         assert set(before) == set(days)  # (a day may complete twice: late records)
         # Every day range empty: no day split at all.
         monkeypatch.setattr(kafka_enumerator, "timestamp_offsets", empty)
-        assert (
-            discover(platform, discovery_of(pipeline, settings), dates=[days[1]]).splits_registered
-            == 0
+        nothing = discover(platform, discovery_of(pipeline, settings), dates=[days[1]])
+        assert nothing.splits_registered == 0
+        # ... and says why (printed by `sluice discover --date`).
+        assert nothing.notes == (
+            "2026-05-02: 2 of 2 partition(s) have no message with a timestamp in "
+            "2026-05-01 23:59:59 .. 2026-05-03 00:00:01 UTC (the broker's offsets_for_times)",
         )
         with pytest.raises(CrossDayRebuildError, match=rf"{topic}/\d offsets .* cover none") as e:
             run_pipeline(settings, pipeline, dates=[days[1]], rebuild=True)

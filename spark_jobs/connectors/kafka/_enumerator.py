@@ -120,19 +120,33 @@ class KafkaEnumerator(SplitEnumerator):
         """The day splits of ``dates`` (see the module docstring)."""
         assert self._dates is not None
         marks = watermarks(client, self._options, found)
-        added = []
+        added, notes = [], []
         for day in self._dates:
             begin = datetime.combine(day, time(), UTC) - self._margin
             end = begin + timedelta(days=1) + 2 * self._margin
             low = timestamp_offsets(client, self._options, marks, _millis(begin))
             high = timestamp_offsets(client, self._options, marks, _millis(end))
-            added += [
+            day_splits = [
                 StreamSplit(self._source, KIND, day_path(*tp, day), low[tp], high[tp], day)
                 for tp in found
                 if high[tp] > low[tp]
             ]
+            if len(day_splits) < len(found):
+                # Why a user's backfill of D registered little or nothing: the broker's
+                # time index (offsets_for_times) puts no message of D's range there.
+                notes.append(
+                    f"{day}: {len(found) - len(day_splits)} of {len(found)} partition(s) have "
+                    f"no message with a timestamp in {begin:%Y-%m-%d %H:%M:%S} .. "
+                    f"{end:%Y-%m-%d %H:%M:%S} UTC (the broker's offsets_for_times)"
+                )
+            added += day_splits
         registered = self._store.register(added)
-        return DiscoveryResult(len(found), registered, self.cursor())
+        if registered < len(added):
+            notes.append(
+                f"{len(added) - registered} day split(s) were registered before (a run of "
+                "that day reads them once; `sluice run --date D --replace` rebuilds the day)"
+            )
+        return DiscoveryResult(len(found), registered, self.cursor(), notes=tuple(notes))
 
     def close_open(self) -> int:
         """Close the open splits no run holds at the partitions' end offsets now (a bounded
