@@ -5,7 +5,6 @@ reads it, not "held by another live run" until the lease ends."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from cli_env import module_env
 
 SLUICE = str(Path(sys.executable).with_name("sluice"))
 
@@ -37,18 +37,8 @@ slow_run = Pipeline(
 
 
 def _env(db_url: str, cwd: Path) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    clean.update(
-        SLUICE_DATABASE_URL=db_url,
-        SLUICE_PIPELINES="signal_pipelines",
-        SLUICE_HOME=str(cwd / "home"),
-        SLUICE_SPARK_MASTER="local[2]",
-        SLUICE_PARALLELISM="2",
-        SLUICE_LEASE_SECONDS="600",  # waiting out a lease would fail the test's timing
-        COLUMNS="400",
-        PYTHONPATH=os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")]),
-    )
-    return clean
+    # Waiting out a lease would fail the test's timing.
+    return module_env(db_url, cwd, "signal_pipelines", SLUICE_LEASE_SECONDS="600")
 
 
 @pytest.mark.spark

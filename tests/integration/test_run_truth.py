@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 import pyarrow.dataset as ds
 import pytest
 import sqlalchemy as sa
+from cli_env import module_env
 from demo_platform import demo_discover, demo_pipeline, prepare_demo
 
 from enumerator_service import FileSplit, SplitAssignment, SplitStore, connect_engine
@@ -58,17 +58,7 @@ bad_map = Pipeline(
 def _sluice(
     args: list[str], db_url: str, cwd: Path, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    clean.update(
-        SLUICE_DATABASE_URL=db_url,
-        SLUICE_PIPELINES="truth_pipelines",
-        SLUICE_HOME=str(cwd / "home"),
-        SLUICE_SPARK_MASTER="local[2]",
-        SLUICE_PARALLELISM="2",
-        COLUMNS="400",  # rich: one table row per line
-        PYTHONPATH=os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")]),
-        **env,
-    )
+    clean = module_env(db_url, cwd, "truth_pipelines", **env)
     return subprocess.run(
         [SLUICE, *args], env=clean, cwd=cwd, capture_output=True, text=True, timeout=300
     )
