@@ -23,6 +23,7 @@ from fault_harness import (
     sluice_env,
     verify,
 )
+from kill_cases import LEASE_SECONDS, run_settings
 from lakehouse_oracle import (
     Commits,
     delta_commits,
@@ -52,7 +53,6 @@ __all__ = [
 ]
 
 MODULE = "tests.faults.lakehouse_pipelines"
-LEASE_SECONDS = 4.0
 USERS = 20_000
 MAX_TOP_UPS = 12
 
@@ -147,15 +147,7 @@ def _env(work: Path, db_url: str, orders: bool) -> dict[str, str]:
     python_path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     return sluice_env(
         {
-            "SLUICE_DATABASE_URL": db_url,
-            "SLUICE_PIPELINES": MODULE,
-            "SLUICE_HOME": str(work / "home"),
-            "SLUICE_DATA_DIR": str(work / "data"),
-            "SLUICE_SPARK_MASTER": "local[2]",
-            "SLUICE_PARALLELISM": "2",
-            "SLUICE_LEASE_SECONDS": str(LEASE_SECONDS),
-            "SLUICE_CHECKPOINT_INTERVAL_SECONDS": "1",
-            "SLUICE_CHECKPOINT_TIMEOUT_SECONDS": "20",
+            **run_settings(work, db_url, MODULE),
             "SLUICE_LOOKUP_TIMEOUT_SECONDS": "20",
             "SLUICE_TARGET_SPLIT_BYTES": str((32 if orders else 256) << 10),
             "SLUICE_READ_BLOCK_BYTES": str((8 if orders else 64) << 10),

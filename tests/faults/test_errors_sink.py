@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import subprocess
 import time
 from collections import Counter
@@ -39,13 +38,12 @@ from fault_harness import (
     Run,
     expected_events,
     log,
-    make_root,
-    remove,
     run_summary,
     sluice,
     sluice_env,
     verify,
 )
+from kill_cases import LEASE_SECONDS, own_postgres, run_settings
 from orders_oracle import landed_orders, verify_orders
 
 from enumerator_service._database import asyncpg_dsn
@@ -53,7 +51,6 @@ from examples._clickstream_data import DemoSpec, generate_events, load_users
 
 pytestmark = [pytest.mark.faults, pytest.mark.spark, pytest.mark.timeout(300)]
 
-LEASE_SECONDS = 4.0
 EVENTS = 80_000
 USERS = 10_000
 #: The warehouse tmpfs: room for the whole output (~3 MiB) once the filler is gone.
@@ -64,30 +61,11 @@ LEFT = 256 << 10
 
 @pytest.fixture(scope="module")
 def postgres(request: pytest.FixtureRequest) -> Iterator[tuple[OwnPostgres, Path]]:
-    root = make_root()
-    server = OwnPostgres(root)
-    failed_before = request.session.testsfailed
-    yield server, root
-    server.stop()
-    if request.session.testsfailed > failed_before or os.environ.get("SLUICE_FAULTS_KEEP"):
-        log(f"kept {root} (run logs under */logs, Postgres log in pg/log)")
-    else:
-        remove(root)
+    yield from own_postgres(request)
 
 
 def _settings(work: Path, db_url: str, modules: str) -> dict[str, str]:
-    return {
-        "SLUICE_DATABASE_URL": db_url,
-        "SLUICE_PIPELINES": modules,
-        "SLUICE_HOME": str(work / "home"),
-        "SLUICE_DATA_DIR": str(work / "data"),
-        "SLUICE_SPARK_MASTER": "local[2]",
-        "SLUICE_PARALLELISM": "2",
-        "SLUICE_LEASE_SECONDS": str(LEASE_SECONDS),
-        "SLUICE_CHECKPOINT_INTERVAL_SECONDS": "1",
-        "SLUICE_CHECKPOINT_TIMEOUT_SECONDS": "20",
-        "SLUICE_LOOKUP_TIMEOUT_SECONDS": "20",
-    }
+    return {**run_settings(work, db_url, modules), "SLUICE_LOOKUP_TIMEOUT_SECONDS": "20"}
 
 
 def _finish(run: Run) -> int:
