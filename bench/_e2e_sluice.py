@@ -84,7 +84,8 @@ def run_sluice(
         f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
         f"{summary.lookup_queries:,} queries, {summary.cache_hit_rate:.1%} cache hits "
         f"({summary.cache_bypass_rate:.0%} bypassed), "
-        f"{summary.dead_letters:,} dead letters; {breakdown(memory.postgres_cpu_by)}"
+        f"{summary.dead_letters:,} dead letters; {cpu_breakdown(memory.cpu_by)}; "
+        f"{breakdown(memory.postgres_cpu_by)}"
     )
     return Result(
         latency_ms,
@@ -105,6 +106,12 @@ def run_sluice(
             f"{summary.cache_bypass_rate:.0%} of keys bypassed it"
         ),
     )
+
+
+def cpu_breakdown(seconds: dict[str, float]) -> str:
+    """``CPU s: worker 14.2, jvm 3.1, driver 1.0`` (this process and its descendants)."""
+    parts = sorted(seconds.items(), key=lambda kv: -kv[1])
+    return "CPU s: " + ", ".join(f"{kind} {value:.1f}" for kind, value in parts if value >= 0.05)
 
 
 def _run_pipeline(
