@@ -128,6 +128,20 @@ def cache_plans(ctx: Context) -> list[tuple[str, Callable[[], Result]]]:
     return plans
 
 
+def _cpu_ratio(cached: Result, uncached: Result) -> str:
+    """The same comparison in CPU seconds (the run's processes and Postgres): the ratio the
+    rates tend to when the run is CPU-bound and alone on the machine. On a shared machine the
+    rates also depend on the other tenants' load during each run (the rows' ``others``)."""
+    if None in (cached.cpu, uncached.cpu, cached.postgres_cpu, uncached.postgres_cpu):
+        return ""
+    spent = (cached.cpu or 0.0) + (cached.postgres_cpu or 0.0)
+    baseline = (uncached.cpu or 0.0) + (uncached.postgres_cpu or 0.0)
+    return (
+        f"; CPU s of the run + Postgres {spent:.1f} vs {baseline:.1f} uncached "
+        f"({baseline / spent:.2f}x less)"
+    )
+
+
 def cache_verdicts(results: list[Result]) -> list[str]:
     def find(kind: str) -> Result | None:
         return next((r for r in results if r.kind == kind and r.latency_ms == 0.0), None)
@@ -148,7 +162,8 @@ def cache_verdicts(results: list[Result]) -> list[str]:
                 None if target is None else ratio >= target,
                 f"cache, {what}: {with_cache.rate:,.0f} events/s = {ratio:.2f}x the uncached "
                 f"{without.rate:,.0f} over the same files; measured {with_cache.cache_note}"
-                + ("" if target is None else f" (target >= {target:g}x)"),
+                + ("" if target is None else f" (target >= {target:g}x)")
+                + _cpu_ratio(with_cache, without),
             )
         )
     return lines
