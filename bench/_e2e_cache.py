@@ -129,16 +129,16 @@ def cache_plans(ctx: Context) -> list[tuple[str, Callable[[], Result]]]:
 
 
 def _cpu_ratio(cached: Result, uncached: Result) -> str:
-    """The same comparison in CPU seconds (the run's processes and Postgres): the ratio the
-    rates tend to when the run is CPU-bound and alone on the machine. On a shared machine the
-    rates also depend on the other tenants' load during each run (the rows' ``others``)."""
-    if None in (cached.cpu, uncached.cpu, cached.postgres_cpu, uncached.postgres_cpu):
+    """The same comparison in CPU seconds (the run's processes and Postgres; medians of the
+    rounds): the ratio the rates tend to when the run is CPU-bound and alone on the machine.
+    On a shared machine a run's wall time is about its CPU over the cores the other tenants
+    leave it (the rows' ``others``), so the rate ratio also carries the load's changes."""
+    spent, baseline = cached.total_cpu_median, uncached.total_cpu_median
+    if not spent or not baseline:
         return ""
-    spent = (cached.cpu or 0.0) + (cached.postgres_cpu or 0.0)
-    baseline = (uncached.cpu or 0.0) + (uncached.postgres_cpu or 0.0)
     return (
-        f"; CPU s of the run + Postgres {spent:.1f} vs {baseline:.1f} uncached "
-        f"({baseline / spent:.2f}x less)"
+        f"; CPU s (run + Postgres, median) {spent:.1f} vs {baseline:.1f} uncached: "
+        f"{baseline / spent:.2f}x less"
     )
 
 

@@ -101,6 +101,9 @@ class Result:
     checkpoint_p50_ms: float | None = None
     # Sluice runs with a cache: the measured hit rate (and bypassed share), for the verdicts.
     cache_note: str = ""
+    # In a median_of row: the median over the rounds of CPU + postgres_cpu (the CPU a run
+    # costs is far steadier between rounds than its rate on a shared machine).
+    total_cpu_median: float | None = None
 
 
 @dataclass
@@ -122,6 +125,9 @@ def median_of(runs: list[Result]) -> Result:
     p50s = sorted(r.checkpoint_p50_ms for r in runs if r.checkpoint_p50_ms is not None)
     if p50s:
         median.checkpoint_p50_ms = p50s[(len(p50s) - 1) // 2]
+    totals = sorted((r.cpu or 0.0) + (r.postgres_cpu or 0.0) for r in runs if r.cpu is not None)
+    if totals:
+        median.total_cpu_median = totals[(len(totals) - 1) // 2]
     if len(runs) > 1:
         rates = " / ".join(f"{r.rate:,.0f}" for r in runs)
         median.note = f"median of {len(runs)} rounds ({rates}/s); {median.note}"
