@@ -104,6 +104,9 @@ class Result:
     # In a median_of row: the median over the rounds of CPU + postgres_cpu (the CPU a run
     # costs is far steadier between rounds than its rate on a shared machine).
     total_cpu_median: float | None = None
+    # A Sluice run that left part of its input unread (e.g. a split back in the pool after a
+    # failed attempt): its rate is not the files'; median_of leaves it out when it can.
+    partial: bool = False
 
 
 @dataclass
@@ -119,7 +122,11 @@ class Context:
 
 
 def median_of(runs: list[Result]) -> Result:
-    """The run of median rate (of an even count, the lower one), its note saying so."""
+    """The run of median rate (of an even count, the lower one), its note saying so. Runs
+    that left input unread (``partial``) are left out unless every run did."""
+    complete = [r for r in runs if not r.partial] or runs
+    skipped = len(runs) - len(complete)
+    runs = complete
     ordered = sorted(runs, key=lambda r: r.rate)
     median = dataclasses.replace(ordered[(len(ordered) - 1) // 2])
     p50s = sorted(r.checkpoint_p50_ms for r in runs if r.checkpoint_p50_ms is not None)
@@ -131,6 +138,8 @@ def median_of(runs: list[Result]) -> Result:
     if len(runs) > 1:
         rates = " / ".join(f"{r.rate:,.0f}" for r in runs)
         median.note = f"median of {len(runs)} rounds ({rates}/s); {median.note}"
+    if skipped:
+        median.note = f"{skipped} partial round(s) left out; {median.note}"
     return median
 
 

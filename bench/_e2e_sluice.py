@@ -80,8 +80,12 @@ def run_sluice(
     if sink is not None:
         pipeline = dataclasses.replace(pipeline, sink=sink)
     summary, wall, cpu, memory = _run_pipeline(ctx, settings, pipeline, verify)
+    # The bench's files, or a cache row's copy of them (the same lines): every line is a row
+    # or a dead letter.
+    expected = ctx.events if landing is ctx.landing or cache_rows is not None else None
+    partial = _partial(summary, expected)
     note = (
-        f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
+        partial + f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
         f"{summary.lookup_queries:,} queries, {summary.cache_hit_rate:.1%} cache hits "
         f"({summary.cache_bypass_rate:.0%} bypassed), "
         f"{summary.dead_letters:,} dead letters; {cpu_breakdown(memory.cpu_by)}; "
@@ -101,10 +105,25 @@ def run_sluice(
         worker_rss=memory.worker_profile(),
         postgres_cpu=memory.postgres_cpu,
         checkpoint_p50_ms=summary.checkpoint_p50_ms,
+        partial=bool(partial),
         cache_note=(
             f"{summary.cache_hit_rate:.1%} hits of the keys the cache was asked, "
             f"{summary.cache_bypass_rate:.0%} of keys bypassed it"
         ),
+    )
+
+
+def _partial(summary: Any, expected_lines: int | None) -> str:
+    """'' when the run read all its input; else what it left (its rate is not the files')."""
+    left = summary.left
+    lines = summary.rows_in + summary.dead_letters
+    short = expected_lines is not None and lines < expected_lines
+    if not left.unread and not left.quarantined and not short:
+        return ""
+    return (
+        f"PARTIAL: {lines:,} lines of {expected_lines or 0:,}, {summary.splits} splits read, "
+        f"{left.unread} left unread (held {left.held}, retrying {len(left.retrying)}), "
+        f"{len(left.quarantined)} quarantined; "
     )
 
 
