@@ -113,6 +113,9 @@ def run_sluice(
     )
 
 
+_LAST_DISCOVERY: list[Any] = []
+
+
 def _partial(summary: Any, expected_lines: int | None) -> str:
     """'' when the run read all its input; else what it left (its rate is not the files')."""
     left = summary.left
@@ -120,8 +123,15 @@ def _partial(summary: Any, expected_lines: int | None) -> str:
     short = expected_lines is not None and lines < expected_lines
     if not left.unread and not left.quarantined and not short:
         return ""
+    found = _LAST_DISCOVERY[0] if _LAST_DISCOVERY else None
+    given = (
+        ""
+        if found is None
+        else f"discovery: {found.files_seen} files, {found.splits_registered} splits registered, "
+        f"{found.backlog_files} in backlog, {found.unsettled_files} unsettled; "
+    )
     return (
-        f"PARTIAL: {lines:,} lines of {expected_lines or 0:,}, {summary.splits} splits read, "
+        f"PARTIAL: {given}{lines:,} lines of {expected_lines or 0:,}, {summary.splits} splits read, "
         f"{left.unread} left unread (held {left.held}, retrying {len(left.retrying)}), "
         f"{len(left.quarantined)} quarantined; "
     )
@@ -153,6 +163,7 @@ def _run_pipeline(
     def run() -> Any:
         found = discover(platform, discovery_of(pipeline, settings))
         assert found.splits_registered > 0, "no splits registered"
+        _LAST_DISCOVERY[:] = [found]  # for a PARTIAL note: what the run was given
         return run_pipeline(settings, pipeline)
 
     try:
