@@ -131,8 +131,9 @@ def _partial(summary: Any, expected_lines: int | None) -> str:
         f"{found.backlog_files} in backlog, {found.unsettled_files} unsettled; "
     )
     return (
-        f"PARTIAL: {given}{lines:,} lines of {expected_lines or 0:,}, {summary.splits} splits read, "
-        f"{left.unread} left unread (held {left.held}, retrying {len(left.retrying)}), "
+        f"PARTIAL: {given}{lines:,} lines of {expected_lines or 0:,}, "
+        f"{summary.splits} splits read, {left.unread} left unread (held {left.held}, "
+        f"retrying {len(left.retrying)}), "
         f"{len(left.quarantined)} quarantined; "
     )
 
