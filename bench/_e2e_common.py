@@ -101,6 +101,12 @@ class Result:
     checkpoint_p50_ms: float | None = None
     # Sluice runs with a cache: the measured hit rate (and bypassed share), for the verdicts.
     cache_note: str = ""
+    # In a median_of row: the median over the rounds of CPU + postgres_cpu (the CPU a run
+    # costs is far steadier between rounds than its rate on a shared machine).
+    total_cpu_median: float | None = None
+    # A Sluice run that left part of its input unread (e.g. a split back in the pool after a
+    # failed attempt): its rate is not the files'; median_of leaves it out when it can.
+    partial: bool = False
 
 
 @dataclass
@@ -116,15 +122,24 @@ class Context:
 
 
 def median_of(runs: list[Result]) -> Result:
-    """The run of median rate (of an even count, the lower one), its note saying so."""
+    """The run of median rate (of an even count, the lower one), its note saying so. Runs
+    that left input unread (``partial``) are left out unless every run did."""
+    complete = [r for r in runs if not r.partial] or runs
+    skipped = len(runs) - len(complete)
+    runs = complete
     ordered = sorted(runs, key=lambda r: r.rate)
     median = dataclasses.replace(ordered[(len(ordered) - 1) // 2])
     p50s = sorted(r.checkpoint_p50_ms for r in runs if r.checkpoint_p50_ms is not None)
     if p50s:
         median.checkpoint_p50_ms = p50s[(len(p50s) - 1) // 2]
+    totals = sorted((r.cpu or 0.0) + (r.postgres_cpu or 0.0) for r in runs if r.cpu is not None)
+    if totals:
+        median.total_cpu_median = totals[(len(totals) - 1) // 2]
     if len(runs) > 1:
         rates = " / ".join(f"{r.rate:,.0f}" for r in runs)
         median.note = f"median of {len(runs)} rounds ({rates}/s); {median.note}"
+    if skipped:
+        median.note = f"{skipped} partial round(s) left out; {median.note}"
     return median
 
 

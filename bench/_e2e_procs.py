@@ -73,6 +73,20 @@ def _memory_kib(pid: int) -> tuple[int, int]:
     return int(values.get("VmHWM", 0)), int(values.get("VmRSS", 0))
 
 
+def _own_seconds() -> float:
+    """CPU time of this process (its threads; not its children)."""
+    own = os.times()
+    return own.user + own.system
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy since boot (all cores; idle and I/O wait
+    excluded): the other tenants' share of a run is this minus the run's own and Postgres'."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds() -> float:
     """CPU time of this process, its waited-for children and all live descendants (the Spark
     JVM, the Python daemon and its workers). Postgres is not included."""
@@ -134,6 +148,10 @@ class MemorySampler(threading.Thread):
     ``trace`` holds (seconds since entry, the largest worker's current RSS in KiB).
     ``postgres_cpu``: CPU seconds of the watched Postgres between entry and exit (None when
     none is watched); ``postgres_cpu_by``: the same by kind of statement (``_e2e_pgcpu``).
+    ``cpu_by``: CPU seconds between entry and exit by process kind (``driver``: this Python
+    process; ``jvm``; ``worker``: the Python daemon and its workers, exited ones included
+    through their parent's reaped-children time), to see where a run's CPU goes; ``others``:
+    the rest of the machine's busy CPU meanwhile (other tenants: the load a run competes with).
     """
 
     def __init__(self, interval: float = 0.25) -> None:
@@ -147,6 +165,10 @@ class MemorySampler(threading.Thread):
         self.postgres_cpu_by: dict[str, float] = {}
         self._postgres_began: float | None = None
         self._statements = StatementCpu(_ENGINE[0]) if _ENGINE else None
+        self._ticks_began: dict[int, int] = {}
+        self._driver_began = 0.0
+        self._machine_began = 0.0
+        self.cpu_by: dict[str, float] = {}
 
     def __enter__(self) -> MemorySampler:
         table = _process_table()
@@ -155,6 +177,9 @@ class MemorySampler(threading.Thread):
             with contextlib.suppress(OSError):
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
         self._began = time.perf_counter()
+        self._ticks_began = {pid: ticks for pid, (_p, _c, ticks) in _process_table().items()}
+        self._driver_began = _own_seconds()
+        self._machine_began = machine_busy_seconds()
         self._postgres_began = postgres_cpu_seconds()
         if self._statements is not None:
             self._statements.start()
@@ -166,6 +191,8 @@ class MemorySampler(threading.Thread):
         self._stop_event.set()
         self.join()
         self._sample()
+        self._charge_cpu()
+        busy = machine_busy_seconds() - self._machine_began
         if self._postgres_began is not None:
             # Backends whose clients just disconnected are still exiting: one that exits while
             # /proc is read is neither a live child nor reaped yet, and its CPU would be lost.
@@ -175,6 +202,20 @@ class MemorySampler(threading.Thread):
             self.postgres_cpu = ended - self._postgres_began
         if self._statements is not None:
             self.postgres_cpu_by = self._statements.stop()
+        others = busy - sum(self.cpu_by.values()) - (self.postgres_cpu or 0.0)
+        self.cpu_by["others"] = max(0.0, others)
+
+    def _charge_cpu(self) -> None:
+        # A worker reaped meanwhile is in its parent's cutime (the daemon's): as cpu_seconds.
+        table = _process_table()
+        charged: dict[str, float] = defaultdict(float)
+        tick = os.sysconf("SC_CLK_TCK")
+        for pid in _descendants(table):
+            _ppid, comm, ticks = table[pid]
+            kind = _kind(pid, comm) or comm
+            charged[kind] += (ticks - self._ticks_began.get(pid, 0)) / tick
+        charged["driver"] = _own_seconds() - self._driver_began
+        self.cpu_by = dict(charged)
 
     def _sample(self) -> None:
         table = _process_table()

@@ -80,11 +80,16 @@ def run_sluice(
     if sink is not None:
         pipeline = dataclasses.replace(pipeline, sink=sink)
     summary, wall, cpu, memory = _run_pipeline(ctx, settings, pipeline, verify)
+    # The bench's files, or a cache row's copy of them (the same lines): every line is a row
+    # or a dead letter.
+    expected = ctx.events if landing is ctx.landing or cache_rows is not None else None
+    partial = _partial(summary, expected)
     note = (
-        f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
+        partial + f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
         f"{summary.lookup_queries:,} queries, {summary.cache_hit_rate:.1%} cache hits "
         f"({summary.cache_bypass_rate:.0%} bypassed), "
-        f"{summary.dead_letters:,} dead letters; {breakdown(memory.postgres_cpu_by)}"
+        f"{summary.dead_letters:,} dead letters; {cpu_breakdown(memory.cpu_by)}; "
+        f"{breakdown(memory.postgres_cpu_by)}"
     )
     return Result(
         latency_ms,
@@ -100,11 +105,47 @@ def run_sluice(
         worker_rss=memory.worker_profile(),
         postgres_cpu=memory.postgres_cpu,
         checkpoint_p50_ms=summary.checkpoint_p50_ms,
+        partial=bool(partial),
         cache_note=(
             f"{summary.cache_hit_rate:.1%} hits of the keys the cache was asked, "
             f"{summary.cache_bypass_rate:.0%} of keys bypassed it"
         ),
     )
+
+
+_LAST_DISCOVERY: list[Any] = []
+
+
+def _partial(summary: Any, expected_lines: int | None) -> str:
+    """'' when the run read all its input; else what it left (its rate is not the files')."""
+    left = summary.left
+    lines = summary.rows_in + summary.dead_letters
+    short = expected_lines is not None and lines < expected_lines
+    if not left.unread and not left.quarantined and not short:
+        return ""
+    found = _LAST_DISCOVERY[0] if _LAST_DISCOVERY else None
+    given = (
+        ""
+        if found is None
+        else f"discovery: {found.files_seen} files, {found.splits_registered} splits registered, "
+        f"{found.backlog_files} in backlog, {found.unsettled_files} unsettled; "
+    )
+    return (
+        f"PARTIAL: {given}{lines:,} lines of {expected_lines or 0:,}, "
+        f"{summary.splits} splits read, {left.unread} left unread (held {left.held}, "
+        f"retrying {len(left.retrying)}), "
+        f"{len(left.quarantined)} quarantined; "
+    )
+
+
+def cpu_breakdown(seconds: dict[str, float]) -> str:
+    """``CPU s: worker 6.5, driver 1.0, jvm 0.3; others 5.2`` (this process and its
+    descendants by kind; ``others``: the rest of the machine meanwhile, i.e. the load the run
+    competed with — what makes two runs of the same code differ on a shared machine)."""
+    own = {kind: value for kind, value in seconds.items() if kind != "others"}
+    parts = sorted(own.items(), key=lambda kv: -kv[1])
+    text = "CPU s: " + ", ".join(f"{kind} {value:.1f}" for kind, value in parts if value >= 0.05)
+    return text + (f"; others {seconds['others']:.1f}" if "others" in seconds else "")
 
 
 def _run_pipeline(
@@ -123,6 +164,7 @@ def _run_pipeline(
     def run() -> Any:
         found = discover(platform, discovery_of(pipeline, settings))
         assert found.splits_registered > 0, "no splits registered"
+        _LAST_DISCOVERY[:] = [found]  # for a PARTIAL note: what the run was given
         return run_pipeline(settings, pipeline)
 
     try:

@@ -31,18 +31,20 @@ thread running the lookup function) and every method must be called from that th
 from __future__ import annotations
 
 import time
+from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
+from operator import not_
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.lookup._cache_options import CacheOptions
-from spark_jobs.lookup._cache_rows import RowLog, as_float64, as_uint8
+from spark_jobs.lookup._cache_rows import RowLog, as_float64, as_int64, as_uint8
 
 __all__ = ["Answer", "BatchCache"]
 
@@ -112,23 +114,26 @@ class BatchCache(CacheOptions):
         now = self._clock()
         self._purge(now)
         log = self._log
-        # Step 1: one probe per key (0: not cached; position 0 is never a row).
-        where = list(map(self._index.get, keys, repeat(0)))
+        # Step 1: one probe per key (0: not cached; position 0 is never a row), straight
+        # into a C buffer that Arrow reads as is (no Python int converted one by one).
+        where = array("q", map(self._index.get, keys, repeat(0)))
+        positions = as_int64(where)
         # Step 2: the partition: rows found (> 0), cached misses (< 0), not cached (0).
-        positions = pa.array(where, pa.int64())
-        missing_at, missing = pc.indices_nonzero(pc.equal(positions, 0)), []
-        if len(missing_at):
-            missing = list(map(keys.__getitem__, missing_at.to_pylist()))
-        self.hits += len(keys) - len(missing)
-        self.misses += len(missing)
+        absent = where.count(0)
+        missing_at: pa.Array | None = None
+        missing: list[Any] = []
+        if absent:
+            at = list(compress(range(len(where)), map(not_, where)))
+            missing_at = pa.array(at, pa.int64())
+            missing = list(map(keys.__getitem__, at))
+        self.hits += len(keys) - absent
+        self.misses += absent
         # Step 3: recency (position 0 absorbs the keys not cached).
         self._mark(positions)
         if log.accessed is not None:
             deque(map(log.accessed.__setitem__, map(abs, where), repeat(now)), maxlen=0)
         found = pc.greater(positions, 0)
         found_at = pc.indices_nonzero(found)
-        if not missing:
-            missing_at = None
         if not len(found_at):
             empty = pa.array([], pa.int64())
             return Answer(empty, tuple(pa.array([], t) for t in self._types), missing_at, missing)

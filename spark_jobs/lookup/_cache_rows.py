@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["MIN_GARBAGE", "MIN_TAIL", "RowLog", "as_float64", "as_uint8"]
+__all__ = ["MIN_GARBAGE", "MIN_TAIL", "RowLog", "as_float64", "as_int64", "as_uint8"]
 
 MIN_GARBAGE = 4096  # rows of garbage always tolerated before a compaction
 MIN_TAIL = 1024  # rows the tail may hold whatever the base's size
@@ -40,6 +40,12 @@ def as_uint8(buffer: bytearray, start: int, stop: int) -> pa.Array:
     """``buffer[start:stop]`` as an Arrow uint8 array (a copy)."""
     data = bytes(buffer[start:stop])
     return pa.Array.from_buffers(pa.uint8(), len(data), [None, pa.py_buffer(data)])
+
+
+def as_int64(values: array[int]) -> pa.Array:
+    """An ``array('q')`` as an Arrow int64 array (a copy)."""
+    data = values.tobytes()
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(data)])
 
 
 def as_float64(buffer: array[float], start: int, stop: int) -> pa.Array:
