@@ -182,6 +182,7 @@ def describe_run(summary: RunSummary) -> str:
             f"; {len(left.quarantined)} split(s) quarantined" if left.quarantined else "",
             f"; {left.held} split(s) held by another run" if left.held else "",
             f"; {left.rebuilding} split(s) held for a rebuild" if left.rebuilding else "",
+            f"; {left.returned} split(s) not read, back in the pool" if left.returned else "",
             f"; {len(left.retrying)} split(s) failed an attempt, back in the pool"
             if left.retrying
             else "",

@@ -11,8 +11,10 @@ never from a mailbox thread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import date
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, Row
@@ -20,7 +22,7 @@ from sqlalchemy.engine import Engine, Row
 from enumerator_service._file_identity import recorded_identity
 from enumerator_service._schema import SplitStatus, splits
 from enumerator_service._split_leases import lease
-from enumerator_service._split_pull import pull_parameters, pull_statement
+from enumerator_service._split_pull import pull_parameters, pull_statement, waiting_statement
 from enumerator_service._splits import (
     STREAM_KINDS,
     TABLE_KINDS,
@@ -74,6 +76,32 @@ class SubtaskHandout:
     """The subtask-level part of ``SplitStore`` (thread-safe: one Engine, no other state)."""
 
     _engine: Engine
+
+    def _claim(self, params: dict[str, object], lease_seconds: float) -> list[Row[Any]]:
+        """The rows :func:`pull_statement` claims; [] only when the run has no split left
+        for the subtask. SKIP LOCKED also passes over splits that are merely locked right
+        now — by the driver's lease heartbeat (it updates every split of the run) or by
+        another subtask's pull, which may keep only a prefix of what it locked — and a
+        subtask that took that [] for "none left" ended early: a run under load once read
+        half its input and ended as if done. So an empty claim is checked against the
+        unlocked state and tried again while candidates wait, for at most a lease."""
+        quote = self._engine.dialect.identifier_preparer
+        claim, waiting = pull_statement(quote), waiting_statement(quote)
+        deadline = time.monotonic() + max(lease_seconds, 1.0)
+        pause = 0.005
+        while True:
+            # Each its own implicit transaction (AUTOCOMMIT: no BEGIN/COMMIT round trips).
+            with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+                rows = list(c.execute(claim, params).fetchall())
+                if rows or not c.execute(waiting, params).scalar_one():
+                    return rows
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"run {params['run_id']}: its unclaimed splits stayed locked for "
+                    f"{lease_seconds:g} s (a stuck transaction on sluice.splits?)"
+                )
+            time.sleep(pause)  # a heartbeat or a pull commits within milliseconds
+            pause = min(pause * 2, 0.2)
 
     def reclaim(self, run_id: str, subtask: int, lease_seconds: float) -> list[SplitAssignment]:
         """Splits this subtask held in an earlier attempt, re-issued under a new epoch.
@@ -139,10 +167,7 @@ class SubtaskHandout:
             owned_kinds=owned_kinds,
             owners=owners,
         )
-        # Its own implicit transaction (AUTOCOMMIT: no BEGIN/COMMIT round trips).
-        stmt = pull_statement(self._engine.dialect.identifier_preparer)
-        with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            rows = conn.execute(stmt, params).fetchall()
+        rows = self._claim(params, lease_seconds)
         # RETURNING has no order; NULL partition keys sort last, as in the statement.
         ordered = sorted(
             rows, key=lambda r: (r.partition_key is None, r.partition_key or date.min, r.id)

@@ -114,6 +114,17 @@ class RunAssignment:
         with self._engine.connect() as conn:
             return int(conn.execute(stmt).scalar_one())
 
+    def unread_of_run(self, run_id: str) -> int:
+        """How many splits the run holds whose last attempt did not fail on its content —
+        after its readers ended, input a bounded run skipped (``InputLeft.returned``)."""
+        stmt = sa.select(sa.func.count()).where(
+            splits.c.run_id == run_id,
+            splits.c.status.in_(ACTIVE_SPLIT),
+            splits.c.failed_epoch.is_distinct_from(splits.c.epoch),
+        )
+        with self._engine.connect() as conn:
+            return int(conn.execute(stmt).scalar_one())
+
     def release_run(self, run_id: str) -> int:
         """Return the run's splits that no commit covers to the pool (addSplitsBack)."""
         stmt = (

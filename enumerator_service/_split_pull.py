@@ -15,7 +15,7 @@ from sqlalchemy.sql.compiler import IdentifierPreparer
 
 from enumerator_service._schema import splits
 
-__all__ = ["BYTE_RANGE_KINDS", "pull_parameters", "pull_statement"]
+__all__ = ["BYTE_RANGE_KINDS", "pull_parameters", "pull_statement", "waiting_statement"]
 
 #: Split kinds whose offsets are byte positions, so ``end - start`` is the split's size.
 BYTE_RANGE_KINDS = ("jsonl", "csv")
@@ -54,6 +54,20 @@ def pull_statement(quote: IdentifierPreparer) -> sa.TextClause:
         # Already locked, so never false: kept so the statement is safe on its own.
         f" AND {table}.{q('status')} = 'ASSIGNED'"
         f" RETURNING {returned}"
+    )
+
+
+@functools.cache
+def waiting_statement(quote: IdentifierPreparer) -> sa.TextClause:
+    """Whether the run still has ASSIGNED splits this subtask may pull — read without locks,
+    so splits another transaction holds right now count (SKIP LOCKED passed over them).
+    Takes the parameters of :func:`pull_statement`."""
+    table = quote.format_table(splits)
+    q = quote.quote
+    return sa.text(
+        f"SELECT EXISTS (SELECT FROM {table} WHERE {q('run_id')} = :run_id"
+        f" AND {q('status')} = 'ASSIGNED'"
+        f" AND (NOT {q('kind')} = ANY(:owned_kinds) OR {_owner(q)} = :subtask))"
     )
 
 

@@ -82,8 +82,8 @@ _MEANINGS: dict[ExitCode, str] = {
     "splits, and files refused because they changed after discovery (`sluice status` lists "
     "them with their reasons, `sluice retry` puts them back).",
     ExitCode.HELD: "The run completed, but input was left unread: splits held by another live "
-    "run or a pending rebuild, or back in the pool after a failed attempt. A later run reads "
-    "them.",
+    "run or a pending rebuild, or back in the pool after a failed attempt or unread when the "
+    "run's readers ended. A later run reads them.",
     ExitCode.CODE_ERROR: "The run stopped at a deterministic error in the pipeline's code (one "
     "line names pipeline, step, field and record); nothing was committed past it, its splits "
     "are back in the pool. Fix the code and run again.",

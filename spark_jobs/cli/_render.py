@@ -154,6 +154,11 @@ def left_lines(summary: RunSummary) -> list[str]:
         lines.append(
             f"{left.rebuilding:,} split(s) held until the rebuild of their day swaps: not read"
         )
+    if left.returned:
+        lines.append(
+            f"{left.returned:,} split(s) assigned to this run were not read although its "
+            "subtasks ended: back in the pool, the next run reads them (please report this)"
+        )
     if left.retrying:
         lines.append(
             f"{len(left.retrying):,} split(s) failed an attempt on their content and are back "

@@ -192,6 +192,8 @@ class ReaderRun:
                 coordinator.stats,
                 rebuilt=tuple(r.partition_key for r in replacing),
                 seconds=time.monotonic() - started,
+                # A continuous run that stops gives its open splits back by design.
+                returned=0 if self.continuous else self._returned,
             )
         finally:
             self._unshare()  # the run's password file, if it needed one
@@ -385,8 +387,11 @@ class ReaderRun:
         staged leftovers are aborted. With the database down this fails — logged, not
         raised, so the run's own error stays visible; lease expiry and recovery do the same
         work later."""
+        self._returned = 0
         try:
-            SplitStore(self._engine).release_run(self.run_id)
+            store = SplitStore(self._engine)
+            self._returned = store.unread_of_run(self.run_id)
+            store.release_run(self.run_id)
             CheckpointStore(self._engine, self.run_id, self._sinks).abort_uncommitted()
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
             _log.warning(

@@ -22,18 +22,21 @@ class InputLeft:
     """``quarantined``: FAILED splits (oldest first, at most 1000); ``held``: splits another
     live run holds (its lease not expired), ``held_by`` those runs; ``rebuilding``: splits
     HELD while a rebuild of their day is in progress; ``retrying``: splits back in the pool
-    after a failed attempt (not yet quarantined), at most 1000."""
+    after a failed attempt (not yet quarantined), at most 1000; ``returned``: splits a
+    bounded run was assigned and gave back unread although its subtasks ended without error
+    (none is expected: counted so that such a run can never look complete)."""
 
     quarantined: tuple[QuarantinedSplit, ...] = ()
     held: int = 0
     held_by: tuple[str, ...] = ()
     rebuilding: int = 0
     retrying: tuple[QuarantinedSplit, ...] = ()
+    returned: int = 0
 
     @property
     def unread(self) -> int:
         """Splits left unread for now (exit code 4 when nothing is quarantined)."""
-        return self.held + self.rebuilding + len(self.retrying)
+        return self.held + self.rebuilding + len(self.retrying) + self.returned
 
 
 def input_left(

@@ -3,6 +3,7 @@ the coordinator's checkpoint statistics."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import date
 
@@ -29,9 +30,12 @@ def summarize_run(
     *,
     rebuilt: tuple[date, ...],
     seconds: float,
+    returned: int = 0,
 ) -> RunSummary:
+    """``returned``: splits the run gave back unread after its subtasks ended (``InputLeft``)."""
     totals = while_down(lambda: run_totals(engine, run_id))
     left = while_down(lambda: input_left(engine, source, run_id, dates))
+    left = dataclasses.replace(left, returned=returned)
     # A rebuild's records of other days were read but stay as first written: neither
     # input of the replaced day nor removed by a step.
     dropped = totals.dropped - totals.other_days

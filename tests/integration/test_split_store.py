@@ -29,6 +29,44 @@ def _splits(source: str, n: int, day: date = date(2026, 1, 1)) -> list[FileSplit
     return [FileSplit(source, "jsonl", f"/landing/f{i:05d}.jsonl", 0, 100, day) for i in range(n)]
 
 
+def test_a_pull_waits_for_splits_the_lease_heartbeat_holds_instead_of_ending(
+    platform: Platform,
+) -> None:
+    # The heartbeat updates every split of the run; a pull meanwhile (SKIP LOCKED) saw none
+    # and the subtask ended as if the run had no split left.
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    store.register(_splits(source, 5))
+    assert store.assign_to_run("run-hb-lock", source, lease_seconds=60) == 5
+    got: list[Any] = []
+    with platform.engine.begin() as conn:  # the heartbeat's transaction, held open
+        conn.execute(
+            sa.update(splits)
+            .where(splits.c.run_id == "run-hb-lock")
+            .values(attempts=splits.c.attempts)
+        )
+        puller = threading.Thread(target=lambda: got.append(store.pull_next("run-hb-lock", 0, 60)))
+        puller.start()
+        time.sleep(0.5)
+        assert not got  # waiting for the lock, not "none left"
+    puller.join(10)
+    assert got and got[0] is not None
+    # The other four, then none: the run's splits are all handed out.
+    pulled = [store.pull_next("run-hb-lock", 1, 60) for _ in range(5)]
+    assert sum(a is not None for a in pulled) == 4 and pulled[-1] is None
+
+
+def test_a_pull_never_waits_for_more_than_a_lease_on_a_stuck_lock(platform: Platform) -> None:
+    store = SplitStore(platform.engine)
+    source = platform.settings.source_name
+    store.register(_splits(source, 1))
+    assert store.assign_to_run("run-s", source, lease_seconds=60) == 1
+    with platform.engine.begin() as conn:
+        conn.execute(sa.select(splits.c.id).where(splits.c.run_id == "run-s").with_for_update())
+        with pytest.raises(RuntimeError, match=r"run run-s: its unclaimed splits stayed locked"):
+            store.pull_next("run-s", 0, 1.0)
+
+
 def test_registration_is_idempotent(platform: Platform) -> None:
     store = SplitStore(platform.engine)
     source = platform.settings.source_name

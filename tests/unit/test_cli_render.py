@@ -53,3 +53,19 @@ def test_a_watermark_ahead_of_the_clock_is_not_a_negative_lag() -> None:
     assert _watermark_line(ahead) == "2026-11-28 23:53:23 (142,690s ahead of this clock)"  # type: ignore[arg-type]
     behind = SimpleNamespace(watermark=at, watermark_lag_seconds=61.0)
     assert _watermark_line(behind) == "2026-11-28 23:53:23 (lag 61s)"  # type: ignore[arg-type]
+
+
+def test_splits_a_bounded_run_gave_back_unread_make_it_exit_4_with_a_line() -> None:
+    from spark_jobs._outcomes import ExitCode
+    from spark_jobs.cli._render import left_lines
+    from spark_jobs.jobs import RunSummary
+    from spark_jobs.jobs._input_left import InputLeft
+
+    done = RunSummary("clicks", "r", 2, 10, 10, 0, 0, 1.0, 1.0, False)
+    assert done.exit_code is ExitCode.OK and left_lines(done) == []
+    short = RunSummary(
+        "clicks", "r", 2, 10, 10, 0, 0, 1.0, 1.0, False, left=InputLeft(returned=3)
+    )  # fmt: skip
+    assert short.exit_code is ExitCode.HELD
+    (line,) = left_lines(short)
+    assert line.startswith("3 split(s) assigned to this run were not read although its subtasks")
