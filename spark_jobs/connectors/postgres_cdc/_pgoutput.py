@@ -260,16 +260,19 @@ def _timestamp(text: str, aware: bool) -> datetime:
 
 
 def from_text(type_oid: int, text: str) -> Any:
-    """A column's text value as the Python value a table read gives (int, float, Decimal,
-    bool, bytes, date, datetime; any other type as its text). ValueError when it does not
+    """A column's text value as the Python value a table read gives (int, float, bool,
+    bytes, date, datetime; numeric and any other type as its text). ValueError when it does not
     parse."""
     if type_oid in _INTS:
         return int(text)
     if type_oid == _NUMERIC:
+        # Its text: exact for a field declared string (an unconstrained numeric must be) and
+        # parsed by a decimal field's converter to the same Decimal.
         try:
-            return Decimal(text)
+            Decimal(text)
         except InvalidOperation:
             raise ValueError(f"numeric {text!r} does not parse") from None
+        return text
     if type_oid in _FLOATS:
         return float(text)
     if type_oid == _BOOL:

@@ -9,6 +9,16 @@ since; see ``_enumerator``). Rows are emitted as op ``r`` with ``_lsn`` = the sl
 = the page's transaction time. The WAL position before and after each page is logged at
 debug level (the chunk's low and high marks, for observability).
 
+Values are exactly the stream's: a column is read in Postgres's text form — its type's
+output function, the one the walsender calls (``format('%s', col)``; a ``::text`` cast is
+not always that: ``char(n)`` loses its padding, ``inet`` gains a netmask) — and converted by
+the stream's text converter (:func:`from_text`, by the column's type OID from
+``pg_attribute``, the OID pgoutput's Relation message carries). So json, jsonb, arrays,
+uuid, interval, enums, domains… give the same text as a streamed change (psycopg's own
+decoding gives dicts, lists, UUIDs, and jsonb ``null`` as NULL). Only the types whose
+psycopg value is provably that same value (integers, floats, bool, text, varchar, char) are
+read natively, for speed.
+
 Threading: ``open`` and ``fetch`` block on Postgres and run on one fetcher thread;
 ``wake_up`` has nothing to interrupt (a ``fetch`` runs one query).
 """
@@ -16,11 +26,14 @@ Threading: ``open`` and ``fetch`` block on Postgres and run on one fetcher threa
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from typing import Any
 
 import psycopg
 
 from enumerator_service import TableRangeSplit
+from spark_jobs.connectors.postgres_cdc._changes import CdcError
+from spark_jobs.connectors.postgres_cdc._pgoutput import from_text
 from spark_jobs.pipeline._errors import quote
 from spark_jobs.source._batch import ParsedBlock, RecordSchema
 from spark_jobs.source._convert import RecordConverter
@@ -29,10 +42,30 @@ from spark_jobs.source._table_reader import Page, page_block
 
 __all__ = ["ChunkReader"]
 
+
+def _as_text(column: str) -> str:
+    """The column's text form by its type's output function (``format`` gives '' for NULL;
+    ``%%``: the query has parameters)."""
+    return f"CASE WHEN {column} IS NULL THEN NULL ELSE format('%%s', {column}) END"
+
+
+def quote_table(table: str) -> str:
+    """``schema.table`` as a quoted regclass text."""
+    schema, _, name = table.rpartition(".")
+    return f"{quote(schema)}.{quote(name)}"
+
+
 _log = logging.getLogger(__name__)
 
 _START = "SELECT cursor ->> 'start_lsn' FROM sluice.enumerator_state WHERE source = %s"
 _MARKS = "SELECT pg_current_wal_lsn() - '0/0', now()"
+_TYPES = (
+    "SELECT attname, atttypid::int FROM pg_catalog.pg_attribute"
+    " WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped"
+)
+#: Types whose psycopg value equals ``from_text`` of their text (int2/4/8, oid, float4/8,
+#: bool, text, varchar, bpchar): read natively. Any other column is read as text.
+_NATIVE = frozenset({20, 21, 23, 26, 700, 701, 16, 25, 1043, 1042})
 
 
 class ChunkReader:
@@ -50,6 +83,8 @@ class ChunkReader:
         self._read: SplitRead | None = None
         self._query = ""
         self._table = ""
+        #: (index in a fetched row, type OID) of each column read as text
+        self._texts: list[tuple[int, int, str]] = []
         self._next_key = 0
         self._stop = 0
         self._start_lsn: dict[str, int] = {}
@@ -61,7 +96,13 @@ class ChunkReader:
             raise TypeError(f"not a chunk split: {split!r}")
         schema, _, table = split.table.rpartition(".")
         key = quote(split.key_column)
-        columns = ", ".join([key, *(quote(n) for n in self._declared)])
+        types = self._column_types(split.table)
+        self._texts = [
+            (i + 1, types[n], n) for i, n in enumerate(self._declared) if types[n] not in _NATIVE
+        ]
+        text = {n for _, _, n in self._texts}
+        selected = [_as_text(quote(n)) if n in text else quote(n) for n in self._declared]
+        columns = ", ".join([key, *selected])
         self._query = (
             f"SELECT {columns} FROM {quote(schema)}.{quote(table)}"
             f" WHERE {key} >= %s AND {key} < %s ORDER BY {key} LIMIT %s"
@@ -76,6 +117,32 @@ class ChunkReader:
             self._conn = psycopg.connect(self._dsn, application_name="sluice-cdc-snapshot")
             self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         return self._conn
+
+    def _column_types(self, table: str) -> dict[str, int]:
+        """Each column's type OID (a declared column the table lacks: the run's check and
+        the stream say so; here it reads as text and its query fails)."""
+        conn = self._connection()
+        with conn.transaction():
+            found = conn.execute(_TYPES, (quote_table(table),)).fetchall()
+        return defaultdict(int, {str(name): int(oid) for name, oid in found})
+
+    def _as_stream(self, rows: list[tuple[Any, ...]]) -> list[Any]:
+        """The rows with each text-read value converted as the stream converts it (a value
+        it refuses fails the run with the stream's message)."""
+        if not self._texts:
+            return rows
+        out = []
+        for row in rows:
+            values = list(row)
+            for i, oid, name in self._texts:
+                text = values[i]
+                if text is not None:
+                    try:
+                        values[i] = from_text(oid, text)
+                    except ValueError as exc:
+                        raise CdcError(f"table {self._table}: column {name!r}: {exc}") from None
+            out.append(values)
+        return out
 
     def _slot_start(self, source: str) -> int:
         found = self._start_lsn.get(source)
@@ -97,6 +164,7 @@ class ChunkReader:
         with conn.transaction():
             low, read_at = conn.execute(_MARKS).fetchone()  # type: ignore[misc]
             found = conn.execute(self._query, (self._next_key, self._stop, self._batch)).fetchall()
+            found = self._as_stream(found)
             high, _ = conn.execute(_MARKS).fetchone()  # type: ignore[misc]
         _log.debug(
             "chunk %s [%d, %d): page read between LSN %s and %s",
