@@ -182,8 +182,11 @@ def test_an_unchanged_toasted_declared_column_without_full_identity_is_one_line(
     rows = ChangeRows(("id", "name"), ["public.t"], "id")
     rows.relation(relation)
     change = Change("u", relation.relid, ("1", UNCHANGED, *([None] * 6)), None, None)
-    with pytest.raises(CdcError, match="REPLICA IDENTITY FULL"):
+    with pytest.raises(CdcError, match="REPLICA IDENTITY FULL") as err:
         rows.rows(change, 1, datetime(2026, 1, 1, tzinfo=UTC))
+    # Setting it is not enough: the changes in the slot were written without it.
+    assert "'sluice cdc drop' this pipeline, empty its sink table" in str(err.value)
+    assert "\n" not in str(err.value)
     # a column the pipeline does not read may stay unsent
     fine = Change(
         "u", relation.relid, ("1", "n", "1", None, None, None, UNCHANGED, None), None, None

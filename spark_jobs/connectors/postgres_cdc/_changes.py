@@ -133,7 +133,10 @@ class ChangeRows:
                     raise CdcError(
                         f"table {relation.qualified}: an update left the large column"
                         f" {column.name!r} unchanged and Postgres did not send it; set"
-                        f" ALTER TABLE {relation.qualified} REPLICA IDENTITY FULL"
+                        f" ALTER TABLE {relation.qualified} REPLICA IDENTITY FULL, then"
+                        " 'sluice cdc drop' this pipeline, empty its sink table and discover"
+                        " again (a new snapshot: the changes already in the slot were written"
+                        " without the old row, every rerun would fail the same)"
                     )
                 else:
                     values.append(None)  # not read by the pipeline

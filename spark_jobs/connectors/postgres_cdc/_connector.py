@@ -28,7 +28,7 @@ from spark_jobs.connectors.postgres_cdc._slot import (
 from spark_jobs.connectors.postgres_cdc._snapshot import ChunkReader
 from spark_jobs.connectors.postgres_cdc._spec import CDC_FIELDS
 from spark_jobs.connectors.postgres_cdc._stream import StreamReader
-from spark_jobs.pipeline._catalog import check_fields, table_catalog
+from spark_jobs.pipeline._catalog import check_fields, resolve, table_catalog
 from spark_jobs.pipeline._errors import (
     MissingTableError,
     PipelineDefinitionError,
@@ -146,6 +146,10 @@ class CdcConnector(SourceConnector):
         options: CdcOptions = pipeline.plan.source.options
 
         def make(engine: Engine, settings: Settings, dates: Any) -> CdcEnumerator:
+            # The run's definition check first (tables, key, columns, types, replica
+            # identity, lookups): nothing — publication, slot holding WAL — is created for a
+            # definition that cannot run.
+            resolve(pipeline, engine)
             return CdcEnumerator(
                 engine,
                 pipeline.name,
@@ -167,7 +171,11 @@ class CdcConnector(SourceConnector):
             qualified = f"{schema}.{table}"
             catalog = table_catalog(conn, schema, table)
             if catalog is None:
-                raise MissingTableError(plan.name, "source", f"table {qualified} does not exist")
+                raise MissingTableError(
+                    plan.name,
+                    "source",
+                    f"PostgresCdcSource(tables): table {qualified} does not exist",
+                )
             kind = catalog.get(options.key)
             if kind is None or type_family(catalog_arrow_type(kind)[0]) != "integer":
                 raise PipelineDefinitionError(
