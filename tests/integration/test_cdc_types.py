@@ -11,13 +11,19 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from cdc_oracle import libpq_url
 from conftest import TestSettings
 
+from enumerator_service import TableRangeSplit
 from enumerator_service._operations import discover, open_platform
 from spark_jobs import Pipeline, PostgresCdcSource, PostgresSink
 from spark_jobs.connectors.postgres_cdc import drop_slot
+from spark_jobs.connectors.postgres_cdc._changes import CdcError
+from spark_jobs.connectors.postgres_cdc._snapshot import ChunkReader
 from spark_jobs.jobs import run_pipeline
+from spark_jobs.jobs._source_reader import record_schema
 from spark_jobs.pipeline._paths import discovery_of
+from spark_jobs.source._records import SplitRead
 
 pytestmark = pytest.mark.spark
 
@@ -112,4 +118,41 @@ def test_snapshot_and_stream_values_are_the_same_for_every_type(make_settings: A
                 )
     finally:
         drop_slot(platform.engine, options.slot, options.publication)
+        platform.close()
+
+
+def test_a_snapshot_value_the_stream_refuses_fails_with_the_streams_line(
+    make_settings: Any,
+) -> None:
+    """A timestamp Python cannot hold: the stream fails the run naming table and column; the
+    snapshot of the same row fails the same way (psycopg's own error was another line)."""
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    suffix = secrets.token_hex(3)
+    table, name = f"public.cdcinf_{suffix}", f"cdcinf_{suffix}"
+    pipeline = Pipeline(
+        name=name,
+        source=PostgresCdcSource(
+            tables=[table], key="id", schema={"id": "int64", "at": "timestamp"}
+        ),
+        sink=PostgresSink(f"{table}_out", upsert_key=["id"]),
+    )
+    source = pipeline.plan.source
+    try:
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE TABLE {table} (id bigint PRIMARY KEY, at timestamptz)"))
+            conn.execute(sa.text(f"INSERT INTO {table} VALUES (1, now()), (2, 'infinity')"))
+            conn.execute(
+                sa.text("INSERT INTO sluice.enumerator_state (source, cursor) VALUES (:s, :c)"),
+                {"s": name, "c": '{"start_lsn": 1}'},
+            )
+        reader = ChunkReader(
+            record_schema(source), libpq_url(platform.url), declared=source.options.declared
+        )
+        split = TableRangeSplit(name, table, "id", 1, 3, kind="pgcdc-chunk")
+        reader.open(SplitRead(1, split, 1))
+        with pytest.raises(CdcError, match=f"table {table}: column 'at': timestamp 'infinity'"):
+            reader.fetch()
+        reader.close()
+    finally:
         platform.close()
