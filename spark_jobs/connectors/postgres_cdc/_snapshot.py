@@ -17,7 +17,11 @@ the stream's text converter (:func:`from_text`, by the column's type OID from
 uuid, interval, enums, domains… give the same text as a streamed change (psycopg's own
 decoding gives dicts, lists, UUIDs, and jsonb ``null`` as NULL). Only the types whose
 psycopg value is provably that same value (integers, floats, bool, text, varchar, char) are
-read natively, for speed.
+read natively, for speed; so are date and timestamp[tz] columns (psycopg parses them in C to
+the same date, the same naive time or the same instant — a sink stores it in UTC) — except
+that a value Python cannot hold (``infinity``, BC) is psycopg's ``DataError``, where the
+stream fails with its own line: such a page is read again all in text form, which fails the
+run with exactly the stream's line.
 
 Threading: ``open`` and ``fetch`` block on Postgres and run on one fetcher thread;
 ``wake_up`` has nothing to interrupt (a ``fetch`` runs one query).
@@ -66,6 +70,11 @@ _TYPES = (
 #: Types whose psycopg value equals ``from_text`` of their text (int2/4/8, oid, float4/8,
 #: bool, text, varchar, bpchar): read natively. Any other column is read as text.
 _NATIVE = frozenset({20, 21, 23, 26, 700, 701, 16, 25, 1043, 1042})
+#: date, timestamp, timestamptz: the same value natively, but not the same failure.
+_TEMPORAL = frozenset({1082, 1114, 1184})
+
+#: A page query and (index in a fetched row, type OID, name) of each column it reads as text.
+_Query = tuple[str, list[tuple[int, int, str]]]
 
 
 class ChunkReader:
@@ -81,10 +90,10 @@ class ChunkReader:
         self._dsn = dsn
         self._batch = batch_rows
         self._read: SplitRead | None = None
-        self._query = ""
         self._table = ""
-        #: (index in a fetched row, type OID) of each column read as text
-        self._texts: list[tuple[int, int, str]] = []
+        #: The page query with temporal columns read natively, and the one all in text form.
+        self._fast: _Query = ("", [])
+        self._exact: _Query = ("", [])
         self._next_key = 0
         self._stop = 0
         self._start_lsn: dict[str, int] = {}
@@ -94,23 +103,29 @@ class ChunkReader:
         split = read.split
         if not isinstance(split, TableRangeSplit):
             raise TypeError(f"not a chunk split: {split!r}")
-        schema, _, table = split.table.rpartition(".")
-        key = quote(split.key_column)
         types = self._column_types(split.table)
-        self._texts = [
-            (i + 1, types[n], n) for i, n in enumerate(self._declared) if types[n] not in _NATIVE
-        ]
-        text = {n for _, _, n in self._texts}
-        selected = [_as_text(quote(n)) if n in text else quote(n) for n in self._declared]
-        columns = ", ".join([key, *selected])
-        self._query = (
-            f"SELECT {columns} FROM {quote(schema)}.{quote(table)}"
-            f" WHERE {key} >= %s AND {key} < %s ORDER BY {key} LIMIT %s"
-        )
+        self._fast = self._page_query(split, types, _NATIVE | _TEMPORAL)
+        self._exact = self._page_query(split, types, _NATIVE)
         self._table = split.table
         self._read = read
         self._next_key = read.resume
         self._stop = split.high if read.stop is None else min(read.stop, split.high)
+
+    def _page_query(
+        self, split: TableRangeSplit, types: dict[str, int], native: frozenset[int]
+    ) -> _Query:
+        schema, _, table = split.table.rpartition(".")
+        key = quote(split.key_column)
+        texts = [
+            (i + 1, types[n], n) for i, n in enumerate(self._declared) if types[n] not in native
+        ]
+        text = {n for _, _, n in texts}
+        selected = [_as_text(quote(n)) if n in text else quote(n) for n in self._declared]
+        query = (
+            f"SELECT {', '.join([key, *selected])} FROM {quote(schema)}.{quote(table)}"
+            f" WHERE {key} >= %s AND {key} < %s ORDER BY {key} LIMIT %s"
+        )
+        return query, texts
 
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         if self._conn is None:
@@ -126,15 +141,17 @@ class ChunkReader:
             found = conn.execute(_TYPES, (quote_table(table),)).fetchall()
         return defaultdict(int, {str(name): int(oid) for name, oid in found})
 
-    def _as_stream(self, rows: list[tuple[Any, ...]]) -> list[Any]:
+    def _as_stream(
+        self, rows: list[tuple[Any, ...]], texts: list[tuple[int, int, str]]
+    ) -> list[Any]:
         """The rows with each text-read value converted as the stream converts it (a value
         it refuses fails the run with the stream's message)."""
-        if not self._texts:
+        if not texts:
             return rows
         out = []
         for row in rows:
             values = list(row)
-            for i, oid, name in self._texts:
+            for i, oid, name in texts:
                 text = values[i]
                 if text is not None:
                     try:
@@ -160,12 +177,11 @@ class ChunkReader:
             self._read = None
             return None, True
         start_lsn = self._slot_start(read.split.source)
-        conn = self._connection()
-        with conn.transaction():
-            low, read_at = conn.execute(_MARKS).fetchone()  # type: ignore[misc]
-            found = conn.execute(self._query, (self._next_key, self._stop, self._batch)).fetchall()
-            found = self._as_stream(found)
-            high, _ = conn.execute(_MARKS).fetchone()  # type: ignore[misc]
+        try:
+            low, read_at, found, high = self._page(self._fast)
+        except psycopg.DataError:
+            # A date or timestamp psycopg cannot hold: the text form fails as the stream does.
+            low, read_at, found, high = self._page(self._exact)
         _log.debug(
             "chunk %s [%d, %d): page read between LSN %s and %s",
             self._table, self._next_key, self._stop, low, high,
@@ -180,6 +196,16 @@ class ChunkReader:
         block = page_block(page, read.split_id, self._next_key, found, tail)
         self._next_key = block.end
         return block, finished
+
+    def _page(self, query: _Query) -> tuple[Any, Any, list[Any], Any]:
+        """(WAL position before, transaction time, rows, WAL position after) of the page
+        from ``_next_key``, in one transaction."""
+        conn = self._connection()
+        with conn.transaction():
+            low, read_at = conn.execute(_MARKS).fetchone()  # type: ignore[misc]
+            found = conn.execute(query[0], (self._next_key, self._stop, self._batch)).fetchall()
+            high, _ = conn.execute(_MARKS).fetchone()  # type: ignore[misc]
+        return low, read_at, self._as_stream(found, query[1]), high
 
     def wake_up(self) -> None:
         """Nothing to interrupt: a ``fetch`` runs one query."""
