@@ -23,24 +23,27 @@ re-reads from the slot), and, when it moved, stops streaming, advances the idle 
 (``pg_replication_slot_advance``) and streams on from its in-memory position.
 
 Decoding: Begin, Commit, Relation, Truncate and marker messages are decoded as they arrive;
-change messages (Insert, Update, Delete) are kept as raw payloads with their transaction
-and decoded a block at a time, column-wise (:class:`BlockDecoder`) — and before a Relation
-or Truncate message is applied, so every change reads with the definition it was sent
-under and fails (a bad value) before a later message's error.
+change messages are kept as raw payloads and decoded a block at a time, column-wise
+(:class:`BlockDecoder`) — and before a Relation or Truncate message is applied, so every
+change reads with the definition it was sent under and fails before a later message's error.
 
 A bounded run (``ReaderContext.continuous`` False) reads up to the WAL position when the read
 opens and finishes the split there; a continuous run follows the slot. A replayed range
 (``SplitRead.stop``) ends at its stop.
 
+Receiving: a receive thread (:class:`~._receiver.Receiver`) reads the open stream ahead
+into a bounded buffer (``_RECEIVE_BYTES``), so the server streams on while a block decodes.
+Stopping the stream (slot advance, end of the read) joins it and drops what it read ahead;
+the stream restarts from ``_position``. Its error fails the read (``fetch`` raises it).
+
 Threading: ``open``, ``fetch`` and ``close`` run on one fetcher thread (they block on the
-server); ``wake_up`` may be called from any thread: it writes to a pipe ``fetch`` selects on.
+server); ``wake_up`` may be called from any thread: it sets a flag under the condition the
+fetcher waits on (shared with the receive thread, which notifies it when messages arrive).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import select
+import threading
 import time
 from typing import Any
 
@@ -51,6 +54,11 @@ import psycopg2.extras
 import pyarrow as pa
 
 from enumerator_service import StreamSplit
+from spark_jobs.connectors.postgres_cdc._advance import (
+    advance_left_slot,
+    committed_offset,
+    confirmed_flush,
+)
 from spark_jobs.connectors.postgres_cdc._block import BlockDecoder, Piece, Runs
 from spark_jobs.connectors.postgres_cdc._changes import CdcError, ChangeRows
 from spark_jobs.connectors.postgres_cdc._pgoutput import (
@@ -61,6 +69,7 @@ from spark_jobs.connectors.postgres_cdc._pgoutput import (
     Truncate,
 )
 from spark_jobs.connectors.postgres_cdc._pgoutput import decode as decode_message
+from spark_jobs.connectors.postgres_cdc._receiver import Receiver
 from spark_jobs.connectors.postgres_cdc._slot import SlotMissingError, lsn_text
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._convert import RecordConverter, new_block
@@ -79,13 +88,12 @@ _ADVANCE_SECONDS = 5.0
 _MARKER_SECONDS = 2.0
 #: Change messages per block (whole transactions: a bigger transaction makes a bigger block).
 _BLOCK_ROWS = 5000
+#: Payload bytes read ahead at most (a slot advance drops them: the server sends them again).
+_RECEIVE_BYTES = 1 << 20
 #: First payload bytes of Insert, Update and Delete messages (decoded a block at a time).
 _CHANGE_KINDS = frozenset(b"IUD")
 
-_COMMITTED = "SELECT committed_offset, pending FROM sluice.splits WHERE id = %s"
 _MARK = "SELECT pg_logical_emit_message(false, %s, '') - '0/0'"
-_CONFIRMED = "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s"
-_ADVANCE = "SELECT pg_replication_slot_advance(%s, CAST(%s AS pg_lsn))"
 
 
 class StreamReader:
@@ -110,13 +118,15 @@ class StreamReader:
         self._declared = declared
         self._key = key
         self._continuous = continuous
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        # Guards the receiver's buffer and ``_woken``; the fetcher waits on it.
+        self._cond = threading.Condition()
+        self._woken = False
         self._read: SplitRead | None = None
         self._slot = ""
         self._repl: Any = None
         self._cursor: Any = None
+        self._receiver: Receiver | None = None
+        self._backlog: list[bytes] = []  # taken from the receiver, not handled yet
         self._sql: psycopg.Connection[tuple[Any, ...]] | None = None
         self._reset(0)
 
@@ -136,6 +146,7 @@ class StreamReader:
         self._txn_pieces: list[Piece] = []
         self._txn_payloads: list[bytes] = []
         self._counted = 0  # change messages in the block so far
+        self._backlog = []
         now = time.monotonic()
         self._next_advance = now + _ADVANCE_SECONDS
         self._last_message = now
@@ -191,8 +202,16 @@ class StreamReader:
                 f" changes after LSN {lsn_text(self._position)} are gone; run 'sluice cdc"
                 f" drop {self._read.split.source}' and discover again to take a new snapshot"
             ) from None
+        self._backlog = []
+        self._receiver = Receiver(self._cursor, self._cond, _RECEIVE_BYTES)
+        self._receiver.start()
 
     def _stop_stream(self) -> None:
+        """Stop (and join) the receive thread, drop its read-ahead, close the connection."""
+        receiver, self._receiver = self._receiver, None
+        self._backlog = []
+        if receiver is not None:
+            receiver.stop()
         if self._repl is not None:
             try:
                 self._repl.close()
@@ -208,8 +227,9 @@ class StreamReader:
             self._sql = None
 
     def wake_up(self) -> None:
-        with contextlib.suppress(OSError):  # the pipe is full: a wake-up is pending already
-            os.write(self._wake_w, b"x")
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
 
     # -- fetching --------------------------------------------------------------------------
 
@@ -219,19 +239,10 @@ class StreamReader:
             return None, True
         deadline = time.monotonic() + _FETCH_SECONDS
         while True:
-            message = self._cursor.read_message()
-            if message is not None:
-                self._last_message = time.monotonic()
-                payload = message.payload
-                if payload and payload[0] in _CHANGE_KINDS:
-                    self._change(payload)
-                    continue
-                if self._handle(decode_message(payload)):
-                    return self._finish(read)
-                if self._txn is None:
-                    if self._counted >= _BLOCK_ROWS:
-                        return self._block(read), False
-                    self._maybe_advance(self._last_message)  # (also under constant load)
+            if self._backlog or self._take():
+                result = self._handle_backlog(read)
+                if result is not None:
+                    return result
                 continue
             now = time.monotonic()
             if self._continuous and self._txn is None and (self._payloads or self._pieces):
@@ -245,17 +256,42 @@ class StreamReader:
                     self._mark()
             if now >= deadline:
                 return self._block(read), False
-            woken, _, _ = select.select([self._cursor, self._wake_r], [], [], deadline - now)
-            if self._wake_r in woken:
-                self._drain_wake_ups()
+            if self._wait(deadline - now):
                 return self._block(read), False
 
-    def _drain_wake_ups(self) -> None:
-        try:
-            while os.read(self._wake_r, 64):
-                pass
-        except BlockingIOError:
-            pass
+    def _take(self) -> bool:
+        """Move what the receive thread has received into the backlog (raises its error)."""
+        if self._receiver is not None:
+            self._backlog = self._receiver.take()
+        return bool(self._backlog)
+
+    def _wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for messages; True when woken up (the flag is cleared)."""
+        with self._cond:
+            receiver = self._receiver
+            if not self._woken and (receiver is None or not receiver.ready()):
+                self._cond.wait(timeout)
+            woken, self._woken = self._woken, False
+        return woken
+
+    def _handle_backlog(self, read: SplitRead) -> tuple[ParsedBlock | None, bool] | None:
+        """Handle the backlog's messages in order; a result when ``fetch`` returns (the
+        messages after a full block stay in the backlog)."""
+        backlog, self._backlog = self._backlog, []
+        self._last_message = time.monotonic()
+        for i, payload in enumerate(backlog):
+            if payload and payload[0] in _CHANGE_KINDS:
+                self._change(payload)
+                continue
+            if self._handle(decode_message(payload)):
+                return self._finish(read)
+            if self._txn is None:
+                if self._counted >= _BLOCK_ROWS:
+                    self._backlog = backlog[i + 1 :]
+                    return self._block(read), False
+                if self._maybe_advance(self._last_message):  # (also under constant load)
+                    return None  # the stream restarted at ``_position``: the rest comes again
+        return None
 
     def _change(self, payload: bytes) -> None:
         """An Insert, Update or Delete: kept (undecoded) when its transaction counts."""
@@ -342,47 +378,23 @@ class StreamReader:
 
     # -- slot advance ----------------------------------------------------------------------
 
-    def _committed(self) -> int | None:
-        """The split's committed offset, lowered to its pending ranges' starts."""
-        assert self._read is not None and self._sql is not None
-        row = self._sql.execute(_COMMITTED, (self._read.split_id,)).fetchone()
-        if row is None or row[0] is None:
-            return None
-        flush = int(row[0])
-        for entry in row[1] or ():
-            span = entry.get("span") if isinstance(entry, dict) else None
-            if span:
-                flush = min(flush, int(span[0]))
-        return flush
-
-    def _maybe_advance(self, now: float) -> None:
+    def _maybe_advance(self, now: float) -> bool:
         """Between transactions, every few seconds: advance the slot to the committed
-        offset when it moved (stop streaming, advance, stream on from ``_position``)."""
+        offset when it moved (stop streaming, advance, stream on from ``_position``); True
+        when the stream restarted."""
         if now < self._next_advance:
-            return
+            return False
         self._next_advance = now + _ADVANCE_SECONDS
-        flush = self._committed()
+        assert self._read is not None and self._sql is not None
+        flush = committed_offset(self._sql, self._read.split_id)
         if flush is None or flush <= self._advanced:
-            return
-        assert self._sql is not None
-        row = self._sql.execute(_CONFIRMED, (self._slot,)).fetchone()
-        if row is None:
-            raise SlotMissingError(
-                f"replication slot {self._slot!r} was dropped while it was read (by an admin?)"
-            )
-        if row[0] is not None and int(row[0]) >= flush:
+            return False
+        confirmed = confirmed_flush(self._sql, self._slot)
+        if confirmed is not None and confirmed >= flush:
             self._advanced = flush
-            return
+            return False
         self._stop_stream()
-        for _ in range(50):  # the walsender releases the slot as it exits
-            try:
-                self._sql.execute(_ADVANCE, (self._slot, lsn_text(flush)))
-                break
-            except psycopg.errors.ObjectInUse:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError(
-                f"replication slot {self._slot!r} stays active after its reader left"
-            )
+        advance_left_slot(self._sql, self._slot, flush)
         self._advanced = flush
         self._start_stream()
+        return True
