@@ -5,20 +5,18 @@ holds whole transactions and ends at the last one's commit LSN + 1, so resuming 
 offset ``o`` reads exactly the transactions that committed at ``o`` or later (the walsender
 starts at ``max(confirmed_flush_lsn, o)`` and skips earlier commits; so does this reader).
 
-Position markers: the reader writes non-transactional logical decoding messages
-(``pg_logical_emit_message``, prefix ``sluice-cdc``) — one when a bounded read opens (the
-read is done when the stream passes it: every transaction committed before the read's stop
-was sent before it) and one every few idle seconds in a continuous read (the offset then
-moves past other tables' WAL, so the slot can be advanced while the source tables are
-quiet).
+Position markers (``pg_logical_emit_message``, non-transactional, prefix ``sluice-cdc``):
+one when a bounded read opens (the read is done when the stream passes it: every transaction
+committed before its stop was sent before it), one every few idle seconds in a continuous
+read (the offset moves past other tables' WAL: the slot advances while the tables are quiet).
 
 The slot is advanced only to what completed checkpoints committed. The replication
 connection itself never reports a flushed position: psycopg2 forwards its flush position to
 the server's WAL end on keepalives under conditions pgoutput's messages can meet in the
 middle of a transaction, so the connection runs with ``wal_sender_timeout = 0`` (the server
-asks for no replies) and without status updates. Instead, every few seconds between two
-transactions, the reader reads its split's ``committed_offset`` back from the split store
-(lowered to the start of any range still ``pending`` in the async operator, which a restore
+asks for no replies) and without status updates. Instead, every 5 s (a bounded read: 30 s)
+between two transactions, the reader reads its split's ``committed_offset`` back (``_advance``;
+lowered to the start of any range still ``pending`` in the async operator, which a restore
 re-reads from the slot), and, when it moved, stops streaming, advances the idle slot to it
 (``pg_replication_slot_advance``) and streams on from its in-memory position.
 
@@ -82,8 +80,9 @@ MARKER_PREFIX = "sluice-cdc"
 #: a continuous read returns earlier, as soon as it has whole transactions and nothing more
 #: has arrived.
 _FETCH_SECONDS = 0.5
-#: Seconds between two looks at the committed offset (and slot advances).
-_ADVANCE_SECONDS = 5.0
+#: Seconds between two slot advances, continuous and bounded: each restarts the stream (the
+#: server decodes again what it sent past the committed offset); discovery advances after.
+_ADVANCE_SECONDS = (5.0, 30.0)
 #: Idle seconds after which a continuous read writes a position marker.
 _MARKER_SECONDS = 2.0
 #: Change messages per block (whole transactions: a bigger transaction makes a bigger block);
@@ -149,7 +148,8 @@ class StreamReader:
         self._counted = 0  # change messages in the block so far
         self._backlog = []
         now = time.monotonic()
-        self._next_advance = now + _ADVANCE_SECONDS
+        self._advance_every = _ADVANCE_SECONDS[0 if self._continuous else 1]
+        self._next_advance = now + self._advance_every
         self._last_message = now
         self._advanced = 0
 
@@ -384,7 +384,7 @@ class StreamReader:
         when the stream restarted."""
         if now < self._next_advance:
             return False
-        self._next_advance = now + _ADVANCE_SECONDS
+        self._next_advance = now + self._advance_every
         assert self._read is not None and self._sql is not None
         flush = committed_offset(self._sql, self._read.split_id)
         if flush is None or flush <= self._advanced:
