@@ -95,8 +95,9 @@ def test_a_slot_dropped_by_an_admin_fails_with_one_line(make_settings: Any) -> N
         with platform.engine.begin() as conn:
             conn.execute(sa.text(f"INSERT INTO {table} VALUES (11, 'x', 11)"))
             conn.execute(sa.text("SELECT pg_drop_replication_slot(:s)"), {"s": options.slot})
+        # (Found at the run's start now: the stream split is never handed to a reader.)
         with pytest.raises(
-            BadInputFailure, match=f"replication slot '{options.slot}' does not exist"
+            BadInputFailure, match=f"replication slot '{options.slot}' (of \\S+ )?does not exist"
         ) as err:
             run_pipeline(settings, pipeline)
         assert "sluice cdc drop" in str(err.value) and "\n" not in str(err.value)
@@ -140,10 +141,11 @@ def test_a_run_after_the_slot_was_dropped_is_not_nothing_new(make_settings: Any)
             assert committed > int(start)
             conn.execute(sa.text(f"UPDATE {table} SET v = 'lost' WHERE id = 1"))
             conn.execute(sa.text("SELECT pg_drop_replication_slot(:s)"), {"s": options.slot})
-        with pytest.raises(SlotMissingError, match="does not exist") as err:
+        with pytest.raises(BadInputFailure, match="does not exist") as err:
             run_pipeline(settings, pipeline)
         line = str(err.value)
         assert "\n" not in line and f"sluice cdc drop {pipeline.name}" in line
+        assert f"pipeline {pipeline.name}: bad input: replication slot" in line
         assert f"LSN {lsn_text(committed)}" in line and lsn_text(int(start)) not in line
     finally:
         drop_slot(platform.engine, options.slot, options.publication)

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import EnumeratorDiscovery, Settings, StreamSplit
+from spark_jobs._outcomes import BAD_INPUT, BadInputFailure
 from spark_jobs.connectors._interface import (
     ReaderContext,
     SourceConnector,
@@ -25,6 +26,7 @@ from spark_jobs.connectors.postgres_cdc._enumerator import (
     require_own_slot,
 )
 from spark_jobs.connectors.postgres_cdc._slot import (
+    SlotMissingError,
     check_wal_level,
     lsn_text,
     release_source,
@@ -177,8 +179,12 @@ class CdcConnector(SourceConnector):
     ) -> None:
         # A run's start: another pipeline's slot, or a dropped one, is one line — never a
         # run that finds nothing to read and ends as if everything was read.
+        # Its line is the one a subtask's dropped slot gives (BadInputFailure, exit 2).
         options: CdcOptions = pipeline.plan.source.options
-        require_own_slot(engine, pipeline.name, options.slot)
+        try:
+            require_own_slot(engine, pipeline.name, options.slot)
+        except SlotMissingError as exc:
+            raise BadInputFailure(f"pipeline {pipeline.name}: {BAD_INPUT}{exc}") from exc
 
     def check_catalog(self, conn: sa.Connection, plan: Plan) -> None:
         options: CdcOptions = plan.source.options
