@@ -289,7 +289,9 @@ def test_a_table_without_a_key_is_one_line_before_any_work(make_settings: Any) -
         platform.close()
 
 
-def test_another_pipelines_slot_is_neither_read_nor_dropped(make_settings: Any) -> None:
+def test_another_pipelines_slot_is_neither_read_nor_dropped(
+    make_settings: Any, db_url: str, tmp_path: Path
+) -> None:
     """A slot belongs to the pipeline that created it (its discovery cursor records it): a
     pipeline naming it is refused in one line naming PostgresCdcSource(slot) and the owner —
     at discovery and at a run's start — and its 'cdc drop' leaves the slot. A slot no
@@ -340,6 +342,20 @@ def test_another_pipelines_slot_is_neither_read_nor_dropped(make_settings: Any) 
             assert after is not None and after.confirmed_flush == before.confirmed_flush
             owned = sa.text("SELECT count(*) FROM sluice.splits WHERE source = :s")
             assert conn.execute(owned, {"s": owner.name}).scalar_one() == 1
+        # (c') the same from the command line: one line, exit 2, the slot left.
+        module = MODULE.format(name=intruder.name, table=theirs).replace(
+            'key="id",', f'key="id", slot="{slot}",'
+        )
+        (tmp_path / "cdc_pipelines.py").write_text(module)
+        env = {"SLUICE_PIPELINES": "cdc_pipelines", "SLUICE_DATABASE_URL": db_url}
+        for args in (["run", intruder.name], ["cdc", "drop", intruder.name, "--yes"]):
+            shown = _sluice(args, env, tmp_path)
+            assert shown.returncode == 2, shown.stdout + shown.stderr
+            lines = shown.stderr.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in shown.stderr, shown.stderr
+            refused(Exception(lines[0]))
+        with platform.engine.connect() as conn:
+            assert slot_info(conn, slot) is not None
         # (d) an older version's records: no slot in the cursor, a stream split on the slot.
         with platform.engine.begin() as conn:
             conn.execute(
