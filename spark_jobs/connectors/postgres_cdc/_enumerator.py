@@ -58,6 +58,7 @@ from spark_jobs.connectors.postgres_cdc._slot import (
     lsn_text,
     require_publication,
     slot_info,
+    slot_lock,
 )
 
 __all__ = ["CHUNK_KIND", "STREAM_KIND", "CdcEnumerator", "require_own_slot", "stream_state"]
@@ -134,6 +135,30 @@ class CdcEnumerator(SplitEnumerator):
         return self._load_cursor({"start_lsn": None, "chunks": False})
 
     def discover(self) -> DiscoveryResult:
+        # Steps 0-2 under the slot's lock, held until the cursor records the slot: two
+        # pipelines naming one new slot at once cannot both pass the owner check.
+        with slot_lock(self._engine, self._slot):
+            cursor = self._claim_slot()
+        # Step 3: the snapshot chunks, once.
+        if not cursor["chunks"]:
+            chunks = [c for table in self._tables for c in self._chunks(*table)]
+            added = self._store.register(chunks)
+            cursor = {**cursor, "chunks": True}
+            self._save_cursor(cursor)
+            return DiscoveryResult(len(chunks), added, cursor)
+        # Step 4: the stream split once every chunk committed and no stream split is open.
+        pending_chunks, open_streams, reached = stream_state(self._engine, self._source)
+        if pending_chunks or open_streams:
+            return DiscoveryResult(0, 0, cursor)
+        start = int(cursor["start_lsn"]) if reached is None else reached
+        if reached is not None:
+            advance_slot(self._engine, self._slot, reached)  # committed: WAL before it can go
+        split = StreamSplit(self._source, STREAM_KIND, self._slot, start, None)
+        added = self._store.register([split])
+        return DiscoveryResult(1, added, cursor)
+
+    def _claim_slot(self) -> dict[str, Any]:
+        """Steps 0-2 of a discovery (under the slot's lock): the cursor, recording the slot."""
         # Step 0: the slot is the pipeline's own (not another's), and still there once created.
         require_own_slot(self._engine, self._source, self._slot)
         cursor = self.cursor()
@@ -154,23 +179,7 @@ class CdcEnumerator(SplitEnumerator):
         elif cursor.get("slot") is None:  # an older version's cursor: record the owner now
             cursor = {**cursor, "slot": self._slot}
             self._save_cursor(cursor)
-        # Step 3: the snapshot chunks, once.
-        if not cursor["chunks"]:
-            chunks = [c for table in self._tables for c in self._chunks(*table)]
-            added = self._store.register(chunks)
-            cursor = {**cursor, "chunks": True}
-            self._save_cursor(cursor)
-            return DiscoveryResult(len(chunks), added, cursor)
-        # Step 4: the stream split once every chunk committed and no stream split is open.
-        pending_chunks, open_streams, reached = stream_state(self._engine, self._source)
-        if pending_chunks or open_streams:
-            return DiscoveryResult(0, 0, cursor)
-        start = int(cursor["start_lsn"]) if reached is None else reached
-        if reached is not None:
-            advance_slot(self._engine, self._slot, reached)  # committed: WAL before it can go
-        split = StreamSplit(self._source, STREAM_KIND, self._slot, start, None)
-        added = self._store.register([split])
-        return DiscoveryResult(1, added, cursor)
+        return cursor
 
     def _chunks(self, schema: str, table: str) -> list[TableRangeSplit]:
         key = quote_identifier(self._key)

@@ -15,6 +15,8 @@ Threading: functions on the caller's connection, any thread.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -38,6 +40,7 @@ __all__ = [
     "release_source",
     "require_publication",
     "slot_info",
+    "slot_lock",
 ]
 
 
@@ -189,6 +192,19 @@ def slot_owner(conn: Connection, slot: str) -> str | None:
     """The pipeline the platform's records say ``slot`` belongs to (None: none)."""
     owner = conn.execute(_SLOT_OWNER, {"slot": slot}).scalar()
     return None if owner is None else str(owner)
+
+
+@contextmanager
+def slot_lock(engine: Engine, slot: str) -> Iterator[None]:
+    """Hold a session advisory lock on ``slot``'s name (blocks while another discovery
+    holds it); on its own connection, outside any transaction."""
+    key = {"k": f"sluice.cdc.slot:{slot}"}
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("SELECT pg_advisory_lock(hashtextextended(:k, 0))"), key)
+        try:
+            yield
+        finally:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(hashtextextended(:k, 0))"), key)
 
 
 def check_slot_owner(conn: Connection, source: str, slot: str) -> None:
