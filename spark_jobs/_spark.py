@@ -13,8 +13,10 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,17 @@ def auth_secret(settings: Settings) -> str | None:
             raise ConfigError("SLUICE_SPARK_AUTH_SECRET", "must not be empty")
         return value
     return None
+
+
+def _own_sigint_handler() -> Any:
+    """The SIGINT handler the caller installed (None: Python's default, or not the main
+    thread, where PySpark installs none)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signal.SIGINT)
+    if handler in (None, signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler):
+        return None
+    return handler
 
 
 def spark_for(settings: Settings, *, app_name: str = "sluice") -> Any:
@@ -186,6 +199,11 @@ def get_spark(
         builder = builder.config("spark.authenticate", "true").config(
             "spark.authenticate.secret", secret
         )
+    # PySpark's context replaces the process's SIGINT handler with its own, which calls
+    # Py4J from inside the signal handler (while the main thread may be in a Py4J call: a
+    # page of "reentrant call" tracebacks). A handler the caller installed (the CLI's: it
+    # raises KeyboardInterrupt and the run cancels its job itself) is put back.
+    caller_handler = _own_sigint_handler()
     try:
         spark = builder.getOrCreate()
     except Exception as exc:
@@ -198,5 +216,7 @@ def get_spark(
             "refused it (check the address, and that SLUICE_SPARK_AUTH_SECRET(_FILE) matches "
             "the cluster's spark.authenticate.secret)",
         ) from exc
+    if caller_handler is not None:
+        signal.signal(signal.SIGINT, caller_handler)
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -49,13 +49,16 @@ def _interrupt(signum: int, _frame: object) -> None:
 class _InterruptedPy4J(logging.Filter):
     """Drops Py4J's "KeyboardInterrupt while sending command." (and "Exception while sending
     command.") once the user interrupted the run: a page of Py4J traceback about the call
-    the interrupt cut short, before the one line that matters. Py4J logs it through the
-    root logger (``logging.exception``), hence a filter on that logger."""
+    the interrupt cut short, before the one line that matters — and the errors of Py4J's own
+    loggers then (a broken pipe while it shuts its connection down). Py4J logs the first
+    through the root logger (``logging.exception``), hence a filter on each logger."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not _INTERRUPTED.is_set() or record.name != "root":
+        if not _INTERRUPTED.is_set():
             return True
-        return not str(record.msg).endswith("while sending command.")
+        if record.name.startswith("py4j."):  # e.g. a broken pipe while shutting down
+            return record.levelno < logging.ERROR
+        return record.name != "root" or not str(record.msg).endswith("while sending command.")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -66,7 +69,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _interrupt)
-    logging.getLogger().addFilter(_InterruptedPy4J())
+    quiet = _InterruptedPy4J()
+    # A logger's filters see only the records logged on it (not its children's).
+    for name in ("", "py4j.clientserver", "py4j.java_gateway"):
+        logging.getLogger(name).addFilter(quiet)
     try:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except DemoDataRefused as exc:

@@ -58,6 +58,9 @@ class SourceDetails:
     #: The field saying whether a record deletes its key (value ``"d"``) in an upsert sink,
     #: or None: every record upserts.
     op_field: str | None = None
+    #: The fields identifying a row of a change stream (its table's key): steps must keep
+    #: each row's changes in order (a keyed step's key must include them), or ().
+    row_key: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,7 @@ def derive(
             f'{per_record[0].index}): use per="batch" on the AsyncMap, or an upsert sink'
         )
     _refuse_lossy_lookups(ctx, source, stages)
+    _refuse_reordering_steps(ctx, source, stages)
     if sink.upsert_key is not None and source.order_field in produced:
         # A change stream: the latest change of a key wins (its commit position), and a
         # delete removes the key unless a later change is stored.
@@ -146,6 +147,33 @@ def _refuse_lossy_lookups(ctx: Context, source: SourcePlan, stages: list[StagePl
             )
 
 
+def _refuse_reordering_steps(ctx: Context, source: SourcePlan, stages: list[StagePlan]) -> None:
+    """A change stream's Lookup or AsyncMap must keep each row's changes in order: those of
+    one transaction share their position, so the upsert sink keeps the last staged — a
+    step that reorders them (``mode="unordered"``, or ``mode="key"`` by fields that do not
+    identify the row) would leave an older version of the row, or undo a delete."""
+    if source.order_field is None or not source.row_key:
+        return
+    row_key = ", ".join(source.row_key)
+    for stage in stages:
+        if not isinstance(stage, (LookupPlan, AsyncMapPlan)) or stage.mode == "ordered":
+            continue
+        ctx.where = stage.where
+        if stage.mode != "key":
+            raise ctx.fail(
+                f'mode="{stage.mode}" on a change stream can reorder a row\'s changes (the'
+                ' sink would keep an older one): use mode="ordered", or mode="key" with'
+                f" key= including the source's key ({row_key})"
+            )
+        if not set(source.row_key) <= set(stage.key or ()):
+            shown = ", ".join(stage.key or ())
+            raise ctx.fail(
+                f'key=({shown}) of mode="key" on a change stream can reorder a row\'s'
+                f" changes (the sink would keep an older one): key must include the"
+                f" source's key ({row_key})"
+            )
+
+
 def _source(ctx: Context, source: object) -> SourcePlan:
     connector = source_connector(source)
     if connector is None:
@@ -187,7 +215,7 @@ def _source(ctx: Context, source: object) -> SourcePlan:
     return SourcePlan(
         connector.name, tuple(columns), required, event_time, details.partitioned, delay,
         idle, options=details.options, start_date=details.start_date, late_records=late,
-        order_field=details.order_field, op_field=details.op_field,
+        order_field=details.order_field, op_field=details.op_field, row_key=details.row_key,
     )  # fmt: skip
 
 

@@ -57,9 +57,10 @@ class SourcePlan:
     #: What a late record (event day already recorded complete) becomes: "dead_letter" or
     #: "reopen" (see ``FileSource.late_records``).
     late_records: Literal["dead_letter", "reopen"] = "reopen"
-    #: See ``SourceDetails.order_field`` / ``op_field``.
+    #: See ``SourceDetails.order_field`` / ``op_field`` / ``row_key``.
     order_field: str | None = None
     op_field: str | None = None
+    row_key: tuple[str, ...] = ()
 
     @property
     def event_day_partitions(self) -> bool:

@@ -13,7 +13,11 @@ over CSV COPY rendered by Arrow (``_copy_csv``: no Python work per row), 8192 pe
 hand-over; an output with a ``binary`` field, which CSV cannot carry exactly, goes over
 binary COPY row by row with the column types of ``postgres_type``, a ``timestamp`` (UTC)
 field time-zone aware for its ``timestamptz`` column, naive values taken as UTC, as in
-Parquet. Both stage the same rows (tests/integration/test_table_sink_copy.py).
+Parquet. Both stage the same rows (tests/integration/test_table_sink_copy.py). An
+unpartitioned upsert sink stages, of each hand-over, only the row of each key the commit's
+upsert would keep (``latest_rows``: the latest ``latest_by``, then the last): the others
+could never win, so COPY, staging and the commit skip them (a change stream's updates and
+deletes of rows inserted moments before); they still count as rows written.
 
 The pre-commit's staged entry describes itself (table, columns, partitioning, upsert key), so
 the commit side (``_table_commit``) needs no pipeline. Leftovers of attempts that died after
@@ -34,6 +38,7 @@ from psycopg import sql
 from enumerator_service import encode_dead_letters
 from spark_jobs.pipeline._types import postgres_type
 from spark_jobs.sink._copy_csv import CSV_COPY_OPTIONS, CsvRows, csv_exact
+from spark_jobs.sink._latest import latest_rows
 from spark_jobs.sink._staged import StagedOutput, conform_batch
 from spark_jobs.sink._table_layout import (
     KEY_COLUMNS,
@@ -127,6 +132,7 @@ class PostgresTableSinkWriter:
         self._conn: psycopg.Connection[Any] | None = None
         self._batch = 1
         self._staged = 0  # rows in the open batch (its transaction is not committed yet)
+        self._superseded = 0  # rows of the open batch not staged: a later one of its key won
         self._by_partition: dict[str, int] = {}
         self._error: BaseException | None = None
         self.rows_written = 0
@@ -199,6 +205,8 @@ class PostgresTableSinkWriter:
         partitioned = self._layout.partitioned
         counts: dict[str, int] = {}
         try:
+            if self._layout.upsert_key and not partitioned:
+                batches = self._latest(batches)
             if self._conn is None:
                 self._conn = psycopg.connect(self._dsn, application_name="sluice-sink")
             key, seq = (*self._key, self._batch), self._staged
@@ -218,6 +226,17 @@ class PostgresTableSinkWriter:
         self._staged = seq
         for partition, rows in counts.items():
             self._by_partition[partition] = self._by_partition.get(partition, 0) + rows
+
+    def _latest(
+        self, batches: list[tuple[str, pa.RecordBatch]]
+    ) -> list[tuple[str, pa.RecordBatch]]:
+        """The rows of ``batches`` (one partition) the upsert can keep (see the docstring)."""
+        rows = pa.Table.from_batches([batch for _, batch in batches], schema=self._schema)
+        assert self._layout.upsert_key is not None
+        kept = latest_rows(rows, self._layout.upsert_key, self._layout.latest_by)
+        self._superseded += rows.num_rows - kept.num_rows
+        self.rows_written += rows.num_rows - kept.num_rows
+        return [(batches[0][0], batch) for batch in kept.to_batches() if batch.num_rows]
 
     def _write_rows(
         self,
@@ -269,9 +288,9 @@ class PostgresTableSinkWriter:
                     "rows_by_partition": dict(sorted(self._by_partition.items())),
                 }
             )
-            out.rows = self._staged
+            out.rows = self._staged + self._superseded
             self._batch += 1
-            self._staged = 0
+            self._staged = self._superseded = 0
             self._by_partition = {}
         return out
 

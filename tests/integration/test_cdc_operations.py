@@ -142,6 +142,13 @@ def test_discover_after_a_slot_dropped_by_hand_is_one_line(
         assert len(lines) == 1 and "Traceback" not in shown.stderr, shown.stderr
         assert f"replication slot '{slot}' of {name} does not exist" in lines[0]
         assert f"sluice cdc drop {name}" in lines[0]
+        # A run says the same (never "nothing new", exit 0), before any split moves.
+        ran = _sluice(["run", name], env, tmp_path)
+        assert ran.returncode == 2, ran.stdout + ran.stderr
+        lines = ran.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in ran.stderr, ran.stderr
+        assert f"replication slot '{slot}' of {name} does not exist" in lines[0]
+        assert "Nothing new" not in ran.stdout
     finally:
         drop_slot(platform.engine, slot, slot)
         platform.close()
@@ -279,4 +286,103 @@ def test_a_table_without_a_key_is_one_line_before_any_work(make_settings: Any) -
             run_pipeline(settings, pipeline)
         assert "REPLICA IDENTITY FULL" in str(err.value) and "\n" not in str(err.value)
     finally:
+        platform.close()
+
+
+def test_another_pipelines_slot_is_neither_read_nor_dropped(
+    make_settings: Any, db_url: str, tmp_path: Path
+) -> None:
+    """A slot belongs to the pipeline that created it (its discovery cursor records it): a
+    pipeline naming it is refused in one line naming PostgresCdcSource(slot) and the owner —
+    at discovery and at a run's start — and its 'cdc drop' leaves the slot. A slot no
+    cursor records but another pipeline's stream split reads (an older version's) is not
+    adopted either."""
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    owner = _pipeline(f"cdcown_{secrets.token_hex(3)}", f"public.cdc_{secrets.token_hex(3)}")
+    slot = owner.plan.source.options.slot
+    theirs = f"public.cdc_{secrets.token_hex(3)}"
+    intruder = Pipeline(
+        name=f"cdcint_{secrets.token_hex(3)}",
+        source=PostgresCdcSource(
+            tables=theirs, key="id", schema={"id": "int64", "v": "string", "n": "int64"}, slot=slot
+        ),
+        sink=PostgresSink(f"{theirs}_out", upsert_key=["id"]),
+    )
+    publication = intruder.plan.source.options.publication
+
+    def refused(error: BaseException) -> None:
+        line = str(error)
+        assert "\n" not in line and "PostgresCdcSource(slot)" in line, line
+        assert f"belongs to pipeline '{owner.name}'" in line, line
+
+    try:
+        create_table(platform.engine, owner.plan.source.options.table_names[0], rows=10)
+        create_table(platform.engine, theirs, rows=10)
+        assert discover(platform, discovery_of(owner, settings)).splits_registered == 1
+        with platform.engine.connect() as conn:
+            before = slot_info(conn, slot)
+        assert before is not None
+        # (a) discovery: refused, nothing created (no publication), the slot untouched.
+        with pytest.raises(ConfigError) as err:
+            discover(platform, discovery_of(intruder, settings))
+        refused(err.value)
+        assert _published(platform, publication) is None
+        # (b) a run's start: refused before any split is assigned.
+        with pytest.raises(ConfigError) as err:
+            run_pipeline(settings, intruder)
+        refused(err.value)
+        # (c) its drop: refused, the owner's slot and splits stay.
+        with pytest.raises(ConfigError) as err:
+            release_source(platform.engine, intruder.name, slot, publication, [])
+        assert "nothing dropped" in str(err.value)
+        refused(err.value)
+        with platform.engine.connect() as conn:
+            after = slot_info(conn, slot)
+            assert after is not None and after.confirmed_flush == before.confirmed_flush
+            owned = sa.text("SELECT count(*) FROM sluice.splits WHERE source = :s")
+            assert conn.execute(owned, {"s": owner.name}).scalar_one() == 1
+        # (c') the same from the command line: one line, exit 2, the slot left.
+        module = MODULE.format(name=intruder.name, table=theirs).replace(
+            'key="id",', f'key="id", slot="{slot}",'
+        )
+        (tmp_path / "cdc_pipelines.py").write_text(module)
+        env = {"SLUICE_PIPELINES": "cdc_pipelines", "SLUICE_DATABASE_URL": db_url}
+        for args in (["run", intruder.name], ["cdc", "drop", intruder.name, "--yes"]):
+            shown = _sluice(args, env, tmp_path)
+            assert shown.returncode == 2, shown.stdout + shown.stderr
+            lines = shown.stderr.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in shown.stderr, shown.stderr
+            refused(Exception(lines[0]))
+        with platform.engine.connect() as conn:
+            assert slot_info(conn, slot) is not None
+        # (d) an older version's records: no slot in the cursor, a stream split on the slot.
+        with platform.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "UPDATE sluice.enumerator_state SET cursor = cursor - 'slot' WHERE source = :s"
+                ),
+                {"s": owner.name},
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO sluice.splits (source, kind, uri, start_offset)"
+                    " VALUES (:s, 'pgcdc', :slot, 0)"
+                ),
+                {"s": owner.name, "slot": slot},
+            )
+        with pytest.raises(ConfigError) as err:
+            discover(platform, discovery_of(intruder, settings))
+        refused(err.value)
+        # The owner itself goes on, and records the slot as its own again.
+        discover(platform, discovery_of(owner, settings))
+        with platform.engine.connect() as conn:
+            cursor = conn.execute(
+                sa.text("SELECT cursor FROM sluice.enumerator_state WHERE source = :s"),
+                {"s": owner.name},
+            ).scalar_one()
+        assert cursor["slot"] == slot
+    finally:
+        drop_slot(platform.engine, slot, owner.plan.source.options.publication)
+        drop_slot(platform.engine, intruder.plan.source.options.slot, publication)
         platform.close()

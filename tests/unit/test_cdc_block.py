@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from enumerator_service import StreamSplit
 from spark_jobs.connectors.postgres_cdc import _block
+from spark_jobs.connectors.postgres_cdc._receiver import Receiver
 from spark_jobs.connectors.postgres_cdc._stream import StreamReader
 from spark_jobs.source._batch import ParsedBlock, RecordSchema
 from spark_jobs.source._records import SplitRead
@@ -209,7 +210,12 @@ def read(messages: list[bytes], schema: RecordSchema) -> ParsedBlock | None:
     reader._read = SplitRead(1, split, 0)
     reader._stop = messages_end(messages)
     reader._cursor = _Cursor(messages)
-    block, done = reader.fetch()
+    reader._receiver = Receiver(reader._cursor, reader._cond, 1 << 20)
+    reader._receiver.start()  # (it fails with StopIteration past the last message: unread)
+    try:
+        block, done = reader.fetch()
+    finally:
+        reader.close()
     assert done
     return block
 

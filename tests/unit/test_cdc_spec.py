@@ -109,3 +109,37 @@ def test_a_lookup_that_does_not_keep_its_misses_is_refused(on_miss: str) -> None
     with pytest.raises(PipelineDefinitionError, match="loses deletes"):
         _pipeline(sink=ParquetSink("copy"), steps=[lookup(on_miss)])
     assert _pipeline(steps=[lookup("keep")]).plan.stages[0].on_miss == "keep"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("kind", "setting", "bad"),
+    [
+        ("Lookup", "mode", {"mode": "unordered"}),
+        ("Lookup", "key", {"mode": "key", "key": "v"}),
+        ("AsyncMap", "mode", {"mode": "unordered"}),
+        ("AsyncMap", "key", {"mode": "key", "key": ["v"]}),
+    ],
+)
+def test_a_step_that_can_reorder_a_rows_changes_is_refused(
+    kind: str, setting: str, bad: dict[str, Any]
+) -> None:
+    """The changes of one transaction share their `_lsn`: the upsert keeps the last staged,
+    so a step that reorders a row's changes (unordered, or keyed by fields other than the
+    row's key) can leave an older version of the row. Refused at definition, in one line
+    naming the step and the setting; ordered, and keyed by fields including the key, pass."""
+    from spark_jobs import AsyncMap, Lookup
+
+    def step(**mode: Any) -> Any:
+        if kind == "Lookup":
+            return Lookup("shop.users", on={"v": "name"}, columns=["country"], **mode)
+        return AsyncMap(_enrich, output={"extra": "int64"}, per="batch", **mode)
+
+    with pytest.raises(PipelineDefinitionError, match="reorder a row's changes") as err:
+        _pipeline(steps=[step(**bad)])
+    line = str(err.value)
+    assert "\n" not in line and f"step 1 ({kind}" in line and "orders_cdc" in line
+    assert f"{setting}=" in line and "(id)" in line
+    for fine in ({}, {"mode": "ordered"}, {"mode": "key", "key": ["id"]}):
+        assert _pipeline(steps=[step(**fine)]).plan.stages[0].mode in ("ordered", "key")  # type: ignore[attr-defined]
+    both = _pipeline(steps=[step(mode="key", key=["v", "id"])]).plan.stages[0]
+    assert both.key == ("v", "id")  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_jobs.sink._latest import latest_rank
+from spark_jobs.sink._latest import latest_rank, latest_rows
 
 _T0 = datetime(2026, 1, 1, tzinfo=UTC)
 rows = st.lists(
@@ -49,3 +49,33 @@ def test_without_an_event_time_the_last_staged_wins(data: list[tuple[int, int | 
     keys = [k for k, _ in data]
     ranked = latest_rank(pa.table({"k": keys}), None).to_pylist()
     assert _winners(ranked, keys) == {k: max(i for i, x in enumerate(keys) if x == k) for k in keys}
+
+
+@given(rows, st.booleans())
+def test_latest_rows_keeps_exactly_the_winner_of_each_key_in_order(
+    data: list[tuple[int, int | None]], timed: bool
+) -> None:
+    keys = [k for k, _ in data]
+    times = [None if t is None else _T0 + timedelta(seconds=t) for _, t in data]
+    seq = list(range(len(data)))
+    table = pa.table(
+        {"k": keys, "t": pa.array(times, pa.timestamp("us", tz="UTC")), "seq": seq},
+        schema=pa.schema(
+            [("k", pa.int64()), ("t", pa.timestamp("us", tz="UTC")), ("seq", pa.int64())]
+        ),
+    )
+    kept = latest_rows(table, ["k"], "t" if timed else None)
+    # The oracle: per key, the row the commit's DISTINCT ON keeps (plain Python).
+    expected: dict[int, int] = {}
+    for index, (key, t) in enumerate(data):
+        seen = expected.get(key)
+        if timed:
+            later = seen is not None and (
+                data[seen][1] is None or (t is not None and t >= data[seen][1])
+            )
+        else:
+            later = True
+        if seen is None or later:
+            expected[key] = index
+    assert kept.column("seq").to_pylist() == sorted(expected.values())  # once each, in order
+    assert kept.schema == table.schema

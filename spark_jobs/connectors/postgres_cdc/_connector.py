@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import EnumeratorDiscovery, Settings, StreamSplit
+from spark_jobs._outcomes import BAD_INPUT, BadInputFailure
 from spark_jobs.connectors._interface import (
     ReaderContext,
     SourceConnector,
@@ -18,8 +19,14 @@ from spark_jobs.connectors._interface import (
     TableInput,
     UpstreamAsset,
 )
-from spark_jobs.connectors.postgres_cdc._enumerator import CHUNK_KIND, STREAM_KIND, CdcEnumerator
+from spark_jobs.connectors.postgres_cdc._enumerator import (
+    CHUNK_KIND,
+    STREAM_KIND,
+    CdcEnumerator,
+    require_own_slot,
+)
 from spark_jobs.connectors.postgres_cdc._slot import (
+    SlotMissingError,
     check_wal_level,
     lsn_text,
     release_source,
@@ -39,6 +46,8 @@ from spark_jobs.pipeline._types import catalog_arrow_type, type_family
 from spark_jobs.source._records import SplitRead
 
 if TYPE_CHECKING:
+    from datetime import date
+
     from enumerator_service import Discovery
     from spark_jobs.pipeline._checks import Context
     from spark_jobs.pipeline._definition import Pipeline
@@ -133,7 +142,7 @@ class CdcConnector(SourceConnector):
         if not isinstance(spec.rows_per_chunk, int) or spec.rows_per_chunk < 1:
             raise ctx.fail("rows_per_chunk must be a positive integer")
         options = CdcOptions(tables, key, publication, slot, spec.rows_per_chunk, declared)
-        return SourceDetails(options, order_field="_lsn", op_field="_op")
+        return SourceDetails(options, order_field="_lsn", op_field="_op", row_key=(key,))
 
     def describe(self, plan: SourcePlan, pipeline: str, where: str | None = None) -> str:
         options: CdcOptions = plan.options
@@ -162,6 +171,24 @@ class CdcConnector(SourceConnector):
             )
 
         return EnumeratorDiscovery(pipeline.name, make)
+
+    def before_assignment(
+        self,
+        engine: Engine,
+        pipeline: Pipeline,
+        settings: Settings,
+        *,
+        continuous: bool,
+        dates: Sequence[date] | None = None,
+    ) -> None:
+        # A run's start: another pipeline's slot, or a dropped one, is one line — never a
+        # run that finds nothing to read and ends as if everything was read.
+        # Its line is the one a subtask's dropped slot gives (BadInputFailure, exit 2).
+        options: CdcOptions = pipeline.plan.source.options
+        try:
+            require_own_slot(engine, pipeline.name, options.slot)
+        except SlotMissingError as exc:
+            raise BadInputFailure(f"pipeline {pipeline.name}: {BAD_INPUT}{exc}") from exc
 
     def check_catalog(self, conn: sa.Connection, plan: Plan) -> None:
         options: CdcOptions = plan.source.options

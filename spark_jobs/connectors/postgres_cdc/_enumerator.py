@@ -23,8 +23,9 @@ to the WAL position when its reader opened it and finishes it there. The next di
 registers the next one from the committed offset where the last ended (never two at once: a
 slot has one reader) and moves the idle slot to that committed offset.
 
-The cursor (``enumerator_state``) holds ``start_lsn`` (``L0``) and whether the chunks are
-registered: bounded state.
+The cursor (``enumerator_state``) holds ``start_lsn`` (``L0``), whether the chunks are
+registered, and ``slot``: the slot the pipeline created or first adopted, which makes it the
+slot's owner (another pipeline naming it is refused, see ``check_slot_owner``). Bounded.
 
 Threading: one thread (a sensor tick, a command); blocks on Postgres.
 """
@@ -50,15 +51,17 @@ from enumerator_service import (
 from spark_jobs.connectors.postgres_cdc._slot import (
     SlotMissingError,
     advance_slot,
+    check_slot_owner,
     check_wal_level,
     ensure_publication,
     ensure_slot,
     lsn_text,
     require_publication,
     slot_info,
+    slot_lock,
 )
 
-__all__ = ["CHUNK_KIND", "STREAM_KIND", "CdcEnumerator", "stream_state"]
+__all__ = ["CHUNK_KIND", "STREAM_KIND", "CdcEnumerator", "require_own_slot", "stream_state"]
 
 CHUNK_KIND = "pgcdc-chunk"
 STREAM_KIND = "pgcdc"
@@ -77,6 +80,33 @@ def stream_state(engine: Engine, source: str) -> tuple[int, int, int | None]:
     with engine.connect() as conn:
         chunks, streams, reached = conn.execute(query).one()
     return int(chunks), int(streams), None if reached is None else int(reached)
+
+
+_COMMITTED = sa.text(
+    "SELECT max(COALESCE(committed_offset, start_offset)) FROM sluice.splits"
+    " WHERE source = :source AND kind = 'pgcdc'"
+)
+_CURSOR = sa.text("SELECT cursor FROM sluice.enumerator_state WHERE source = :source")
+
+
+def require_own_slot(engine: Engine, source: str, slot: str) -> None:
+    """At discovery and at a run's start: ``slot`` is not another pipeline's (ConfigError
+    naming ``PostgresCdcSource(slot)``), and once the pipeline's slot was created (its
+    start recorded) it still exists — else SlotMissingError naming the last committed
+    position (a run would otherwise find nothing to read and end as if all were read)."""
+    with engine.connect() as conn:
+        check_slot_owner(conn, source, slot)
+        cursor = conn.execute(_CURSOR, {"source": source}).scalar()
+        start = None if not cursor else cursor.get("start_lsn")
+        if start is None or slot_info(conn, slot) is not None:
+            return
+        committed = conn.execute(_COMMITTED, {"source": source}).scalar()
+    position = int(start) if committed is None else int(committed)
+    raise SlotMissingError(
+        f"replication slot {slot!r} of {source} does not exist (dropped?): changes after its"
+        f" last committed position (LSN {lsn_text(position)}) may be lost; run 'sluice cdc"
+        f" drop {source}' and discover again to take a new snapshot"
+    )
 
 
 class CdcEnumerator(SplitEnumerator):
@@ -105,23 +135,10 @@ class CdcEnumerator(SplitEnumerator):
         return self._load_cursor({"start_lsn": None, "chunks": False})
 
     def discover(self) -> DiscoveryResult:
-        cursor = self.cursor()
-        # Step 1: the server can decode; the publication lists exactly the tables (one that
-        # lists others is another pipeline's: never altered). Created only before the stream
-        # starts: once it has, a missing publication means lost changes, never recreated.
-        with self._engine.begin() as conn:
-            check_wal_level(conn)
-            if cursor["start_lsn"] is None:
-                ensure_publication(conn, self._publication, list(self._tables))
-            else:
-                require_publication(conn, self._source, self._publication, list(self._tables))
-        # Step 2: the slot before any chunk (its start is L0), unless it exists already.
-        if cursor["start_lsn"] is None:
-            start, _ = ensure_slot(self._engine, self._slot)
-            cursor = {"start_lsn": start, "chunks": False}
-            self._save_cursor(cursor)
-        else:
-            self._require_slot(int(cursor["start_lsn"]))
+        # Steps 0-2 under the slot's lock, held until the cursor records the slot: two
+        # pipelines naming one new slot at once cannot both pass the owner check.
+        with slot_lock(self._engine, self._slot):
+            cursor = self._claim_slot()
         # Step 3: the snapshot chunks, once.
         if not cursor["chunks"]:
             chunks = [c for table in self._tables for c in self._chunks(*table)]
@@ -140,14 +157,29 @@ class CdcEnumerator(SplitEnumerator):
         added = self._store.register([split])
         return DiscoveryResult(1, added, cursor)
 
-    def _require_slot(self, start: int) -> None:
-        with self._engine.connect() as conn:
-            if slot_info(conn, self._slot) is None:
-                raise SlotMissingError(
-                    f"replication slot {self._slot!r} of {self._source} does not exist (dropped?):"
-                    f" changes after LSN {lsn_text(start)} may be lost; run 'sluice cdc drop"
-                    f" {self._source}' and discover again to take a new snapshot"
-                )
+    def _claim_slot(self) -> dict[str, Any]:
+        """Steps 0-2 of a discovery (under the slot's lock): the cursor, recording the slot."""
+        # Step 0: the slot is the pipeline's own (not another's), and still there once created.
+        require_own_slot(self._engine, self._source, self._slot)
+        cursor = self.cursor()
+        # Step 1: the server can decode; the publication lists exactly the tables (one that
+        # lists others is another pipeline's: never altered). Created only before the stream
+        # starts: once it has, a missing publication means lost changes, never recreated.
+        with self._engine.begin() as conn:
+            check_wal_level(conn)
+            if cursor["start_lsn"] is None:
+                ensure_publication(conn, self._publication, list(self._tables))
+            else:
+                require_publication(conn, self._source, self._publication, list(self._tables))
+        # Step 2: the slot before any chunk (its start is L0), unless it exists already.
+        if cursor["start_lsn"] is None:
+            start, _ = ensure_slot(self._engine, self._slot)
+            cursor = {"start_lsn": start, "chunks": False, "slot": self._slot}
+            self._save_cursor(cursor)
+        elif cursor.get("slot") is None:  # an older version's cursor: record the owner now
+            cursor = {**cursor, "slot": self._slot}
+            self._save_cursor(cursor)
+        return cursor
 
     def _chunks(self, schema: str, table: str) -> list[TableRangeSplit]:
         key = quote_identifier(self._key)

@@ -15,6 +15,8 @@ Threading: functions on the caller's connection, any thread.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -27,6 +29,7 @@ __all__ = [
     "SlotInfo",
     "SlotMissingError",
     "advance_slot",
+    "check_slot_owner",
     "check_wal_level",
     "current_lsn",
     "drop_slot",
@@ -37,6 +40,7 @@ __all__ = [
     "release_source",
     "require_publication",
     "slot_info",
+    "slot_lock",
 ]
 
 
@@ -171,6 +175,53 @@ def require_publication(
     _check_owned(publication, listed, tables)
 
 
+# The pipelines whose records name the slot: the discovery cursor (``slot``, recorded when
+# the pipeline created or first adopted it) or a stream split (an older version recorded
+# only those). The owner is the earliest of them (its first split); a cursor without splits
+# yet (a discovery between its two writes) comes last.
+_SLOT_OWNER = sa.text(
+    "WITH users AS (SELECT source FROM sluice.enumerator_state WHERE cursor ->> 'slot' = :slot"
+    " UNION SELECT source FROM sluice.splits WHERE kind = 'pgcdc' AND uri = :slot)"
+    " SELECT u.source FROM users u LEFT JOIN sluice.splits s ON s.source = u.source"
+    " AND s.kind IN ('pgcdc', 'pgcdc-chunk')"
+    " GROUP BY u.source ORDER BY min(s.registered_at) NULLS LAST, u.source LIMIT 1"
+)
+
+
+def slot_owner(conn: Connection, slot: str) -> str | None:
+    """The pipeline the platform's records say ``slot`` belongs to (None: none)."""
+    owner = conn.execute(_SLOT_OWNER, {"slot": slot}).scalar()
+    return None if owner is None else str(owner)
+
+
+@contextmanager
+def slot_lock(engine: Engine, slot: str) -> Iterator[None]:
+    """Hold a session advisory lock on ``slot``'s name (blocks while another discovery
+    holds it); on its own connection, outside any transaction."""
+    key = {"k": f"sluice.cdc.slot:{slot}"}
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("SELECT pg_advisory_lock(hashtextextended(:k, 0))"), key)
+        try:
+            yield
+        finally:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(hashtextextended(:k, 0))"), key)
+
+
+def check_slot_owner(conn: Connection, source: str, slot: str) -> None:
+    """One ConfigError line naming ``PostgresCdcSource(slot)`` and the owner when ``slot``
+    belongs to another pipeline: a slot has one confirmed position, so a second reader
+    advances it past changes the first never read (they are lost). A slot that exists
+    but no pipeline recorded (made by hand) may be adopted by the first that names it."""
+    owner = slot_owner(conn, slot)
+    if owner is not None and owner != source:
+        raise ConfigError(
+            "PostgresCdcSource(slot)",
+            f"replication slot {slot!r} belongs to pipeline {owner!r}: a second pipeline"
+            " reading it would advance it past changes the other has not read (they would be"
+            f" lost); name a slot of {source}'s own",
+        )
+
+
 def ensure_slot(engine: Engine, slot: str) -> tuple[int, bool]:
     """(the slot's start LSN, whether it was created now): its consistent point when
     created, else its ``confirmed_flush_lsn``. Created outside any transaction (Postgres
@@ -248,8 +299,16 @@ def release_source(
     the source's ``tables``: one that lists others is another pipeline's, and dropping it
     would lose that pipeline's changes — then forget the source's splits (their dead
     letters go with them) and its discovery cursor, so that the next discovery creates
-    them again and takes a new snapshot. Lines saying what was done."""
+    them again and takes a new snapshot. Lines saying what was done. Another pipeline's
+    slot: one ConfigError line naming its owner, and nothing is dropped nor forgotten."""
     with engine.connect() as conn:
+        owner = slot_owner(conn, slot)
+        if owner is not None and owner != source:
+            raise ConfigError(
+                "PostgresCdcSource(slot)",
+                f"replication slot {slot!r} belongs to pipeline {owner!r}: nothing dropped nor"
+                f" forgotten (to retire that pipeline: 'sluice cdc drop {owner}')",
+            )
         listed = publication_tables(conn, publication)
     owned = listed is None or listed == set(tables)
     dropped_slot, dropped_publication = drop_slot(engine, slot, publication if owned else None)

@@ -56,7 +56,8 @@ class PostgresCdcSource:
         publication: The publication to read (created by the first discovery when
             missing; one that exists must list exactly `tables` and is never altered, nor
             recreated once the stream started); default `sluice_<pipeline>`.
-        slot: The logical replication slot (created when missing); default
+        slot: The logical replication slot (created when missing; it belongs to the
+            pipeline that created it: another pipeline's is refused); default
             `sluice_<pipeline>`.
         required: As for `FileSource` (a delete carries only the key columns unless the
             table's replica identity is `FULL`: require key columns only).

@@ -5,42 +5,43 @@ holds whole transactions and ends at the last one's commit LSN + 1, so resuming 
 offset ``o`` reads exactly the transactions that committed at ``o`` or later (the walsender
 starts at ``max(confirmed_flush_lsn, o)`` and skips earlier commits; so does this reader).
 
-Position markers: the reader writes non-transactional logical decoding messages
-(``pg_logical_emit_message``, prefix ``sluice-cdc``) — one when a bounded read opens (the
-read is done when the stream passes it: every transaction committed before the read's stop
-was sent before it) and one every few idle seconds in a continuous read (the offset then
-moves past other tables' WAL, so the slot can be advanced while the source tables are
-quiet).
+Position markers (``pg_logical_emit_message``, non-transactional, prefix ``sluice-cdc``):
+one when a bounded read opens (the read is done when the stream passes it: every transaction
+committed before its stop was sent before it), one every few idle seconds in a continuous
+read (the offset moves past other tables' WAL: the slot advances while the tables are quiet).
 
 The slot is advanced only to what completed checkpoints committed. The replication
 connection itself never reports a flushed position: psycopg2 forwards its flush position to
 the server's WAL end on keepalives under conditions pgoutput's messages can meet in the
 middle of a transaction, so the connection runs with ``wal_sender_timeout = 0`` (the server
-asks for no replies) and without status updates. Instead, every few seconds between two
-transactions, the reader reads its split's ``committed_offset`` back from the split store
-(lowered to the start of any range still ``pending`` in the async operator, which a restore
+asks for no replies) and without status updates. Instead, every 5 s (a bounded read: 30 s)
+between two transactions, the reader reads its split's ``committed_offset`` back (``_advance``;
+lowered to the start of any range still ``pending`` in the async operator, which a restore
 re-reads from the slot), and, when it moved, stops streaming, advances the idle slot to it
 (``pg_replication_slot_advance``) and streams on from its in-memory position.
 
 Decoding: Begin, Commit, Relation, Truncate and marker messages are decoded as they arrive;
-change messages (Insert, Update, Delete) are kept as raw payloads with their transaction
-and decoded a block at a time, column-wise (:class:`BlockDecoder`) — and before a Relation
-or Truncate message is applied, so every change reads with the definition it was sent
-under and fails (a bad value) before a later message's error.
+change messages are kept as raw payloads and decoded a block at a time, column-wise
+(:class:`BlockDecoder`) — and before a Relation or Truncate message is applied, so every
+change reads with the definition it was sent under and fails before a later message's error.
 
 A bounded run (``ReaderContext.continuous`` False) reads up to the WAL position when the read
 opens and finishes the split there; a continuous run follows the slot. A replayed range
 (``SplitRead.stop``) ends at its stop.
 
+Receiving: a receive thread (:class:`~._receiver.Receiver`) reads the open stream ahead
+into a bounded buffer (``_RECEIVE_BYTES``), so the server streams on while a block decodes.
+Stopping the stream (slot advance, end of the read) joins it and drops what it read ahead;
+the stream restarts from ``_position``. Its error fails the read (``fetch`` raises it).
+
 Threading: ``open``, ``fetch`` and ``close`` run on one fetcher thread (they block on the
-server); ``wake_up`` may be called from any thread: it writes to a pipe ``fetch`` selects on.
+server); ``wake_up`` may be called from any thread: it sets a flag under the condition the
+fetcher waits on (shared with the receive thread, which notifies it when messages arrive).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import select
+import threading
 import time
 from typing import Any
 
@@ -51,6 +52,11 @@ import psycopg2.extras
 import pyarrow as pa
 
 from enumerator_service import StreamSplit
+from spark_jobs.connectors.postgres_cdc._advance import (
+    advance_left_slot,
+    committed_offset,
+    confirmed_flush,
+)
 from spark_jobs.connectors.postgres_cdc._block import BlockDecoder, Piece, Runs
 from spark_jobs.connectors.postgres_cdc._changes import CdcError, ChangeRows
 from spark_jobs.connectors.postgres_cdc._pgoutput import (
@@ -61,6 +67,7 @@ from spark_jobs.connectors.postgres_cdc._pgoutput import (
     Truncate,
 )
 from spark_jobs.connectors.postgres_cdc._pgoutput import decode as decode_message
+from spark_jobs.connectors.postgres_cdc._receiver import Receiver
 from spark_jobs.connectors.postgres_cdc._slot import SlotMissingError, lsn_text
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._convert import RecordConverter, new_block
@@ -73,19 +80,20 @@ MARKER_PREFIX = "sluice-cdc"
 #: a continuous read returns earlier, as soon as it has whole transactions and nothing more
 #: has arrived.
 _FETCH_SECONDS = 0.5
-#: Seconds between two looks at the committed offset (and slot advances).
-_ADVANCE_SECONDS = 5.0
+#: Seconds between two slot advances, continuous and bounded: each restarts the stream (the
+#: server decodes again what it sent past the committed offset); discovery advances after.
+_ADVANCE_SECONDS = (5.0, 30.0)
 #: Idle seconds after which a continuous read writes a position marker.
 _MARKER_SECONDS = 2.0
-#: Change messages per block (whole transactions: a bigger transaction makes a bigger block).
-_BLOCK_ROWS = 5000
+#: Change messages per block (whole transactions: a bigger transaction makes a bigger block);
+#: 20,000 decode with ~35 % less CPU than 4 x 5,000, and cost one lookup and COPY, not four.
+_BLOCK_ROWS = 20_000
+#: Payload bytes read ahead (about a block of small rows; a slot advance drops them).
+_RECEIVE_BYTES = 1 << 20
 #: First payload bytes of Insert, Update and Delete messages (decoded a block at a time).
 _CHANGE_KINDS = frozenset(b"IUD")
 
-_COMMITTED = "SELECT committed_offset, pending FROM sluice.splits WHERE id = %s"
 _MARK = "SELECT pg_logical_emit_message(false, %s, '') - '0/0'"
-_CONFIRMED = "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s"
-_ADVANCE = "SELECT pg_replication_slot_advance(%s, CAST(%s AS pg_lsn))"
 
 
 class StreamReader:
@@ -110,13 +118,15 @@ class StreamReader:
         self._declared = declared
         self._key = key
         self._continuous = continuous
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        # Guards the receiver's buffer and ``_woken``; the fetcher waits on it.
+        self._cond = threading.Condition()
+        self._woken = False
         self._read: SplitRead | None = None
         self._slot = ""
         self._repl: Any = None
         self._cursor: Any = None
+        self._receiver: Receiver | None = None
+        self._backlog: list[bytes] = []  # taken from the receiver, not handled yet
         self._sql: psycopg.Connection[tuple[Any, ...]] | None = None
         self._reset(0)
 
@@ -136,8 +146,10 @@ class StreamReader:
         self._txn_pieces: list[Piece] = []
         self._txn_payloads: list[bytes] = []
         self._counted = 0  # change messages in the block so far
+        self._backlog = []
         now = time.monotonic()
-        self._next_advance = now + _ADVANCE_SECONDS
+        self._advance_every = _ADVANCE_SECONDS[0 if self._continuous else 1]
+        self._next_advance = now + self._advance_every
         self._last_message = now
         self._advanced = 0
 
@@ -191,8 +203,16 @@ class StreamReader:
                 f" changes after LSN {lsn_text(self._position)} are gone; run 'sluice cdc"
                 f" drop {self._read.split.source}' and discover again to take a new snapshot"
             ) from None
+        self._backlog = []
+        self._receiver = Receiver(self._cursor, self._cond, _RECEIVE_BYTES)
+        self._receiver.start()
 
     def _stop_stream(self) -> None:
+        """Stop (and join) the receive thread, drop its read-ahead, close the connection."""
+        receiver, self._receiver = self._receiver, None
+        self._backlog = []
+        if receiver is not None:
+            receiver.stop()
         if self._repl is not None:
             try:
                 self._repl.close()
@@ -208,8 +228,9 @@ class StreamReader:
             self._sql = None
 
     def wake_up(self) -> None:
-        with contextlib.suppress(OSError):  # the pipe is full: a wake-up is pending already
-            os.write(self._wake_w, b"x")
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
 
     # -- fetching --------------------------------------------------------------------------
 
@@ -219,19 +240,10 @@ class StreamReader:
             return None, True
         deadline = time.monotonic() + _FETCH_SECONDS
         while True:
-            message = self._cursor.read_message()
-            if message is not None:
-                self._last_message = time.monotonic()
-                payload = message.payload
-                if payload and payload[0] in _CHANGE_KINDS:
-                    self._change(payload)
-                    continue
-                if self._handle(decode_message(payload)):
-                    return self._finish(read)
-                if self._txn is None:
-                    if self._counted >= _BLOCK_ROWS:
-                        return self._block(read), False
-                    self._maybe_advance(self._last_message)  # (also under constant load)
+            if self._backlog or self._take():
+                result = self._handle_backlog(read)
+                if result is not None:
+                    return result
                 continue
             now = time.monotonic()
             if self._continuous and self._txn is None and (self._payloads or self._pieces):
@@ -245,17 +257,41 @@ class StreamReader:
                     self._mark()
             if now >= deadline:
                 return self._block(read), False
-            woken, _, _ = select.select([self._cursor, self._wake_r], [], [], deadline - now)
-            if self._wake_r in woken:
-                self._drain_wake_ups()
+            if self._wait(deadline - now):
                 return self._block(read), False
 
-    def _drain_wake_ups(self) -> None:
-        try:
-            while os.read(self._wake_r, 64):
-                pass
-        except BlockingIOError:
-            pass
+    def _take(self) -> bool:
+        """Move what the receive thread has received into the backlog (raises its error)."""
+        self._backlog = self._receiver.take() if self._receiver is not None else []
+        return bool(self._backlog)
+
+    def _wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for messages; True when woken up (the flag is cleared)."""
+        with self._cond:
+            receiver = self._receiver
+            if not self._woken and (receiver is None or not receiver.ready()):
+                self._cond.wait(timeout)
+            woken, self._woken = self._woken, False
+        return woken
+
+    def _handle_backlog(self, read: SplitRead) -> tuple[ParsedBlock | None, bool] | None:
+        """Handle the backlog's messages in order; a result when ``fetch`` returns (the
+        messages after a full block stay in the backlog)."""
+        backlog, self._backlog = self._backlog, []
+        self._last_message = time.monotonic()
+        for i, payload in enumerate(backlog):
+            if payload and payload[0] in _CHANGE_KINDS:
+                self._change(payload)
+                continue
+            if self._handle(decode_message(payload)):
+                return self._finish(read)
+            if self._txn is None:
+                if self._counted >= _BLOCK_ROWS:
+                    self._backlog = backlog[i + 1 :]
+                    return self._block(read), False
+                if self._maybe_advance(self._last_message):  # (also under constant load)
+                    return None  # the stream restarted at ``_position``: the rest comes again
+        return None
 
     def _change(self, payload: bytes) -> None:
         """An Insert, Update or Delete: kept (undecoded) when its transaction counts."""
@@ -342,47 +378,23 @@ class StreamReader:
 
     # -- slot advance ----------------------------------------------------------------------
 
-    def _committed(self) -> int | None:
-        """The split's committed offset, lowered to its pending ranges' starts."""
-        assert self._read is not None and self._sql is not None
-        row = self._sql.execute(_COMMITTED, (self._read.split_id,)).fetchone()
-        if row is None or row[0] is None:
-            return None
-        flush = int(row[0])
-        for entry in row[1] or ():
-            span = entry.get("span") if isinstance(entry, dict) else None
-            if span:
-                flush = min(flush, int(span[0]))
-        return flush
-
-    def _maybe_advance(self, now: float) -> None:
+    def _maybe_advance(self, now: float) -> bool:
         """Between transactions, every few seconds: advance the slot to the committed
-        offset when it moved (stop streaming, advance, stream on from ``_position``)."""
+        offset when it moved (stop streaming, advance, stream on from ``_position``); True
+        when the stream restarted."""
         if now < self._next_advance:
-            return
-        self._next_advance = now + _ADVANCE_SECONDS
-        flush = self._committed()
+            return False
+        self._next_advance = now + self._advance_every
+        assert self._read is not None and self._sql is not None
+        flush = committed_offset(self._sql, self._read.split_id)
         if flush is None or flush <= self._advanced:
-            return
-        assert self._sql is not None
-        row = self._sql.execute(_CONFIRMED, (self._slot,)).fetchone()
-        if row is None:
-            raise SlotMissingError(
-                f"replication slot {self._slot!r} was dropped while it was read (by an admin?)"
-            )
-        if row[0] is not None and int(row[0]) >= flush:
+            return False
+        confirmed = confirmed_flush(self._sql, self._slot)
+        if confirmed is not None and confirmed >= flush:
             self._advanced = flush
-            return
+            return False
         self._stop_stream()
-        for _ in range(50):  # the walsender releases the slot as it exits
-            try:
-                self._sql.execute(_ADVANCE, (self._slot, lsn_text(flush)))
-                break
-            except psycopg.errors.ObjectInUse:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError(
-                f"replication slot {self._slot!r} stays active after its reader left"
-            )
+        advance_left_slot(self._sql, self._slot, flush)
         self._advanced = flush
         self._start_stream()
+        return True

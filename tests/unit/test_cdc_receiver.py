@@ -1,0 +1,186 @@
+"""The CDC stream reader's receive thread (``postgres_cdc/_receiver.py``): messages in order,
+an error on the thread fails the read (never swallowed), ``stop`` returns while the thread is
+blocked (waiting for room, or in ``select``), and ``wake_up`` ends a waiting ``fetch``."""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from enumerator_service import StreamSplit
+from spark_jobs.connectors.postgres_cdc._receiver import Receiver
+from spark_jobs.connectors.postgres_cdc._stream import StreamReader
+from spark_jobs.source._records import SplitRead
+from tests.unit.test_cdc_block import (
+    COLUMNS,
+    DECLARED,
+    RELID,
+    SCHEMAS,
+    _tuple,
+    begin,
+    commit,
+    marker,
+    relation,
+)
+
+_COLUMNS = [(name, oid) for name, oid, _ in COLUMNS]
+
+
+def _one_insert(lsn: int, key: int) -> list[bytes]:
+    """A transaction inserting one row (its other columns null) of table ``public.t``."""
+    values: list[str | None] = [str(key)] + [None] * (len(_COLUMNS) - 1)
+    return [
+        begin(lsn),
+        relation(RELID, "t", _COLUMNS, "d"),
+        b"I" + struct.pack(">I", RELID) + b"N" + _tuple(values),
+        commit(lsn),
+    ]
+
+
+@dataclass
+class _Message:
+    payload: bytes
+
+
+class _Broken(Exception):
+    pass
+
+
+class _Cursor:
+    """Gives ``messages`` (None: nothing ready now), then raises ``error`` (or has nothing
+    more). ``fileno`` is a pipe nobody writes to, so a ``select`` on it waits."""
+
+    def __init__(self, messages: list[bytes | None], error: BaseException | None = None) -> None:
+        self._messages: Iterator[bytes | None] = iter(messages)
+        self._error = error
+        self._r, self._w = os.pipe()
+
+    def fileno(self) -> int:
+        return self._r
+
+    def read_message(self) -> _Message | None:
+        payload = next(self._messages, None)
+        if payload is not None:
+            return _Message(payload)
+        if self._error is not None:
+            raise self._error
+        return None
+
+    def close(self) -> None:
+        os.close(self._r)
+        os.close(self._w)
+
+
+def test_messages_come_in_order_then_the_error_once_they_are_taken() -> None:
+    cond = threading.Condition()
+    payloads = [f"m{i}".encode() for i in range(2500)]  # more than one hand-over
+    cursor = _Cursor([*payloads], _Broken("connection lost"))
+    receiver = Receiver(cursor, cond, 1 << 20)
+    receiver.start()
+    try:
+        got: list[bytes] = []
+
+        def take_until_the_error() -> None:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                got.extend(receiver.take())
+
+        with pytest.raises(_Broken, match="connection lost"):
+            take_until_the_error()
+        assert got == payloads  # every message before the error, in order, once
+    finally:
+        receiver.stop()
+        cursor.close()
+
+
+def _reader(cursor: _Cursor) -> StreamReader:
+    reader = StreamReader(
+        SCHEMAS[1],
+        "postgresql:///unused",
+        publication="p",
+        tables=("public.t",),
+        declared=tuple(n for n, _, _ in DECLARED),
+        key="id",
+        continuous=False,
+    )
+    reader._read = SplitRead(1, StreamSplit("src", "pgcdc", "slot", 0, None), 0)
+    reader._stop = 10_000
+    reader._cursor = cursor
+    reader._receiver = Receiver(cursor, reader._cond, 1 << 20)
+    reader._receiver.start()
+    return reader
+
+
+def test_an_error_on_the_receive_thread_fails_the_read() -> None:
+    cursor = _Cursor([*_one_insert(100, 1)], _Broken("server closed"))
+    reader = _reader(cursor)
+    try:
+
+        def fetch_20() -> None:
+            for _ in range(20):  # it must not turn into empty fetches
+                reader.fetch()
+
+        with pytest.raises(_Broken, match="server closed"):
+            fetch_20()
+    finally:
+        reader.close()
+        cursor.close()
+
+
+def test_the_read_ends_at_its_stop_with_the_rows_before_it() -> None:
+    messages = [*_one_insert(100, 1), marker(10_000)]
+    cursor = _Cursor([*messages], _Broken("read past the stop: not reached"))
+    reader = _reader(cursor)
+    try:
+        block, done = reader.fetch()
+        assert done and block is not None and block.rows.column("id").to_pylist() == [1]
+    finally:
+        reader.close()
+        cursor.close()
+
+
+def test_stop_returns_while_the_thread_waits_for_room() -> None:
+    cond = threading.Condition()
+    cursor = _Cursor([b"x" * 100] * 100_000)
+    receiver = Receiver(cursor, cond, 1000)  # full after one hand-over: it waits for room
+    receiver.start()
+    time.sleep(0.2)
+    with cond:
+        assert receiver.ready()
+    start = time.monotonic()
+    receiver.stop()
+    assert time.monotonic() - start < 0.5
+    cursor.close()
+
+
+def test_stop_returns_while_the_thread_waits_in_select() -> None:
+    cond = threading.Condition()
+    cursor = _Cursor([])  # nothing ever arrives
+    receiver = Receiver(cursor, cond, 1 << 20)
+    receiver.start()
+    time.sleep(0.2)
+    start = time.monotonic()
+    receiver.stop()  # the stop pipe ends the select (its own timeout is 1 s)
+    assert time.monotonic() - start < 0.5
+    receiver.stop()  # idempotent
+    cursor.close()
+
+
+def test_wake_up_ends_a_waiting_fetch_early() -> None:
+    cursor = _Cursor([])
+    reader = _reader(cursor)
+    try:
+        threading.Timer(0.05, reader.wake_up).start()
+        start = time.monotonic()
+        block, done = reader.fetch()  # would wait out its 0.5 s otherwise
+        assert time.monotonic() - start < 0.4
+        assert block is None and not done
+    finally:
+        reader.close()
+        cursor.close()
