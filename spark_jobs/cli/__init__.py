@@ -3,6 +3,7 @@ reading (``spark_jobs``), driving both for the registered pipelines."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -61,6 +62,20 @@ class _InterruptedPy4J(logging.Filter):
         return record.name != "root" or not str(record.msg).endswith("while sending command.")
 
 
+def _silence_spark() -> None:
+    """After an interrupt the process exits at once: Spark's JVM, stopped under a task that
+    was still completing, would log an INTERNAL_ERROR_STORAGE stack trace after the one
+    line (seen under load although the run waits for its tasks). Nothing it logs now
+    concerns the user. Best effort: the gateway may already be gone."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        return
+    with contextlib.suppress(Exception):
+        context.setLogLevel("OFF")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: configuration and definition errors, and a ``--replace`` that
     cannot start (a day holding other days' rows, or being read), are one line on stderr
@@ -100,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo(f"sluice: run failed: {exc}", err=True)
         sys.exit(ExitCode.FAILED)
     except click.exceptions.Abort as exc:
+        _silence_spark()
         if isinstance(exc.__cause__ or exc.__context__, Terminated):
             click.echo("Terminated.", err=True)
             sys.exit(ExitCode.TERMINATED)
