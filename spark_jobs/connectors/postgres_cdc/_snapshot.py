@@ -35,7 +35,7 @@ from typing import Any
 
 import psycopg
 
-from enumerator_service import TableRangeSplit
+from enumerator_service import TableRangeSplit, qualified_name
 from spark_jobs.connectors.postgres_cdc._changes import CdcError
 from spark_jobs.connectors.postgres_cdc._pgoutput import from_text
 from spark_jobs.pipeline._errors import quote
@@ -53,10 +53,10 @@ def _as_text(column: str) -> str:
     return f"CASE WHEN {column} IS NULL THEN NULL ELSE format('%%s', {column}) END"
 
 
-def quote_table(table: str) -> str:
-    """``schema.table`` as a quoted regclass text."""
+def _qualified(table: str) -> str:
+    """``schema.table`` quoted (as SQL text, and as the text ``to_regclass`` takes)."""
     schema, _, name = table.rpartition(".")
-    return f"{quote(schema)}.{quote(name)}"
+    return qualified_name(schema, name)
 
 
 _log = logging.getLogger(__name__)
@@ -114,7 +114,6 @@ class ChunkReader:
     def _page_query(
         self, split: TableRangeSplit, types: dict[str, int], native: frozenset[int]
     ) -> _Query:
-        schema, _, table = split.table.rpartition(".")
         key = quote(split.key_column)
         texts = [
             (i + 1, types[n], n) for i, n in enumerate(self._declared) if types[n] not in native
@@ -122,7 +121,7 @@ class ChunkReader:
         text = {n for _, _, n in texts}
         selected = [_as_text(quote(n)) if n in text else quote(n) for n in self._declared]
         query = (
-            f"SELECT {', '.join([key, *selected])} FROM {quote(schema)}.{quote(table)}"
+            f"SELECT {', '.join([key, *selected])} FROM {_qualified(split.table)}"
             f" WHERE {key} >= %s AND {key} < %s ORDER BY {key} LIMIT %s"
         )
         return query, texts
@@ -138,7 +137,7 @@ class ChunkReader:
         the stream say so; here it reads as text and its query fails)."""
         conn = self._connection()
         with conn.transaction():
-            found = conn.execute(_TYPES, (quote_table(table),)).fetchall()
+            found = conn.execute(_TYPES, (_qualified(table),)).fetchall()
         return defaultdict(int, {str(name): int(oid) for name, oid in found})
 
     def _as_stream(
