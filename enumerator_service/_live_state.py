@@ -4,7 +4,9 @@ shows and the live-state sensor reports to Dagster as an observation of the outp
 - watermark: the event time up to which the pipeline's output is complete (the run
   watermark of its latest completed checkpoint, :func:`run_watermark`; +infinity, lag 0,
   once the run's input ended), and its lag behind now;
-- the oldest unprocessed split's age (now - when it was registered: the file waited that long);
+- the oldest unprocessed split's age: now - when it was registered (the file waited that
+  long), for a stream split given back by a run now - when it was given back (it was read up
+  to then);
 - the backlog: splits not yet completed (unassigned, assigned, being read, held) — but a
   stream split (no end) a live run reads under its lease is not waiting;
 - rows/s: rows the last checkpoint committed over the time since the run's previous one;
@@ -112,8 +114,12 @@ def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
         s.c.end_offset.is_(None),
         s.c.lease_expires_at > now,
     )
+    waiting_since = sa.case(
+        (s.c.kind.in_(sorted(STREAM_KINDS)), sa.func.coalesce(s.c.released_at, s.c.registered_at)),
+        else_=s.c.registered_at,
+    )
     backlog, oldest = conn.execute(
-        sa.select(sa.func.count(), sa.func.min(s.c.registered_at)).where(
+        sa.select(sa.func.count(), sa.func.min(waiting_since)).where(
             s.c.source == source,
             s.c.status.in_(UNREAD_SPLIT),  # input not processed yet
             ~streamed,

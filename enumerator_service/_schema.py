@@ -148,6 +148,9 @@ splits = Table(
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("registered_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("assigned_at", DateTime(timezone=True)),
+    # When a run last gave the split back (its lease expired or the run ended): a stream
+    # split, read up to then, waits from here, not from its registration.
+    Column("released_at", DateTime(timezone=True)),
     Column("completed_at", DateTime(timezone=True)),
     # The partition rebuild this split is being re-read for (NULL: none). Its output goes to
     # the rebuild's folder, which replaces the partition's folder once every member completed.

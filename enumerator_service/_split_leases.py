@@ -28,6 +28,7 @@ _RETURNED: dict[str, object] = {
     "subtask": None,
     "lease_expires_at": None,
     "assigned_checkpoint": None,
+    "released_at": sa.func.now(),
 }
 
 

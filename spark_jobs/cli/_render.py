@@ -219,8 +219,17 @@ def status_table(status: PlatformStatus, held: Mapping[str, Any] | None = None) 
 def _held_rows(table: Table, held: Mapping[str, Any]) -> None:
     """A CDC slot as one line: active or not, retained WAL; other values as they are."""
     if "slot" in held:
-        if not held.get("slot_exists"):
-            _plain_row(table, "replication slot", f"{held['slot']} (none yet, or dropped)")
+        if held.get("slot_dropped"):
+            _plain_row(
+                table,
+                "replication slot",
+                f"{held['slot']} DROPPED under the pipeline: changes since may be lost (run"
+                " 'sluice cdc drop' for it, empty the sink, discover again)",
+            )
+        elif not held.get("slot_exists"):
+            _plain_row(
+                table, "replication slot", f"{held['slot']} not created yet (discovery creates it)"
+            )
         else:
             state = "active" if held.get("slot_active") else "inactive"
             retained = int(held.get("retained_wal_bytes", 0)) / (1 << 20)

@@ -12,9 +12,12 @@ import pytest
 import sqlalchemy as sa
 from cdc_oracle import cdc_pipeline, compare, create_table, rows_of
 from conftest import TestSettings
+from rich.console import Console
 
 from enumerator_service._operations import discover, open_platform, platform_status
 from spark_jobs import BadInputFailure, PipelineDefinitionError
+from spark_jobs.cli._render import status_table
+from spark_jobs.connectors import source_connector_named
 from spark_jobs.connectors.postgres_cdc import SlotMissingError, drop_slot
 from spark_jobs.connectors.postgres_cdc._slot import lsn_text
 from spark_jobs.jobs import run_pipeline
@@ -147,6 +150,14 @@ def test_a_run_after_the_slot_was_dropped_is_not_nothing_new(make_settings: Any)
         assert "\n" not in line and f"sluice cdc drop {pipeline.name}" in line
         assert f"pipeline {pipeline.name}: bad input: replication slot" in line
         assert f"LSN {lsn_text(committed)}" in line and lsn_text(int(start)) not in line
+        connector = source_connector_named(pipeline.plan.source.kind)
+        with platform.engine.connect() as conn:  # ``sluice status`` says it was dropped
+            held = connector.source_status(conn, pipeline.plan)
+        assert held == {"slot": options.slot, "slot_exists": False, "slot_dropped": True}
+        table_view = status_table(platform_status(platform, pipeline.name), held)
+        console = Console(record=True, width=250)
+        console.print(table_view)
+        assert f"{options.slot} DROPPED under the pipeline" in console.export_text()
     finally:
         drop_slot(platform.engine, options.slot, options.publication)
         platform.close()

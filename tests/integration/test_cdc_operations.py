@@ -254,6 +254,48 @@ def test_a_stream_split_a_live_run_reads_is_not_backlog(make_settings: Any) -> N
         platform.close()
 
 
+def test_a_stream_split_given_back_waits_from_then_a_file_from_its_registration(
+    make_settings: Any,
+) -> None:
+    """A continuous run read the stream split for a day and ended: the split waits from
+    the moment the run gave it back, not from its registration. A file returned by the same
+    run has waited since it was registered (it was never read)."""
+    from datetime import UTC, datetime, timedelta
+
+    from enumerator_service import SplitStore
+    from enumerator_service._live_state import live_state
+
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    source = f"cdcwait_{secrets.token_hex(3)}"
+    insert = sa.text(
+        "INSERT INTO sluice.splits (source, kind, uri, start_offset, end_offset, status,"
+        " run_id, registered_at) VALUES (:s, :k, :u, 0, :e, 'READING', 'run-1',"
+        " now() - interval '1 day')"
+    )
+    try:
+        with platform.engine.begin() as conn:
+            conn.execute(insert, {"s": source, "k": "pgcdc", "u": "slot", "e": None})
+        assert SplitStore(platform.engine).release_run("run-1") == 1
+        with platform.engine.connect() as conn:
+            now = conn.execute(sa.select(sa.func.now())).scalar_one()
+            age = live_state(conn, source, now + timedelta(seconds=10))
+            assert age.oldest_unprocessed_age_seconds is not None
+            assert 9 <= age.oldest_unprocessed_age_seconds <= 60, age
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM sluice.splits WHERE source = :s"), {"s": source})
+            conn.execute(insert, {"s": source, "k": "file", "u": "f.jsonl", "e": 10})
+        assert SplitStore(platform.engine).release_run("run-1") == 1
+        with platform.engine.connect() as conn:
+            age = live_state(conn, source, datetime.now(UTC))
+            assert age.oldest_unprocessed_age_seconds is not None
+            assert age.oldest_unprocessed_age_seconds >= 86_000, age
+    finally:
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM sluice.splits WHERE source = :s"), {"s": source})
+        platform.close()
+
+
 class _Level:
     def __init__(self, level: str) -> None:
         self.level = level

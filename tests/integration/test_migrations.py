@@ -70,7 +70,7 @@ def test_upgrade_is_idempotent(empty_engine: sa.Engine) -> None:
             sa.text(f"SELECT version_num FROM {SCHEMA}.alembic_version")
         ).scalar()
     head = ScriptDirectory.from_config(alembic_config(empty_engine)).get_current_head()
-    assert version == head == "0010"
+    assert version == head == "0011"
 
 
 def test_partition_completeness_migrates_down_and_up_again(empty_engine: sa.Engine) -> None:

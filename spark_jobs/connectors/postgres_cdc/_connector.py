@@ -23,6 +23,7 @@ from spark_jobs.connectors.postgres_cdc._enumerator import (
     CHUNK_KIND,
     STREAM_KIND,
     CdcEnumerator,
+    recorded_start,
     require_own_slot,
 )
 from spark_jobs.connectors.postgres_cdc._slot import (
@@ -231,8 +232,9 @@ class CdcConnector(SourceConnector):
     def source_status(self, conn: sa.Connection, plan: Plan) -> Mapping[str, Any]:
         options: CdcOptions = plan.source.options
         info = slot_info(conn, options.slot)
-        if info is None:
-            return {"slot": options.slot, "slot_exists": False}
+        if info is None:  # not created yet, or dropped under the pipeline (changes lost)
+            dropped = recorded_start(conn, plan.name) is not None
+            return {"slot": options.slot, "slot_exists": False, "slot_dropped": dropped}
         return {
             "slot": options.slot,
             "slot_exists": True,

@@ -89,6 +89,14 @@ _COMMITTED = sa.text(
 _CURSOR = sa.text("SELECT cursor FROM sluice.enumerator_state WHERE source = :source")
 
 
+def recorded_start(conn: sa.Connection, source: str) -> int | None:
+    """The LSN the pipeline's slot was created at, as discovery recorded it (None: no slot
+    was created for it yet, or ``sluice cdc drop`` forgot it)."""
+    cursor = conn.execute(_CURSOR, {"source": source}).scalar()
+    start = None if not cursor else cursor.get("start_lsn")
+    return None if start is None else int(start)
+
+
 def require_own_slot(engine: Engine, source: str, slot: str) -> None:
     """At discovery and at a run's start: ``slot`` is not another pipeline's (ConfigError
     naming ``PostgresCdcSource(slot)``), and once the pipeline's slot was created (its
@@ -96,12 +104,11 @@ def require_own_slot(engine: Engine, source: str, slot: str) -> None:
     position (a run would otherwise find nothing to read and end as if all were read)."""
     with engine.connect() as conn:
         check_slot_owner(conn, source, slot)
-        cursor = conn.execute(_CURSOR, {"source": source}).scalar()
-        start = None if not cursor else cursor.get("start_lsn")
+        start = recorded_start(conn, source)
         if start is None or slot_info(conn, slot) is not None:
             return
         committed = conn.execute(_COMMITTED, {"source": source}).scalar()
-    position = int(start) if committed is None else int(committed)
+    position = start if committed is None else int(committed)
     raise SlotMissingError(
         f"replication slot {slot!r} of {source} does not exist (dropped?): changes after its"
         f" last committed position (LSN {lsn_text(position)}) may be lost; run 'sluice cdc"
