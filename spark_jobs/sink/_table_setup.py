@@ -126,8 +126,12 @@ def ensure_tables(
         present = _catalog(conn, schema_name, table)
         missing = [name for name in layout.names if name not in present]
         if missing:
+            kinds = {name: kind for name, kind, _ in types}
+            added = ", ".join(f'ADD COLUMN "{name}" {kinds[name]}' for name in missing)
             raise ConfigError(
-                setting, f"{layout.qualified} exists without column(s) {', '.join(missing)}"
+                setting,
+                f"{layout.qualified} exists without column(s) {', '.join(missing)}; add them"
+                f' (ALTER TABLE "{schema_name}"."{table}" {added}) or drop the table',
             )
         unfilled = [
             c for c, (*_, required) in present.items() if required and c not in layout.names

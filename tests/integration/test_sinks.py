@@ -271,7 +271,9 @@ def test_ensure_tables_rejects_unusable_targets_in_one_line(platform: Platform) 
         )
     assert str(missing.value) == (
         "sink sales.narrow: sales.narrow exists without column(s) order, total, paid,"
-        " placed_at, day"
+        ' placed_at, day; add them (ALTER TABLE "sales"."narrow" ADD COLUMN "order" integer,'
+        ' ADD COLUMN "total" numeric(12,2), ADD COLUMN "paid" boolean, ADD COLUMN'
+        ' "placed_at" timestamptz, ADD COLUMN "day" date) or drop the table'
     )
     key = ["order_id"]
     with pytest.raises(ConfigError, match=r"^sink sales.wide: .* no unique index .*\(order_id\)"):
