@@ -102,17 +102,21 @@ def _check_keys(pipeline: str, step: LookupPlan, catalog: dict[str, str]) -> Non
 def check_fields(
     pipeline: str, where: str, table: str, columns: Sequence[Column], catalog: dict[str, str]
 ) -> None:
+    """PipelineDefinitionError naming every declared field ``table`` lacks or holds with
+    another type family (one line: fixing the first would only show the next)."""
+    problems = []
     for column in columns:
         name, kind = column.name, column.type
         assert kind is not None  # declared by the source
         if name not in catalog:
-            raise PipelineDefinitionError(pipeline, where, f"table {table} has no column {name!r}")
+            problems.append(f"table {table} has no column {name!r}")
+            continue
         found, as_text = catalog_arrow_type(catalog[name])
         family = "string" if as_text else type_family(found)
         if family != type_family(kind):
-            raise PipelineDefinitionError(
-                pipeline,
-                where,
+            problems.append(
                 f"field {name!r} is declared {type_name(kind)} but {table}.{name} is "
-                f"{catalog[name]}",
+                f"{catalog[name]}"
             )
+    if problems:
+        raise PipelineDefinitionError(pipeline, where, "; ".join(problems))

@@ -111,5 +111,12 @@ def test_declared_columns_are_checked_against_the_catalog(make_settings: Any) ->
         missing = _pipeline("tbl_missing", table, {"seq": "int64", "region": "string", "x": "bool"})
         with pytest.raises(PipelineDefinitionError, match="has no column 'x'"):
             run_pipeline(settings, missing)
+        both = _pipeline("tbl_both", table, {"seq": "string", "region": "int32", "x": "bool"})
+        with pytest.raises(PipelineDefinitionError) as every:  # every field, in one line
+            run_pipeline(settings, both)
+        line = str(every.value)
+        assert "\n" not in line and line.count("; ") == 2, line
+        assert "field 'seq' is declared string" in line and "has no column 'x'" in line
+        assert "field 'region' is declared int32" in line
     finally:
         platform.close()
