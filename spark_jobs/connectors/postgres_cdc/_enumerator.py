@@ -39,6 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import (
+    ConfigError,
     DiscoveryResult,
     SplitEnumerator,
     SplitStatus,
@@ -97,6 +98,21 @@ def recorded_start(conn: sa.Connection, source: str) -> int | None:
     return None if start is None else int(start)
 
 
+def _check_same_slot(conn: sa.Connection, source: str, slot: str) -> None:
+    """ConfigError naming ``PostgresCdcSource(slot)`` when the pipeline's snapshot was taken
+    with another slot: the new one starts elsewhere in the WAL (changes between would be
+    lost or applied twice), and the old one would fill the disk."""
+    cursor = conn.execute(_CURSOR, {"source": source}).scalar()
+    recorded = None if not cursor else cursor.get("slot")
+    if recorded is not None and recorded != slot:
+        raise ConfigError(
+            "PostgresCdcSource(slot)",
+            f"{source} reads replication slot {recorded!r} (its snapshot was taken with it),"
+            f" not {slot!r}: name {recorded!r} again, or run 'sluice cdc drop {source}' (it"
+            " drops the old slot), empty the sink and discover again",
+        )
+
+
 def require_own_slot(engine: Engine, source: str, slot: str) -> None:
     """At discovery and at a run's start: ``slot`` is not another pipeline's (ConfigError
     naming ``PostgresCdcSource(slot)``), and once the pipeline's slot was created (its
@@ -104,6 +120,7 @@ def require_own_slot(engine: Engine, source: str, slot: str) -> None:
     position (a run would otherwise find nothing to read and end as if all were read)."""
     with engine.connect() as conn:
         check_slot_owner(conn, source, slot)
+        _check_same_slot(conn, source, slot)
         start = recorded_start(conn, source)
         if start is None or slot_info(conn, slot) is not None:
             return

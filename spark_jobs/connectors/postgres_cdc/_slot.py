@@ -290,6 +290,9 @@ _FORGET_SPLITS = sa.text(
     "DELETE FROM sluice.splits WHERE source = :source AND kind IN ('pgcdc', 'pgcdc-chunk')"
 )
 _FORGET_CURSOR = sa.text("DELETE FROM sluice.enumerator_state WHERE source = :source")
+_RECORDED_SLOT = sa.text(
+    "SELECT cursor ->> 'slot' FROM sluice.enumerator_state WHERE source = :source"
+)
 
 
 def release_source(
@@ -310,8 +313,16 @@ def release_source(
                 f" forgotten (to retire that pipeline: 'sluice cdc drop {owner}')",
             )
         listed = publication_tables(conn, publication)
+        # The slot its snapshot was taken with, when ``slot=`` was changed since: dropped too.
+        recorded = conn.execute(_RECORDED_SLOT, {"source": source}).scalar()
+        if recorded is not None and slot_owner(conn, recorded) != source:
+            recorded = None  # (another pipeline's now: never dropped from here)
     owned = listed is None or listed == set(tables)
     dropped_slot, dropped_publication = drop_slot(engine, slot, publication if owned else None)
+    earlier = []
+    if recorded is not None and recorded != slot:
+        gone = drop_slot(engine, recorded, None)[0]
+        earlier = [f"replication slot {recorded} (named before): {_dropped(gone)}"]
     with engine.begin() as conn:
         forgotten = conn.execute(_FORGET_SPLITS, {"source": source}).rowcount
         conn.execute(_FORGET_CURSOR, {"source": source})
@@ -323,7 +334,12 @@ def release_source(
     else:
         shown = "dropped" if dropped_publication else "did not exist"
     return [
-        f"replication slot {slot}: {'dropped' if dropped_slot else 'did not exist'}",
+        f"replication slot {slot}: {_dropped(dropped_slot)}",
+        *earlier,
         f"publication {publication}: {shown}",
         f"{forgotten} split(s) of {source} forgotten: the next discovery takes a new snapshot",
     ]
+
+
+def _dropped(done: bool) -> str:
+    return "dropped" if done else "did not exist"
