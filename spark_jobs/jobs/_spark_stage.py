@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from spark_jobs.jobs._results import SubtaskResult
@@ -12,6 +12,10 @@ from spark_jobs.jobs._subtask import run_reader_subtask
 from spark_jobs.jobs._task_config import TaskConfig
 
 __all__ = ["cancel_subtasks", "run_subtasks"]
+
+#: How long the caller's wait for the job sleeps at a time (an interrupt ends it at once;
+#: the bound only keeps the wait short where a signal cannot break a lock's wait).
+_JOIN_SECONDS = 0.5
 
 
 def _subtask_partition(config: TaskConfig, index: int, _rows: Iterator[Any]) -> Iterator[Any]:
@@ -38,9 +42,38 @@ def run_subtasks(spark: Any, config: TaskConfig, parallelism: int, gang: bool) -
     subtasks = spark.sparkContext.parallelize(range(parallelism), parallelism)
     run = functools.partial(_subtask_partition, config)
     if not gang:
-        return list(subtasks.mapPartitionsWithIndex(run).collect())
+        return list(_interruptible(subtasks.mapPartitionsWithIndex(run).collect))
     stage = subtasks.barrier().mapPartitionsWithIndex(run)
-    return [result for _subtask, result in stage.map(_keyed).partitionBy(1).collect()]
+    pairs = _interruptible(stage.map(_keyed).partitionBy(1).collect)
+    return [result for _subtask, result in pairs]
+
+
+def _interruptible(collect: Callable[[], list[Any]]) -> list[Any]:
+    """``collect()`` on a thread of its own while the caller waits in short joins.
+
+    An interrupt (Ctrl-C, SIGTERM, a Dagster termination: its signal handler raises in the
+    main thread) then lands in the join, outside Py4J. Raised inside the Py4J call, it left
+    that thread's connection with the job's answer unread (PySpark pins one connection to
+    each thread): the cancellation that follows read the wrong answer, the job was never
+    cancelled, and a continuous run kept checkpointing under a CANCELING Dagster run.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = collect()
+        except BaseException as exc:  # raised on the caller's thread below
+            outcome["error"] = exc
+
+    from pyspark import InheritableThread  # (the job's local properties go with it)
+
+    worker = InheritableThread(target=target, name="sluice-spark-job", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(_JOIN_SECONDS)
+    if "error" in outcome:
+        raise outcome["error"]
+    return list(outcome["result"])
 
 
 def cancel_subtasks(spark: Any, drain_seconds: float = 20.0) -> None:
