@@ -171,10 +171,13 @@ class JsonLinesParser:
             rows, suspects, failed_at = self._fast(masked, offset, lines, exact)
             if rows is not None:
                 out.batches.append(rows)
-                if suspects:  # rows that failed a column check or masked: line by line
-                    out.in_order = False
-                    for start, end in suspects:
-                        self._by_line(data[start:end], offset + start, out)
+                # Rows that failed a column check or were masked: line by line. They come
+                # after the piece's rows, so the block is sorted by offset at the end, but
+                # only when one of them is a row (most are dead letters: no sort needed).
+                pieces = len(out.batches)
+                for start, end in suspects:
+                    self._by_line(data[start:end], offset + start, out)
+                out.in_order = out.in_order and len(out.batches) == pieces
                 return
             # The line that failed is known (a hint: every line is still checked in full).
             if failed_at is None or not 0 <= failed_at < count or failed_at in exact:

@@ -265,6 +265,29 @@ def test_a_bad_time_alone_keeps_the_zoned_times_cast_as_they_are() -> None:
     assert checks.suspects([pa.array(zoned)]) == (None, [False])
 
 
+def test_suspects_that_are_dead_letters_leave_the_rows_in_order_unsorted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block is sorted by offset only when a suspect decided line by line is a row."""
+    import spark_jobs.source._blocks as blocks
+
+    sorts: list[int] = []
+    sort_indices = blocks.pc.sort_indices
+
+    def counted(values: pa.Array, *args: Any, **options: Any) -> pa.Array:
+        sorts.append(len(values))
+        return sort_indices(values, *args, **options)
+
+    monkeypatch.setattr(blocks.pc, "sort_indices", counted)
+    lines = [good_line(EVENTS, i) for i in range(100)]
+    lines[30] = orjson.dumps({**GOOD, "event_time": "yesterday"})
+    same(EVENTS, b"\n".join(lines) + b"\n", 1 << 20)
+    assert sorts == []
+    lines[60] = orjson.dumps(GOOD).replace(b'"amount":2.5', b'"amount":-0')  # a row
+    same(EVENTS, b"\n".join(lines) + b"\n", 1 << 20)
+    assert sorts == [99]
+
+
 def test_good_lines_give_their_values_and_offsets() -> None:
     lines = [good_line(ORDERS, 1), b"", order(shipped="2026-01-02T03:04:05+02:00", tag="é")]
     data = b"\n".join(lines)
