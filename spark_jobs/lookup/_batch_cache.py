@@ -55,8 +55,8 @@ REACH = 1024  # positions ahead of the CLOCK hand whose use is marked, at least
 @dataclass(frozen=True, slots=True)
 class Answer:
     """The cache's answer for a batch's distinct keys: ``found_at`` (int64 indices into the
-    keys) of the keys cached with a row, ``values`` their rows (aligned with ``found_at``,
-    in no particular order); ``missing_at`` the indices of keys the cache does not hold
+    keys) of the keys cached with a row (ascending), ``values`` their rows (aligned with
+    ``found_at``); ``missing_at`` the indices of keys the cache does not hold
     (None: none), ``missing`` those keys (in the keys' order)."""
 
     found_at: pa.Array
@@ -137,11 +137,8 @@ class BatchCache(CacheOptions):
         if not len(found_at):
             empty = pa.array([], pa.int64())
             return Answer(empty, tuple(pa.array([], t) for t in self._types), missing_at, missing)
-        # Step 4: their rows, one take (two when some are in the log's tail).
-        order, values = log.take(positions.filter(found))
-        return Answer(
-            found_at if order is None else found_at.take(order), values, missing_at, missing
-        )
+        # Step 4: their rows, one take.
+        return Answer(found_at, log.take(positions.filter(found)), missing_at, missing)
 
     def store(self, keys: list[Any], found_keys: list[Any], values: Sequence[pa.Array]) -> None:
         """Cache the rows the database returned for ``keys`` (``found_keys`` aligned with

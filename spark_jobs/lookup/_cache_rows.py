@@ -8,8 +8,8 @@ Per position, in flat Python buffers written with C-speed ``map``/slice operatio
 - ``keys`` (a list), ``live`` and ``ref`` (bytearrays: the CLOCK reference bit), and the
   write/access times (``array('d')``, only when a TTL needs them);
 - the looked-up columns in Arrow: one *base* RecordBatch (positions ``1 .. base_end - 1``)
-  and a short *tail* of the batches appended since; a lookup is one ``take`` of the base
-  (plus one of the tail when a hit is in it). The tail is merged into the base once it holds
+  and a short *tail* of the batches appended since; a lookup is one ``take`` over both
+  (the batches as one table's chunks). The tail is merged into the base once it holds
   an eighth of it (each row copied O(1) times, amortised), and the garbage is compacted away
   at a merge once it outnumbers the live rows (positions renumbered: the caller rebuilds its
   index from :meth:`compact`'s answer).
@@ -94,27 +94,15 @@ class RowLog:
         self._tail_rows += count
         return start
 
-    def take(self, positions: pa.Array) -> tuple[pa.Array | None, tuple[pa.Array, ...]]:
-        """The rows at ``positions`` (int64, all > 0): (the order they come in, as indices
-        into ``positions``: None = as given; their columns)."""
+    def take(self, positions: pa.Array) -> tuple[pa.Array, ...]:
+        """The columns of the rows at ``positions`` (int64, all > 0), in their order: one
+        ``take`` over the base and the tail's batches as one table's chunks (no copy of
+        the tail first, no split of the positions between base and tail)."""
         rows = pc.subtract(positions, 1)
-        if not self._tail_rows:
-            return None, tuple(self._base.take(rows).columns)
-        if len(self._tail) > 1:
-            self._tail = [pa.concat_batches(self._tail)]
-        base_rows = self._base.num_rows
-        in_tail = pc.greater_equal(rows, base_rows)
-        if not pc.any(in_tail).as_py():
-            return None, tuple(self._base.take(rows).columns)
-        in_base = pc.invert(in_tail)
-        order = pc.indices_nonzero(in_base), pc.indices_nonzero(in_tail)
-        taken = pa.concat_batches(
-            [
-                self._base.take(rows.filter(in_base)),
-                self._tail[0].take(pc.subtract(rows.filter(in_tail), base_rows)),
-            ]
-        )
-        return pa.concat_arrays(list(order)), tuple(taken.columns)
+        if not self._tail:
+            return tuple(self._base.take(rows).columns)
+        taken = pa.Table.from_batches([self._base, *self._tail]).take(rows)
+        return tuple(_one_chunk(column) for column in taken.columns)
 
     def wants_merge(self) -> bool:
         base_rows: int = self._base.num_rows
@@ -146,6 +134,10 @@ class RowLog:
             self.accessed = array("d", [0.0, *compress(self.accessed[1:], live[1:])])
         self.live = bytearray(b"\0") + bytearray(b"\1") * len(kept)
         return kept
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def _empty(schema: pa.Schema) -> pa.RecordBatch:

@@ -5,13 +5,20 @@ subtask's CPU. A block is parsed by Arrow's JSON reader in one call, with the so
 schema as its explicit schema, and validated column-wise (:mod:`._json_columns`). The
 result must be exactly what the exact path (orjson, then
 :meth:`RecordConverter.from_json`) gives line by line, so the fast path only accepts a
-piece of input it can prove is handled identically; anything else is cut in halves until
-the pieces are small, and the lines of a small piece take the exact per-line path:
+piece of input it can prove is handled identically. A line known to be bad (it does not
+end with ``}``, or Arrow's error or the UTF-8 check names it) is *masked*: replaced, for
+Arrow only, by ``{`` spaces ``}`` of the same length, a row of nulls that is dropped, while
+the line itself takes the exact per-line path; the block is then read whole again (offsets
+unchanged). A few bad lines thus cost one more read each, not reads of the runs between
+them, each with its own checks (the bench's one-in-a-thousand malformed lines made a block
+~1.7x as dear as a clean one). Anything else (more than a few bad lines, a failure that
+names no line, a line too short to mask) is cut in halves until the pieces are small, and
+the lines of a small piece take the exact per-line path:
 
 - every line ends with ``}`` (so none is blank or whitespace, the lines Arrow skips, and
   each yields at least one row; with "rows == lines" each line is exactly one row — Arrow
   reads ``{…} {…}`` as two, which would shift rows against line offsets). Lines that do
-  not are few in practice (truncated writes): they go line by line straight away;
+  not are few in practice (truncated writes): they are masked and go line by line;
 - the text is valid UTF-8 without a byte order mark (Arrow checks neither; orjson does);
 - Arrow accepted it with unexpected fields an *error*: only the declared fields are
   parsed, so grammar differences in other fields (``NaN``, numbers too big for a double,
@@ -139,35 +146,46 @@ class JsonLinesParser:
     def _parse(self, data: bytes, offset: int, out: _Out) -> None:
         lines = _lines(data)  # one Arrow split serves the checks below and the offsets
         count = len(lines)
+        # Lines decided line by line (a line that does not end with "}", the line Arrow
+        # or the UTF-8 check failed at): Arrow reads them masked, as "{ … }" of the same
+        # length, so the block is read whole again and their rows are dropped; the other
+        # lines keep their rows and offsets.
+        exact: list[int] = []
         closed = pc.ends_with(lines, "}")
         if not pc.all(closed, min_count=0).as_py():
             closed = pc.or_(closed, pc.ends_with(lines, "}\r"))
             torn = count - pc.sum(closed, min_count=0).as_py()
-            if torn:
-                # Some line does not end with "}" (truncated, blank, not an object): such
-                # lines take the exact path at once and the runs between them the fast one
-                # (Arrow would fail at each, and the failed parse be wasted); too many:
-                # halve first.
-                if count <= _SMALL:
-                    self._by_line(data, offset, out)
-                elif torn <= _SMALL:
-                    self._exact_around(data, offset, out, _torn_lines(data, lines, closed))
-                else:
-                    self._halve(data, offset, out)
+            if torn and count <= _SMALL:
+                self._by_line(data, offset, out)
                 return
-        rows, suspects, failed_at = self._fast(data, offset, lines)
-        if rows is not None:
-            out.batches.append(rows)
-            if suspects:  # rows that failed a column check: decided line by line
-                out.in_order = False
+            if torn > _SMALL:
+                self._halve(data, offset, out)
+                return
+            if torn:
+                exact = pc.indices_nonzero(pc.invert(closed)).to_pylist()
+        while True:
+            masked = _masked(data, lines, exact) if exact else data
+            if masked is None:  # a line too short to mask: the runs around it
+                self._exact_around(data, offset, out, _line_ranges(data, lines, exact))
+                return
+            rows, suspects, failed_at = self._fast(masked, offset, lines, exact)
+            if rows is not None:
+                out.batches.append(rows)
+                # Rows that failed a column check or were masked: line by line. They come
+                # after the piece's rows, so the block is sorted by offset at the end, but
+                # only when one of them is a row (most are dead letters: no sort needed).
+                pieces = len(out.batches)
                 for start, end in suspects:
                     self._by_line(data[start:end], offset + start, out)
-        elif failed_at is not None and 0 <= failed_at < count:
-            # The line that failed is known (a hint: every piece is still checked in full).
-            start = len(data) - len(data.split(b"\n", failed_at)[-1])
-            end = data.find(b"\n", start) + 1 or len(data)
-            self._exact_around(data, offset, out, [(start, end)])
-        elif count <= _SMALL:
+                out.in_order = out.in_order and len(out.batches) == pieces
+                return
+            # The line that failed is known (a hint: every line is still checked in full).
+            if failed_at is None or not 0 <= failed_at < count or failed_at in exact:
+                break
+            if len(exact) >= _SMALL:
+                break
+            exact = sorted([*exact, failed_at])
+        if count <= _SMALL:
             self._by_line(data, offset, out)
         else:
             self._halve(data, offset, out)
@@ -195,12 +213,12 @@ class JsonLinesParser:
         self._parse(data[cut + 1 :], offset + cut + 1, out)
 
     def _fast(
-        self, data: bytes, offset: int, lines: pa.Array
+        self, data: bytes, offset: int, lines: pa.Array, exact: list[int]
     ) -> tuple[pa.RecordBatch | None, list[tuple[int, int]], int | None]:
         """(rows, suspects, None) when ``data`` (its ``lines``, each ending with ``}``)
-        parsed with one row per line: ``rows`` are the lines that passed every check,
-        ``suspects`` the byte ranges (in ``data``) of the lines that did not. Otherwise
-        (None, [], index of a line known to fail, or None)."""
+        parsed with one row per line: ``rows`` are the lines that passed every check and
+        are not in ``exact`` (masked lines), ``suspects`` the byte ranges (in ``data``) of
+        the others. Otherwise (None, [], index of a line known to fail, or None)."""
         if len(data) > self._limit and _longest(lines) > self._limit:
             return None, [], None  # an over-long line ("\r" of CRLF included: line by line)
         if not data.isascii():
@@ -217,6 +235,12 @@ class JsonLinesParser:
             return None, [], None
         columns = [_array(column) for column in table.columns]
         bad, notes = self._checks.suspects(columns)
+        if exact:
+            flags = bytearray(len(lines))
+            for index in exact:
+                flags[index] = 1
+            masked = pc.not_equal(_uint8(bytes(flags)), 0)
+            bad = masked if bad is None else pc.or_(bad, masked)
         starts, ends = _bounds(lines, offset)
         suspects: list[tuple[int, int]] = []
         if bad is not None:
@@ -300,6 +324,31 @@ def _bounds(lines: pa.Array, offset: int) -> tuple[pa.Array, pa.Array]:
     return pc.subtract(ends, sizes), ends
 
 
+def _uint8(data: bytes) -> pa.Array:
+    return pa.Array.from_buffers(pa.uint8(), len(data), [None, pa.py_buffer(data)])
+
+
+def _line_ranges(data: bytes, lines: pa.Array, indices: list[int]) -> list[tuple[int, int]]:
+    """Byte ranges (newline included) of the ``lines`` of ``data`` at ``indices``."""
+    starts, ends = _bounds(lines, 0)
+    at = pa.array(indices, pa.int64())
+    firsts, afters = starts.take(at).to_pylist(), ends.take(at).to_pylist()
+    return [(first, min(after, len(data))) for first, after in zip(firsts, afters, strict=True)]
+
+
+def _masked(data: bytes, lines: pa.Array, indices: list[int]) -> bytes | None:
+    """``data`` with the ``lines`` at ``indices`` replaced by ``{`` spaces ``}`` of the same
+    length (a row of nulls for Arrow; offsets unchanged), or None when one is shorter than
+    two bytes."""
+    copy = bytearray(data)
+    for start, end in _line_ranges(data, lines, indices):
+        size = end - start - (1 if copy[end - 1 : end] == b"\n" else 0)
+        if size < 2:
+            return None
+        copy[start : start + size] = b"{" + b" " * (size - 2) + b"}"
+    return bytes(copy)
+
+
 def _longest(lines: pa.Array) -> int:
     longest = pc.max(pc.binary_length(lines)).as_py()
     return int(longest) if longest is not None else 0
@@ -320,11 +369,3 @@ def _lenient_ok(data: bytes, lines: pa.Array) -> bool:
     if longest > _LENIENT_MAX_LINE:
         return False
     return longest < 300 or not pc.match_substring_regex(_whole(data), "[0-9]{300}")[0].as_py()
-
-
-def _torn_lines(data: bytes, lines: pa.Array, closed: pa.Array) -> list[tuple[int, int]]:
-    """Byte ranges (newline included) of the ``lines`` of ``data`` not ``closed``."""
-    torn = pc.indices_nonzero(pc.invert(closed))
-    starts, ends = _bounds(lines, 0)
-    firsts, afters = starts.take(torn).to_pylist(), ends.take(torn).to_pylist()
-    return [(first, min(after, len(data))) for first, after in zip(firsts, afters, strict=True)]

@@ -120,8 +120,15 @@ def _decimal(kind: pa.DataType) -> _Suspects:
 
 
 def _time_suspects(column: pa.Array) -> tuple[pa.Array | None, Any]:
-    if pc.all(pc.match_substring_regex(column, _ZONED_TIME), min_count=0).as_py():  # the usual form
+    zoned = pc.match_substring_regex(column, _ZONED_TIME)
+    if pc.all(zoned, min_count=0).as_py():  # the usual form
         return None, False
+    # The other rows are few (a bad value, a time without offset): matched alone. When none
+    # of them is a time without offset, the rows kept are all zoned: finish() casts them as
+    # they are (no second pass over the whole column, no offset appended to every row).
+    others = pc.invert(zoned)
+    if not pc.any(pc.match_substring_regex(column.filter(others), _TIME)).as_py():
+        return others, False
     return pc.invert(pc.match_substring_regex(column, _TIME)), True
 
 

@@ -206,6 +206,24 @@ def test_without_access_expiry_a_used_key_gets_a_second_chance() -> None:
     assert sorted(cache._index) == [1, 3] and cache.evictions == 2
 
 
+def test_the_log_takes_rows_of_base_and_tail_in_the_positions_order() -> None:
+    """One take over the base and the tail's batches: the rows come in the order asked."""
+    log = RowLog(TYPES, frozenset())
+    for keys in ([0, 1, 2], [3, 4], [5]):
+        rows = [row_of(key, 0) for key in keys]
+        columns = [pa.array([r[i] for r in rows], t) for i, t in enumerate(TYPES)]
+        log.append(keys, columns, b"\1" * len(keys), 0.0)
+        if keys == [0, 1, 2]:
+            log.merge()  # the base; the next two batches stay in the tail
+    positions = [6, 1, 4, 3, 6, 2, 5]  # row of key k at position k + 1
+    names, numbers = log.take(pa.array(positions, pa.int64()))
+    assert list(zip(names.to_pylist(), numbers.to_pylist(), strict=True)) == [
+        row_of(p - 1, 0) for p in positions
+    ]
+    log.merge()
+    assert log.take(pa.array([3, 1], pa.int64()))[0].to_pylist() == ["row 2 v0", "row 0 v0"]
+
+
 def test_many_batches_compact_the_log_and_keep_every_row() -> None:
     cache = BatchCache(5_000, TYPES)
     for batch in range(40):

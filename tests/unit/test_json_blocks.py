@@ -226,6 +226,68 @@ def test_a_clean_block_takes_the_fast_path(schema: RecordSchema) -> None:
     assert rows.equals(expected[0]) and dead == expected[1] == []
 
 
+def test_a_few_malformed_lines_are_masked_not_split_around(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A truncated line and a type mismatch cost one more read of the whole block each (the
+    bad lines masked in place and decided line by line), not reads of the runs between them."""
+    import spark_jobs.source._blocks as blocks
+
+    reads: list[int] = []
+    read_json = blocks.pj.read_json
+
+    def counted(buffer: pa.Buffer, **options: Any) -> pa.Table:
+        reads.append(buffer.size)
+        return read_json(buffer, **options)
+
+    monkeypatch.setattr(blocks.pj, "read_json", counted)
+    lines = [good_line(EVENTS, i) for i in range(200)]
+    lines[50] = orjson.dumps(GOOD)[:-7]
+    lines[120] = orjson.dumps({**GOOD, "amount": "twelve"})
+    data = b"\n".join(lines) + b"\n"
+    same(EVENTS, data, 1 << 20)
+    assert reads == [len(data), len(data)]  # the failed read, then the read that succeeds
+
+
+def test_a_bad_time_alone_keeps_the_zoned_times_cast_as_they_are() -> None:
+    """The rows kept are all zoned when the only other time is no time at all: no offset is
+    appended to every row (the note of a column with times without offset)."""
+    from spark_jobs.source._json_columns import ColumnChecks
+
+    checks = ColumnChecks(RecordSchema((pa.field("t", pa.timestamp("us", tz="UTC")),)))
+    zoned = ["2026-01-01T00:00:00+01:00", None, "2026-01-01T00:00:01Z"]
+    mask, notes = checks.suspects([pa.array([*zoned, "yesterday"])])
+    assert mask is not None and mask.to_pylist() == [False, False, False, True]
+    assert notes == [False]
+    mask, notes = checks.suspects([pa.array([*zoned, "yesterday", "2026-01-01T00:00:00"])])
+    assert mask is not None and mask.to_pylist() == [False, False, False, True, False]
+    assert notes == [True]
+    assert checks.suspects([pa.array(zoned)]) == (None, [False])
+
+
+def test_suspects_that_are_dead_letters_leave_the_rows_in_order_unsorted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block is sorted by offset only when a suspect decided line by line is a row."""
+    import spark_jobs.source._blocks as blocks
+
+    sorts: list[int] = []
+    sort_indices = blocks.pc.sort_indices
+
+    def counted(values: pa.Array, *args: Any, **options: Any) -> pa.Array:
+        sorts.append(len(values))
+        return sort_indices(values, *args, **options)
+
+    monkeypatch.setattr(blocks.pc, "sort_indices", counted)
+    lines = [good_line(EVENTS, i) for i in range(100)]
+    lines[30] = orjson.dumps({**GOOD, "event_time": "yesterday"})
+    same(EVENTS, b"\n".join(lines) + b"\n", 1 << 20)
+    assert sorts == []
+    lines[60] = orjson.dumps(GOOD).replace(b'"amount":2.5', b'"amount":-0')  # a row
+    same(EVENTS, b"\n".join(lines) + b"\n", 1 << 20)
+    assert sorts == [99]
+
+
 def test_good_lines_give_their_values_and_offsets() -> None:
     lines = [good_line(ORDERS, 1), b"", order(shipped="2026-01-02T03:04:05+02:00", tag="é")]
     data = b"\n".join(lines)
