@@ -1,6 +1,7 @@
 """The CDC stream reader's receive thread (``postgres_cdc/_receiver.py``): messages in order,
 an error on the thread fails the read (never swallowed), ``stop`` returns while the thread is
-blocked (waiting for room, or in ``select``), and ``wake_up`` ends a waiting ``fetch``."""
+blocked (waiting for room, or in ``select``), ``wake_up`` ends a waiting ``fetch``, and the
+stream is closed as soon as the marker of a read's stop is received."""
 
 from __future__ import annotations
 
@@ -52,6 +53,13 @@ class _Broken(Exception):
     pass
 
 
+class _Connection:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class _Cursor:
     """Gives ``messages`` (None: nothing ready now), then raises ``error`` (or has nothing
     more). ``fileno`` is a pipe nobody writes to, so a ``select`` on it waits."""
@@ -60,6 +68,8 @@ class _Cursor:
         self._messages: Iterator[bytes | None] = iter(messages)
         self._error = error
         self._r, self._w = os.pipe()
+        self.connection = _Connection()
+        self.reads = 0  # read_message calls that gave a message
 
     def fileno(self) -> int:
         return self._r
@@ -67,6 +77,7 @@ class _Cursor:
     def read_message(self) -> _Message | None:
         payload = next(self._messages, None)
         if payload is not None:
+            self.reads += 1
             return _Message(payload)
         if self._error is not None:
             raise self._error
@@ -99,7 +110,7 @@ def test_messages_come_in_order_then_the_error_once_they_are_taken() -> None:
         cursor.close()
 
 
-def _reader(cursor: _Cursor) -> StreamReader:
+def _reader(cursor: _Cursor, stop_lsn: int | None = None) -> StreamReader:
     reader = StreamReader(
         SCHEMAS[1],
         "postgresql:///unused",
@@ -112,7 +123,7 @@ def _reader(cursor: _Cursor) -> StreamReader:
     reader._read = SplitRead(1, StreamSplit("src", "pgcdc", "slot", 0, None), 0)
     reader._stop = 10_000
     reader._cursor = cursor
-    reader._receiver = Receiver(cursor, reader._cond, 1 << 20)
+    reader._receiver = Receiver(cursor, reader._cond, 1 << 20, stop_lsn)
     reader._receiver.start()
     return reader
 
@@ -140,6 +151,28 @@ def test_the_read_ends_at_its_stop_with_the_rows_before_it() -> None:
     try:
         block, done = reader.fetch()
         assert done and block is not None and block.rows.column("id").to_pylist() == [1]
+    finally:
+        reader.close()
+        cursor.close()
+
+
+def test_the_stream_closes_once_the_marker_of_the_stop_is_received() -> None:
+    # A transactional marker and an earlier one do not end it; the first non-transactional
+    # one at or past the stop does: nothing after it is read, the connection is closed (the
+    # walsender stops decoding WAL nobody will read) and the reader still ends its read.
+    transactional = b"M" + struct.pack(">BQ", 1, 20_000) + b"sluice-cdc\0" + struct.pack(">I", 0)
+    messages = [marker(50), *_one_insert(100, 1), transactional, marker(10_000)]
+    after = [*_one_insert(20_000, 2), None, *_one_insert(30_000, 3)]
+    cursor = _Cursor([*messages, *after], _Broken("read past the stop"))
+    reader = _reader(cursor, stop_lsn=10_000)
+    try:
+        deadline = time.monotonic() + 5
+        while not cursor.connection.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cursor.connection.closed
+        block, done = reader.fetch()
+        assert done and block is not None and block.rows.column("id").to_pylist() == [1]
+        assert cursor.reads == len(messages)
     finally:
         reader.close()
         cursor.close()

@@ -11,9 +11,14 @@ Threading contract:
 - ``start`` (the reader's fetcher thread) starts the receive thread; from then until ``stop``
   returns, the receive thread is the only one to touch the replication cursor (the reader
   never reads it, advances the slot or closes the connection in between).
-- The receive thread blocks only (a) in ``select`` on the cursor and the stop pipe, and (b)
+- The receive thread blocks only (a) in ``select`` on the cursor and the stop pipe, (b)
   on the shared condition while the buffer holds ``capacity`` bytes or more (back-pressure:
-  the reader is behind). It notifies the condition after each hand-over.
+  the reader is behind), and (c) in a short sleep (``_GATHER_SECONDS``) after a hand-over
+  that drained the connection: the walsender flushes every message on its own, so a
+  receiver woken by each arrival would hand over a few messages per wake-up and spend its
+  time (and the GIL the decoder needs) in ``select``, locking and notifying; after the
+  sleep a read takes what arrived meanwhile (a millisecond holds hundreds of changes, far
+  less than the socket buffers). It notifies the condition after each hand-over.
 - ``take`` (fetcher thread) never blocks on the server: it returns what has arrived (possibly
   nothing) and notifies the condition, which wakes a receive thread waiting for room. Once the
   buffer is empty it raises the receive thread's error, if any (so an error comes after the
@@ -21,6 +26,12 @@ Threading contract:
 - The fetcher waits for messages on the same condition (``StreamReader`` owns it, so its
   ``wake_up`` from any thread wakes the wait too); ``ready`` says whether ``take`` has
   something to return (messages or the error), to be checked under the condition.
+- ``stop_lsn`` (a read with a stop): once the thread has read the position marker at or
+  past it (a non-transactional logical decoding message, ``M``), it hands that message over
+  and closes the replication connection itself, then ends. The reader's read ends at that
+  marker at the latest, and the walsender would otherwise go on decoding the WAL after it —
+  other tables' writes, a same-database sink's among them — for nobody, until the reader
+  got there.
 - ``stop`` (fetcher thread) sets the stop flag, writes to the stop pipe, notifies the
   condition and joins the thread: it returns promptly whether the thread was waiting for
   room, in ``select`` or reading. Messages not taken are dropped (the reader restarts the
@@ -33,6 +44,7 @@ import contextlib
 import os
 import select
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -43,14 +55,24 @@ _BATCH = 1000
 #: Seconds one ``select`` waits before the loop looks at the stop flag again (the stop pipe
 #: normally ends the wait at once).
 _SELECT_SECONDS = 1.0
+#: Seconds the thread sleeps after a hand-over that drained the connection, so that the
+#: next read gathers what arrived meanwhile (see the module docstring).
+_GATHER_SECONDS = 0.001
 
 
 class Receiver:
     """Reads one replication cursor on a thread into a bounded buffer (see the module
     docstring). ``cond`` is the reader's condition, shared with its waits and wake-ups."""
 
-    def __init__(self, cursor: Any, cond: threading.Condition, capacity: int) -> None:
+    def __init__(
+        self,
+        cursor: Any,
+        cond: threading.Condition,
+        capacity: int,
+        stop_lsn: int | None = None,
+    ) -> None:
         self._cursor = cursor
+        self._stop_lsn = stop_lsn
         self._cond = cond
         self._capacity = capacity
         self._chunks: deque[list[bytes]] = deque()
@@ -102,12 +124,22 @@ class Receiver:
     def _run(self) -> None:
         error: BaseException | None = None
         try:
+            # What ``select`` waits on, looked up once: the connection's socket stays the
+            # same while the stream lives.
+            ready: list[int] = []
             while not self._stopping and error is None:
                 chunk, size, error = self._read()
                 if chunk and not self._put(chunk, size):
                     return
-                if not chunk and error is None:
-                    select.select([self._cursor, self._stop_r], [], [], _SELECT_SECONDS)
+                if chunk and error is None and self._passed_stop(chunk[-1]):
+                    self._cursor.connection.close()  # (see the module docstring)
+                    return
+                if error is None and len(chunk) < _BATCH:  # the connection is drained
+                    if chunk:
+                        time.sleep(_GATHER_SECONDS)
+                    else:
+                        ready = ready or [self._cursor.fileno(), self._stop_r]
+                        select.select(ready, [], [], _SELECT_SECONDS)
         except BaseException as exc:
             error = exc
         if error is not None:  # handed to the reader (after the messages before it)
@@ -121,6 +153,7 @@ class Receiver:
         chunk: list[bytes] = []
         size = 0
         read = self._cursor.read_message
+        watch = self._stop_lsn is not None
         try:
             while len(chunk) < _BATCH:
                 message = read()
@@ -129,9 +162,19 @@ class Receiver:
                 payload = message.payload
                 chunk.append(payload)
                 size += len(payload)
+                if watch and payload[:1] == b"M" and self._passed_stop(payload):
+                    break  # the last message this stream needs
         except BaseException as exc:
             return chunk, size, exc
         return chunk, size, None
+
+    def _passed_stop(self, payload: bytes) -> bool:
+        """Whether ``payload`` is a non-transactional position marker at or past
+        ``stop_lsn`` (flags, then its LSN: ``_pgoutput.decode``'s ``Marker``)."""
+        if self._stop_lsn is None or payload[:1] != b"M" or len(payload) < 10:
+            return False
+        transactional = payload[1] & 1
+        return not transactional and int.from_bytes(payload[2:10], "big") >= self._stop_lsn
 
     def _put(self, chunk: list[bytes], size: int) -> bool:
         """Hand ``chunk`` over; waits while the buffer is full. False: stopping."""

@@ -204,7 +204,7 @@ class StreamReader:
                 f" drop {self._read.split.source}' and discover again to take a new snapshot"
             ) from None
         self._backlog = []
-        self._receiver = Receiver(self._cursor, self._cond, _RECEIVE_BYTES)
+        self._receiver = Receiver(self._cursor, self._cond, _RECEIVE_BYTES, self._stop)
         self._receiver.start()
 
     def _stop_stream(self) -> None:
