@@ -148,7 +148,9 @@ def left_lines(summary: RunSummary) -> list[str]:
     if left.held:
         runs = ", ".join(left.held_by)
         lines.append(
-            f"{left.held:,} split(s) held by another live run ({runs}): left to it, not read"
+            f"{left.held:,} split(s) held by another run ({runs}): left to it, not read; if"
+            f" that run died, its lease ends in {left.held_seconds:,.0f}s and the next run"
+            " reads them"
         )
     if left.rebuilding:
         lines.append(

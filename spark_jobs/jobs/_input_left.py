@@ -20,7 +20,8 @@ __all__ = ["InputLeft", "input_left"]
 @dataclass(frozen=True, slots=True)
 class InputLeft:
     """``quarantined``: FAILED splits (oldest first, at most 1000); ``held``: splits another
-    live run holds (its lease not expired), ``held_by`` those runs; ``rebuilding``: splits
+    live run holds (its lease not expired), ``held_by`` those runs, ``held_seconds`` until
+    their last lease ends; ``rebuilding``: splits
     HELD while a rebuild of their day is in progress; ``retrying``: splits back in the pool
     after a failed attempt (not yet quarantined), at most 1000; ``returned``: splits a
     bounded run was assigned and gave back unread although its subtasks ended without error
@@ -29,6 +30,7 @@ class InputLeft:
     quarantined: tuple[QuarantinedSplit, ...] = ()
     held: int = 0
     held_by: tuple[str, ...] = ()
+    held_seconds: float = 0.0  # until the last of those leases ends (a dead holder's too)
     rebuilding: int = 0
     retrying: tuple[QuarantinedSplit, ...] = ()
     returned: int = 0
@@ -54,7 +56,11 @@ def input_left(
     )
     with engine.connect() as conn:
         held = conn.execute(
-            sa.select(splits.c.run_id, sa.func.count())
+            sa.select(
+                splits.c.run_id,
+                sa.func.count(),
+                sa.func.extract("epoch", sa.func.max(splits.c.lease_expires_at) - sa.func.now()),
+            )
             .where(others)
             .group_by(splits.c.run_id)
             .order_by(splits.c.run_id)
@@ -64,8 +70,9 @@ def input_left(
         ).scalar_one()
     return InputLeft(
         quarantined=tuple(quarantined(engine, source, days=days)),
-        held=sum(int(n) for _, n in held),
-        held_by=tuple(str(run) for run, _ in held),
+        held=sum(int(n) for _, n, _ in held),
+        held_by=tuple(str(run) for run, _, _ in held),
+        held_seconds=max((float(left) for _, _, left in held), default=0.0),
         rebuilding=int(rebuilding),
         retrying=tuple(quarantined(engine, source, days=days, retrying=True)),
     )
