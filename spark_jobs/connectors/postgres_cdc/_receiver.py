@@ -11,9 +11,10 @@ Threading contract:
 - ``start`` (the reader's fetcher thread) starts the receive thread; from then until ``stop``
   returns, the receive thread is the only one to touch the replication cursor (the reader
   never reads it, advances the slot or closes the connection in between).
-- The receive thread blocks only (a) in ``select`` on the cursor and the stop pipe, and (b)
-  on the shared condition while the buffer holds ``capacity`` bytes or more (back-pressure:
-  the reader is behind). It notifies the condition after each hand-over.
+- The receive thread blocks only (a) in ``select`` on the cursor and the wake pipe, (b) on
+  the shared condition while the buffer holds ``capacity`` bytes or more (back-pressure:
+  the reader is behind), and (c) briefly, sending a status update. It notifies the
+  condition after each hand-over.
 - ``take`` (fetcher thread) never blocks on the server: it returns what has arrived (possibly
   nothing) and notifies the condition, which wakes a receive thread waiting for room. Once the
   buffer is empty it raises the receive thread's error, if any (so an error comes after the
