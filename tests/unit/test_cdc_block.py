@@ -186,6 +186,7 @@ def stream(draw: st.DrawFn) -> list[bytes]:
 @dataclass
 class _Message:
     payload: bytes
+    data_start: int = 0  # (0: the receiver confirms nothing)
 
 
 class _Cursor:

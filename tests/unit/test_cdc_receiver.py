@@ -1,7 +1,8 @@
 """The CDC stream reader's receive thread (``postgres_cdc/_receiver.py``): messages in order,
 an error on the thread fails the read (never swallowed), ``stop`` returns while the thread is
-blocked (waiting for room, or in ``select``), ``wake_up`` ends a waiting ``fetch``, and the
-stream is closed as soon as the marker of a read's stop is received."""
+blocked (waiting for room, or in ``select``), ``wake_up`` ends a waiting ``fetch``, the
+stream is closed as soon as the marker of a read's stop is received, and ``confirm`` sends a
+flush position bounded below the last message's start, promptly."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -47,6 +48,7 @@ def _one_insert(lsn: int, key: int) -> list[bytes]:
 @dataclass
 class _Message:
     payload: bytes
+    data_start: int = 0  # (0: the receiver confirms nothing)
 
 
 class _Broken(Exception):
@@ -62,14 +64,27 @@ class _Connection:
 
 class _Cursor:
     """Gives ``messages`` (None: nothing ready now), then raises ``error`` (or has nothing
-    more). ``fileno`` is a pipe nobody writes to, so a ``select`` on it waits."""
+    more). ``fileno`` is a pipe nobody writes to, so a ``select`` on it waits. Message ``i``
+    starts at WAL position ``starts[i]`` (default 0); ``feedback`` lists the flush positions
+    sent."""
 
-    def __init__(self, messages: list[bytes | None], error: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        messages: list[bytes | None],
+        error: BaseException | None = None,
+        starts: list[int] | None = None,
+    ) -> None:
         self._messages: Iterator[bytes | None] = iter(messages)
+        self._starts = iter(starts or [])
         self._error = error
         self._r, self._w = os.pipe()
         self.connection = _Connection()
         self.reads = 0  # read_message calls that gave a message
+        self.feedback: list[int] = []
+
+    def send_feedback(self, *, flush_lsn: int, force: bool) -> None:
+        assert force  # sent now: psycopg2 sends no periodic status updates on this stream
+        self.feedback.append(flush_lsn)
 
     def fileno(self) -> int:
         return self._r
@@ -78,7 +93,7 @@ class _Cursor:
         payload = next(self._messages, None)
         if payload is not None:
             self.reads += 1
-            return _Message(payload)
+            return _Message(payload, next(self._starts, 0))
         if self._error is not None:
             raise self._error
         return None
@@ -216,4 +231,50 @@ def test_wake_up_ends_a_waiting_fetch_early() -> None:
         assert block is None and not done
     finally:
         reader.close()
+        cursor.close()
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_confirm_sends_nothing_before_the_first_message() -> None:
+    cond = threading.Condition()
+    cursor = _Cursor([])  # psycopg2 forwards any flush to a keepalive's WAL end now
+    receiver = Receiver(cursor, cond, 1 << 20)
+    receiver.start()
+    try:
+        receiver.confirm(50)
+        time.sleep(0.2)
+        assert cursor.feedback == [] and receiver.confirmed() == 0
+    finally:
+        receiver.stop()
+        cursor.close()
+
+
+def test_confirm_sends_a_flush_below_the_last_message_start_promptly() -> None:
+    cond = threading.Condition()
+    cursor = _Cursor([b"a", b"b"], starts=[1_000, 2_000])
+    receiver = Receiver(cursor, cond, 1 << 20)
+    receiver.start()
+    try:
+        assert _wait_for(receiver.ready, 0.5)
+        time.sleep(0.05)  # (in its select now, which waits 1 s unless woken)
+        receiver.confirm(400)
+        assert _wait_for(lambda: cursor.feedback == [400], 0.5)
+        receiver.confirm(300)  # lower than sent: ignored
+        # Past b's start: bounded below it (psycopg2 forwards a flush at or past the last
+        # message's start to the next keepalive's WAL end).
+        receiver.confirm(5_000)
+        assert _wait_for(lambda: len(cursor.feedback) == 2, 0.5)
+        receiver.confirm(6_000)  # still bounded to 1,999: nothing more to send
+        time.sleep(0.1)
+        assert cursor.feedback == [400, 1_999] and receiver.confirmed() == 1_999
+    finally:
+        receiver.stop()
         cursor.close()

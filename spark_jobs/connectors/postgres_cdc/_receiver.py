@@ -11,14 +11,15 @@ Threading contract:
 - ``start`` (the reader's fetcher thread) starts the receive thread; from then until ``stop``
   returns, the receive thread is the only one to touch the replication cursor (the reader
   never reads it, advances the slot or closes the connection in between).
-- The receive thread blocks only (a) in ``select`` on the cursor and the stop pipe, (b)
+- The receive thread blocks only (a) in ``select`` on the cursor and the wake pipe, (b)
   on the shared condition while the buffer holds ``capacity`` bytes or more (back-pressure:
-  the reader is behind), and (c) in a short sleep (``_GATHER_SECONDS``) after a hand-over
+  the reader is behind), (c) in a short sleep (``_GATHER_SECONDS``) after a hand-over
   that drained the connection: the walsender flushes every message on its own, so a
   receiver woken by each arrival would hand over a few messages per wake-up and spend its
   time (and the GIL the decoder needs) in ``select``, locking and notifying; after the
   sleep a read takes what arrived meanwhile (a millisecond holds hundreds of changes, far
-  less than the socket buffers). It notifies the condition after each hand-over.
+  less than the socket buffers), and (d) briefly, sending a status update. It notifies the
+  condition after each hand-over.
 - ``take`` (fetcher thread) never blocks on the server: it returns what has arrived (possibly
   nothing) and notifies the condition, which wakes a receive thread waiting for room. Once the
   buffer is empty it raises the receive thread's error, if any (so an error comes after the
@@ -32,10 +33,22 @@ Threading contract:
   marker at the latest, and the walsender would otherwise go on decoding the WAL after it —
   other tables' writes, a same-database sink's among them — for nobody, until the reader
   got there.
-- ``stop`` (fetcher thread) sets the stop flag, writes to the stop pipe, notifies the
+- ``confirm`` (fetcher thread) asks the receive thread to report a flushed position to the
+  server (see below) and wakes its ``select`` through the wake pipe; it never blocks.
+- ``stop`` (fetcher thread) sets the stop flag, writes to the wake pipe, notifies the
   condition and joins the thread: it returns promptly whether the thread was waiting for
   room, in ``select`` or reading. Messages not taken are dropped (the reader restarts the
   stream from its own position). Idempotent.
+
+Confirming (the slot's advance while it streams): the receive thread is the only one to use
+the connection, so it sends the standby status update itself, between two reads:
+``send_feedback(flush_lsn=f)`` with ``f = min(requested, start of the last message read - 1)``.
+psycopg2 forwards its flush position to a keepalive's WAL end when the last flush it was given
+is at or past the start of the last message it read (``explicitly_flushed_lsn >=
+last_msg_data_start``): the bound keeps ``f`` below that start, so psycopg2 never moves the
+flush past what the reader asked for (the server sends keepalives between whole transactions
+only, with ``wal_sender_timeout = 0``, and every later message starts past ``f``). Nothing is
+sent before the first message (psycopg2's start is 0 then).
 """
 
 from __future__ import annotations
@@ -52,7 +65,7 @@ __all__ = ["Receiver"]
 
 #: Messages read per hand-over at most (one lock round per batch, not per message).
 _BATCH = 1000
-#: Seconds one ``select`` waits before the loop looks at the stop flag again (the stop pipe
+#: Seconds one ``select`` waits before the loop looks at the stop flag again (the wake pipe
 #: normally ends the wait at once).
 _SELECT_SECONDS = 1.0
 #: Seconds the thread sleeps after a hand-over that drained the connection, so that the
@@ -79,7 +92,12 @@ class Receiver:
         self._bytes = 0
         self._error: BaseException | None = None
         self._stopping = False
-        self._stop_r, self._stop_w = os.pipe()
+        # Ends the receive thread's ``select`` (stop, confirm); drained by that thread.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._requested = 0  # the flush the reader asked for (under the condition)
+        self._confirmed = 0  # the flush last sent (receive thread only)
+        self._last_start = 0  # WAL start of the last message read (receive thread only)
         self._thread = threading.Thread(target=self._run, name="cdc-receiver", daemon=True)
 
     def start(self) -> None:
@@ -105,19 +123,35 @@ class Receiver:
             return chunks[0]
         return [payload for chunk in chunks for payload in chunk]
 
+    def confirm(self, flush: int) -> None:
+        """Report ``flush`` (every transaction committed before it is done with) to the
+        server, from the receive thread, soon (see the module docstring)."""
+        with self._cond:
+            if flush <= self._requested:
+                return
+            self._requested = flush
+        self._wake()
+
+    def confirmed(self) -> int:
+        """The flush position last sent to the server (0: none yet)."""
+        return self._confirmed
+
     def stop(self) -> None:
         """End the receive thread and wait for it (see the module docstring)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        with contextlib.suppress(OSError):
-            os.write(self._stop_w, b"x")
+        self._wake()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
-        for fd in (self._stop_r, self._stop_w):
+        for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._stop_r = self._stop_w = -1
+        self._wake_r = self._wake_w = -1
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # (a full pipe wakes the select all the same)
+            os.write(self._wake_w, b"x")
 
     # -- receive thread --------------------------------------------------------------------
 
@@ -134,12 +168,16 @@ class Receiver:
                 if chunk and error is None and self._passed_stop(chunk[-1]):
                     self._cursor.connection.close()  # (see the module docstring)
                     return
+                if error is None:
+                    self._send_confirmed()
                 if error is None and len(chunk) < _BATCH:  # the connection is drained
                     if chunk:
                         time.sleep(_GATHER_SECONDS)
                     else:
-                        ready = ready or [self._cursor.fileno(), self._stop_r]
+                        ready = ready or [self._cursor.fileno(), self._wake_r]
                         select.select(ready, [], [], _SELECT_SECONDS)
+                        with contextlib.suppress(OSError):  # (empty: nothing to drain)
+                            os.read(self._wake_r, 4096)
         except BaseException as exc:
             error = exc
         if error is not None:  # handed to the reader (after the messages before it)
@@ -162,6 +200,7 @@ class Receiver:
                 payload = message.payload
                 chunk.append(payload)
                 size += len(payload)
+                self._last_start = message.data_start
                 if watch and payload[:1] == b"M" and self._passed_stop(payload):
                     break  # the last message this stream needs
         except BaseException as exc:
@@ -175,6 +214,16 @@ class Receiver:
             return False
         transactional = payload[1] & 1
         return not transactional and int.from_bytes(payload[2:10], "big") >= self._stop_lsn
+
+    def _send_confirmed(self) -> None:
+        """Send the flush the reader asked for, bounded below the last message's start (see
+        the module docstring), when that moves it."""
+        with self._cond:
+            requested = self._requested
+        flush = min(requested, self._last_start - 1)
+        if flush > self._confirmed:
+            self._cursor.send_feedback(flush_lsn=flush, force=True)
+            self._confirmed = flush
 
     def _put(self, chunk: list[bytes], size: int) -> bool:
         """Hand ``chunk`` over; waits while the buffer is full. False: stopping."""

@@ -10,15 +10,20 @@ one when a bounded read opens (the read is done when the stream passes it: every
 committed before its stop was sent before it), one every few idle seconds in a continuous
 read (the offset moves past other tables' WAL: the slot advances while the tables are quiet).
 
-The slot is advanced only to what completed checkpoints committed. The replication
-connection itself never reports a flushed position: psycopg2 forwards its flush position to
-the server's WAL end on keepalives under conditions pgoutput's messages can meet in the
-middle of a transaction, so the connection runs with ``wal_sender_timeout = 0`` (the server
-asks for no replies) and without status updates. Instead, every 5 s (a bounded read: 30 s)
-between two transactions, the reader reads its split's ``committed_offset`` back (``_advance``;
-lowered to the start of any range still ``pending`` in the async operator, which a restore
-re-reads from the slot), and, when it moved, stops streaming, advances the idle slot to it
-(``pg_replication_slot_advance``) and streams on from its in-memory position.
+The slot is advanced only to what completed checkpoints committed, while it streams: every
+second (bounded: 5 s) between two transactions, the reader reads its split's
+``committed_offset`` back (``_advance``; lowered to the start of any range still ``pending``
+in the async operator, which a restore re-reads from the slot) and, when it moved, the
+receive thread sends it as the flushed position of a status update (``Receiver.confirm``).
+(Stopping the stream to advance the idle slot instead made the walsender decode again, from
+the restart point, all it had sent past the offset: a continuous run fell behind.) The
+connection runs with ``wal_sender_timeout = 0`` (the server asks for no replies and sends
+keepalives only between whole transactions) and no periodic status updates. psycopg2
+forwards its flush to a keepalive's WAL end when it was given one at or past the last
+message's start, and before the first message always: the receiver keeps what it sends
+below that start, and the reader confirms nothing below its stream's first transaction or
+marker (``_floor``: a keepalive before it reported nothing past it), so the slot never
+passes the committed offset.
 
 Decoding: Begin, Commit, Relation, Truncate and marker messages are decoded as they arrive;
 change messages are kept as raw payloads and decoded a block at a time, column-wise
@@ -31,8 +36,8 @@ opens and finishes the split there; a continuous run follows the slot. A replaye
 
 Receiving: a receive thread (:class:`~._receiver.Receiver`) reads the open stream ahead
 into a bounded buffer (``_RECEIVE_BYTES``), so the server streams on while a block decodes.
-Stopping the stream (slot advance, end of the read) joins it and drops what it read ahead;
-the stream restarts from ``_position``. Its error fails the read (``fetch`` raises it).
+Stopping the stream (end of the read) joins it and drops what it read ahead. Its error
+fails the read (``fetch`` raises it).
 
 Threading: ``open``, ``fetch`` and ``close`` run on one fetcher thread (they block on the
 server); ``wake_up`` may be called from any thread: it sets a flag under the condition the
@@ -52,11 +57,7 @@ import psycopg2.extras
 import pyarrow as pa
 
 from enumerator_service import StreamSplit
-from spark_jobs.connectors.postgres_cdc._advance import (
-    advance_left_slot,
-    committed_offset,
-    confirmed_flush,
-)
+from spark_jobs.connectors.postgres_cdc._advance import committed_offset
 from spark_jobs.connectors.postgres_cdc._block import BlockDecoder, Piece, Runs
 from spark_jobs.connectors.postgres_cdc._changes import CdcError, ChangeRows
 from spark_jobs.connectors.postgres_cdc._pgoutput import (
@@ -80,9 +81,9 @@ MARKER_PREFIX = "sluice-cdc"
 #: a continuous read returns earlier, as soon as it has whole transactions and nothing more
 #: has arrived.
 _FETCH_SECONDS = 0.5
-#: Seconds between two slot advances, continuous and bounded: each restarts the stream (the
-#: server decodes again what it sent past the committed offset); discovery advances after.
-_ADVANCE_SECONDS = (5.0, 30.0)
+#: Seconds between two looks at the committed offset (to confirm it), continuous and bounded
+#: (one indexed query; the confirm is one message on the open stream).
+_CONFIRM_SECONDS = (1.0, 5.0)
 #: Idle seconds after which a continuous read writes a position marker.
 _MARKER_SECONDS = 2.0
 #: Change messages per block (whole transactions: a bigger transaction makes a bigger block);
@@ -148,10 +149,11 @@ class StreamReader:
         self._counted = 0  # change messages in the block so far
         self._backlog = []
         now = time.monotonic()
-        self._advance_every = _ADVANCE_SECONDS[0 if self._continuous else 1]
-        self._next_advance = now + self._advance_every
+        self._confirm_every = _CONFIRM_SECONDS[0 if self._continuous else 1]
+        self._next_confirm = now + self._confirm_every
         self._last_message = now
-        self._advanced = 0
+        self._confirmed = 0  # the last committed offset handed to the receiver
+        self._floor: int | None = None  # see the module docstring
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -204,6 +206,7 @@ class StreamReader:
                 f" drop {self._read.split.source}' and discover again to take a new snapshot"
             ) from None
         self._backlog = []
+        self._floor = None
         self._receiver = Receiver(self._cursor, self._cond, _RECEIVE_BYTES, self._stop)
         self._receiver.start()
 
@@ -251,7 +254,7 @@ class StreamReader:
                 # deadline — a waiting transaction would miss the next checkpoint barrier.
                 return self._block(read), False
             if self._txn is None:
-                self._maybe_advance(now)
+                self._maybe_confirm(now)
                 if self._continuous and now - self._last_message >= _MARKER_SECONDS:
                     self._last_message = now
                     self._mark()
@@ -289,8 +292,7 @@ class StreamReader:
                 if self._counted >= _BLOCK_ROWS:
                     self._backlog = backlog[i + 1 :]
                     return self._block(read), False
-                if self._maybe_advance(self._last_message):  # (also under constant load)
-                    return None  # the stream restarted at ``_position``: the rest comes again
+                self._maybe_confirm(self._last_message)  # (also under constant load)
         return None
 
     def _change(self, payload: bytes) -> None:
@@ -332,6 +334,8 @@ class StreamReader:
                     self._counted += len(self._txn_payloads)
                 self._position = txn.commit_lsn + 1
             self._txn_payloads, self._txn_pieces = [], []
+            if self._floor is None:
+                self._floor = self._position
         elif isinstance(message, Relation):
             self._decode_pending()
             self._changes.relation(message)
@@ -340,6 +344,8 @@ class StreamReader:
                 if self._stop is not None and message.lsn >= self._stop:
                     return True
                 self._position = max(self._position, message.lsn)
+                if self._floor is None:
+                    self._floor = self._position
         elif isinstance(message, Truncate):
             self._decode_pending()
             mine = [t for t in map(self._changes.table_of, message.relids) if t in self._tables]
@@ -378,23 +384,15 @@ class StreamReader:
 
     # -- slot advance ----------------------------------------------------------------------
 
-    def _maybe_advance(self, now: float) -> bool:
-        """Between transactions, every few seconds: advance the slot to the committed
-        offset when it moved (stop streaming, advance, stream on from ``_position``); True
-        when the stream restarted."""
-        if now < self._next_advance:
-            return False
-        self._next_advance = now + self._advance_every
+    def _maybe_confirm(self, now: float) -> None:
+        """Between transactions, every second or so: have the receiver confirm the committed
+        offset to the server when it moved (the stream goes on; see the module docstring)."""
+        if now < self._next_confirm or self._receiver is None or self._floor is None:
+            return
+        self._next_confirm = now + self._confirm_every
         assert self._read is not None and self._sql is not None
         flush = committed_offset(self._sql, self._read.split_id)
-        if flush is None or flush <= self._advanced:
-            return False
-        confirmed = confirmed_flush(self._sql, self._slot)
-        if confirmed is not None and confirmed >= flush:
-            self._advanced = flush
-            return False
-        self._stop_stream()
-        advance_left_slot(self._sql, self._slot, flush)
-        self._advanced = flush
-        self._start_stream()
-        return True
+        if flush is None or flush <= self._confirmed or flush < self._floor:
+            return
+        self._receiver.confirm(flush)
+        self._confirmed = flush
