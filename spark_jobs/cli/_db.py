@@ -16,6 +16,7 @@ import os
 import click
 
 from enumerator_service import (
+    ConfigError,
     SchemaError,
     Settings,
     connect_engine,
@@ -155,12 +156,38 @@ def db_upgrade(ctx: click.Context) -> None:
     embedded PostgreSQL first when SLUICE_HOME has none. Concurrent upgrades are serialised.
     Other commands only check the schema version and ask for this command when it is behind.
     """
-    platform = open_for(_settings(ctx), migrate=True)
+    settings = _settings(ctx)
+    before = _revision_before(settings)
+    platform = open_for(settings, migrate=True)
     revision = schema_revision(platform.engine)
-    console.print(
-        f"Schema [bold]sluice[/] is up to date (revision {revision}) at {redact_url(platform.url)}"
-    )
+    where = redact_url(platform.url)
+    if before == "?":
+        console.print(f"Schema [bold]sluice[/] is at revision {revision} at {where}")
+    elif before == revision:
+        console.print(
+            f"Schema [bold]sluice[/] was already up to date (revision {revision}) at {where}"
+        )
+    else:
+        done = "created" if before is None else f"migrated from revision {before}"
+        console.print(f"Schema [bold]sluice[/] {done} to revision {revision} at {where}")
     platform.close()
+
+
+def _revision_before(settings: Settings) -> str | None:
+    """The schema's revision before the upgrade (None: no database or schema yet; ``"?"``:
+    not known — the upgrade that follows says what is wrong with the database)."""
+    try:
+        url = database_url(settings, create=False)
+    except ConfigError:  # no embedded database yet: the upgrade creates it
+        return None
+    try:
+        engine = connect_engine(url, pool_size=1)
+        try:
+            return schema_revision(engine)
+        finally:
+            engine.dispose()
+    except Exception:  # (unreachable, refused: the upgrade's own one line follows)
+        return "?"
 
 
 @click.group()

@@ -142,12 +142,16 @@ def test_discover_after_a_slot_dropped_by_hand_is_one_line(
         assert len(lines) == 1 and "Traceback" not in shown.stderr, shown.stderr
         assert f"replication slot '{slot}' of {name} does not exist" in lines[0]
         assert f"sluice cdc drop {name}" in lines[0]
+        discovered = lines[0]
         # A run says the same (never "nothing new", exit 0), before any split moves.
         ran = _sluice(["run", name], env, tmp_path)
         assert ran.returncode == 2, ran.stdout + ran.stderr
         lines = ran.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in ran.stderr, ran.stderr
         assert f"replication slot '{slot}' of {name} does not exist" in lines[0]
+        # In the same words: "sluice: pipeline <name>: bad input: ...".
+        assert lines[0] == discovered
+        assert discovered.startswith(f"sluice: pipeline {name}: bad input: replication slot")
         assert "Nothing new" not in ran.stdout
     finally:
         drop_slot(platform.engine, slot, slot)

@@ -119,6 +119,9 @@ def test_db_upgrade_then_status_works(old_db: str, tmp_path: Path) -> None:
     upgrade = _run(["db", "upgrade"], env, tmp_path)
     assert upgrade.returncode == 0, upgrade.stderr
     assert revision_of(old_db) == head_revision()
+    assert f"migrated from revision {OLD_REVISION} to revision {head_revision()}" in upgrade.stdout
+    again = _run(["db", "upgrade"], env, tmp_path)
+    assert f"already up to date (revision {head_revision()})" in again.stdout, again.stdout
     status = _run(["status"], env, tmp_path)
     assert status.returncode == 0, status.stderr
 
@@ -173,7 +176,8 @@ def test_db_stop_stops_the_embedded_server_of_the_home(short_home: Path, tmp_pat
     assert none.returncode == 0 and none.stdout.startswith(f"no Sluice database at {short_home}")
 
     upgrade = _run(["db", "upgrade"], env, tmp_path)
-    assert upgrade.returncode == 0 and f"(revision {head_revision()})" in upgrade.stdout
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert f"Schema sluice created to revision {head_revision()}" in upgrade.stdout
     state = embedded_state(Settings(home=short_home, database_url=None))
     assert state.pid is not None and _postgres_on(pgdata)
     status = _run(["db", "status"], env, tmp_path)

@@ -68,9 +68,11 @@ class ChangeRows:
         names = [c.name for c in relation.columns]
         missing = [n for n in self._declared if n not in names]
         if missing:
+            gone = ", ".join(repr(n) for n in missing)
             raise CdcError(
-                f"table {relation.qualified} has no column {missing[0]!r} any more (dropped or"
-                " renamed): change the pipeline's schema, then take a new snapshot"
+                f"table {relation.qualified} has no column {gone} any more (dropped or"
+                " renamed): change the pipeline's schema and run on (a dropped column: remove"
+                " it; a renamed one: declare the new name, and take a new snapshot to fill it)"
             )
         positions = tuple(names.index(n) for n in self._declared)
         if self._key not in names:
