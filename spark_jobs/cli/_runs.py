@@ -10,6 +10,7 @@ import sys
 from datetime import date
 
 import click
+from rich.progress import TaskID
 
 from enumerator_service import Settings
 from spark_jobs._outcomes import ExitCode
@@ -37,14 +38,18 @@ def _run(
     from spark_jobs.jobs import run_pipeline  # imports pyspark: only when running
 
     with progress_bar() as progress:
-        task = progress.add_task("splits", total=None)
+        # Shown from the run's first report: a run refused at its start (a definition or
+        # configuration error) prints its one line without an empty bar above it.
+        tasks: list[TaskID] = []
 
         def report(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+            if not tasks:
+                tasks.append(progress.add_task("splits", total=None))
+            progress.update(tasks[0], completed=done, total=total)
 
         summary = run_pipeline(settings, pipeline, dates=dates, progress=report, rebuild=rebuild)
-        if summary.nothing_new:
-            progress.update(task, visible=False)
+        if summary.nothing_new and tasks:
+            progress.update(tasks[0], visible=False)
     if summary.nothing_new and rebuild and not summary.rebuilt:
         # Asked to replace, and nothing was: never "nothing new" with exit 0.
         days = ", ".join(d.isoformat() for d in dates or [])

@@ -399,6 +399,7 @@ def test_another_pipelines_slot_is_neither_read_nor_dropped(
             assert shown.returncode == 2, shown.stdout + shown.stderr
             lines = shown.stderr.strip().splitlines()
             assert len(lines) == 1 and "Traceback" not in shown.stderr, shown.stderr
+            assert "splits" not in shown.stdout, shown.stdout  # no empty progress bar above
             refused(Exception(lines[0]))
         with platform.engine.connect() as conn:
             assert slot_info(conn, slot) is not None
