@@ -15,6 +15,7 @@ Threading: functions on the caller's connection, any thread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -244,6 +245,8 @@ def ensure_slot(engine: Engine, slot: str) -> tuple[int, bool]:
 #: How far restart_lsn may trail an idle slot's confirmed position before ``advance_slot``
 #: moves it up (each move decodes that range again).
 _RESTART_SLACK = 8 << 20
+#: Seconds ``advance_slot`` waits for a just-ended run's walsender to release the slot.
+_RELEASE_SECONDS = 5.0
 
 
 def advance_slot(engine: Engine, slot: str, lsn: int) -> bool:
@@ -251,9 +254,7 @@ def advance_slot(engine: Engine, slot: str, lsn: int) -> bool:
     completed checkpoint committed); False when it is active (its reader moves it) or
     already there. A missing slot: SlotMissingError."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        info = slot_info(conn, slot)
-        if info is None:
-            raise SlotMissingError(slot)
+        info = _inactive_info(conn, slot)
         if info.active:
             return False
         # An advance moves restart_lsn (what the server keeps) only to the first decoding
@@ -278,6 +279,21 @@ def advance_slot(engine: Engine, slot: str, lsn: int) -> bool:
                 {"s": slot, "lsn": lsn_text(target)},
             )
         return True
+
+
+def _inactive_info(conn: Connection, slot: str) -> SlotInfo:
+    """The slot, once no walsender holds it (waiting at most ``_RELEASE_SECONDS``): called
+    when no run reads it, an active slot is a run that just ended — its walsender exits
+    moments after the reader closed the stream (the slot would be left unadvanced, keeping
+    the run's whole WAL). Still active after the wait: returned as it is."""
+    deadline = time.monotonic() + _RELEASE_SECONDS
+    while True:
+        info = slot_info(conn, slot)
+        if info is None:
+            raise SlotMissingError(slot)
+        if not info.active or time.monotonic() >= deadline:
+            return info
+        time.sleep(0.05)
 
 
 def drop_slot(engine: Engine, slot: str, publication: str | None) -> tuple[bool, bool]:
