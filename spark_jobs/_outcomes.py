@@ -32,6 +32,8 @@ __all__ = [
     "DeterministicFailure",
     "ExitCode",
     "RunFailed",
+    "bad_input_line",
+    "is_bad_input",
     "job_failure",
     "run_exit_code",
     "stopped_by",
@@ -104,6 +106,18 @@ class DeterministicFailure(RuntimeError):
 
 #: How the one line of a run stopped by bad source input begins, after ``pipeline NAME: ``.
 BAD_INPUT = "bad input: "
+
+
+def is_bad_input(exc: BaseException) -> bool:
+    """Whether ``exc``'s class says it is a source's input that cannot be read as it is
+    (``bad_input = True``: a CDC source's truncated table, dropped slot), not a refused query."""
+    return getattr(type(exc), "bad_input", False) is True
+
+
+def bad_input_line(exc: BaseException) -> str:
+    """``exc`` as the part of a one-line error after ``pipeline NAME: ``: ``BAD_INPUT`` and
+    its message on one line (its class's name when it has none)."""
+    return BAD_INPUT + (" ".join(str(exc).split()) or type(exc).__name__)
 
 
 class BadInputFailure(DeterministicFailure):

@@ -15,11 +15,12 @@ import click
 
 from enumerator_service import ConfigError, CrossDayRebuildError, PartitionBusyError, SchemaError
 from spark_jobs._outcomes import (
-    BAD_INPUT,
     BadInputFailure,
     DeterministicFailure,
     ExitCode,
     RunFailed,
+    bad_input_line,
+    is_bad_input,
 )
 from spark_jobs.cli._commands import cli
 from spark_jobs.pipeline import DemoDataRefused, PipelineDefinitionError
@@ -125,8 +126,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except Exception as exc:
-        if getattr(type(exc), "bad_input", False) is not True:
+        if not is_bad_input(exc):
             raise
         # A source's input met outside a run (a discovery's dropped slot): the one line.
-        click.echo(f"sluice: {BAD_INPUT}{' '.join(str(exc).split())}", err=True)
+        click.echo(f"sluice: {bad_input_line(exc)}", err=True)
         sys.exit(ExitCode.USAGE)

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from enumerator_service import ConfigError, Platform, Settings, asyncpg_dsn, discover
-from spark_jobs._outcomes import BAD_INPUT, BadInputFailure
+from spark_jobs._outcomes import BadInputFailure, bad_input_line, is_bad_input
 from spark_jobs.cli._common import (
     console,
     date_option,
@@ -148,10 +148,9 @@ def discover_cmd(ctx: click.Context, pipeline: str | None, dates: tuple[str, ...
     try:
         discover_all(platform, chosen, days)
     except Exception as exc:
-        if getattr(type(exc), "bad_input", False) is not True:
+        if not is_bad_input(exc):
             raise
         # A source's input (a dropped slot): the one line a run prints for it, too.
-        line = " ".join(str(exc).split())
-        raise BadInputFailure(f"pipeline {chosen.name}: {BAD_INPUT}{line}") from exc
+        raise BadInputFailure(f"pipeline {chosen.name}: {bad_input_line(exc)}") from exc
     finally:
         platform.close()

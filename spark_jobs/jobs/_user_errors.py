@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from spark_jobs._outcomes import BAD_INPUT
+from spark_jobs._outcomes import bad_input_line, is_bad_input
 from spark_jobs.source._batch import OFFSET, Batch
 
 __all__ = ["UserCodeError", "deterministic_error", "first_bad_value"]
@@ -116,8 +116,8 @@ def deterministic_error(error: BaseException) -> str | None:
     for cause in _chain(error):
         if isinstance(cause, UserCodeError):
             return cause.line()
-        if getattr(type(cause), "bad_input", False) is True:  # not a refused query
-            return BAD_INPUT + (" ".join(str(cause).split()) or type(cause).__name__)
+        if is_bad_input(cause):  # not a refused query
+            return bad_input_line(cause)
         if getattr(type(cause), "deterministic", False) is True:
             return " ".join(str(cause).split()) or type(cause).__name__
         state = getattr(cause, "sqlstate", None)

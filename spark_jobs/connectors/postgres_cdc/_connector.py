@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from enumerator_service import EnumeratorDiscovery, Settings, StreamSplit
-from spark_jobs._outcomes import BAD_INPUT, BadInputFailure
+from spark_jobs._outcomes import BadInputFailure, bad_input_line
 from spark_jobs.connectors._interface import (
     ReaderContext,
     SourceConnector,
@@ -189,7 +189,7 @@ class CdcConnector(SourceConnector):
         try:
             require_own_slot(engine, pipeline.name, options.slot)
         except SlotMissingError as exc:
-            raise BadInputFailure(f"pipeline {pipeline.name}: {BAD_INPUT}{exc}") from exc
+            raise BadInputFailure(f"pipeline {pipeline.name}: {bad_input_line(exc)}") from exc
 
     def check_catalog(self, conn: sa.Connection, plan: Plan) -> None:
         options: CdcOptions = plan.source.options
