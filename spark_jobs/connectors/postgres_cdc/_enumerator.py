@@ -57,6 +57,7 @@ from spark_jobs.connectors.postgres_cdc._slot import (
     ensure_publication,
     ensure_slot,
     lsn_text,
+    recorded_cursor,
     require_publication,
     slot_info,
     slot_lock,
@@ -87,23 +88,24 @@ _COMMITTED = sa.text(
     "SELECT max(COALESCE(committed_offset, start_offset)) FROM sluice.splits"
     " WHERE source = :source AND kind = 'pgcdc'"
 )
-_CURSOR = sa.text("SELECT cursor FROM sluice.enumerator_state WHERE source = :source")
 
 
 def recorded_start(conn: sa.Connection, source: str) -> int | None:
     """The LSN the pipeline's slot was created at, as discovery recorded it (None: no slot
     was created for it yet, or ``sluice cdc drop`` forgot it)."""
-    cursor = conn.execute(_CURSOR, {"source": source}).scalar()
-    start = None if not cursor else cursor.get("start_lsn")
+    return _start_of(recorded_cursor(conn, source))
+
+
+def _start_of(cursor: dict[str, Any]) -> int | None:
+    start = cursor.get("start_lsn")
     return None if start is None else int(start)
 
 
-def _check_same_slot(conn: sa.Connection, source: str, slot: str) -> None:
+def _check_same_slot(cursor: dict[str, Any], source: str, slot: str) -> None:
     """ConfigError naming ``PostgresCdcSource(slot)`` when the pipeline's snapshot was taken
-    with another slot: the new one starts elsewhere in the WAL (changes between would be
-    lost or applied twice), and the old one would fill the disk."""
-    cursor = conn.execute(_CURSOR, {"source": source}).scalar()
-    recorded = None if not cursor else cursor.get("slot")
+    with another slot (``cursor``: its recorded one): the new one starts elsewhere in the WAL
+    (changes between would be lost or applied twice), and the old one would fill the disk."""
+    recorded = cursor.get("slot")
     if recorded is not None and recorded != slot:
         raise ConfigError(
             "PostgresCdcSource(slot)",
@@ -120,8 +122,9 @@ def require_own_slot(engine: Engine, source: str, slot: str) -> None:
     position (a run would otherwise find nothing to read and end as if all were read)."""
     with engine.connect() as conn:
         check_slot_owner(conn, source, slot)
-        _check_same_slot(conn, source, slot)
-        start = recorded_start(conn, source)
+        cursor = recorded_cursor(conn, source)
+        _check_same_slot(cursor, source, slot)
+        start = _start_of(cursor)
         if start is None or slot_info(conn, slot) is not None:
             return
         committed = conn.execute(_COMMITTED, {"source": source}).scalar()

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -38,6 +39,7 @@ __all__ = [
     "ensure_slot",
     "lsn_text",
     "publication_tables",
+    "recorded_cursor",
     "release_source",
     "require_publication",
     "slot_info",
@@ -321,9 +323,14 @@ _FORGET_SPLITS = sa.text(
     "DELETE FROM sluice.splits WHERE source = :source AND kind IN ('pgcdc', 'pgcdc-chunk')"
 )
 _FORGET_CURSOR = sa.text("DELETE FROM sluice.enumerator_state WHERE source = :source")
-_RECORDED_SLOT = sa.text(
-    "SELECT cursor ->> 'slot' FROM sluice.enumerator_state WHERE source = :source"
-)
+_CURSOR = sa.text("SELECT cursor FROM sluice.enumerator_state WHERE source = :source")
+
+
+def recorded_cursor(conn: Connection, source: str) -> dict[str, Any]:
+    """What the source's discoveries recorded (``start_lsn``, ``chunks``, ``slot``; empty:
+    nothing yet, or ``sluice cdc drop`` forgot it), read on the caller's connection."""
+    cursor = conn.execute(_CURSOR, {"source": source}).scalar()
+    return dict(cursor) if cursor else {}
 
 
 def release_source(
@@ -345,7 +352,7 @@ def release_source(
             )
         listed = publication_tables(conn, publication)
         # The slot its snapshot was taken with, when ``slot=`` was changed since: dropped too.
-        recorded = conn.execute(_RECORDED_SLOT, {"source": source}).scalar()
+        recorded = recorded_cursor(conn, source).get("slot")
         if recorded is not None and slot_owner(conn, recorded) != source:
             recorded = None  # (another pipeline's now: never dropped from here)
     owned = listed is None or listed == set(tables)
