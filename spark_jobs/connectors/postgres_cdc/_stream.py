@@ -69,6 +69,7 @@ from spark_jobs.connectors.postgres_cdc._pgoutput import (
 )
 from spark_jobs.connectors.postgres_cdc._pgoutput import decode as decode_message
 from spark_jobs.connectors.postgres_cdc._receiver import Receiver
+from spark_jobs.connectors.postgres_cdc._replication import open_replication
 from spark_jobs.connectors.postgres_cdc._slot import SlotMissingError, lsn_text
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._convert import RecordConverter, new_block
@@ -182,24 +183,11 @@ class StreamReader:
 
     def _start_stream(self) -> None:
         assert self._read is not None
-        self._repl = psycopg2.connect(
-            self._dsn,
-            connection_factory=psycopg2.extras.LogicalReplicationConnection,
-            options="-c wal_sender_timeout=0",
-            application_name="sluice-cdc-stream",
-        )
-        self._cursor = self._repl.cursor()
-        options = {"proto_version": "1", "publication_names": self._publication, "messages": "true"}
         try:
-            self._cursor.start_replication(
-                slot_name=self._slot,
-                decode=False,
-                start_lsn=self._position,
-                options=options,
-                status_interval=10**7,  # no status updates (see the module docstring)
+            self._repl, self._cursor = open_replication(
+                self._dsn, self._slot, self._position, self._publication
             )
         except psycopg2.errors.UndefinedObject:
-            self._stop_stream()
             raise SlotMissingError(
                 f"replication slot {self._slot!r} does not exist (dropped by an admin?): the"
                 f" changes after LSN {lsn_text(self._position)} are gone; run 'sluice cdc"

@@ -1,0 +1,64 @@
+"""Opening a CDC stream reader's replication connection on its slot.
+
+A slot has one reader at a time. When a run takes the stream split over from one that was
+cancelled or died, the old reader's walsender can hold the slot for a few seconds more (a
+cancelled Spark task's Python worker is stopped after a delay; a dead one's connection is
+closed by the server when it notices): ``START_REPLICATION`` then fails with "replication
+slot ... is active". The split's new hand-out fenced the old reader (its commits fail on the
+epoch), so waiting for its walsender to go is safe: the open is retried for at most
+``TAKEOVER_SECONDS``, then fails (a transient error: the task is retried).
+
+Threading: called on the stream reader's fetcher thread; blocks on the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extras
+
+__all__ = ["TAKEOVER_SECONDS", "open_replication"]
+
+#: Seconds an open waits for another walsender to release the slot.
+TAKEOVER_SECONDS = 30.0
+
+
+def open_replication(
+    dsn: str, slot: str, position: int, publication: str, wait: float = TAKEOVER_SECONDS
+) -> tuple[Any, Any]:
+    """(connection, cursor) streaming ``slot`` from ``position`` (pgoutput, ``publication``,
+    raw payloads, no status updates: see ``_stream``). A missing slot raises
+    ``psycopg2.errors.UndefinedObject`` (the caller names what is lost)."""
+    deadline = time.monotonic() + wait
+    while True:
+        connection = psycopg2.connect(
+            dsn,
+            connection_factory=psycopg2.extras.LogicalReplicationConnection,
+            options="-c wal_sender_timeout=0",
+            application_name="sluice-cdc-stream",
+        )
+        cursor = connection.cursor()
+        options = {"proto_version": "1", "publication_names": publication, "messages": "true"}
+        try:
+            cursor.start_replication(
+                slot_name=slot,
+                decode=False,
+                start_lsn=position,
+                options=options,
+                status_interval=10**7,  # no status updates (see ``_stream``)
+            )
+            return connection, cursor
+        except psycopg2.errors.ObjectInUse:
+            with contextlib.suppress(Exception):
+                connection.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                connection.close()
+            raise
