@@ -370,7 +370,7 @@ def release_source(
             f" ({_shown(tables)}) — another pipeline's? (PostgresCdcSource(publication))"
         )
     else:
-        shown = "dropped" if dropped_publication else "did not exist"
+        shown = _dropped(dropped_publication)
     return [
         f"replication slot {slot}: {_dropped(dropped_slot)}",
         *earlier,
