@@ -52,7 +52,7 @@ class StreamRows:
     def latencies(self, results: list[Result]) -> None:
         """The continuous runs, each at half its source's median rate of the rounds."""
         seconds = self.ctx.args.latency_seconds
-        cdc = next((r for r in results if r.kind == "cdc"), None)
+        cdc = next((r for r in results if r.kind == "cdc-lookup"), None)
         if cdc is not None:
             with console.status("CDC latency: a continuous run at half the CDC rate…"):
                 self.cdc_latency = measure_cdc_latency(self.ctx, cdc.rate / 2, seconds)

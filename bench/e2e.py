@@ -3,7 +3,7 @@
     python bench/e2e.py [--events 1000000] [--files 50] [--users 1000000] [--quick]
                         [--latencies 0,1] [--skip naive,broadcast,pgbench,ceiling,s3,...]
                         [--memory-scaling] [--rounds 3] [--profile /tmp/sluice.svg]
-                        [--cdc-changes 300000] [--kafka-events 50000] [--latency-seconds 30]
+                        [--cdc-changes 1000000] [--kafka-events 50000] [--latency-seconds 30]
 
 Data (generated once, cached under ``<home>/bench/e2e``, regenerated only when a parameter
 changes): ``--events`` events in ``--files`` JSON Lines files (``dt=YYYY-MM-DD/`` folders, one
@@ -62,10 +62,12 @@ platform database (the embedded Postgres by default). Then, one after another on
    of ``--rounds``; target >= 0.5x its rate).
 
 9. **Stream sources** (``bench/_e2e_streams.py``, skip with ``cdc`` / ``kafka``), in the rounds:
-   **CDC** (``_e2e_cdc.py``): per round a fresh table, slot and pipeline; its snapshot (rate
-   informational), then ``--cdc-changes`` inserts, updates and deletes; a bare psycopg2 read
-   of the slot to the end LSN (the ceiling) against Sluice's stream -> users lookup ->
-   Postgres upsert (target >= 0.5x; the sink must equal the table). **Kafka**
+   **CDC** (``_e2e_cdc.py``): per round a fresh table and two pipelines (each its own slot
+   and publication); their snapshot (rate informational), then ``--cdc-changes`` inserts,
+   updates and deletes; a bare psycopg2 read of the slot to the end LSN (the ceiling) against
+   Sluice's stream -> Postgres upsert (the apply rate: target >= 0.5x) and stream -> users
+   lookup -> Postgres upsert (ratio printed beside it); each sink must equal the table.
+   **Kafka**
    (``_e2e_kafka.py``): a Tansu broker, ``--kafka-events`` of the files produced once to a
    4-partition topic; the no-platform ceiling (``_e2e_kafka_ceiling.py``, CORES processes)
    against the clickstream over a ``KafkaSource`` -> lookup -> Parquet (target >= 0.5x;
@@ -175,7 +177,7 @@ def main() -> None:
         "--discovery-objects", type=int, default=100_000, help="objects listed (S3 discovery)"
     )
     parser.add_argument(
-        "--cdc-changes", type=int, default=300_000, help="changes per round of the CDC rows"
+        "--cdc-changes", type=int, default=1_000_000, help="changes per round of the CDC rows"
     )
     parser.add_argument(
         "--latency-seconds",
