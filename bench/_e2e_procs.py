@@ -111,16 +111,18 @@ def backend_pid(engine: Any) -> int:
         return int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
 
 
-def watch_postgres(engine: Any) -> bool:
+def watch_postgres(engine: Any, *, by_statement: bool = False) -> bool:
     """Measure the CPU of ``engine``'s database server from now on (in total, and by
-    statement: ``_e2e_pgcpu``); the parent of one of its backends is the postmaster. False
-    when that process is not on this machine (a remote ``SLUICE_DATABASE_URL``)."""
+    statement when ``by_statement``: ``_e2e_pgcpu``, whose 20 Hz sampling costs this process
+    and the server CPU of their own, so it is off unless asked for); the parent of one of its
+    backends is the postmaster. False when that process is not on this machine (a remote
+    ``SLUICE_DATABASE_URL``)."""
     backend = backend_pid(engine)
     table = _process_table()
     if backend not in table or table[table[backend][0]][1] != "postgres":
         return False
     _POSTMASTER[:] = [table[backend][0]]
-    _ENGINE[:] = [engine]
+    _ENGINE[:] = [engine] if by_statement else []
     return True
 
 

@@ -193,6 +193,11 @@ def main() -> None:
     )
     parser.add_argument("--pgbench-clients", type=int, default=8)
     parser.add_argument("--pgbench-seconds", type=int, default=10)
+    parser.add_argument(
+        "--pg-cpu-by-statement",
+        action="store_true",
+        help="charge the database's CPU to lookups, staging, commits (20 Hz sampling: costs CPU)",
+    )
     parser.add_argument("--profile", type=Path, help="py-spy output of an extra Sluice run")
     parser.add_argument(
         "--profile-pipeline",
@@ -236,7 +241,7 @@ def main() -> None:
             else None
         )
         prepare_users(platform, args.users)
-        if not watch_postgres(platform.engine):
+        if not watch_postgres(platform.engine, by_statement=args.pg_cpu_by_statement):
             console.print("PG CPU not measured: the database server is not on this machine")
         files = landing_files(landing)
         ctx = Context(
