@@ -299,10 +299,17 @@ class BatchLookup(PooledLookup[Batch, Batch]):
     ) -> None:
         try:
             step, count = self._batch_size, len(missing[0])
-            parts = await asyncio.gather(
-                *(self._query([k.slice(i, step) for k in missing]) for i in range(0, count, step))
-            )
-            found = Found.concat(parts)
+            if count <= step:  # one query: awaited as is (gather would wrap it in a task)
+                found = await self._query(missing)
+            else:
+                found = Found.concat(
+                    await asyncio.gather(
+                        *(
+                            self._query([k.slice(i, step) for k in missing])
+                            for i in range(0, count, step)
+                        )
+                    )
+                )
             if answer is None:
                 out = self._join(batch, keys, found)[0]
             else:
