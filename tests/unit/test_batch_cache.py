@@ -17,7 +17,6 @@ import types
 from typing import Any
 
 import pyarrow as pa
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -222,6 +221,21 @@ def test_without_access_expiry_a_used_key_gets_a_second_chance() -> None:
     assert sorted(cached(cache, range(5))) == [1, 3] and cache.evictions == 2
 
 
+def test_two_batches_missing_one_key_store_it_once() -> None:
+    """Two blocks in flight both miss a key and both store it: the second store finds the
+    first's entry and replaces it (one live entry, the latest row)."""
+    cache = BatchCache(10, TYPES)
+    keys = pa.array([7], pa.int64())
+    first, second = cache.lookup(keys, 1), cache.lookup(keys, 1)
+    for answer, name in ((first, "a"), (second, "b")):
+        cache.store(keys, keys, [pa.array([name]), pa.array([7])], answer=answer)
+    assert len(cache) == 1 and ask(cache, [7])[1] == {7: ("b", 7)}
+    # A store right after its own lookup skips that search: the key is still not cached.
+    answer = cache.lookup(pa.array([8], pa.int64()), 1)
+    cache.store(pa.array([8]), pa.array([8]), [pa.array(["c"]), pa.array([8])], answer=answer)
+    assert len(cache) == 2 and ask(cache, [8, 7])[1] == {8: ("c", 8), 7: ("b", 7)}
+
+
 def test_the_log_takes_rows_of_base_and_tail_in_the_positions_order() -> None:
     """One take over the base and the tail's batches: the rows come in the order asked."""
     log = RowLog(TYPES, frozenset())
@@ -256,39 +270,6 @@ def test_many_batches_compact_the_log_and_keep_every_row() -> None:
         assert len(cache) <= 5_000
         assert cache._log.end - 1 <= 2 * max(len(cache), 4096) + 3_000
     assert cache.evictions > 0
-
-
-def test_the_guard_bypasses_a_cache_whose_projected_rate_is_below_its_threshold() -> None:
-    cache = BatchCache(100, TYPES)
-    guard = HitRateGuard(0.5, window=100, pause=2)
-    assert guard.consult(100)
-    guard.record(0, 100, cache)  # nothing stored yet: not judged
-    assert guard.consult(100)
-    cache.loads = 40  # filled 0 -> 40 %: mean fill 20 %
-    guard.record(5, 100, cache)  # 5 % hits at 20 % fill: 25 % when full, below 50 %
-    assert [guard.consult(100), guard.consult(100), guard.consult(100)] == [False, False, True]
-    assert guard.bypassed == 200
-    cache.loads = 60  # 40 -> 60 %: mean 50 %
-    guard.record(30, 100, cache)  # 30 % hits at half full: 60 % when full
-    assert guard.consult(100) and guard.consult(100)
-    cache.loads = 1_000  # full (loads past the size: evictions)
-    guard.record(45, 100, cache)  # mean fill 80 %: 56 % projected, kept
-    assert guard.consult(100)
-    guard.record(40, 100, cache)  # full: 40 % as measured
-    assert not guard.consult(100)
-    with pytest.raises(ValueError, match="threshold"):
-        HitRateGuard(1.5)
-
-
-def test_a_cold_cache_with_a_low_rate_that_will_pay_is_not_bypassed() -> None:
-    # Uniform keys over 1,000 values into a 500-row cache: a full cache hits 50 %; a cold
-    # one hits in proportion to its fill. Judged by the raw rate, its first window (about
-    # 8 % hits) would bypass a cache that pays; projected, it is kept.
-    cache = BatchCache(500, TYPES)
-    guard = HitRateGuard(0.3, window=100, pause=9)
-    cache.loads = 160  # filled 0 -> 32 %: mean 16 %
-    guard.record(8, 100, cache)
-    assert guard.consult(100)
 
 
 # -- through BatchLookup's cache path: identical to the uncached lookup -------------------
