@@ -1,7 +1,7 @@
 """Per-block cost of ``BatchLookup`` with and without the partial cache, in process.
 
     python bench/lookup_blocks.py [--users 1000000] [--blocks 263] [--block-rows 1900]
-                                  [--repeat 2] [--profile uniform-cache]
+                                  [--repeat 2] [--profile uniform-cache] [--in-memory]
 
 One ``BatchLookup`` of the clickstream example's step (``user_id`` -> 4 columns of the
 ``users`` table, ``--users`` rows, on the platform database: the embedded Postgres of
@@ -13,6 +13,9 @@ Key distributions as in the bench's cache rows: **uniform** over all users (cach
 interleaved, ``--repeat`` times; printed: CPU seconds of this process (``process_time``: the
 worker's side, client decoding included) per block, wall milliseconds per block, and the hit
 rate. ``--profile CASE`` prints the top of a cProfile of one run of that case.
+``--in-memory`` answers the queries from an Arrow copy of the table (loaded once, sorted by
+key) instead of Postgres: the step's own client CPU (cache, join, miss policy) without the
+query's encoding and decoding, so the cache path's cost shows without the database's noise.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,6 +43,8 @@ from examples._clickstream_data import load_users
 from spark_jobs import FileSource, Lookup, PartialCache, Pipeline
 from spark_jobs.async_io import ResultFuture
 from spark_jobs.lookup import BatchLookup
+from spark_jobs.lookup._batch_join import Found
+from spark_jobs.lookup._full_cache import LOAD_CHUNK_ROWS, load_table
 from spark_jobs.pipeline._plan import LookupPlan
 from spark_jobs.source._batch import Batch, with_offsets
 
@@ -80,6 +86,35 @@ def blocks_of(keys: list[int], size: int) -> list[Batch]:
     return out
 
 
+class InMemoryLookup(BatchLookup):
+    """A BatchLookup whose queries are answered from an in-memory copy of the table."""
+
+    rows: Found | None = None  # the table sorted by key, loaded by the first open()
+
+    async def open(self) -> None:
+        await super().open()
+        if InMemoryLookup.rows is None:
+            assert self._pool is not None and self._shape is not None
+            found = await load_table(
+                self._pool, self._shape, chunk_rows=LOAD_CHUNK_ROWS, timeout=None
+            )
+            order = pc.sort_indices(found.keys[0])
+            InMemoryLookup.rows = Found(
+                (found.keys[0].take(order),), tuple(v.take(order) for v in found.values)
+            )
+
+    async def _query(self, keys: list[pa.Array]) -> Found:
+        rows = InMemoryLookup.rows
+        assert rows is not None
+        ids = rows.keys[0]
+        at = pc.search_sorted(ids.slice(0, len(ids) - 1), keys[0])
+        at = at.filter(pc.equal(ids.take(at), keys[0]))  # the keys the table has
+        self.batches += 1
+        self.keys_queried += len(keys[0])
+        self.rows_fetched += len(at)
+        return Found((ids.take(at),), tuple(v.take(at) for v in rows.values))
+
+
 class Sink(ResultFuture[Batch]):
     def __init__(self) -> None:
         self.future: asyncio.Future[list[Batch]] = asyncio.get_running_loop().create_future()
@@ -91,7 +126,9 @@ class Sink(ResultFuture[Batch]):
         self.future.set_exception(error)
 
 
-async def run(dsn: str, table: str, blocks: list[Batch], cache_rows: int) -> dict[str, float]:
+async def run(
+    dsn: str, table: str, blocks: list[Batch], cache_rows: int, in_memory: bool = False
+) -> dict[str, float]:
     plan = plan_of(table, cache_rows)
     schema = blocks[0].rows.schema
     types = {
@@ -100,9 +137,8 @@ async def run(dsn: str, table: str, blocks: list[Batch], cache_rows: int) -> dic
         "user_tier": pa.string(),
         "user_signup_time": pa.timestamp("us", tz="UTC"),
     }
-    lookup = BatchLookup(
-        plan, dsn, input_schema=schema, column_types=types, batch_size=4096, pool_size=4
-    )
+    kind = InMemoryLookup if in_memory else BatchLookup
+    lookup = kind(plan, dsn, input_schema=schema, column_types=types, batch_size=4096, pool_size=4)
     await lookup.open()
     try:
         cpu, wall = time.process_time(), time.perf_counter()
@@ -144,6 +180,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--cases", default="uniform,narrow,skewed")
     parser.add_argument("--profile", help="CASE-cache or CASE-nocache: cProfile one run")
+    parser.add_argument("--in-memory", action="store_true", help="no Postgres for the queries")
     args = parser.parse_args()
     settings = load_settings()
     platform = open_platform(settings)
@@ -160,13 +197,13 @@ def main() -> None:
             rows = sizes[case] if args.profile.endswith("-cache") else 0
             profile = cProfile.Profile()
             profile.enable()
-            asyncio.run(run(dsn, table, blocks, rows))
+            asyncio.run(run(dsn, table, blocks, rows, args.in_memory))
             profile.disable()
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
             continue
         for attempt in range(args.repeat):
             for rows in (0, sizes[case]):
-                result = asyncio.run(run(dsn, table, blocks, rows))
+                result = asyncio.run(run(dsn, table, blocks, rows, args.in_memory))
                 print(
                     f"{case:8} cache={rows:>7,} #{attempt}: {result['cpu_ms']:6.2f} ms CPU/block "
                     f"{result['wall_ms']:6.2f} ms wall/block hits {result['hits']:.2f} "

@@ -2,13 +2,17 @@
 
 The semantics of :class:`~spark_jobs.lookup.LookupCache` (Flink's ``DefaultLookupCache``:
 at most ``maximum_size`` rows, ``expire_after_write``/``expire_after_access``, cached misses),
-but a batch's keys are answered with a handful of operations whatever their number, so that
+but a batch's keys are answered with a handful of Arrow calls whatever their number, so that
 a hit costs the worker far less than the query it replaces:
 
-- a dict maps each cached key to the *position* of its row in a :class:`RowLog`
-  (``_cache_rows``: the columns in Arrow, per-position flags and times in flat buffers);
-  ``-position`` marks a cached miss. A lookup is one ``dict.get`` per key (a C ``map``), one
-  list-to-Arrow conversion, a few compute calls and one ``take`` of the rows found;
+- a :class:`~spark_jobs.lookup._cache_index.KeyIndex` maps each cached key (one Arrow array:
+  ``cache_keys``) to the *position* of its row in a :class:`RowLog` (``_cache_rows``: the
+  columns in Arrow, per-position flags and times in flat buffers); ``-position`` marks a
+  cached miss. A lookup probes the batch's rows themselves (duplicates and null keys
+  included) with ``search_sorted``: no Python object per key, no distinct keys to join back.
+  Its :class:`Answer` is each row's position and the log's batches as they were, so the
+  rows found and those the database returns for the rest are joined to the batch by one
+  ``take`` (``Answer.rows``);
 - recency is a CLOCK reference bit per position, set for the hits the hand reaches soon
   (``_mark``) by one C ``map`` (no Python code per key, no rows moved); with
   ``expire_after_access`` the hits' access times are set the same way;
@@ -17,7 +21,8 @@ a hit costs the worker far less than the query it replaces:
   (clearing the bits it passes: their second chance), the excess plus ``maximum_size / 64``
   at once (amortised). CLOCK approximates LRU: a row used since the hand last passed it
   survives the next sweep, an unused one goes in position (≈ insertion) order. This holds
-  with ``expire_after_access`` too (before, that mode was an exact LRU);
+  with ``expire_after_access`` too (before, that mode was an exact LRU). An evicted row's
+  index entry goes stale (its position is no longer live) and the index ignores it;
 - write expiry is a prefix of the positions (rows are appended in time order: the clock is
   monotonic), purged by a binary search; access expiry is one vectorised comparison of the
   access times per call.
@@ -31,46 +36,67 @@ thread running the lookup function) and every method must be called from that th
 from __future__ import annotations
 
 import time
-from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import not_
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.lookup._batch_join import Found, match
+from spark_jobs.lookup._cache_index import KeyIndex
 from spark_jobs.lookup._cache_options import CacheOptions
-from spark_jobs.lookup._cache_rows import RowLog, as_float64, as_int64, as_uint8
+from spark_jobs.lookup._cache_rows import RowLog, as_float64, as_uint8, take_rows
 
 __all__ = ["Answer", "BatchCache"]
 
 BULK = 64  # an eviction frees maximum_size / BULK rows more than the excess (amortised)
 REACH = 1024  # positions ahead of the CLOCK hand whose use is marked, at least
+_NO_ROW = pa.scalar(None, pa.int64())
 
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """The cache's answer for a batch's distinct keys: ``found_at`` (int64 indices into the
-    keys) of the keys cached with a row (ascending), ``values`` their rows (aligned with
-    ``found_at``); ``missing_at`` the indices of keys the cache does not hold
-    (None: none), ``missing`` those keys (in the keys' order)."""
+    """The cache's answer for a batch's keys (one per row). ``positions`` (int64): each key's
+    position in the log, null for a null key; ``kinds`` (uint8): 1 a cached row, 2 a cached
+    miss, 0 not cached, null for a null key; ``absent``: ``kinds == 0`` (None when every key
+    was answered) and ``missing`` the distinct keys not cached; ``chunks``/``schema``: the
+    log's rows when answered (position ``p`` is row ``p - 1``; they never change)."""
 
-    found_at: pa.Array
-    values: tuple[pa.Array, ...]
-    missing_at: pa.Array | None
-    missing: list[Any]
+    positions: pa.Array
+    kinds: pa.Array
+    absent: pa.Array | None
+    missing: pa.Array
+    chunks: tuple[pa.RecordBatch, ...]
+    schema: pa.Schema
+    stores: int  # the cache's stores before this answer (see ``BatchCache.store``)
+
+    def rows(
+        self, keys: Sequence[pa.Array], found: Found | None
+    ) -> tuple[pa.Array, tuple[pa.Array, ...]]:
+        """The row of each key (``keys``: the key parts the cache was asked, join-typed),
+        null when unmatched, and its looked-up columns: the cached row, else the first row of
+        ``found`` (the database's rows for the keys not cached) with that key, else nulls.
+        One ``take`` over the cached rows and ``found``'s as one table."""
+        rows = pc.if_else(pc.equal(self.kinds, 1), pc.subtract(self.positions, 1), _NO_ROW)
+        chunks = self.chunks
+        if found is not None and len(found) and self.absent is not None:
+            cached = sum(chunk.num_rows for chunk in chunks)
+            fetched = pc.add(match(keys, found.keys).cast(pa.int64()), cached)
+            rows = pc.if_else(self.absent, fetched, rows)
+            chunks = (*chunks, pa.RecordBatch.from_arrays(list(found.values), schema=self.schema))
+        return rows, take_rows(self.schema, chunks, rows)
 
 
 class BatchCache(CacheOptions):
     """Partial cache of rows of ``value_types`` columns, answered per batch (module docstring).
 
-    Counters (plain attributes): ``hits``/``misses`` (keys answered / not answered, cached
-    misses are hits), ``loads`` (rows stored from the database, cached misses included),
-    ``evictions`` (rows removed for size or expiry).
+    Keys are one Arrow array per call (``_cache_index.cache_keys`` of the key parts).
+    Counters (plain attributes): ``hits``/``misses`` (distinct keys answered / not answered,
+    cached misses are hits), ``loads`` (rows stored from the database, cached misses
+    included), ``evictions`` (rows removed for size or expiry).
     """
 
     def __init__(
@@ -91,14 +117,16 @@ class BatchCache(CacheOptions):
             clock=clock,
         )
         self._types = tuple(value_types)
-        self._index: dict[Any, int] = {}  # key -> its row's position (-position: a miss)
+        self._index = KeyIndex()
         self._log = self._new_log()
+        self._size = 0  # live positions: the entries cached
+        self._stores = 0  # calls of store() that stored something
         self._hand = 1  # CLOCK: the position the next sweep starts from
         self._unexpired = 1  # write expiry: the positions below it are expired and purged
 
     def __len__(self) -> int:
         self._purge(self._clock())
-        return len(self._index)
+        return self._size
 
     def _new_log(self) -> RowLog:
         times = {"written"} if self.expire_after_write is not None else set()
@@ -106,73 +134,75 @@ class BatchCache(CacheOptions):
             times.add("accessed")
         return RowLog(self._types, frozenset(times))
 
+    def _live(self) -> pa.Array:
+        """The live flags by position, as Arrow (a copy)."""
+        return as_uint8(self._log.live, 0, self._log.end)
+
     # -- lookups -------------------------------------------------------------------------
 
-    def lookup(self, keys: list[Any]) -> Answer:
-        """Answer the distinct ``keys`` (cache keys: a value, or a tuple of a composite key);
-        the rows found are marked used (and accessed now)."""
+    def lookup(self, keys: pa.Array, distinct: int) -> Answer:
+        """Answer ``keys`` (a batch's cache keys, one per row: duplicates and nulls allowed;
+        ``distinct`` the number of distinct non-null ones); the rows found are marked used
+        (and accessed now). ``hits``/``misses`` count distinct keys."""
         now = self._clock()
         self._purge(now)
         log = self._log
-        # Step 1: one probe per key (0: not cached; position 0 is never a row), straight
-        # into a C buffer that Arrow reads as is (no Python int converted one by one).
-        where = array("q", map(self._index.get, keys, repeat(0)))
-        positions = as_int64(where)
-        # Step 2: the partition: rows found (> 0), cached misses (< 0), not cached (0).
-        absent = where.count(0)
-        missing_at: pa.Array | None = None
-        missing: list[Any] = []
-        if absent:
-            at = list(compress(range(len(where)), map(not_, where)))
-            missing_at = pa.array(at, pa.int64())
-            missing = list(map(keys.__getitem__, at))
-        self.hits += len(keys) - absent
-        self.misses += absent
-        # Step 3: recency (position 0 absorbs the keys not cached).
+        positions = self._index.probe(keys)
+        kinds = self._live().take(positions)  # a stale entry's position is not live: 0
+        absent: pa.Array | None = pc.equal(kinds, 0)
+        missing = keys.slice(0, 0)
+        if pc.any(absent).as_py():
+            missing = pc.unique(keys.filter(absent))
+        else:
+            absent = None
+        self.hits += distinct - len(missing)
+        self.misses += len(missing)
         self._mark(positions)
         if log.accessed is not None:
-            deque(map(log.accessed.__setitem__, map(abs, where), repeat(now)), maxlen=0)
-        found = pc.greater(positions, 0)
-        found_at = pc.indices_nonzero(found)
-        if not len(found_at):
-            empty = pa.array([], pa.int64())
-            return Answer(empty, tuple(pa.array([], t) for t in self._types), missing_at, missing)
-        # Step 4: their rows, one take.
-        return Answer(found_at, log.take(positions.filter(found)), missing_at, missing)
+            used = positions.drop_null().to_pylist()
+            deque(map(log.accessed.__setitem__, used, repeat(now)), maxlen=0)
+        return Answer(positions, kinds, absent, missing, log.chunks(), log.schema, self._stores)
 
-    def store(self, keys: list[Any], found_keys: list[Any], values: Sequence[pa.Array]) -> None:
-        """Cache the rows the database returned for ``keys`` (``found_keys`` aligned with
-        ``values``; the first row of a key found twice is the one kept, as the uncached join
-        uses it), and the keys without a row as cached misses; without
-        ``cache_missing_key`` those are forgotten instead (the database said they are gone)."""
+    def store(
+        self,
+        keys: pa.Array,
+        found_keys: pa.Array,
+        values: Sequence[pa.Array],
+        *,
+        answer: Answer | None = None,
+    ) -> None:
+        """Cache the rows the database returned for the distinct ``keys`` (``found_keys``
+        aligned with ``values``; the first row of a key found twice is the one kept, as the
+        uncached join uses it), and the keys without a row as cached misses; without
+        ``cache_missing_key`` those are forgotten instead (the database said they are gone).
+        ``answer``: the lookup that found ``keys`` not cached; when nothing was stored since,
+        they still are not, and their old entries are not looked for."""
         now = self._clock()
         self._purge(now)
-        index, log = self._index, self._log
-        known = set(found_keys)
-        absent = [k for k in keys if k not in known]
-        stored, columns = list(found_keys), list(values)
-        if absent and self.cache_missing_key:
-            stored += absent
-            columns = [
-                pa.concat_arrays([v, pa.nulls(len(absent), t)])
-                for v, t in zip(columns, self._types, strict=True)
-            ]
-        elif absent:
+        log, rows = self._log, len(found_keys)
+        absent = keys.filter(pc.invert(pc.is_in(keys, value_set=found_keys))) if rows else keys
+        if len(absent) and not self.cache_missing_key:
             self._forget(absent)
-        if not stored:
+            absent = absent.slice(0, 0)
+        count = rows + len(absent)
+        if not count:
             return
-        # Step 1: a key stored again: its old position becomes garbage.
-        deque(map(log.live.__setitem__, map(abs, map(index.get, stored, repeat(0))), repeat(0)), 0)
-        # Step 2: append; live flags say which position of a key found twice is its row.
-        count, rows = len(stored), len(found_keys)
-        live = bytearray(b"\1") * count
-        if len(known) < rows:
-            live[:rows] = _first_of_each(found_keys)
-        start = log.append(stored, columns, bytes(live), now)
-        # Step 3: index them (reversed: the first of a key found twice wins).
-        index.update(zip(reversed(found_keys), range(start + rows - 1, start - 1, -1), strict=True))
-        if len(stored) > rows:
-            index.update(zip(absent, range(-(start + rows), -(start + count), -1), strict=True))
+        self._stores += 1
+        # Step 1: a key stored again (another batch stored it meanwhile): its old position
+        # becomes garbage.
+        stored = pa.concat_arrays([found_keys, absent]) if len(absent) else found_keys
+        if answer is None or answer.stores != self._stores - 1:
+            self._kill(stored)
+        # Step 2: append (cached misses: rows of nulls); ``live``: 1 a row, 2 a cached miss,
+        # 0 the later rows of a key found twice.
+        live = bytearray(b"\1") * rows + bytearray(b"\2") * len(absent)
+        if rows and len(pc.unique(found_keys)) < rows:
+            first = pc.index_in(found_keys, value_set=found_keys)  # a key's first row
+            live[:rows] = bytes(pc.equal(first, pa.array(range(rows), pa.int32())).to_pylist())
+        start = log.append(values, len(absent), bytes(live), now)
+        self._size += count - live.count(0)
+        # Step 3: index them.
+        self._index.add(stored, pa.array(range(start, start + count), pa.int64()), self._live())
         self.loads += count
         self._shrink()
 
@@ -180,6 +210,7 @@ class BatchCache(CacheOptions):
         """Forget every entry (counters are kept)."""
         self._index.clear()
         self._log = self._new_log()
+        self._size = 0
         self._hand = self._unexpired = 1
 
     # -- eviction and expiry -------------------------------------------------------------
@@ -194,24 +225,29 @@ class BatchCache(CacheOptions):
         end = log.end
         hand = self._hand if self._hand < end else 1
         reach = hand + max(self.maximum_size // 4, REACH)
-        at = pc.abs(positions)
-        near = pc.and_(pc.greater_equal(at, hand), pc.less(at, reach))
+        near = pc.and_(pc.greater_equal(positions, hand), pc.less(positions, reach))
         if reach > end:
-            near = pc.or_(near, pc.less(at, reach - end + 1))
-        deque(map(log.ref.__setitem__, at.filter(near).to_pylist(), repeat(1)), maxlen=0)
+            near = pc.or_(near, pc.less(positions, reach - end + 1))
+        deque(map(log.ref.__setitem__, positions.filter(near).to_pylist(), repeat(1)), maxlen=0)
 
-    def _forget(self, keys: list[Any]) -> None:
+    def _forget(self, keys: pa.Array) -> None:
         """Drop ``keys`` (not an eviction: the database has no row for them)."""
-        positions = map(abs, map(self._index.pop, keys, repeat(0)))
-        deque(map(self._log.live.__setitem__, positions, repeat(0)), maxlen=0)
+        self._kill(keys)
+
+    def _kill(self, keys: pa.Array) -> None:
+        """Mark the live entries of ``keys`` garbage (a key may come twice)."""
+        positions = self._index.probe(keys)
+        dead = set(positions.filter(pc.not_equal(self._live().take(positions), 0)).to_pylist())
+        deque(map(self._log.live.__setitem__, dead, repeat(0)), maxlen=0)
+        self._size -= len(dead)
 
     def _shrink(self) -> None:
         """Evict beyond ``maximum_size``; fold the log's tail in, compact its garbage."""
-        excess = len(self._index) - self.maximum_size
+        excess = self._size - self.maximum_size
         if excess > 0:
-            self._evict(min(excess + self.maximum_size // BULK, len(self._index)))
+            self._evict(min(excess + self.maximum_size // BULK, self._size))
         log = self._log
-        if log.garbage(len(self._index)):
+        if log.garbage(self._size):
             self._compact()
         elif log.wants_merge():
             log.merge()
@@ -224,10 +260,10 @@ class BatchCache(CacheOptions):
             end = log.end
             hand = self._hand if self._hand < end else 1
             stop = min(end, hand + 8 * count + 1024)
-            # Step 1: the candidates: live (1) and unreferenced (0), as offsets from the hand.
-            candidates = pc.indices_nonzero(
-                pc.greater(as_uint8(log.live, hand, stop), as_uint8(log.ref, hand, stop))
-            )
+            # Step 1: the candidates: live (1 or 2) and unreferenced (0), as offsets from the
+            # hand (live > 2 * ref).
+            referenced = pc.multiply(as_uint8(log.ref, hand, stop), 2)
+            candidates = pc.indices_nonzero(pc.greater(as_uint8(log.live, hand, stop), referenced))
             offsets = candidates.slice(0, count).to_pylist()
             # Step 2: the hand passes up to the last victim (or the window): second chances.
             last = hand + offsets[-1] if len(offsets) == count else stop - 1
@@ -238,10 +274,9 @@ class BatchCache(CacheOptions):
             count -= len(offsets)
 
     def _remove(self, positions: list[int]) -> None:
-        """Evict the live rows at ``positions`` (size or expiry)."""
-        log = self._log
-        deque(map(self._index.__delitem__, map(log.keys.__getitem__, positions)), maxlen=0)
-        deque(map(log.live.__setitem__, positions, repeat(0)), maxlen=0)
+        """Evict the live rows at ``positions`` (size or expiry): their entries go stale."""
+        deque(map(self._log.live.__setitem__, positions, repeat(0)), maxlen=0)
+        self._size -= len(positions)
         self.evictions += len(positions)
 
     def _purge(self, now: float) -> None:
@@ -267,22 +302,8 @@ class BatchCache(CacheOptions):
 
     def _compact(self) -> None:
         """Drop the garbage positions; renumber the index, the hand and the expiry mark."""
-        index, log = self._index, self._log
-        kept = log.compact()
-        self._index = {
-            key: position if index[key] > 0 else -position
-            for position, key in enumerate(log.keys[1:], 1)
-        }
+        live = self._live()
+        kept = self._log.compact()
+        self._index.renumber(pa.array(kept, pa.int64()), live)
         self._hand = bisect_left(kept, self._hand) + 1
         self._unexpired = bisect_left(kept, self._unexpired) + 1
-
-
-def _first_of_each(keys: list[Any]) -> bytearray:
-    """1 for the first occurrence of each key, else 0."""
-    seen: set[Any] = set()
-    flags = bytearray(len(keys))
-    for i, key in enumerate(keys):
-        if key not in seen:
-            seen.add(key)
-            flags[i] = 1
-    return flags

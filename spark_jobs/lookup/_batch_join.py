@@ -155,6 +155,15 @@ class Joiner:
         self, batch: Batch, keys: Sequence[pa.Array], positions: pa.Array, found: Found
     ) -> Batch:
         """The output of ``batch`` whose rows' ``keys`` are at ``positions`` in ``found``."""
+        added = [column.take(positions) for column in found.values]
+        return self.join_added(batch, keys, positions, added)
+
+    def join_added(
+        self, batch: Batch, keys: Sequence[pa.Array], matched: pa.Array, added: Sequence[pa.Array]
+    ) -> Batch:
+        """The output of ``batch`` with the looked-up columns ``added`` (one value per row);
+        ``matched`` is null for the rows whose key was not found."""
+        positions = matched
         rows = batch.rows
         if rows.num_columns != self._user_count + 1 or rows.schema.names[-1] != OFFSET:
             raise ValueError(
@@ -162,7 +171,6 @@ class Joiner:
                 f"last; got {rows.schema.names}"
             )
         columns = rows.columns
-        added = [column.take(positions) for column in found.values]
         out = pa.RecordBatch.from_arrays([*columns[:-1], *added, columns[-1]], schema=self.schema)
         unmatched = positions.null_count
         dead, dropped = batch.dead, batch.dropped

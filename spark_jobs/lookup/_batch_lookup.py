@@ -32,11 +32,13 @@ from typing import Any
 
 import asyncpg
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_jobs.async_io import NO_RETRY, AsyncRetryStrategy, ResultFuture, fixed_delay
-from spark_jobs.lookup._batch_cache import BatchCache
+from spark_jobs.lookup._batch_cache import Answer, BatchCache
 from spark_jobs.lookup._batch_join import Found, Joiner, distinct_keys, join_keys, match
 from spark_jobs.lookup._batch_sql import KeyPart, LookupShape, ValueColumn, read_shape
+from spark_jobs.lookup._cache_index import cache_keys
 from spark_jobs.lookup._full_cache import LOAD_CHUNK_ROWS, Reloader, load_table, to_found
 from spark_jobs.lookup._hit_rate_guard import HitRateGuard
 from spark_jobs.lookup._pooled import PooledLookup
@@ -207,16 +209,28 @@ class BatchLookup(PooledLookup[Batch, Batch]):
                 self.cache_misses += unmatched
                 self._complete(out, value, result_future, start)
                 return
-            distinct = distinct_keys(keys)
-            hits, missing, missing_keys = self._cached(distinct)
-            if missing is None:
-                self._complete(self._join(value, keys, hits)[0], value, result_future, start)
+            answer = self._cached(keys)
+            if answer is None:  # no cache, or bypassed: the distinct keys are queried
+                missing = distinct_keys(keys)
+                if not len(missing[0]):
+                    assert self._nothing is not None
+                    out = self._join(value, keys, self._nothing)[0]
+                    self._complete(out, value, result_future, start)
+                    return
+            elif answer.absent is None:
+                self._complete(
+                    self._answered(value, keys, answer, None), value, result_future, start
+                )
                 return
+            elif len(keys) == 1 and answer.missing.type == keys[0].type:
+                missing = [answer.missing]  # the cache keys are the keys themselves
+            else:
+                missing = distinct_keys([k.filter(answer.absent) for k in keys])
         except Exception as exc:
             result_future.complete_exceptionally(exc)
             return
         task = asyncio.get_running_loop().create_task(
-            self._serve(value, keys, hits, missing, missing_keys, result_future, start)
+            self._serve(value, keys, answer, missing, result_future, start)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -237,38 +251,40 @@ class BatchLookup(PooledLookup[Batch, Batch]):
 
     # -- the partial cache (mailbox thread) ----------------------------------------------
 
-    def _cached(
-        self, distinct: list[pa.Array]
-    ) -> tuple[Found, list[pa.Array] | None, list[Any] | None]:
-        """(rows the cache holds, the keys it does not know or None, those keys as cache
-        keys or None without a cache). One pass over the batch's keys (``BatchCache``)."""
-        cache, nothing = self._cache, self._nothing
-        assert nothing is not None
-        count = len(distinct[0])
+    def _cached(self, keys: list[pa.Array]) -> Answer | None:
+        """The partial cache's answer for the batch's ``keys`` (each row's key parts); None
+        without a cache or when the guard bypasses it."""
+        cache = self._cache
         if cache is None:
-            return nothing, distinct if count else None, None
+            return None
+        coded = cache_keys(keys)
+        distinct = pc.unique(coded)
+        count = len(distinct) - distinct.null_count
         if not self._guard.consult(count):
             self.cache_bypassed += count
-            return nothing, distinct if count else None, None
-        before = cache.hits
-        answer = cache.lookup(_cache_keys(distinct))
-        answered = cache.hits - before
+            return None
+        hits, misses = cache.hits, cache.misses
+        answer = cache.lookup(coded, count)
+        answered = cache.hits - hits
         self._guard.record(answered, count, cache)
         self.cache_hits += answered
-        self.cache_misses += len(answer.missing)
-        hits = nothing
-        if len(answer.found_at):
-            hits = Found(tuple(k.take(answer.found_at) for k in distinct), answer.values)
-        if answer.missing_at is None:
-            return hits, None, None
-        if len(answer.missing) == len(distinct[0]):
-            return hits, distinct, answer.missing
-        return hits, [k.take(answer.missing_at) for k in distinct], answer.missing
+        self.cache_misses += cache.misses - misses
+        return answer
 
-    def _remember(self, keys: list[Any], found: Found) -> None:
-        """Cache the rows found for ``keys``, and the keys without a row as misses."""
+    def _answered(
+        self, batch: Batch, keys: list[pa.Array], answer: Answer, found: Found | None
+    ) -> Batch:
+        """The output of ``batch`` from the cache's ``answer`` and the rows ``found`` for
+        the keys it did not hold."""
+        assert self._joiner is not None
+        rows, added = answer.rows(keys, found)
+        return self._joiner.join_added(batch, keys, rows, added)
+
+    def _remember(self, answer: Answer, missing: list[pa.Array], found: Found) -> None:
+        """Cache the rows found for the ``missing`` keys of ``answer``, and those without a
+        row as misses."""
         assert self._cache is not None
-        self._cache.store(keys, _cache_keys(list(found.keys)), found.values)
+        self._cache.store(cache_keys(missing), cache_keys(found.keys), found.values, answer=answer)
 
     # -- queries (a task on the event loop) -----------------------------------------------
 
@@ -276,21 +292,29 @@ class BatchLookup(PooledLookup[Batch, Batch]):
         self,
         batch: Batch,
         keys: list[pa.Array],
-        hits: Found,
+        answer: Answer | None,
         missing: list[pa.Array],
-        missing_keys: list[Any] | None,
         future: ResultFuture[Batch],
         start: float,
     ) -> None:
         try:
             step, count = self._batch_size, len(missing[0])
-            parts = await asyncio.gather(
-                *(self._query([k.slice(i, step) for k in missing]) for i in range(0, count, step))
-            )
-            found = Found.concat(parts)
-            if missing_keys is not None:
-                self._remember(missing_keys, found)
-            out, _unmatched = self._join(batch, keys, Found.concat([found, hits]))
+            if count <= step:  # one query: awaited as is (gather would wrap it in a task)
+                found = await self._query(missing)
+            else:
+                found = Found.concat(
+                    await asyncio.gather(
+                        *(
+                            self._query([k.slice(i, step) for k in missing])
+                            for i in range(0, count, step)
+                        )
+                    )
+                )
+            if answer is None:
+                out = self._join(batch, keys, found)[0]
+            else:
+                self._remember(answer, missing, found)
+                out = self._answered(batch, keys, answer, found)
         except BaseException as exc:  # handed to the operator (retry, or fail the task)
             future.complete_exceptionally(exc)
             if isinstance(exc, asyncio.CancelledError):
@@ -321,14 +345,6 @@ class BatchLookup(PooledLookup[Batch, Batch]):
         found = to_found(shape, list(row))
         self.rows_fetched += len(found)
         return found
-
-
-def _cache_keys(keys: list[pa.Array]) -> list[Any]:
-    """The cache's keys of distinct keys: the value, or a tuple for a composite key."""
-    if len(keys) == 1:
-        values: list[Any] = keys[0].to_pylist()
-        return values
-    return list(zip(*(k.to_pylist() for k in keys), strict=True))
 
 
 def _bound(part: KeyPart, keys: pa.Array) -> list[Any]:

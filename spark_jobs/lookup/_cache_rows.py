@@ -5,14 +5,15 @@ answers 0 for "not cached"). A position's data never changes: a key stored again
 position and its old one becomes garbage (``live`` 0), as does an evicted or expired row.
 Per position, in flat Python buffers written with C-speed ``map``/slice operations:
 
-- ``keys`` (a list), ``live`` and ``ref`` (bytearrays: the CLOCK reference bit), and the
-  write/access times (``array('d')``, only when a TTL needs them);
+- ``live`` (a bytearray: 1 a row, 2 a cached miss, whose row is nulls; 0 garbage) and ``ref``
+  (the CLOCK reference bit), and the write/access times
+  (``array('d')``, only when a TTL needs them);
 - the looked-up columns in Arrow: one *base* RecordBatch (positions ``1 .. base_end - 1``)
-  and a short *tail* of the batches appended since; a lookup is one ``take`` over both
-  (the batches as one table's chunks). The tail is merged into the base once it holds
-  an eighth of it (each row copied O(1) times, amortised), and the garbage is compacted away
-  at a merge once it outnumbers the live rows (positions renumbered: the caller rebuilds its
-  index from :meth:`compact`'s answer).
+  and a short *tail* of the batches appended since; rows are read by one ``take`` over
+  their ``chunks()`` (the batches as one table's chunks: ``take_rows``). The tail is
+  merged into the base once it holds an eighth of it (each row copied O(1) times,
+  amortised), and the garbage is compacted away at a merge once it outnumbers the live rows
+  (positions renumbered: the caller renumbers its index from :meth:`compact`'s answer).
 
 Vectorised reads of ``live``/``ref``/the times copy the buffer into Arrow first (a memcpy):
 no Arrow view ever pins a growable buffer.
@@ -25,12 +26,11 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from itertools import compress, repeat
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["MIN_GARBAGE", "MIN_TAIL", "RowLog", "as_float64", "as_int64", "as_uint8"]
+__all__ = ["MIN_GARBAGE", "MIN_TAIL", "RowLog", "as_float64", "as_int64", "as_uint8", "take_rows"]
 
 MIN_GARBAGE = 4096  # rows of garbage always tolerated before a compaction
 MIN_TAIL = 1024  # rows the tail may hold whatever the base's size
@@ -65,8 +65,7 @@ class RowLog:
 
     def __init__(self, types: Sequence[pa.DataType], times: frozenset[str]) -> None:
         self.schema = pa.schema([pa.field(f"c{i}", t) for i, t in enumerate(types)])
-        self.keys: list[Any] = [None]  # position 0: no row
-        self.live = bytearray(1)
+        self.live = bytearray(1)  # position 0: no row
         self.ref = bytearray(1)
         self.written: array[float] | None = array("d", [0.0]) if "written" in times else None
         self.accessed: array[float] | None = array("d", [0.0]) if "accessed" in times else None
@@ -77,32 +76,31 @@ class RowLog:
     @property
     def end(self) -> int:
         """The position after the last row."""
-        return len(self.keys)
+        return len(self.live)
 
-    def append(self, keys: list[Any], columns: Sequence[pa.Array], live: bytes, now: float) -> int:
-        """Append rows (``live``: one byte per row), written and accessed at ``now``; the
-        first position."""
-        start, count = self.end, len(keys)
-        self.keys += keys
+    def append(self, columns: Sequence[pa.Array], nulls: int, live: bytes, now: float) -> int:
+        """Append the rows of ``columns`` and ``nulls`` rows of nulls (cached misses; ``live``:
+        one byte per row), written and accessed at ``now``; the first position."""
+        start, count = self.end, len(live)
         self.live += live
         self.ref += bytes(count)
         if self.written is not None:
             self.written.extend(repeat(now, count))
         if self.accessed is not None:
             self.accessed.extend(repeat(now, count))
-        self._tail.append(pa.RecordBatch.from_arrays(list(columns), schema=self.schema))
+        schema = self.schema
+        if len(columns[0]):
+            self._tail.append(pa.RecordBatch.from_arrays(list(columns), schema=schema))
+        if nulls:
+            empty = [pa.nulls(nulls, field.type) for field in schema]
+            self._tail.append(pa.RecordBatch.from_arrays(empty, schema=schema))
         self._tail_rows += count
         return start
 
-    def take(self, positions: pa.Array) -> tuple[pa.Array, ...]:
-        """The columns of the rows at ``positions`` (int64, all > 0), in their order: one
-        ``take`` over the base and the tail's batches as one table's chunks (no copy of
-        the tail first, no split of the positions between base and tail)."""
-        rows = pc.subtract(positions, 1)
-        if not self._tail:
-            return tuple(self._base.take(rows).columns)
-        taken = pa.Table.from_batches([self._base, *self._tail]).take(rows)
-        return tuple(_one_chunk(column) for column in taken.columns)
+    def chunks(self) -> tuple[pa.RecordBatch, ...]:
+        """The rows' batches: position ``p`` is row ``p - 1`` of them as one table. They
+        never change (a merge or compaction makes new ones)."""
+        return (self._base, *self._tail)
 
     def wants_merge(self) -> bool:
         base_rows: int = self._base.num_rows
@@ -126,14 +124,24 @@ class RowLog:
         kept = list(compress(range(1, self.end), live[1:]))
         rows = pc.subtract(pa.array(kept, pa.int64()), 1)
         self._base = self._base.take(rows)
-        self.keys = [None, *compress(self.keys[1:], live[1:])]
         self.ref = bytearray(b"\0") + bytearray(compress(self.ref[1:], live[1:]))
         if self.written is not None:
             self.written = array("d", [0.0, *compress(self.written[1:], live[1:])])
         if self.accessed is not None:
             self.accessed = array("d", [0.0, *compress(self.accessed[1:], live[1:])])
-        self.live = bytearray(b"\0") + bytearray(b"\1") * len(kept)
+        self.live = bytearray(b"\0") + bytearray(compress(live[1:], live[1:]))
         return kept
+
+
+def take_rows(
+    schema: pa.Schema, chunks: Sequence[pa.RecordBatch], rows: pa.Array
+) -> tuple[pa.Array, ...]:
+    """The columns of ``rows`` (indices into ``chunks`` as one table; null: a null row), in
+    their order: one ``take`` over the chunks (no copy of them first)."""
+    if len(chunks) == 1:
+        return tuple(chunks[0].take(rows).columns)
+    taken = pa.Table.from_batches(chunks, schema=schema).take(rows)
+    return tuple(_one_chunk(column) for column in taken.columns)
 
 
 def _one_chunk(column: pa.ChunkedArray) -> pa.Array:

@@ -16,8 +16,8 @@ MIN_FILL = 0.01
 class HitRateGuard:
     """Stops consulting a cache that does not pay for itself, and samples it again later.
 
-    A lookup through the cache costs about a microsecond per key more than the query alone
-    (a dict probe, Arrow conversions, eviction); a hit saves a few microseconds of query,
+    A lookup through the cache costs more than the query alone (the index probe, storing
+    the rows fetched, eviction); a hit saves a few microseconds of query,
     transfer and decoding. Below ``threshold`` hits per key the cache costs more than it
     saves, so: the keys of ``window`` keys' worth of batches are counted, and at the end of
     each window its hit rate is *projected* to a full cache: divided by the window's mean
