@@ -64,8 +64,10 @@ def own_postgres(
     wal = " (wal_level=logical)" if logical else ""
     log(f"own Postgres{wal} in {root} ({server.url})")
     failed_before = request.session.testsfailed
-    yield server, root
-    server.stop()
+    try:
+        yield server, root
+    finally:
+        server.stop()
     if request.session.testsfailed > failed_before or os.environ.get("SLUICE_FAULTS_KEEP"):
         log(f"kept {root} (run logs under */logs, Postgres log in pg/log)")
     else:

@@ -61,7 +61,8 @@ LEFT = 256 << 10
 
 @pytest.fixture(scope="module")
 def postgres(request: pytest.FixtureRequest) -> Iterator[tuple[OwnPostgres, Path]]:
-    yield from own_postgres(request)
+    with own_postgres(request) as server_and_root:
+        yield server_and_root
 
 
 def _settings(work: Path, db_url: str, modules: str) -> dict[str, str]:
