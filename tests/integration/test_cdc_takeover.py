@@ -5,6 +5,7 @@ cancelled continuous run followed at once by a bounded one failed its task attem
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -19,7 +20,9 @@ from spark_jobs.connectors.postgres_cdc._replication import open_replication
 from spark_jobs.connectors.postgres_cdc._slot import ensure_publication, ensure_slot
 
 
-def test_an_open_waits_for_the_readers_slot_to_be_released(db_url: str) -> None:
+def test_an_open_waits_for_the_readers_slot_to_be_released(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     engine = connect_engine(db_url)
     dsn = db_url.replace("postgresql+psycopg://", "postgresql://", 1)
     slot = f"sluice_take_{secrets.token_hex(3)}"
@@ -33,8 +36,15 @@ def test_an_open_waits_for_the_readers_slot_to_be_released(db_url: str) -> None:
             open_replication(dsn, slot, start, slot, wait=0.5)
         threading.Timer(1.0, old.close).start()
         began = time.monotonic()
-        new, _ = open_replication(dsn, slot, start, slot, wait=20.0)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            new, _ = open_replication(dsn, slot, start, slot, wait=20.0)
         assert 0.8 < time.monotonic() - began < 20.0
+        waits = [r.getMessage() for r in caplog.records if "still held" in r.getMessage()]
+        assert waits == [
+            f"replication slot {slot} is still held by a previous reader; waiting up to 20s"
+            " for its server process to release it"
+        ]
         new.close()
     finally:
         drop_slot(engine, slot, slot)

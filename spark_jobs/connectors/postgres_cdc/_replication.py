@@ -14,6 +14,7 @@ Threading: called on the stream reader's fetcher thread; blocks on the server.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from typing import Any
 
@@ -26,6 +27,8 @@ __all__ = ["TAKEOVER_SECONDS", "open_replication"]
 #: Seconds an open waits for another walsender to release the slot.
 TAKEOVER_SECONDS = 30.0
 
+_log = logging.getLogger(__name__)
+
 
 def open_replication(
     dsn: str, slot: str, position: int, publication: str, wait: float = TAKEOVER_SECONDS
@@ -34,6 +37,7 @@ def open_replication(
     raw payloads, no status updates: see ``_stream``). A missing slot raises
     ``psycopg2.errors.UndefinedObject`` (the caller names what is lost)."""
     deadline = time.monotonic() + wait
+    waited = False
     while True:
         connection = psycopg2.connect(
             dsn,
@@ -57,6 +61,14 @@ def open_replication(
                 connection.close()
             if time.monotonic() >= deadline:
                 raise
+            if not waited:  # once: why a taken-over stream is silent for a while
+                _log.warning(
+                    "replication slot %s is still held by a previous reader; waiting up to"
+                    " %.0fs for its server process to release it",
+                    slot,
+                    wait,
+                )
+                waited = True
             time.sleep(0.2)
         except BaseException:
             with contextlib.suppress(Exception):
