@@ -237,6 +237,7 @@ def summary_metadata(
         "lookups": MetadataValue.int(summary.lookups),
         "lookup_queries": MetadataValue.int(summary.lookup_queries),
         "cache_hit_rate": MetadataValue.float(float(summary.cache_hit_rate)),
+        "cache_bypass_rate": MetadataValue.float(float(summary.cache_bypass_rate)),
         "lookup_p50_ms": MetadataValue.float(float(summary.lookup_p50_ms)),
         "lookup_p99_ms": MetadataValue.float(float(summary.lookup_p99_ms)),
         "checkpoints_completed": MetadataValue.int(summary.checkpoints),

@@ -158,8 +158,8 @@ def members(
                 raise CrossDayRebuildError(
                     source,
                     owner[split_id],
-                    f"shares input (split {split_id}) with partition {day}: re-materialise "
-                    "them in separate runs",
+                    f"shares input (split {split_id}) with partition {day}: rebuild them in "
+                    "separate runs, one day each",
                 )
             owner[split_id] = day
         if not fed:
@@ -242,7 +242,7 @@ def _check_busy(conn: Connection, source: str, out: dict[date, list[int]], run_i
         if busy is not None:
             raise PartitionBusyError(
                 f"partition {day} of {source!r} is being read by run {busy.run_id}; "
-                "re-materialise it once that run has ended"
+                "rebuild it once that run has ended"
             )
 
 

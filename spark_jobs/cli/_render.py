@@ -90,7 +90,7 @@ def run_table(summary: RunSummary, pipeline: Pipeline, settings: Settings) -> Ta
             "looked-up records (database queries)",
             f"{summary.lookups:,} ({summary.lookup_queries:,})",
         ),
-        ("lookup cache hits", f"{summary.cache_hit_rate:.1%}"),
+        ("lookup cache hits", _cache_hits(summary)),
         ("lookup p50 / p99", f"{summary.lookup_p50_ms:.1f} / {summary.lookup_p99_ms:.1f} ms"),
         ("seconds", f"{summary.seconds:,.1f}"),
         ("rows/s", f"{summary.rows_per_second:,.0f}"),
@@ -109,6 +109,15 @@ def run_table(summary: RunSummary, pipeline: Pipeline, settings: Settings) -> Ta
 
 #: Quarantined splits listed by ``sluice status`` and a run (``status --json`` lists all).
 _SHOWN_FAILED = 20
+
+
+def _cache_hits(summary: RunSummary) -> str:
+    """The cache row: hits of the keys asked, and the keys that bypassed a cache that did not
+    pay (``min_hit_rate``); a dash when no Lookup step has a cache (not a 0 % hit rate)."""
+    if summary.cache_keys == 0:
+        return "— (no cache)"
+    hits = f"{summary.cache_hit_rate:.1%} of the keys asked"
+    return f"{hits}; {summary.cache_bypass_rate:.1%} of all keys bypassed it (min_hit_rate)"
 
 
 def nothing_line(summary: RunSummary) -> str:

@@ -43,6 +43,8 @@ class LookupTotals:
     p50_ms: float
     p99_ms: float
     cache_bypass_rate: float = 0.0
+    #: Keys that met a cache: asked of it, or bypassing it (0: no Lookup step has a cache).
+    cache_keys: int = 0
 
 
 def lookup_totals(results: Sequence[SubtaskResult]) -> LookupTotals:
@@ -60,6 +62,7 @@ def lookup_totals(results: Sequence[SubtaskResult]) -> LookupTotals:
         queries=sum(m.batches for m in metrics),
         cache_hit_rate=hits / asked if asked else 0.0,
         cache_bypass_rate=bypassed / (asked + bypassed) if bypassed else 0.0,
+        cache_keys=asked + bypassed,
         p50_ms=max((m.p50_ms for m in metrics), default=0.0),
         p99_ms=max((m.p99_ms for m in metrics), default=0.0),
     )

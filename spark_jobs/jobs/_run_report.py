@@ -59,6 +59,7 @@ def summarize_run(
         lookup_queries=lookups.queries,
         cache_hit_rate=lookups.cache_hit_rate,
         cache_bypass_rate=lookups.cache_bypass_rate,
+        cache_keys=lookups.cache_keys,
         lookup_p50_ms=lookups.p50_ms,
         lookup_p99_ms=lookups.p99_ms,
         checkpoints=len(stats.completed),

@@ -34,6 +34,8 @@ class RunSummary:
     cache_hit_rate: float = 0.0
     #: Share of the keys looked up without consulting the partial cache (it did not pay).
     cache_bypass_rate: float = 0.0
+    #: Keys that met a partial or full cache (0: no Lookup step has one).
+    cache_keys: int = 0
     lookup_p50_ms: float = 0.0
     lookup_p99_ms: float = 0.0
     checkpoints: int = 0

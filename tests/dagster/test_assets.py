@@ -78,6 +78,7 @@ RUN_METADATA = {
     "lookup_p50_ms",
     "lookup_p99_ms",
     "cache_hit_rate",
+    "cache_bypass_rate",
     "checkpoints_completed",
     "checkpoints_aborted",
     "checkpoint_p50_ms",

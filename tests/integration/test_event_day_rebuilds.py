@@ -456,7 +456,7 @@ def test_two_days_sharing_a_file_are_not_rebuilt_in_one_run(
     settings, platform, _pipeline = cross_day
     d1 = settings.demo_start_date
     d2 = d1 + timedelta(days=1)
-    with pytest.raises(CrossDayRebuildError, match="re-materialise them in separate runs"):
+    with pytest.raises(CrossDayRebuildError, match="rebuild them in separate runs, one day each"):
         RebuildStore(platform.engine).start(
             settings.source_name, [d1, d2], "rebuilder", lease_seconds=60, event_days=True
         )

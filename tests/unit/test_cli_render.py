@@ -69,3 +69,38 @@ def test_splits_a_bounded_run_gave_back_unread_make_it_exit_4_with_a_line() -> N
     assert short.exit_code is ExitCode.HELD
     (line,) = left_lines(short)
     assert line.startswith("3 split(s) assigned to this run were not read although its subtasks")
+
+
+def test_the_cache_row_says_no_cache_apart_from_a_cache_that_never_hit() -> None:
+    from spark_jobs.cli._render import _cache_hits
+    from spark_jobs.jobs import RunSummary
+
+    def summary(keys: int, hits: float, bypassed: float) -> RunSummary:
+        return RunSummary(
+            "payments", "r", 2, 10, 10, 0, 0, 1.0, 1.0, False,
+            cache_keys=keys, cache_hit_rate=hits, cache_bypass_rate=bypassed,
+        )  # fmt: skip
+
+    assert _cache_hits(summary(0, 0.0, 0.0)) == "— (no cache)"
+    assert _cache_hits(summary(5_000, 0.0, 0.0)) == (
+        "0.0% of the keys asked; 0.0% of all keys bypassed it (min_hit_rate)"
+    )
+    assert _cache_hits(summary(5_000, 0.515, 0.25)).startswith("51.5% of the keys asked; 25.0%")
+
+
+def test_lookup_totals_count_the_keys_that_met_a_cache() -> None:
+    from types import SimpleNamespace
+
+    from spark_jobs.jobs._results import lookup_totals
+
+    def step(hits: int, misses: int, bypassed: int) -> SimpleNamespace:
+        lookup = SimpleNamespace(
+            lookups=100, batches=2, cache_hits=hits, cache_misses=misses,
+            cache_bypassed=bypassed, p50_ms=1.0, p99_ms=2.0,
+        )  # fmt: skip
+        return SimpleNamespace(lookup=lookup)
+
+    uncached = lookup_totals([SimpleNamespace(steps=(step(0, 0, 0),))])  # type: ignore[list-item]
+    assert (uncached.cache_keys, uncached.cache_hit_rate) == (0, 0.0)
+    cached = lookup_totals([SimpleNamespace(steps=(step(30, 10, 60),))])  # type: ignore[list-item]
+    assert (cached.cache_keys, cached.cache_hit_rate, cached.cache_bypass_rate) == (100, 0.75, 0.6)
