@@ -27,19 +27,30 @@ class HitRateGuard:
     cannot pay is found within its first window instead of after it filled (filling it costs
     the most: every key is stored). When the projection is below ``threshold``, the next
     ``pause`` windows' worth of batches bypass the cache (neither consulted nor filled: a
-    plain query), then one window samples it again. A window whose mean fill is below
-    ``MIN_FILL`` is not judged (too little seen). A cache whose hit rate never reaches
-    ``threshold`` thus costs ``1 / (pause + 1)`` of its full cost.
+    plain query), then one window samples it again; each verdict against it in a row doubles
+    the pause, up to ``max_pause`` windows, and a verdict for it resets it (an exponential
+    back-off: a cache that never pays costs a few windows of filling, then about
+    ``1 / (max_pause + 1)`` of its full cost, while one whose keys turn hot is consulted
+    again within ``max_pause`` windows). A window whose mean fill is below ``MIN_FILL`` is
+    not judged (too little seen). Windows are short (4,096 keys, two blocks of a clickstream
+    file) so that the first verdict comes before much of the cache was filled for nothing.
 
     Threading contract: that of its cache (one event loop thread).
     """
 
-    __slots__ = ("_fill", "_hits", "_keys", "_skip", "bypassed", "pause", "threshold", "window")
+    __slots__ = (
+        "_against", "_fill", "_hits", "_keys", "_skip", "bypassed", "max_pause", "pause",
+        "threshold", "window",
+    )  # fmt: skip
 
-    def __init__(self, threshold: float, *, window: int = 16_384, pause: int = 9) -> None:
+    def __init__(
+        self, threshold: float, *, window: int = 4_096, pause: int = 9, max_pause: int = 72
+    ) -> None:
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be within [0, 1], got {threshold}")
-        self.threshold, self.window, self.pause = threshold, window, pause
+        self.threshold, self.window = threshold, window
+        self.pause, self.max_pause = pause, max(pause, max_pause)
+        self._against = 0  # verdicts against the cache in a row
         self._hits = self._keys = 0
         self._skip = 0  # keys still to bypass
         self._fill = 0.0  # the cache's fill when this window started
@@ -64,5 +75,11 @@ class HitRateGuard:
         size = cache.maximum_size
         fill = min(1.0, cache.loads / size) if size > 0 else 1.0
         mean, self._fill = (self._fill + fill) / 2, fill
-        if mean >= MIN_FILL and rate / mean < self.threshold:
-            self._skip = self.pause * self.window
+        if mean < MIN_FILL:
+            return
+        if rate / mean >= self.threshold:
+            self._against = 0
+            return
+        pause = min(self.pause << min(self._against, 16), self.max_pause)
+        self._against += 1
+        self._skip = pause * self.window

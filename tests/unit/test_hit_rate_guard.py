@@ -43,3 +43,22 @@ def test_a_cold_cache_with_a_low_rate_that_will_pay_is_not_bypassed() -> None:
     cache.loads = 160  # filled 0 -> 32 %: mean 16 %
     guard.record(8, 100, cache)
     assert guard.consult(100)
+
+
+def test_each_verdict_against_the_cache_in_a_row_doubles_the_pause_up_to_its_bound() -> None:
+    cache = BatchCache(100, TYPES)
+    cache.loads = 100  # full: a window's rate is judged as measured
+    guard = HitRateGuard(0.5, window=10, pause=2, max_pause=6)
+
+    def pause_after(hits: int) -> int:
+        """Windows bypassed after a sampled window with ``hits`` of its 10 keys."""
+        guard.record(hits, 10, cache)
+        skipped = 0
+        while not guard.consult(10):  # (the consult that ends the loop starts a sample)
+            skipped += 1
+        return skipped
+
+    assert guard.consult(10)
+    assert [pause_after(0) for _ in range(4)] == [2, 4, 6, 6]  # doubled, then bounded
+    assert pause_after(9) == 0  # a verdict for the cache resets the back-off
+    assert pause_after(0) == 2
