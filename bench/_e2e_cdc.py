@@ -248,12 +248,21 @@ class CdcBench:
             pipes[kind] = _Pipe(name, pipeline, sluice_settings(self.ctx, 0.0, name), sink)
         return _Round(table, pipes)
 
-    def _discover_and_run(self, pipe: _Pipe) -> Any:
+    def _discover_and_run(self, pipe: _Pipe, *, stream: bool = False) -> Any:
+        """Discovery, then a bounded run of ``pipe``; ``stream``: discovery must register
+        the stream split (the snapshot's chunks were read before)."""
         from spark_jobs.jobs import run_pipeline
         from spark_jobs.pipeline._paths import discovery_of
 
-        discover(self._platform(pipe.settings), discovery_of(pipe.pipeline, pipe.settings))
+        found = discover(self._platform(pipe.settings), discovery_of(pipe.pipeline, pipe.settings))
+        if stream:
+            assert found.splits_registered == 1, "no stream split registered"
         return run_pipeline(pipe.settings, pipe.pipeline)
+
+    def _end(self, state: _Round) -> None:
+        """The round is over (its last plan ran, or one failed): its state dropped."""
+        self.round = None
+        self._drop(state)
 
     def snapshot(self) -> Result:
         self.round = state = self._new_round()
@@ -273,8 +282,7 @@ class CdcBench:
                 lsn = conn.execute(sa.text("SELECT pg_current_wal_lsn()::text")).scalar_one()
             state.end_lsn = lsn_int(lsn)
         except BaseException:
-            self.round = None
-            self._drop(state)
+            self._end(state)
             raise
         return Result(
             None, "cdc-snapshot", f"CDC snapshot ({SNAPSHOT_ROWS:,} rows, 4 chunks)",
@@ -289,8 +297,7 @@ class CdcBench:
         options = state.pipes["apply"].pipeline.plan.source.options
         read, wall = read_slot(self.url, options.slot, options.publication, state.end_lsn)
         if read != state.changes:
-            self.round = None
-            self._drop(state)
+            self._end(state)
             raise AssertionError(f"the slot held {read:,} changes, {state.changes:,} made")
         return Result(
             None, "cdc-ceiling", "CDC ceiling: bare slot read (psycopg2, pgoutput)", read,
@@ -324,28 +331,18 @@ class CdcBench:
         state = self.round
         assert state is not None, "cdc: the snapshot plan runs first"
         pipe = state.pipes[kind]
-
-        def run() -> Any:
-            from spark_jobs.jobs import run_pipeline
-            from spark_jobs.pipeline._paths import discovery_of
-
-            found = discover(
-                self._platform(pipe.settings), discovery_of(pipe.pipeline, pipe.settings)
-            )
-            assert found.splits_registered == 1, "no stream split registered"
-            return run_pipeline(pipe.settings, pipe.pipeline)
-
-        done = False
         try:
-            wall, cpu, memory, summary = timed_run(run)
+            wall, cpu, memory, summary = timed_run(
+                lambda: self._discover_and_run(pipe, stream=True)
+            )
             diff = sink_diff(self.engine, state.table, pipe.sink)
             assert not diff, f"CDC sink differs from the table: {diff}"
             assert summary.rows_in == state.changes, (summary.rows_in, state.changes)
-            done = not last
-        finally:
-            if not done:
-                self.round = None
-                self._drop(state)
+        except BaseException:
+            self._end(state)
+            raise
+        if last:
+            self._end(state)
         queries = f"{summary.lookup_queries:,} queries; " if kind == "lookup" else ""
         return Result(
             None, f"cdc-{kind}", label, state.changes, wall, state.changes / wall, cpu,
