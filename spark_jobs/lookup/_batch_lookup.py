@@ -209,9 +209,9 @@ class BatchLookup(PooledLookup[Batch, Batch]):
                 self.cache_misses += unmatched
                 self._complete(out, value, result_future, start)
                 return
-            answer = self._cached(keys)
+            answer, counted = self._cached(keys)
             if answer is None:  # no cache, or bypassed: the distinct keys are queried
-                missing = distinct_keys(keys)
+                missing = _as_parts(keys, counted) or distinct_keys(keys)
                 if not len(missing[0]):
                     assert self._nothing is not None
                     out = self._join(value, keys, self._nothing)[0]
@@ -222,10 +222,10 @@ class BatchLookup(PooledLookup[Batch, Batch]):
                     self._answered(value, keys, answer, None), value, result_future, start
                 )
                 return
-            elif len(keys) == 1 and answer.missing.type == keys[0].type:
-                missing = [answer.missing]  # the cache keys are the keys themselves
             else:
-                missing = distinct_keys([k.filter(answer.absent) for k in keys])
+                missing = _as_parts(keys, answer.missing) or distinct_keys(
+                    [k.filter(answer.absent) for k in keys]
+                )
         except Exception as exc:
             result_future.complete_exceptionally(exc)
             return
@@ -251,25 +251,26 @@ class BatchLookup(PooledLookup[Batch, Batch]):
 
     # -- the partial cache (mailbox thread) ----------------------------------------------
 
-    def _cached(self, keys: list[pa.Array]) -> Answer | None:
-        """The partial cache's answer for the batch's ``keys`` (each row's key parts); None
-        without a cache or when the guard bypasses it."""
+    def _cached(self, keys: list[pa.Array]) -> tuple[Answer | None, pa.Array | None]:
+        """The partial cache's answer for the batch's ``keys`` (each row's key parts), or
+        None without a cache or when the guard bypasses it; with a bypass, also the distinct
+        cache keys (no null) the guard counted, which the query can reuse (``_as_parts``)."""
         cache = self._cache
         if cache is None:
-            return None
+            return None, None
         coded = cache_keys(keys)
         distinct = pc.unique(coded)
         count = len(distinct) - distinct.null_count
         if not self._guard.consult(count):
             self.cache_bypassed += count
-            return None
+            return None, distinct.drop_null()
         hits, misses = cache.hits, cache.misses
         answer = cache.lookup(coded, count)
         answered = cache.hits - hits
         self._guard.record(answered, count, cache)
         self.cache_hits += answered
         self.cache_misses += cache.misses - misses
-        return answer
+        return answer, None
 
     def _answered(
         self, batch: Batch, keys: list[pa.Array], answer: Answer, found: Found | None
@@ -345,6 +346,15 @@ class BatchLookup(PooledLookup[Batch, Batch]):
         found = to_found(shape, list(row))
         self.rows_fetched += len(found)
         return found
+
+
+def _as_parts(keys: list[pa.Array], coded: pa.Array | None) -> list[pa.Array] | None:
+    """Distinct cache keys ``coded`` (no null) as the key parts to query, when the cache
+    keys are the keys themselves (one part, not recoded: ``cache_keys``); else None (the
+    caller finds the distinct parts)."""
+    if coded is not None and len(keys) == 1 and coded.type == keys[0].type:
+        return [coded]
+    return None
 
 
 def _bound(part: KeyPart, keys: pa.Array) -> list[Any]:

@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from spark_jobs.lookup._batch_cache import Answer, BatchCache
 from spark_jobs.lookup._batch_join import Found, distinct_keys, match
-from spark_jobs.lookup._batch_lookup import BatchLookup
+from spark_jobs.lookup._batch_lookup import BatchLookup, _as_parts
 from spark_jobs.lookup._cache_index import MIN_DELTA, KeyIndex
 from spark_jobs.lookup._cache_rows import MIN_GARBAGE, MIN_TAIL, RowLog, take_rows
 from spark_jobs.lookup._hit_rate_guard import HitRateGuard
@@ -315,16 +315,17 @@ def lookup_path(size: int, min_hit_rate: float, clock: Clock) -> Any:
 
 def one_batch(path: Any, shape: str, keys: list[pa.Array]) -> list[Any]:
     """Each row's looked-up columns (None: unmatched) through BatchLookup's cache path."""
-    answer = BatchLookup._cached(path, keys)
-    if answer is None:  # bypassed: the uncached lookup
-        missing = distinct_keys(keys)
+    answer, counted = BatchLookup._cached(path, keys)
+    if answer is None:  # bypassed: the uncached lookup, of the keys the guard counted
+        missing = _as_parts(keys, counted) or distinct_keys(keys)
         found = fetch(shape, missing)
         rows = match(keys, found.keys)
         columns = [column.take(rows) for column in found.values]
     else:
         fetched = None
         if answer.absent is not None:
-            missing = distinct_keys([k.filter(answer.absent) for k in keys])
+            absent = [k.filter(answer.absent) for k in keys]
+            missing = _as_parts(keys, answer.missing) or distinct_keys(absent)
             fetched = fetch(shape, missing)
             BatchLookup._remember(path, answer, missing, fetched)
         rows, columns = answer.rows(keys, fetched)
@@ -371,3 +372,13 @@ def test_cached_batches_equal_the_uncached_lookup(
         RowLog.min_garbage, RowLog.min_tail, KeyIndex.min_delta = MIN_GARBAGE, MIN_TAIL, MIN_DELTA
     asked = path.cache_hits + path.cache_misses + path.cache_bypassed
     assert asked == sum(len({n for n in numbers if n is not None}) for numbers, _ in batches)
+
+
+def test_cache_keys_are_queried_as_key_parts_only_when_they_are_the_keys_themselves() -> None:
+    ints = [pa.array([3, None, 3, 1], pa.int64())]
+    assert _as_parts(ints, pa.array([3, 1], pa.int64())) == [pa.array([3, 1], pa.int64())]
+    assert _as_parts(ints, None) is None
+    decimals = [pa.array([1], pa.decimal128(5, 1))]  # cached as text: not a key part
+    assert _as_parts(decimals, pa.array(["1.0"])) is None
+    pair = [pa.array([1], pa.int64()), pa.array(["a"])]  # composite: one binary cache key
+    assert _as_parts(pair, pa.array([b"1\x01\x01a"], pa.binary())) is None
