@@ -182,7 +182,7 @@ class BatchCache(CacheOptions):
         log, rows = self._log, len(found_keys)
         absent = keys.filter(pc.invert(pc.is_in(keys, value_set=found_keys))) if rows else keys
         if len(absent) and not self.cache_missing_key:
-            self._forget(absent)
+            self._kill(absent)  # forgotten, not evicted: the database has no row
             absent = absent.slice(0, 0)
         count = rows + len(absent)
         if not count:
@@ -229,10 +229,6 @@ class BatchCache(CacheOptions):
         if reach > end:
             near = pc.or_(near, pc.less(positions, reach - end + 1))
         deque(map(log.ref.__setitem__, positions.filter(near).to_pylist(), repeat(1)), maxlen=0)
-
-    def _forget(self, keys: pa.Array) -> None:
-        """Drop ``keys`` (not an eviction: the database has no row for them)."""
-        self._kill(keys)
 
     def _kill(self, keys: pa.Array) -> None:
         """Mark the live entries of ``keys`` garbage (a key may come twice)."""

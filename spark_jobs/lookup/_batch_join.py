@@ -163,7 +163,6 @@ class Joiner:
     ) -> Batch:
         """The output of ``batch`` with the looked-up columns ``added`` (one value per row);
         ``matched`` is null for the rows whose key was not found."""
-        positions = matched
         rows = batch.rows
         if rows.num_columns != self._user_count + 1 or rows.schema.names[-1] != OFFSET:
             raise ValueError(
@@ -172,13 +171,13 @@ class Joiner:
             )
         columns = rows.columns
         out = pa.RecordBatch.from_arrays([*columns[:-1], *added, columns[-1]], schema=self.schema)
-        unmatched = positions.null_count
+        unmatched = matched.null_count
         dead, dropped = batch.dead, batch.dropped
         if unmatched:
             complete = pc.is_valid(keys[0])
             for key in keys[1:]:
                 complete = pc.and_(complete, pc.is_valid(key))
-            missed = pc.invert(pc.is_valid(positions))
+            missed = pc.invert(pc.is_valid(matched))
             misses = pc.sum(pc.and_(missed, complete)).as_py() or 0
             if self._on_miss == "drop":
                 out = out.filter(pc.invert(missed))
