@@ -52,6 +52,8 @@ class StreamRows:
     def latencies(self, results: list[Result]) -> None:
         """The continuous runs, each at half its source's median rate of the rounds."""
         seconds = self.ctx.args.latency_seconds
+        if seconds <= 0:
+            return  # --latency-seconds 0: no continuous runs (their verdicts say "not measured")
         cdc = next((r for r in results if r.kind == "cdc-lookup"), None)
         if cdc is not None:
             with console.status("CDC latency: a continuous run at half the CDC rate…"):

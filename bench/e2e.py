@@ -73,7 +73,8 @@ platform database (the embedded Postgres by default). Then, one after another on
    against the clickstream over a ``KafkaSource`` -> lookup -> Parquet (target >= 0.5x;
    rows == the valid events). After the rounds, each source's **latency** run: continuous,
    input at half its median rate for ``--latency-seconds``, commit/produce -> visible in the
-   committed output, p50 and p99 (target p99 <= the checkpoint interval + 1 s).
+   committed output, p50 and p99 (target p99 <= the checkpoint interval + 1 s); none with
+   ``--latency-seconds 0``.
 
 The ceilings and Sluice's clickstream rows are the median of ``--rounds`` (3) interleaved
 rounds (the ceilings, Sluice at each L, the small runs, Sluice on S3, into Iceberg and into
@@ -183,7 +184,7 @@ def main() -> None:
         "--latency-seconds",
         type=float,
         default=30.0,
-        help="how long the stream sources' latency runs offer records",
+        help="how long the stream sources' latency runs offer records (0: no latency runs)",
     )
     parser.add_argument(
         "--kafka-events",
