@@ -204,7 +204,7 @@ def seconds(value: Duration, where: str) -> float:
     elif isinstance(value, int | float) and not isinstance(value, bool):
         result = float(value)
     elif isinstance(value, str):
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", value)
+        match = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", value)
         if not match:
             raise ValueError(f"{where}: {value!r} is not a duration (e.g. 500ms, 10s, 5m, 2h)")
         unit = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
