@@ -9,6 +9,11 @@ conditional writes beyond ``If-None-Match``; objects live in memory.
 its data kept (the fault tests' "endpoint unreachable").
 
 Credentials are fake and come from the environment (the standard chain), as in production.
+
+``s3_server(own_process=True)`` runs moto's server in a child process instead (no pause, no
+``require_auth``): a client that blocks holding the GIL while it waits for the server would
+otherwise starve the server's thread. deltalake 1.6's ``alter.set_table_properties`` does:
+against the in-process server it hung for its 180 s retry budget.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +51,7 @@ class S3Server:
 
     port: int
     _server: ThreadedMotoServer | None
+    _process: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint_url(self) -> str:
@@ -92,6 +101,7 @@ class S3Server:
     def require_auth(self) -> Iterator[None]:
         """Check credentials while inside: moto knows no access key, so every request is
         refused (403 InvalidAccessKeyId) as with wrong credentials."""
+        self._in_process("require_auth")
         from moto import settings as moto_settings
         from moto.core.authorization import ActionAuthenticatorMixin
 
@@ -105,6 +115,7 @@ class S3Server:
 
     def pause(self) -> None:
         """Refuse connections (the server stops listening); its objects are kept."""
+        self._in_process("pause")
         if self._server is not None:
             # ``resume`` (``start``) waits for this event: cleared, it returns only once the
             # new server listens.
@@ -115,13 +126,26 @@ class S3Server:
 
     def resume(self) -> None:
         """Listen again on the same port, with the same objects."""
+        self._in_process("resume")
         if self._server is not None:
             self._server.start()
+
+    def _in_process(self, what: str) -> None:
+        if self._process is not None:
+            raise NotImplementedError(f"{what}: only with the in-process server")
 
     def stop(self) -> None:
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
 
 
 def set_standard_chain() -> None:
@@ -139,14 +163,35 @@ def set_standard_chain() -> None:
         os.environ.setdefault(key, value)
 
 
+def _moto_process(port: int) -> subprocess.Popen[bytes]:
+    """moto's server in a child process, once it accepts connections."""
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                process.wait()
+                raise RuntimeError(f"moto server did not start on port {port}") from None
+            time.sleep(0.05)
+
+
 @contextmanager
-def s3_server() -> Iterator[S3Server]:
-    """Start the server, put its settings in ``os.environ`` (restored after), stop it."""
+def s3_server(own_process: bool = False) -> Iterator[S3Server]:
+    """Start the server (in this process, or its own), put its settings in ``os.environ``
+    (restored after), stop it."""
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    running = S3Server(port, server)
+    if own_process:
+        running = S3Server(port, None, _moto_process(port))
+    else:
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        running = S3Server(port, server)
     saved = {key: os.environ.get(key) for key in running.env}
     os.environ.update(running.env)
     try:

@@ -186,7 +186,7 @@ def test_orphans_older_than_the_grace_are_removed_young_ones_kept(
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    with s3_server() as server:
+    with s3_server(own_process=True) as server:
         yield server
 
 

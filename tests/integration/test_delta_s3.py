@@ -23,7 +23,8 @@ from enumerator_service._operations import open_platform
 from spark_jobs import DeltaSink
 from spark_jobs.jobs import run_pipeline
 
-#: ~55 s here (moto through pyarrow and delta-rs' object_store): the extended suite.
+#: ~55 s here (moto, in its own process: see s3_server, through pyarrow and delta-rs'
+#: object_store): the extended suite.
 pytestmark = [pytest.mark.spark, pytest.mark.extended]
 
 set_standard_chain()
@@ -31,7 +32,7 @@ set_standard_chain()
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    with s3_server() as server:
+    with s3_server(own_process=True) as server:
         yield server
 
 
