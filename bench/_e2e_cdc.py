@@ -142,14 +142,14 @@ def write_changes(url: str, table: str, first_id: int, changes: int, users: int)
     return done
 
 
-def sink_diff(engine: sa.Engine, table: str, sink: str = OUT) -> str:
-    """'' when ``<table><sink>`` equals ``table`` (and, for the lookup's ``_out``, every row
-    with a user was looked up), else what differs — both read here, independently of the
-    pipeline."""
-    looked_up = "user_name" if sink == OUT else "''"
+def sink_diff(engine: sa.Engine, table: str, suffix: str = OUT) -> str:
+    """'' when the sink table ``<table><suffix>`` equals ``table`` (and, for the lookup's
+    ``_out``, every row with a user was looked up), else what differs — both read here,
+    independently of the pipeline."""
+    looked_up = "user_name" if suffix == OUT else "''"
     with engine.connect() as conn:
         source = {r[0]: tuple(r) for r in conn.execute(sa.text(f"SELECT {COLUMNS} FROM {table}"))}
-        rows = conn.execute(sa.text(f"SELECT {COLUMNS}, {looked_up} FROM {table}{sink}")).all()
+        rows = conn.execute(sa.text(f"SELECT {COLUMNS}, {looked_up} FROM {table}{suffix}")).all()
     sink: dict[int, tuple[Any, ...]] = {}
     duplicates = unlooked = 0
     for row in rows:
