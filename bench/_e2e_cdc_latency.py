@@ -23,7 +23,8 @@ import time
 from typing import Any
 
 import sqlalchemy as sa
-from _e2e_cdc import cdc_pipeline, create_orders, libpq, sink_diff
+from _e2e_cdc_source import libpq
+from _e2e_cdc_tables import cdc_pipeline, create_orders, sink_diff
 from _e2e_common import Context
 from _e2e_latency import POLL, Latency, Poller
 from _e2e_sluice import sluice_settings

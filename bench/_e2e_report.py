@@ -133,9 +133,11 @@ def legend(args: argparse.Namespace) -> str:
         "in the rounds; compaction: compact_day vs a bare PyIceberg scan + overwrite of the "
         "same day of small files, rows of the day / median wall s (bench/iceberg_compaction.py).\n"
         f"CDC (bench/_e2e_cdc.py): {args.cdc_changes:,} changes (60 % inserts, 30 % updates, "
-        "10 % deletes, 1,000 per step) committed after a fresh slot's snapshot; ceiling = a bare "
-        "psycopg2 pgoutput read of the slot to the end LSN; Sluice = discover + a bounded run, "
-        "lookup of the users, Postgres upsert sink (sink == table checked), in the rounds; "
+        "10 % deletes, 1,000 per step) to a table on a Postgres server of its own (url_env; "
+        "once more in the platform database, apply only), committed after a fresh slot's "
+        "snapshot; ceiling = a bare psycopg2 pgoutput read of the slot to the end LSN; Sluice = "
+        "discover + a bounded run, without and with a lookup of the users, Postgres upsert sink "
+        "in the platform database (sink == table checked), in the rounds; "
         f"latency: a continuous run at half its rate for {args.latency_seconds:g} s."
     )
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from _e2e_cdc import CdcBench, cdc_verdicts
 from _e2e_cdc_latency import measure_cdc_latency
+from _e2e_cdc_source import CdcSource, own_server, platform_source
 from _e2e_common import Context, Result, console
 from _e2e_kafka import KafkaBench, KafkaTopic, kafka_topic, kafka_verdicts
 from _e2e_kafka_latency import measure_kafka_latency
@@ -32,14 +33,20 @@ class StreamRows:
         self.kafka: KafkaBench | None = None
         self.cdc_latency: Latency | None = None
         self.kafka_latency: Latency | None = None
+        self.cdc_source: CdcSource | None = None
+        if "cdc" not in skip:  # (before Spark starts: its workers inherit the URL's variable)
+            self.cdc_source = servers.enter_context(own_server(ctx.platform.settings.home_path))
         if "kafka" not in skip:
             events = min(ctx.args.kafka_events, ctx.events)
             self.topic = servers.enter_context(kafka_topic(ctx, events))
 
     def plans(self) -> list[tuple[str, Callable[[], Result]]]:
         plans: list[tuple[str, Callable[[], Result]]] = []
-        if "cdc" not in self.skip:
-            plans += CdcBench(self.ctx, self.ctx.args.cdc_changes).plans()
+        if self.cdc_source is not None:
+            changes = self.ctx.args.cdc_changes
+            plans += CdcBench(self.ctx, changes, self.cdc_source).plans()
+            same = platform_source(self.ctx.platform)
+            plans += CdcBench(self.ctx, changes, same, kinds=("apply",)).plans()
         if self.topic is not None:
             self.kafka = KafkaBench(self.ctx, self.topic, asyncpg_dsn(self.ctx.platform.url))
             plans += self.kafka.plans()

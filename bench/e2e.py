@@ -62,11 +62,14 @@ platform database (the embedded Postgres by default). Then, one after another on
    of ``--rounds``; target >= 0.5x its rate).
 
 9. **Stream sources** (``bench/_e2e_streams.py``, skip with ``cdc`` / ``kafka``), in the rounds:
-   **CDC** (``_e2e_cdc.py``): per round a fresh table and two pipelines (each its own slot
-   and publication); their snapshot (rate informational), then ``--cdc-changes`` inserts,
-   updates and deletes; a bare psycopg2 read of the slot to the end LSN (the ceiling) against
+   **CDC** (``_e2e_cdc.py``): per round a fresh table on a Postgres server of its own (a
+   second embedded server, ``_e2e_cdc_source.py``) and two pipelines (each its own slot
+   and publication; sinks in the platform database); their snapshot (rate informational),
+   then ``--cdc-changes`` inserts, updates and deletes; a bare psycopg2 read of the slot to
+   the end LSN (the ceiling) against
    Sluice's stream -> Postgres upsert (the apply rate: target >= 0.5x) and stream -> users
-   lookup -> Postgres upsert (ratio printed beside it); each sink must equal the table.
+   lookup -> Postgres upsert (ratio printed beside it); each sink must equal the table. Then
+   the same apply with the table in the platform database (its ratio printed beside).
    **Kafka**
    (``_e2e_kafka.py``): a Tansu broker, ``--kafka-events`` of the files produced once to a
    4-partition topic; the no-platform ceiling (``_e2e_kafka_ceiling.py``, CORES processes)

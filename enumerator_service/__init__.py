@@ -27,6 +27,7 @@ from enumerator_service._completions import (
 )
 from enumerator_service._config import (
     ConfigError,
+    ServerUnreachable,
     Settings,
     load_settings,
     redact_url,
@@ -169,6 +170,7 @@ __all__ = [
     "RebuildStatus",
     "RebuildStore",
     "SchemaError",
+    "ServerUnreachable",
     "Settings",
     "Split",
     "SplitAssignment",

@@ -19,6 +19,7 @@ from enumerator_service._secrets import redact_url, split_password
 
 __all__ = [
     "ConfigError",
+    "ServerUnreachable",
     "Settings",
     "load_settings",
     "redact_url",
@@ -36,6 +37,12 @@ class ConfigError(Exception):
         super().__init__(f"{setting}: {problem}")
         self.setting = setting
         self.problem = problem
+
+
+class ServerUnreachable(ConfigError):
+    """A server a setting names does not answer: an outage (or a wrong address, which looks
+    the same from here). One line naming the setting, like any ConfigError; a run that meets
+    it ends with exit code 1 (run it again once the server is back), not 2."""
 
 
 def validate_identifier(value: str, setting: str = "identifier") -> str:

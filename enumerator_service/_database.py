@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
-from enumerator_service._config import ConfigError, Settings
+from enumerator_service._config import ConfigError, ServerUnreachable, Settings
 from enumerator_service._embedded import start_embedded
 from enumerator_service._schema import SCHEMA
 from enumerator_service._secrets import redact_text, redact_url, split_password, with_password
@@ -101,8 +101,10 @@ def asyncpg_dsn(url: str) -> str:
     return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def connect_engine(url: str, *, pool_size: int = 5) -> Engine:
-    """An Engine for the control path, verified to connect; ConfigError when unreachable."""
+def connect_engine(url: str, *, pool_size: int = 5, setting: str = "SLUICE_DATABASE_URL") -> Engine:
+    """An Engine for the control path, verified to connect. Naming ``setting`` (where the URL
+    came from): ConfigError when the server refuses the user, the password or the database,
+    ServerUnreachable otherwise (no answer, a server starting up, no connection slot)."""
     engine = sa.create_engine(
         _sqlalchemy_url(url),
         pool_size=pool_size,
@@ -126,8 +128,20 @@ def connect_engine(url: str, *, pool_size: int = 5) -> Engine:
         engine.dispose()
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
         reason, shown = redact_text(reason, url), redact_url(url)
-        raise ConfigError("SLUICE_DATABASE_URL", f"cannot connect to {shown}: {reason}") from None
+        error = ConfigError if _refused(str(exc.orig)) else ServerUnreachable
+        raise error(setting, f"cannot connect to {shown}: {reason}") from None
     return engine
+
+
+#: A server's FATAL answers that pass (a restart, a full server): not the setting's mistake.
+_TRANSIENT_FATAL = ("starting up", "shutting down", "recovery", "too many", "connection slots")
+
+
+def _refused(message: str) -> bool:
+    """The server answered the connection with FATAL for who is asking (no such user or
+    database, a wrong password, no pg_hba entry): libpq gives no SQLSTATE for it."""
+    fatal = message.partition("FATAL:")[2]
+    return bool(fatal) and not any(word in fatal for word in _TRANSIENT_FATAL)
 
 
 def alembic_config(engine: Engine) -> Config:

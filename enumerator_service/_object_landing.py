@@ -54,7 +54,7 @@ from typing import BinaryIO, cast
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from enumerator_service._config import ConfigError
+from enumerator_service._config import ConfigError, ServerUnreachable
 from enumerator_service._file_identity import (
     FileIdentity,
     check_unchanged,
@@ -90,6 +90,10 @@ class StorageError(ConfigError):
     bucket): one line naming the URI and the setting to check. Nothing was registered."""
 
 
+class StorageUnreachable(StorageError, ServerUnreachable):
+    """The store's endpoint does not answer (an outage, or a wrong endpoint): exit code 1."""
+
+
 class OutsidePrefixError(OutsideLandingError):
     """A split's URI is not a plain key inside the landing prefix: it is not read."""
 
@@ -106,7 +110,8 @@ def storage_error(what: str, exc: BaseException, options: StorageOptions) -> Sto
     ):
         endpoint = options.s3_endpoint_url or "the store's default endpoint"
         why = f"the storage endpoint {endpoint} is unreachable (setting SLUICE_S3_ENDPOINT_URL)"
-    elif "NO_SUCH_BUCKET" in upper or "NOSUCHBUCKET" in upper:
+        return StorageUnreachable(what, why)
+    if "NO_SUCH_BUCKET" in upper or "NOSUCHBUCKET" in upper:
         why = "the bucket does not exist (check the landing URI)"
     elif any(
         marker in upper

@@ -71,8 +71,9 @@ CATEGORIES: tuple[Category, ...] = (
     Category(
         INVALID_UTF8,
         "A line, or a text field of a Parquet file or table, is not valid UTF-8.",
-        "the JSON Lines and CSV readers (whole line); conversion of `string`/`binary` fields "
-        "read from Parquet or Postgres",
+        "the JSON Lines and CSV readers (whole line); `KafkaSource` (a message value that is "
+        "not UTF-8, formats `json` and `csv`); conversion of `string`/`binary` fields read from "
+        "Parquet or Postgres",
         "invalid UTF-8: line is not valid UTF-8 text",
         "Fix the producer's encoding (Sluice reads UTF-8 only; a UTF-8 byte-order mark at the "
         "start of a file is accepted).",
@@ -80,7 +81,8 @@ CATEGORIES: tuple[Category, ...] = (
     Category(
         INVALID_JSON,
         "A JSON Lines line does not parse as JSON; the detail is the parser's message.",
-        "the JSON Lines reader",
+        'the JSON Lines reader; `KafkaSource` with `format="json"` (the detail ends with '
+        "the message key)",
         "invalid JSON: unexpected character: line 1 column 9 (char 8)",
         "Fix the producer; a blank line is not a dead letter (it is skipped).",
     ),
@@ -96,7 +98,8 @@ CATEGORIES: tuple[Category, ...] = (
         MISSING_FIELD,
         "A field listed in the source's `required` is absent or null (an empty CSV field is "
         "null). The detail lists every missing required field, in declaration order.",
-        "every source (`FileSource` in every format, `TableSource`)",
+        "every source (`FileSource` in every format, `TableSource`, `KafkaSource`, "
+        "`PostgresCdcSource`)",
         "missing field: user_id, ts",
         "Fix the producer, or drop the field from `required` and handle nulls in a step.",
     ),
@@ -175,7 +178,8 @@ COLUMNS: tuple[Column, ...] = (
         "bigint",
         "Where the record is in its split: the byte offset of its line in the file (JSON "
         "Lines, CSV; of the uncompressed stream for gzip), the row number in the file "
-        "(Parquet), or the key value (`TableSource`). With `split_id` it is unique: a split "
+        "(Parquet), the key value (`TableSource`), or the message's offset in its partition "
+        "(`KafkaSource`; `uri` is `<topic>/<partition>`). With `split_id` it is unique: a split "
         "re-read after a crash rejects the same record once.",
     ),
     Column(

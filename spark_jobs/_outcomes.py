@@ -71,9 +71,11 @@ PRECEDENCE = (
 _MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "The run completed (or nothing was new) and every split in its scope is "
     "committed.",
-    ExitCode.FAILED: "The run failed: an error that stayed after the retries, an outage, a "
-    "bug. Spark prints each attempt's traceback; the last line sums them up. Run it again "
-    "once the cause is fixed: committed output is kept, the rest is read again.",
+    ExitCode.FAILED: "The run failed: an error that stayed after the retries, an outage (a "
+    "database, broker or object store that does not answer: `sluice: unreachable: <setting>: "
+    "…`, before or during a run), a bug. Spark prints each attempt's traceback; the last "
+    "line sums them up. Run it again once the cause is fixed: committed output is kept, the "
+    "rest is read again.",
     ExitCode.USAGE: "Usage, configuration or definition error (or a `--replace` that cannot "
     "start, a refused `demo-data`, a schema that needs `sluice db upgrade`); one line on "
     "stderr, nothing was run. Also bad input of a source that no retry can read (a CDC "

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 
 import click
 
-from enumerator_service import ConfigError, CrossDayRebuildError, PartitionBusyError, SchemaError
+from enumerator_service import (
+    ConfigError,
+    CrossDayRebuildError,
+    PartitionBusyError,
+    SchemaError,
+    ServerUnreachable,
+)
 from spark_jobs._outcomes import (
     BadInputFailure,
     DeterministicFailure,
@@ -97,6 +103,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SchemaError as exc:  # says what to do; not a setting's mistake
         click.echo(f"sluice: {exc}", err=True)
         sys.exit(ExitCode.USAGE)
+    except ServerUnreachable as exc:  # an outage: running again may succeed
+        click.echo(f"sluice: unreachable: {exc}", err=True)
+        sys.exit(ExitCode.FAILED)
     except ConfigError as exc:
         click.echo(f"sluice: configuration error: {exc}", err=True)
         sys.exit(ExitCode.USAGE)

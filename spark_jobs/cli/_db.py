@@ -161,15 +161,15 @@ def db_upgrade(ctx: click.Context) -> None:
     platform = open_for(settings, migrate=True)
     revision = schema_revision(platform.engine)
     where = redact_url(platform.url)
+    # soft_wrap: a long URL stays on its line (a narrow terminal wrapped it onto the next).
     if before == "?":
-        console.print(f"Schema [bold]sluice[/] is at revision {revision} at {where}")
+        line = f"Schema [bold]sluice[/] is at revision {revision} at {where}"
     elif before == revision:
-        console.print(
-            f"Schema [bold]sluice[/] was already up to date (revision {revision}) at {where}"
-        )
+        line = f"Schema [bold]sluice[/] was already up to date (revision {revision}) at {where}"
     else:
         done = "created" if before is None else f"migrated from revision {before}"
-        console.print(f"Schema [bold]sluice[/] {done} to revision {revision} at {where}")
+        line = f"Schema [bold]sluice[/] {done} to revision {revision} at {where}"
+    console.print(line, soft_wrap=True)
     platform.close()
 
 

@@ -144,6 +144,8 @@ def discover_cmd(ctx: click.Context, pipeline: str | None, dates: tuple[str, ...
     settings = settings_of(ctx)
     chosen = pipeline_named(settings, pipeline)
     days = dates_of(dates)
+    if days and not chosen.plan.source.partitioned:  # as `run --date` refuses it
+        raise ConfigError(f"{chosen.name}: dates", "the pipeline's output is unpartitioned")
     platform = open_for(settings)
     try:
         discover_all(platform, chosen, days)

@@ -230,7 +230,9 @@ def status_table(status: PlatformStatus, held: Mapping[str, Any] | None = None) 
 def _held_rows(table: Table, held: Mapping[str, Any]) -> None:
     """A CDC slot as one line: active or not, retained WAL; other values as they are."""
     if "slot" in held:
-        if held.get("slot_dropped"):
+        if held.get("slot_unknown"):
+            _plain_row(table, "replication slot", f"{held['slot']} unknown: {held['slot_unknown']}")
+        elif held.get("slot_dropped"):
             _plain_row(
                 table,
                 "replication slot",

@@ -68,7 +68,7 @@ import pyarrow.fs as pafs
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import ConfigError, Location
+from enumerator_service import ConfigError, Location, ServerUnreachable
 
 __all__ = [
     "check_reachable",
@@ -226,6 +226,7 @@ def check_reachable(location: Location, setting: str) -> None:
             )
         else:
             why = _one_line(exc)
-        raise ConfigError(setting, f"{location.uri}: {why}") from None
+        error = ServerUnreachable if code == "NETWORK_CONNECTION" else ConfigError
+        raise error(setting, f"{location.uri}: {why}") from None
     if bucketed and info.type == pafs.FileType.NotFound:
         raise ConfigError(setting, f"{location.uri}: bucket {bucket!r} does not exist")

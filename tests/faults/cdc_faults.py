@@ -72,11 +72,21 @@ class SlotWatch(threading.Thread):
     where the last one's committed output ended). ``l0``: the slot's start, read after the
     first discovery. Offsets only grow, so reading the slot first and the offsets second
     never reports a violation that was not one. Samples while Postgres is down are skipped.
+    ``slot_url``: the server the slot is on, when it is not the platform's (``url``).
     Threading: its own thread; the lists are read by the test after ``stop()``."""
 
-    def __init__(self, url: str, slot: str, source: str, l0: int, every: float = 0.25) -> None:
+    def __init__(
+        self,
+        url: str,
+        slot: str,
+        source: str,
+        l0: int,
+        every: float = 0.25,
+        slot_url: str | None = None,
+    ) -> None:
         super().__init__(name=f"slot-watch-{slot}", daemon=True)
         self.url, self.slot, self.source, self.l0, self.every = url, slot, source, l0, every
+        self.slot_url = slot_url or url
         self.samples: list[SlotSample] = []
         self.violations: list[SlotSample] = []
         self.down = 0
@@ -91,9 +101,16 @@ class SlotWatch(threading.Thread):
         t0 = time.monotonic()
         while not self._halt.is_set():
             try:
-                with psycopg.connect(libpq_url(self.url), autocommit=True, connect_timeout=3) as c:
+                with (
+                    psycopg.connect(libpq_url(self.url), autocommit=True, connect_timeout=3) as c,
+                    psycopg.connect(
+                        libpq_url(self.slot_url), autocommit=True, connect_timeout=3
+                    ) as on_slot,
+                ):
                     while not self._halt.wait(self.every):
-                        flushed, committed, retained = slot_offsets(c, self.slot, self.source)
+                        flushed, committed, retained = slot_offsets(
+                            on_slot, self.slot, self.source, c
+                        )
                         sample = SlotSample(
                             time.monotonic() - t0, flushed, max(committed, self.l0), retained
                         )
@@ -108,19 +125,29 @@ class SlotWatch(threading.Thread):
                 return
 
 
-def slot_offsets(conn: psycopg.Connection[Any], slot: str, source: str) -> tuple[int, int, int]:
+def slot_offsets(
+    conn: psycopg.Connection[Any],
+    slot: str,
+    source: str,
+    platform: psycopg.Connection[Any] | None = None,
+) -> tuple[int, int, int]:
     """(the slot's confirmed_flush_lsn, the stream splits' greatest committed or start
-    offset — 0: none yet, WAL bytes the slot retains), each as an integer."""
+    offset — 0: none yet, WAL bytes the slot retains), each as an integer; the slot read
+    on ``conn`` first, then the offsets on ``platform`` (default ``conn``)."""
     row = conn.execute(
         "SELECT confirmed_flush_lsn - '0/0', pg_current_wal_lsn() - restart_lsn"
         " FROM pg_replication_slots WHERE slot_name = %s",
         (slot,),
     ).fetchone()
     assert row is not None, f"the replication slot {slot} is gone"
-    offset = conn.execute(
-        "SELECT COALESCE(max(GREATEST(start_offset, COALESCE(committed_offset, 0))), 0)"
-        " FROM sluice.splits WHERE source = %s AND kind = 'pgcdc'",
-        (source,),
-    ).fetchone()
+    offset = (
+        (platform or conn)
+        .execute(
+            "SELECT COALESCE(max(GREATEST(start_offset, COALESCE(committed_offset, 0))), 0)"
+            " FROM sluice.splits WHERE source = %s AND kind = 'pgcdc'",
+            (source,),
+        )
+        .fetchone()
+    )
     assert offset is not None
     return int(row[0]), int(offset[0]), int(row[1])

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Engine
 
 from enumerator_service import StreamSplit, connect_engine
 from spark_jobs.connectors.postgres_cdc import _stream, drop_slot, slot_info
+from spark_jobs.connectors.postgres_cdc._advance import CommittedOffsets
 from spark_jobs.connectors.postgres_cdc._slot import ensure_publication, ensure_slot
 from spark_jobs.connectors.postgres_cdc._stream import MARKER_PREFIX, StreamReader
 from spark_jobs.source._batch import RecordSchema
@@ -79,7 +80,7 @@ def test_a_continuous_read_confirms_its_slot_while_it_streams(
 ) -> None:
     engine, table, other, slot, start = source
     committed = {"offset": start}
-    monkeypatch.setattr(_stream, "committed_offset", lambda _sql, _split: committed["offset"])
+    monkeypatch.setattr(CommittedOffsets, "of", lambda _self, _split: committed["offset"])
     monkeypatch.setattr(_stream, "_CONFIRM_SECONDS", (0.0, 0.0))  # a look per fetch
     reader = StreamReader(
         RecordSchema(_FIELDS, frozenset(), "_commit_time"),

@@ -51,10 +51,6 @@ def _module(tmp_path: Path, landing: Path, source: str = MODULE) -> dict[str, st
 @pytest.mark.parametrize(
     ("env", "setting"),
     [
-        (
-            {"SLUICE_DATABASE_URL": "postgresql://sluice:hunter2@127.0.0.1:9/none"},
-            "SLUICE_DATABASE_URL",
-        ),
         ({"SLUICE_DATABASE_URL": "mysql://x@y/z"}, "SLUICE_DATABASE_URL"),
         ({"SLUICE_PIPELINES": "my pipelines"}, "SLUICE_PIPELINES"),
         ({"SLUICE_PIPELINES": "no_such_module_here"}, "SLUICE_PIPELINES"),
@@ -75,6 +71,32 @@ def test_bad_configuration_is_one_line_and_exit_2(
     assert len(lines) == 1 and setting in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert "hunter2" not in result.stderr + result.stdout
+
+
+def test_a_database_that_does_not_answer_is_an_outage_exit_1(tmp_path: Path) -> None:
+    # Nothing listens on port 9: an outage (or a wrong address), which running again may
+    # get past — exit 1, like a run that failed, not 2 (a scheduler's alert, not a retry).
+    env = {"SLUICE_DATABASE_URL": "postgresql://sluice:hunter2@127.0.0.1:9/none"}
+    result = _run(["status"], env, tmp_path)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("sluice: unreachable: SLUICE_DATABASE_URL: cannot connect to")
+    assert "hunter2" not in result.stderr + result.stdout
+
+
+def test_a_database_that_refuses_the_user_is_a_configuration_error(
+    db_url: str, tmp_path: Path
+) -> None:
+    from sqlalchemy.engine import make_url
+
+    wrong = make_url(db_url).set(database="no_such_database_here")
+    env = {"SLUICE_DATABASE_URL": wrong.render_as_string(hide_password=False)}
+    result = _run(["status"], env, tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sluice: configuration error: SLUICE_"), lines
+    assert "no_such_database_here" in lines[0] and "does not exist" in lines[0]
 
 
 def test_a_definition_mistake_is_one_line_and_exit_2(tmp_path: Path) -> None:

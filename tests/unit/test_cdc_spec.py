@@ -143,3 +143,51 @@ def test_a_step_that_can_reorder_a_rows_changes_is_refused(
         assert _pipeline(steps=[step(**fine)]).plan.stages[0].mode in ("ordered", "key")  # type: ignore[attr-defined]
     both = _pipeline(steps=[step(mode="key", key=["v", "id"])]).plan.stages[0]
     assert both.key == ("v", "id")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["", "SHOP DB", "1SHOP", "shop-db", 42])
+def test_url_env_must_name_an_environment_variable(name: Any) -> None:
+    with pytest.raises(PipelineDefinitionError, match="url_env must be the name of an env"):
+        _pipeline(url_env=name)
+
+
+def test_url_env_names_a_variable_not_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    from enumerator_service import ConfigError, ServerUnreachable
+    from spark_jobs.connectors.postgres_cdc._source_db import source_engine, task_dsn
+
+    assert _pipeline(url_env="SHOP_DB").plan.source.options.url_env == "SHOP_DB"
+    monkeypatch.delenv("SHOP_DB", raising=False)
+    with pytest.raises(ConfigError, match=r"^PostgresCdcSource\(url_env\): environment variable"):
+        task_dsn("SHOP_DB", "postgresql:///platform")
+    assert task_dsn(None, "postgresql:///platform") == "postgresql:///platform"
+    # Unreachable (nothing listens on port 1): the setting, the variable, no password.
+    monkeypatch.setenv("SHOP_DB", "postgresql://cdc:s3cret-pw@127.0.0.1:1/shop")
+    with pytest.raises(ConfigError) as caught:
+        source_engine("SHOP_DB", None)  # type: ignore[arg-type]
+    line = str(caught.value)
+    assert isinstance(caught.value, ServerUnreachable)  # an outage: exit 1, not 2
+    assert line.startswith("PostgresCdcSource(url_env): SHOP_DB: cannot connect to")
+    assert "s3cret-pw" not in line and "\n" not in line
+    assert task_dsn("SHOP_DB", "x") == "postgresql://cdc:s3cret-pw@127.0.0.1:1/shop"
+    monkeypatch.setenv("SHOP_DB", "mysql://cdc@db/shop")
+    with pytest.raises(ConfigError, match="does not hold a postgresql:// URL"):
+        task_dsn("SHOP_DB", "x")
+
+
+@pytest.mark.parametrize(
+    ("message", "refused"),
+    [
+        ('connection failed: ... failed: FATAL:  database "x" does not exist', True),
+        ('connection failed: ... failed: FATAL:  role "x" does not exist', True),
+        ('connection failed: ... FATAL:  password authentication failed for user "u"', True),
+        ("connection failed: ... FATAL:  the database system is starting up", False),
+        ("connection failed: ... FATAL:  sorry, too many clients already", False),
+        ('connection failed: connection to server at "127.0.0.1", port 1 failed: refused', False),
+    ],
+)
+def test_a_server_that_refuses_the_user_is_a_setting_one_that_does_not_answer_an_outage(
+    message: str, refused: bool
+) -> None:
+    from enumerator_service._database import _refused
+
+    assert _refused(message) is refused

@@ -18,7 +18,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from enumerator_service import ConfigError
+from enumerator_service import ConfigError, ServerUnreachable
 from spark_jobs.connectors.kafka._options import KafkaOptions
 
 __all__ = [
@@ -88,9 +88,9 @@ def consume_ready(client: Consumer, most: int, timeout: float) -> list[Message]:
     return messages
 
 
-def _unreachable(options: KafkaOptions, exc: BaseException) -> ConfigError:
+def _unreachable(options: KafkaOptions, exc: BaseException) -> ServerUnreachable:
     detail = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else str(exc)
-    return ConfigError(
+    return ServerUnreachable(
         _BOOTSTRAP,
         f"no answer from {options.bootstrap} within {options.timeout:g} s: {detail}",
     )

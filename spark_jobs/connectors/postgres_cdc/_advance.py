@@ -1,7 +1,10 @@
 """The stream reader's slot advance: the offset completed checkpoints committed (see
 ``_stream``: the slot is advanced only to it, by the reader's own status updates).
 
-Threading: functions of the stream reader's fetcher thread, on its own SQL connection.
+The offsets are Sluice's records, in the platform database — not necessarily the database
+the slot is in (``PostgresCdcSource(url_env)``).
+
+Threading: used on the stream reader's fetcher thread only; blocks on the platform database.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["committed_offset"]
+__all__ = ["CommittedOffsets", "committed_offset"]
 
 _COMMITTED = "SELECT committed_offset, pending FROM sluice.splits WHERE id = %s"
 
@@ -27,3 +30,22 @@ def committed_offset(sql: psycopg.Connection[Any], split_id: int) -> int | None:
         if span:
             flush = min(flush, int(span[0]))
     return flush
+
+
+class CommittedOffsets:
+    """``committed_offset`` of the splits, on a connection of its own to the platform
+    database (``dsn``), opened at the first question and kept until ``close``."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._sql: psycopg.Connection[Any] | None = None
+
+    def of(self, split_id: int) -> int | None:
+        if self._sql is None:
+            self._sql = psycopg.connect(self._dsn, autocommit=True, application_name="sluice-cdc")
+        return committed_offset(self._sql, split_id)
+
+    def close(self) -> None:
+        if self._sql is not None:
+            self._sql.close()
+            self._sql = None

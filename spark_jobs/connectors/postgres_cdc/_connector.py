@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import EnumeratorDiscovery, Settings, StreamSplit
+from enumerator_service import ConfigError, EnumeratorDiscovery, Settings, StreamSplit
 from spark_jobs._outcomes import BadInputFailure, bad_input_line
 from spark_jobs.connectors._interface import (
     ReaderContext,
@@ -27,6 +27,7 @@ from spark_jobs.connectors.postgres_cdc._enumerator import (
     require_own_slot,
 )
 from spark_jobs.connectors.postgres_cdc._slot import (
+    SlotInfo,
     SlotMissingError,
     check_wal_level,
     lsn_text,
@@ -34,6 +35,7 @@ from spark_jobs.connectors.postgres_cdc._slot import (
     slot_info,
 )
 from spark_jobs.connectors.postgres_cdc._snapshot import ChunkReader
+from spark_jobs.connectors.postgres_cdc._source_db import check_env_name, source_engine, task_dsn
 from spark_jobs.connectors.postgres_cdc._spec import CDC_FIELDS
 from spark_jobs.connectors.postgres_cdc._stream import StreamReader
 from spark_jobs.pipeline._catalog import check_fields, resolve, table_catalog
@@ -75,6 +77,8 @@ class CdcOptions:
     slot: str
     rows_per_chunk: int
     declared: tuple[str, ...]
+    #: The environment variable holding the source database's URL (None: the platform's).
+    url_env: str | None = None
 
     @property
     def table_names(self) -> tuple[str, ...]:
@@ -87,10 +91,14 @@ class CdcSplitReader:
 
     def __init__(self, schema: RecordSchema, context: ReaderContext) -> None:
         options: CdcOptions = context.options
-        self._chunks = ChunkReader(schema, context.dsn, declared=options.declared)
+        # The tables and the slot are the source database's; the splits' records (slot
+        # start, committed offsets) the platform's (``context.dsn``).
+        dsn = task_dsn(options.url_env, context.dsn)
+        self._chunks = ChunkReader(schema, dsn, state_dsn=context.dsn, declared=options.declared)
         self._stream = StreamReader(
             schema,
-            context.dsn,
+            dsn,
+            state_dsn=context.dsn,
             publication=options.publication,
             tables=options.table_names,
             declared=options.declared,
@@ -142,14 +150,16 @@ class CdcConnector(SourceConnector):
         slot = ctx.check(check_identifier, spec.slot or default, "slot")
         if not isinstance(spec.rows_per_chunk, int) or spec.rows_per_chunk < 1:
             raise ctx.fail("rows_per_chunk must be a positive integer")
-        options = CdcOptions(tables, key, publication, slot, spec.rows_per_chunk, declared)
+        url_env = ctx.check(check_env_name, spec.url_env)
+        options = CdcOptions(tables, key, publication, slot, spec.rows_per_chunk, declared, url_env)
         return SourceDetails(options, order_field="_lsn", op_field="_op", row_key=(key,))
 
     def describe(self, plan: SourcePlan, pipeline: str, where: str | None = None) -> str:
         options: CdcOptions = plan.options
         return (
             f"changes of {', '.join(options.table_names)} (snapshot by {options.key}, then"
-            f" slot {options.slot}, publication {options.publication})"
+            f" slot {options.slot}, publication {options.publication}"
+            + (f", in the database of ${options.url_env})" if options.url_env else ")")
         )
 
     def discovery(self, pipeline: Pipeline, settings: Settings) -> Discovery:
@@ -162,6 +172,7 @@ class CdcConnector(SourceConnector):
             resolve(pipeline, engine)
             return CdcEnumerator(
                 engine,
+                source_engine(options.url_env, engine),
                 pipeline.name,
                 tables=options.tables,
                 key=options.key,
@@ -187,11 +198,22 @@ class CdcConnector(SourceConnector):
         # Its line is the one a subtask's dropped slot gives (BadInputFailure, exit 2).
         options: CdcOptions = pipeline.plan.source.options
         try:
-            require_own_slot(engine, pipeline.name, options.slot)
+            require_own_slot(
+                engine, source_engine(options.url_env, engine), pipeline.name, options.slot
+            )
         except SlotMissingError as exc:
             raise BadInputFailure(f"pipeline {pipeline.name}: {bad_input_line(exc)}") from exc
 
     def check_catalog(self, conn: sa.Connection, plan: Plan) -> None:
+        options: CdcOptions = plan.source.options
+        if options.url_env is None:
+            self._check_tables(conn, plan)
+            return
+        with source_engine(options.url_env, conn.engine).connect() as source:
+            self._check_tables(source, plan)
+
+    def _check_tables(self, conn: sa.Connection, plan: Plan) -> None:
+        """``check_catalog`` on a connection to the source database."""
         options: CdcOptions = plan.source.options
         check_wal_level(conn)
         declared = [c for c in plan.source.columns if c.name in options.declared]
@@ -231,7 +253,10 @@ class CdcConnector(SourceConnector):
 
     def source_status(self, conn: sa.Connection, plan: Plan) -> Mapping[str, Any]:
         options: CdcOptions = plan.source.options
-        info = slot_info(conn, options.slot)
+        try:
+            info = _slot_info(conn, options)
+        except ConfigError as exc:  # the source server unknown or unreachable: said, not fatal
+            return {"slot": options.slot, "slot_exists": None, "slot_unknown": str(exc)}
         if info is None:  # not created yet, or dropped under the pipeline (changes lost)
             dropped = recorded_start(conn, plan.name) is not None
             return {"slot": options.slot, "slot_exists": False, "slot_dropped": dropped}
@@ -257,7 +282,10 @@ class CdcConnector(SourceConnector):
     ) -> tuple[bool, str, Mapping[str, Any]]:
         options: CdcOptions = plan.source.options
         bound = settings.cdc_max_retained_wal_mb
-        info = slot_info(conn, options.slot)
+        try:
+            info = _slot_info(conn, options)
+        except ConfigError as exc:  # what the slot retains cannot be known: not healthy
+            return False, str(exc), {"slot": options.slot}
         if info is None:
             return True, f"no replication slot {options.slot} (nothing retained)", {}
         retained_mb = info.retained_bytes / (1 << 20)
@@ -281,5 +309,18 @@ class CdcConnector(SourceConnector):
     def release(self, engine: Engine, plan: Plan) -> list[str] | None:
         options: CdcOptions = plan.source.options
         return release_source(
-            engine, plan.name, options.slot, options.publication, list(options.tables)
+            engine,
+            plan.name,
+            options.slot,
+            options.publication,
+            list(options.tables),
+            source_db=source_engine(options.url_env, engine),
         )
+
+
+def _slot_info(conn: sa.Connection, options: CdcOptions) -> SlotInfo | None:
+    """The slot as its server shows it (``conn``: the platform database's)."""
+    if options.url_env is None:
+        return slot_info(conn, options.slot)
+    with source_engine(options.url_env, conn.engine).connect() as source:
+        return slot_info(source, options.slot)

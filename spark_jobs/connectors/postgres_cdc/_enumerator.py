@@ -115,18 +115,22 @@ def _check_same_slot(cursor: dict[str, Any], source: str, slot: str) -> None:
         )
 
 
-def require_own_slot(engine: Engine, source: str, slot: str) -> None:
+def require_own_slot(engine: Engine, source_db: Engine, source: str, slot: str) -> None:
     """At discovery and at a run's start: ``slot`` is not another pipeline's (ConfigError
     naming ``PostgresCdcSource(slot)``), and once the pipeline's slot was created (its
     start recorded) it still exists — else SlotMissingError naming the last committed
-    position (a run would otherwise find nothing to read and end as if all were read)."""
+    position (a run would otherwise find nothing to read and end as if all were read).
+    ``engine``: the platform database (the records); ``source_db``: the slot's."""
     with engine.connect() as conn:
         check_slot_owner(conn, source, slot)
         cursor = recorded_cursor(conn, source)
         _check_same_slot(cursor, source, slot)
         start = _start_of(cursor)
-        if start is None or slot_info(conn, slot) is not None:
+        if start is None:
             return
+        with source_db.connect() as server:
+            if slot_info(server, slot) is not None:
+                return
         committed = conn.execute(_COMMITTED, {"source": source}).scalar()
     position = start if committed is None else int(committed)
     raise SlotMissingError(
@@ -137,11 +141,16 @@ def require_own_slot(engine: Engine, source: str, slot: str) -> None:
 
 
 class CdcEnumerator(SplitEnumerator):
-    """One discovery tick of a CDC source (see the module docstring for the steps)."""
+    """One discovery tick of a CDC source (see the module docstring for the steps).
+
+    ``engine`` is the platform database (splits, cursor, the slot's owner and lock),
+    ``source_db`` the tables' (publication, slot, chunk bounds): the same engine unless
+    the source names ``url_env``."""
 
     def __init__(
         self,
         engine: Engine,
+        source_db: Engine,
         source: str,
         *,
         tables: tuple[tuple[str, str], ...],
@@ -152,6 +161,7 @@ class CdcEnumerator(SplitEnumerator):
         lease_seconds: float = 60.0,
     ) -> None:
         super().__init__(engine, source, lease_seconds=lease_seconds)
+        self._source_db = source_db
         self._tables = tables
         self._key = key
         self._publication = publication
@@ -179,7 +189,7 @@ class CdcEnumerator(SplitEnumerator):
             return DiscoveryResult(0, 0, cursor)
         start = int(cursor["start_lsn"]) if reached is None else reached
         if reached is not None:
-            advance_slot(self._engine, self._slot, reached)  # committed: WAL before it can go
+            advance_slot(self._source_db, self._slot, reached)  # committed: WAL before it can go
         split = StreamSplit(self._source, STREAM_KIND, self._slot, start, None)
         added = self._store.register([split])
         return DiscoveryResult(1, added, cursor)
@@ -187,12 +197,12 @@ class CdcEnumerator(SplitEnumerator):
     def _claim_slot(self) -> dict[str, Any]:
         """Steps 0-2 of a discovery (under the slot's lock): the cursor, recording the slot."""
         # Step 0: the slot is the pipeline's own (not another's), and still there once created.
-        require_own_slot(self._engine, self._source, self._slot)
+        require_own_slot(self._engine, self._source_db, self._source, self._slot)
         cursor = self.cursor()
         # Step 1: the server can decode; the publication lists exactly the tables (one that
         # lists others is another pipeline's: never altered). Created only before the stream
         # starts: once it has, a missing publication means lost changes, never recreated.
-        with self._engine.begin() as conn:
+        with self._source_db.begin() as conn:
             check_wal_level(conn)
             if cursor["start_lsn"] is None:
                 ensure_publication(conn, self._publication, list(self._tables))
@@ -200,7 +210,7 @@ class CdcEnumerator(SplitEnumerator):
                 require_publication(conn, self._source, self._publication, list(self._tables))
         # Step 2: the slot before any chunk (its start is L0), unless it exists already.
         if cursor["start_lsn"] is None:
-            start, _ = ensure_slot(self._engine, self._slot)
+            start, _ = ensure_slot(self._source_db, self._slot)
             cursor = {"start_lsn": start, "chunks": False, "slot": self._slot}
             self._save_cursor(cursor)
         elif cursor.get("slot") is None:  # an older version's cursor: record the owner now
@@ -210,7 +220,7 @@ class CdcEnumerator(SplitEnumerator):
 
     def _chunks(self, schema: str, table: str) -> list[TableRangeSplit]:
         key = quote_identifier(self._key)
-        with self._engine.connect() as conn:
+        with self._source_db.connect() as conn:
             low, high, rows = conn.execute(
                 sa.text(
                     f"SELECT min({key}), max({key}), count(*) FROM {qualified_name(schema, table)}"

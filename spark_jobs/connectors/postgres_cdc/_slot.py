@@ -334,14 +334,23 @@ def recorded_cursor(conn: Connection, source: str) -> dict[str, Any]:
 
 
 def release_source(
-    engine: Engine, source: str, slot: str, publication: str, tables: list[tuple[str, str]]
+    engine: Engine,
+    source: str,
+    slot: str,
+    publication: str,
+    tables: list[tuple[str, str]],
+    *,
+    source_db: Engine | None = None,
 ) -> list[str]:
     """``sluice cdc drop``: drop the slot and the publication — only when it lists exactly
     the source's ``tables``: one that lists others is another pipeline's, and dropping it
     would lose that pipeline's changes — then forget the source's splits (their dead
     letters go with them) and its discovery cursor, so that the next discovery creates
     them again and takes a new snapshot. Lines saying what was done. Another pipeline's
-    slot: one ConfigError line naming its owner, and nothing is dropped nor forgotten."""
+    slot: one ConfigError line naming its owner, and nothing is dropped nor forgotten.
+    ``engine``: the platform database (the records); ``source_db``: the slot's and the
+    publication's (default: the same)."""
+    server = engine if source_db is None else source_db
     with engine.connect() as conn:
         owner = slot_owner(conn, slot)
         if owner is not None and owner != source:
@@ -350,16 +359,17 @@ def release_source(
                 f"replication slot {slot!r} belongs to pipeline {owner!r}: nothing dropped nor"
                 f" forgotten (to retire that pipeline: 'sluice cdc drop {owner}')",
             )
-        listed = publication_tables(conn, publication)
         # The slot its snapshot was taken with, when ``slot=`` was changed since: dropped too.
         recorded = recorded_cursor(conn, source).get("slot")
         if recorded is not None and slot_owner(conn, recorded) != source:
             recorded = None  # (another pipeline's now: never dropped from here)
+    with server.connect() as conn:
+        listed = publication_tables(conn, publication)
     owned = listed is None or listed == set(tables)
-    dropped_slot, dropped_publication = drop_slot(engine, slot, publication if owned else None)
+    dropped_slot, dropped_publication = drop_slot(server, slot, publication if owned else None)
     earlier = []
     if recorded is not None and recorded != slot:
-        gone = drop_slot(engine, recorded, None)[0]
+        gone = drop_slot(server, recorded, None)[0]
         earlier = [f"replication slot {recorded} (named before): {_dropped(gone)}"]
     with engine.begin() as conn:
         forgotten = conn.execute(_FORGET_SPLITS, {"source": source}).rowcount

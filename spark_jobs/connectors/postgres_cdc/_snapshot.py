@@ -81,13 +81,22 @@ class ChunkReader:
     """Reads one read of a snapshot chunk at a time, one page (one block) per ``fetch``."""
 
     def __init__(
-        self, schema: RecordSchema, dsn: str, *, declared: tuple[str, ...], batch_rows: int = 5000
+        self,
+        schema: RecordSchema,
+        dsn: str,
+        *,
+        declared: tuple[str, ...],
+        batch_rows: int = 5000,
+        state_dsn: str | None = None,
     ) -> None:
+        # ``dsn``: the tables' database; ``state_dsn``: the platform's (the slot start
+        # discovery recorded), default the same.
         self._schema = schema
         self._converter = RecordConverter(schema)
         self._names = list(self._converter.names)
         self._declared = declared
         self._dsn = dsn
+        self._state_dsn = dsn if state_dsn is None else state_dsn
         self._batch = batch_rows
         self._read: SplitRead | None = None
         self._table = ""
@@ -163,7 +172,7 @@ class ChunkReader:
     def _slot_start(self, source: str) -> int:
         found = self._start_lsn.get(source)
         if found is None:
-            with psycopg.connect(self._dsn, autocommit=True) as conn:
+            with psycopg.connect(self._state_dsn, autocommit=True) as conn:
                 row = conn.execute(_START, (source,)).fetchone()
             if row is None or row[0] is None:
                 raise RuntimeError(f"{source}: no slot start recorded (discover first)")

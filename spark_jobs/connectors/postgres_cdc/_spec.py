@@ -56,6 +56,12 @@ class PostgresCdcSource:
         publication: The publication to read (created by the first discovery when
             missing; one that exists must list exactly `tables` and is never altered, nor
             recreated once the stream started); default `sluice_<pipeline>`.
+        url_env: The name of an environment variable holding the URL of the database the
+            tables are in (`postgresql://user:password@host:port/dbname`), when it is not
+            the platform database: the publication and the slot are made there, Sluice's
+            records of the source stay in the platform database. Read on the driver and
+            in each Spark task (every executor's environment must have it); the URL never
+            enters the pipeline, a task or a log. Default: the platform database.
         slot: The logical replication slot (created when missing; it belongs to the
             pipeline that created it: another pipeline's is refused); default
             `sluice_<pipeline>`.
@@ -79,6 +85,7 @@ class PostgresCdcSource:
     out_of_orderness: Duration = "5s"
     idle_timeout: Duration = "60s"
     late_records: LatePolicy = "reopen"
+    url_env: str | None = None
 
     @property
     def partition_by(self) -> None:

@@ -57,7 +57,7 @@ import psycopg2.extras
 import pyarrow as pa
 
 from enumerator_service import StreamSplit
-from spark_jobs.connectors.postgres_cdc._advance import committed_offset
+from spark_jobs.connectors.postgres_cdc._advance import CommittedOffsets
 from spark_jobs.connectors.postgres_cdc._block import BlockDecoder, Piece, Runs
 from spark_jobs.connectors.postgres_cdc._changes import CdcError, ChangeRows
 from spark_jobs.connectors.postgres_cdc._pgoutput import (
@@ -111,7 +111,10 @@ class StreamReader:
         declared: tuple[str, ...],
         key: str,
         continuous: bool,
+        state_dsn: str | None = None,
     ) -> None:
+        # ``dsn``: the slot's database (replication, end markers); ``state_dsn``: the
+        # platform's (committed offsets), default the same.
         self._schema = schema
         self._converter = RecordConverter(schema)
         self._dsn = dsn
@@ -130,6 +133,7 @@ class StreamReader:
         self._receiver: Receiver | None = None
         self._backlog: list[bytes] = []  # taken from the receiver, not handled yet
         self._sql: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._committed = CommittedOffsets(dsn if state_dsn is None else state_dsn)
         self._reset(0)
 
     def _reset(self, position: int) -> None:
@@ -214,6 +218,7 @@ class StreamReader:
         """End the read (the reader stays usable: ``open`` connects again)."""
         self._read = None
         self._stop_stream()
+        self._committed.close()
         if self._sql is not None:
             self._sql.close()
             self._sql = None
@@ -378,8 +383,8 @@ class StreamReader:
         if now < self._next_confirm or self._receiver is None or self._floor is None:
             return
         self._next_confirm = now + self._confirm_every
-        assert self._read is not None and self._sql is not None
-        flush = committed_offset(self._sql, self._read.split_id)
+        assert self._read is not None
+        flush = self._committed.of(self._read.split_id)
         if flush is None or flush <= self._confirmed or flush < self._floor:
             return
         self._receiver.confirm(flush)

@@ -1,0 +1,97 @@
+"""Where a CDC source's tables, publication and slot are: the platform database, or the
+database whose URL the environment variable named by ``PostgresCdcSource(url_env)`` holds.
+
+Sluice's own records of the source (its splits, its discovery cursor, which pipeline owns
+which slot) always stay in the platform database; only the tables, the publication, the
+slot and the WAL are on the source server. The URL is read where it is used — the driver's
+environment for discovery, status, checks and ``sluice cdc drop``, each task's environment
+for the chunk and stream readers — so it never enters a plan, a task's closure or a log
+(what is shown of it goes through ``redact_url``).
+
+Threading: ``source_engine`` may be called from any thread (one engine per URL and process,
+created under a lock); engines are SQLAlchemy's (thread-safe pools).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+from sqlalchemy.engine import Engine
+
+from enumerator_service import ConfigError, asyncpg_dsn, connect_engine
+
+__all__ = ["SETTING", "check_env_name", "source_engine", "task_dsn"]
+
+#: The setting named by every error about the source database's URL.
+SETTING = "PostgresCdcSource(url_env)"
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def check_env_name(name: object) -> str | None:
+    """``url_env`` as the definition gives it: None (the platform database) or the name of
+    an environment variable (ValueError otherwise: the caller names the setting)."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+        raise ValueError(
+            f"url_env must be the name of an environment variable (letters, digits and _),"
+            f" not {name!r}"
+        )
+    return name
+
+
+def _url(url_env: str) -> str:
+    """The URL in ``$url_env``; ConfigError naming the setting and the variable when it is
+    unset or empty (never the value)."""
+    url = os.environ.get(url_env, "").strip()
+    if not url:
+        raise ConfigError(
+            SETTING,
+            f"environment variable {url_env} is not set: it must hold the URL of the source"
+            " database (postgresql://user@host:port/dbname) on the driver and on every"
+            " Spark executor",
+        )
+    if not url.startswith(("postgresql://", "postgres://", "postgresql+")):
+        raise ConfigError(
+            SETTING, f"{url_env} does not hold a postgresql:// URL of the source database"
+        )
+    return url.replace("postgres://", "postgresql://", 1)
+
+
+def source_engine(url_env: str | None, platform: Engine) -> Engine:
+    """The engine of the source database: ``platform`` itself when ``url_env`` is None,
+    else one engine per URL for the process (connected and checked the first time:
+    ConfigError naming the setting when unreachable)."""
+    if url_env is None:
+        return platform
+    url = _url(url_env)
+    with _engines_lock:
+        engine = _engines.get(url)
+        if engine is None:
+            try:
+                engine = connect_engine(url, pool_size=2, setting=SETTING)
+            except ConfigError as exc:  # (the URL shown without its password)
+                raise type(exc)(SETTING, f"{url_env}: {exc.problem}") from None
+            except Exception:  # an unparsable URL: never shown (it may hold a password)
+                raise ConfigError(SETTING, f"{url_env} does not hold a readable URL") from None
+            _engines[url] = engine
+    return engine
+
+
+def task_dsn(url_env: str | None, platform_dsn: str) -> str:
+    """The libpq DSN a task's readers connect to the source with: ``platform_dsn`` (the
+    platform database, its password already resolved in the task) when ``url_env`` is
+    None, else the URL in the task's own environment."""
+    if url_env is None:
+        return platform_dsn
+    try:
+        return asyncpg_dsn(_url(url_env))
+    except ConfigError:
+        raise
+    except Exception:  # an unparsable URL: never shown (it may hold a password)
+        raise ConfigError(SETTING, f"{url_env} does not hold a readable URL") from None
