@@ -34,6 +34,7 @@ __all__ = [
     "database_url",
     "head_revision",
     "read_password_file",
+    "refused_by_server",
     "require_current_schema",
     "schema_revision",
     "upgrade_schema",
@@ -128,7 +129,7 @@ def connect_engine(url: str, *, pool_size: int = 5, setting: str = "SLUICE_DATAB
         engine.dispose()
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
         reason, shown = redact_text(reason, url), redact_url(url)
-        error = ConfigError if _refused(str(exc.orig)) else ServerUnreachable
+        error = ConfigError if refused_by_server(str(exc.orig)) else ServerUnreachable
         raise error(setting, f"cannot connect to {shown}: {reason}") from None
     return engine
 
@@ -137,7 +138,7 @@ def connect_engine(url: str, *, pool_size: int = 5, setting: str = "SLUICE_DATAB
 _TRANSIENT_FATAL = ("starting up", "shutting down", "recovery", "too many", "connection slots")
 
 
-def _refused(message: str) -> bool:
+def refused_by_server(message: str) -> bool:
     """The server answered the connection with FATAL for who is asking (no such user or
     database, a wrong password, no pg_hba entry): libpq gives no SQLSTATE for it."""
     fatal = message.partition("FATAL:")[2]

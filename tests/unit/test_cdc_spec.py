@@ -188,6 +188,62 @@ def test_url_env_names_a_variable_not_a_url(monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_server_that_refuses_the_user_is_a_setting_one_that_does_not_answer_an_outage(
     message: str, refused: bool
 ) -> None:
-    from enumerator_service._database import _refused
+    from enumerator_service import refused_by_server
 
-    assert _refused(message) is refused
+    assert refused_by_server(message) is refused
+
+
+class _Clock:
+    """A virtual clock for ``_source_db``: ``sleep`` moves it on, nothing waits."""
+
+    def __init__(self) -> None:
+        self.now, self.slept = 0.0, 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+
+def test_a_reader_waits_out_a_restart_but_not_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    from enumerator_service import ConfigError, ServerUnreachable
+    from spark_jobs.connectors.postgres_cdc import _source_db
+
+    clock = _Clock()
+    monkeypatch.setattr(_source_db, "time", clock)
+    url = "postgresql://cdc:s3cret-pw@db.example:5432/shop"
+    down = 'connection failed: connection to server at "10.0.0.9", port 5432 failed: refused'
+    attempts: list[float] = []
+
+    def back_after(seconds: float) -> object:
+        attempts.append(clock.now)
+        if clock.now < seconds:
+            raise psycopg.OperationalError(down)
+        return "connected"
+
+    where = _source_db.where_of("SHOP_DB")
+    assert _source_db.connect_patiently(lambda: back_after(5.0), url, where) == "connected"
+    assert 5.0 <= clock.now < 7.0 and len(attempts) > 3  # backing off, at most 2 s apart
+    # Still down after the patience: an outage, naming setting and variable, no password.
+    clock.now = 0.0
+    with pytest.raises(ServerUnreachable) as caught:
+        _source_db.connect_patiently(lambda: back_after(1e9), url, where)
+    assert 28.0 <= clock.now <= 30.0
+    line = str(caught.value)
+    assert line.startswith("PostgresCdcSource(url_env): SHOP_DB: cannot connect to postgresql")
+    assert "s3cret-pw" not in line
+    # Refused (a wrong password): at once, a configuration error.
+    clock.now, clock.slept = 0.0, 0.0
+
+    def refused() -> object:
+        raise psycopg.OperationalError(
+            '... failed: FATAL:  password authentication failed for "cdc"'
+        )
+
+    with pytest.raises(ConfigError) as refusal:
+        _source_db.connect_patiently(refused, url, where)
+    assert not isinstance(refusal.value, ServerUnreachable) and clock.slept == 0.0

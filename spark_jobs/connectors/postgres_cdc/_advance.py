@@ -13,6 +13,8 @@ from typing import Any
 
 import psycopg
 
+from spark_jobs.connectors.postgres_cdc._source_db import connect_patiently
+
 __all__ = ["CommittedOffsets", "committed_offset"]
 
 _COMMITTED = "SELECT committed_offset, pending FROM sluice.splits WHERE id = %s"
@@ -42,7 +44,10 @@ class CommittedOffsets:
 
     def of(self, split_id: int) -> int | None:
         if self._sql is None:
-            self._sql = psycopg.connect(self._dsn, autocommit=True, application_name="sluice-cdc")
+            dsn = self._dsn
+            self._sql = connect_patiently(
+                lambda: psycopg.connect(dsn, autocommit=True, application_name="sluice-cdc"), dsn
+            )
         return committed_offset(self._sql, split_id)
 
     def close(self) -> None:

@@ -35,7 +35,12 @@ from spark_jobs.connectors.postgres_cdc._slot import (
     slot_info,
 )
 from spark_jobs.connectors.postgres_cdc._snapshot import ChunkReader
-from spark_jobs.connectors.postgres_cdc._source_db import check_env_name, source_engine, task_dsn
+from spark_jobs.connectors.postgres_cdc._source_db import (
+    check_env_name,
+    source_engine,
+    task_dsn,
+    where_of,
+)
 from spark_jobs.connectors.postgres_cdc._spec import CDC_FIELDS
 from spark_jobs.connectors.postgres_cdc._stream import StreamReader
 from spark_jobs.pipeline._catalog import check_fields, resolve, table_catalog
@@ -93,12 +98,15 @@ class CdcSplitReader:
         options: CdcOptions = context.options
         # The tables and the slot are the source database's; the splits' records (slot
         # start, committed offsets) the platform's (``context.dsn``).
-        dsn = task_dsn(options.url_env, context.dsn)
-        self._chunks = ChunkReader(schema, dsn, state_dsn=context.dsn, declared=options.declared)
+        dsn, where = task_dsn(options.url_env, context.dsn), where_of(options.url_env)
+        self._chunks = ChunkReader(
+            schema, dsn, state_dsn=context.dsn, declared=options.declared, where=where
+        )
         self._stream = StreamReader(
             schema,
             dsn,
             state_dsn=context.dsn,
+            where=where,
             publication=options.publication,
             tables=options.table_names,
             declared=options.declared,

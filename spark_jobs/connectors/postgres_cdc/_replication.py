@@ -22,6 +22,8 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extras
 
+from spark_jobs.connectors.postgres_cdc._source_db import PLATFORM, connect_patiently
+
 __all__ = ["TAKEOVER_SECONDS", "open_replication"]
 
 #: Seconds an open waits for another walsender to release the slot.
@@ -31,19 +33,29 @@ _log = logging.getLogger(__name__)
 
 
 def open_replication(
-    dsn: str, slot: str, position: int, publication: str, wait: float = TAKEOVER_SECONDS
+    dsn: str,
+    slot: str,
+    position: int,
+    publication: str,
+    wait: float = TAKEOVER_SECONDS,
+    where: tuple[str, str] = PLATFORM,
 ) -> tuple[Any, Any]:
     """(connection, cursor) streaming ``slot`` from ``position`` (pgoutput, ``publication``,
     raw payloads, no status updates: see ``_stream``). A missing slot raises
-    ``psycopg2.errors.UndefinedObject`` (the caller names what is lost)."""
+    ``psycopg2.errors.UndefinedObject`` (the caller names what is lost); a server that does
+    not answer is waited for (``connect_patiently``; ``where``: what its error names)."""
     deadline = time.monotonic() + wait
     waited = False
     while True:
-        connection = psycopg2.connect(
+        connection = connect_patiently(
+            lambda: psycopg2.connect(
+                dsn,
+                connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                options="-c wal_sender_timeout=0",
+                application_name="sluice-cdc-stream",
+            ),
             dsn,
-            connection_factory=psycopg2.extras.LogicalReplicationConnection,
-            options="-c wal_sender_timeout=0",
-            application_name="sluice-cdc-stream",
+            where,
         )
         cursor = connection.cursor()
         options = {"proto_version": "1", "publication_names": publication, "messages": "true"}

@@ -38,6 +38,7 @@ import psycopg
 from enumerator_service import TableRangeSplit, qualified_name
 from spark_jobs.connectors.postgres_cdc._changes import CdcError
 from spark_jobs.connectors.postgres_cdc._pgoutput import from_text
+from spark_jobs.connectors.postgres_cdc._source_db import PLATFORM, connect_patiently
 from spark_jobs.pipeline._errors import quote
 from spark_jobs.source._batch import ParsedBlock, RecordSchema
 from spark_jobs.source._convert import RecordConverter
@@ -88,6 +89,7 @@ class ChunkReader:
         declared: tuple[str, ...],
         batch_rows: int = 5000,
         state_dsn: str | None = None,
+        where: tuple[str, str] = PLATFORM,
     ) -> None:
         # ``dsn``: the tables' database; ``state_dsn``: the platform's (the slot start
         # discovery recorded), default the same.
@@ -97,6 +99,7 @@ class ChunkReader:
         self._declared = declared
         self._dsn = dsn
         self._state_dsn = dsn if state_dsn is None else state_dsn
+        self._where = where  # what a connection error to ``dsn`` names
         self._batch = batch_rows
         self._read: SplitRead | None = None
         self._table = ""
@@ -137,7 +140,11 @@ class ChunkReader:
 
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         if self._conn is None:
-            self._conn = psycopg.connect(self._dsn, application_name="sluice-cdc-snapshot")
+            self._conn = connect_patiently(
+                lambda: psycopg.connect(self._dsn, application_name="sluice-cdc-snapshot"),
+                self._dsn,
+                self._where,
+            )
             self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         return self._conn
 
@@ -172,7 +179,8 @@ class ChunkReader:
     def _slot_start(self, source: str) -> int:
         found = self._start_lsn.get(source)
         if found is None:
-            with psycopg.connect(self._state_dsn, autocommit=True) as conn:
+            state = self._state_dsn
+            with connect_patiently(lambda: psycopg.connect(state, autocommit=True), state) as conn:
                 row = conn.execute(_START, (source,)).fetchone()
             if row is None or row[0] is None:
                 raise RuntimeError(f"{source}: no slot start recorded (discover first)")

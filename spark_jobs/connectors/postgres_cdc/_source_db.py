@@ -8,8 +8,12 @@ environment for discovery, status, checks and ``sluice cdc drop``, each task's e
 for the chunk and stream readers — so it never enters a plan, a task's closure or a log
 (what is shown of it goes through ``redact_url``).
 
+A task's readers connect with ``connect_patiently``: Spark retries a failed task at once, so
+without waiting, a server restart of a few seconds used up every attempt of the run.
+
 Threading: ``source_engine`` may be called from any thread (one engine per URL and process,
-created under a lock); engines are SQLAlchemy's (thread-safe pools).
+created under a lock); engines are SQLAlchemy's (thread-safe pools). ``connect_patiently``
+blocks the calling thread (a reader's fetcher thread) for at most ``CONNECT_PATIENCE`` s.
 """
 
 from __future__ import annotations
@@ -17,12 +21,41 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
+import psycopg
+import psycopg2
 from sqlalchemy.engine import Engine
 
-from enumerator_service import ConfigError, asyncpg_dsn, connect_engine
+from enumerator_service import (
+    ConfigError,
+    ServerUnreachable,
+    asyncpg_dsn,
+    connect_engine,
+    redact_text,
+    redact_url,
+    refused_by_server,
+)
 
-__all__ = ["SETTING", "check_env_name", "source_engine", "task_dsn"]
+__all__ = [
+    "CONNECT_PATIENCE",
+    "PLATFORM",
+    "SETTING",
+    "check_env_name",
+    "connect_patiently",
+    "source_engine",
+    "task_dsn",
+    "where_of",
+]
+
+_T = TypeVar("_T")
+
+#: Seconds a task's reader waits for a server that does not answer (a restart) to come back.
+CONNECT_PATIENCE = 30.0
+#: What a connection error names for the platform database: (setting, prefix of the line).
+PLATFORM = ("SLUICE_DATABASE_URL", "")
 
 #: The setting named by every error about the source database's URL.
 SETTING = "PostgresCdcSource(url_env)"
@@ -81,6 +114,39 @@ def source_engine(url_env: str | None, platform: Engine) -> Engine:
                 raise ConfigError(SETTING, f"{url_env} does not hold a readable URL") from None
             _engines[url] = engine
     return engine
+
+
+def where_of(url_env: str | None) -> tuple[str, str]:
+    """What a connection error to the source names: the setting and the variable."""
+    return PLATFORM if url_env is None else (SETTING, f"{url_env}: ")
+
+
+def connect_patiently(
+    connect: Callable[[], _T],
+    dsn: str,
+    where: tuple[str, str] = PLATFORM,
+    patience: float = CONNECT_PATIENCE,
+) -> _T:
+    """``connect()`` (psycopg or psycopg2 to ``dsn``), tried again while the server does not
+    answer, for at most ``patience`` s; then ServerUnreachable naming ``where`` (setting,
+    variable) and the URL without its password. A server refusing the user, the password
+    or the database is not waited for: ConfigError."""
+    deadline = time.monotonic() + patience
+    delay = 0.1
+    while True:
+        try:
+            return connect()
+        except (psycopg.OperationalError, psycopg2.OperationalError) as exc:
+            reason = " ".join(str(exc).split())
+            refused = refused_by_server(reason)
+            if not refused and time.monotonic() + delay <= deadline:
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+                continue
+            setting, prefix = where
+            error = ConfigError if refused else ServerUnreachable
+            line = f"{prefix}cannot connect to {redact_url(dsn)}: {redact_text(reason, dsn)}"
+            raise error(setting, line) from None
 
 
 def task_dsn(url_env: str | None, platform_dsn: str) -> str:

@@ -71,6 +71,7 @@ from spark_jobs.connectors.postgres_cdc._pgoutput import decode as decode_messag
 from spark_jobs.connectors.postgres_cdc._receiver import Receiver
 from spark_jobs.connectors.postgres_cdc._replication import open_replication
 from spark_jobs.connectors.postgres_cdc._slot import SlotMissingError, lsn_text
+from spark_jobs.connectors.postgres_cdc._source_db import PLATFORM, connect_patiently
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._convert import RecordConverter, new_block
 from spark_jobs.source._records import SplitRead
@@ -112,6 +113,7 @@ class StreamReader:
         key: str,
         continuous: bool,
         state_dsn: str | None = None,
+        where: tuple[str, str] = PLATFORM,
     ) -> None:
         # ``dsn``: the slot's database (replication, end markers); ``state_dsn``: the
         # platform's (committed offsets), default the same.
@@ -134,6 +136,7 @@ class StreamReader:
         self._backlog: list[bytes] = []  # taken from the receiver, not handled yet
         self._sql: psycopg.Connection[tuple[Any, ...]] | None = None
         self._committed = CommittedOffsets(dsn if state_dsn is None else state_dsn)
+        self._where = where  # what a connection error to ``dsn`` names
         self._reset(0)
 
     def _reset(self, position: int) -> None:
@@ -170,7 +173,12 @@ class StreamReader:
         self._reset(read.resume)
         self._read, self._slot = read, split.path
         if self._sql is None:
-            self._sql = psycopg.connect(self._dsn, autocommit=True, application_name="sluice-cdc")
+            dsn = self._dsn
+            self._sql = connect_patiently(
+                lambda: psycopg.connect(dsn, autocommit=True, application_name="sluice-cdc"),
+                dsn,
+                self._where,
+            )
         self._stop = read.stop_within(split.end)
         if self._stop is None and not self._continuous:
             # The marker written now is past every commit before the stop.
@@ -189,7 +197,7 @@ class StreamReader:
         assert self._read is not None
         try:
             self._repl, self._cursor = open_replication(
-                self._dsn, self._slot, self._position, self._publication
+                self._dsn, self._slot, self._position, self._publication, where=self._where
             )
         except psycopg2.errors.UndefinedObject:
             raise SlotMissingError(
