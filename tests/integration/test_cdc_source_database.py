@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,8 +58,10 @@ orders = Pipeline(
 
 
 @pytest.fixture(scope="module")
-def source_home() -> Path:
-    return Path(tempfile.mkdtemp(prefix="sl-src-", dir="/tmp"))  # short: a Unix socket path
+def source_home() -> Iterator[Path]:
+    home = Path(tempfile.mkdtemp(prefix="sl-src-", dir="/tmp"))  # short: a Unix socket path
+    yield home
+    shutil.rmtree(home, ignore_errors=True)  # (after source_server stopped its server)
 
 
 @pytest.fixture(scope="module")
