@@ -23,14 +23,13 @@ import time
 from typing import Any
 
 import sqlalchemy as sa
-from _e2e_cdc_source import libpq
 from _e2e_cdc_tables import cdc_pipeline, create_orders, sink_diff
 from _e2e_common import Context
 from _e2e_latency import POLL, Latency, Poller
 from _e2e_sluice import sluice_settings
 from _harness import forget_source
 
-from enumerator_service import SplitStore, splits
+from enumerator_service import SplitStore, asyncpg_dsn, splits
 from enumerator_service._operations import Platform, discover
 
 __all__ = ["measure_cdc_latency"]
@@ -140,7 +139,8 @@ def measure_cdc_latency(ctx: Context, rate: float, seconds: float) -> Latency:
             time.sleep(0.5)
         time.sleep(2.0)  # the snapshot's last checkpoint out of the way
         poller.start()
-        commits = _write(libpq(ctx.platform.url), table, 100_000, rate, seconds, ctx.args.users)
+        url = asyncpg_dsn(ctx.platform.url)
+        commits = _write(url, table, 100_000, rate, seconds, ctx.args.users)
         poller.catch_up(lambda: high.latest() >= commits[-1][0], run, outcome, CATCH_UP)
         load = os.getloadavg()
         diff = sink_diff(engine, table)

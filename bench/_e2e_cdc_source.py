@@ -22,15 +22,14 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 
-from enumerator_service import Settings, connect_engine
+from enumerator_service import Settings, asyncpg_dsn, connect_engine
 from enumerator_service._embedded import start_embedded, stop_embedded
 from enumerator_service._operations import Platform
 
-__all__ = ["SOURCE_URL_ENV", "CdcSource", "libpq", "own_server", "platform_source"]
+__all__ = ["SOURCE_URL_ENV", "CdcSource", "own_server", "platform_source"]
 
 #: The variable the bench's CDC pipelines name in ``url_env`` (set by ``own_server``).
 SOURCE_URL_ENV = "SLUICE_BENCH_CDC_SOURCE_URL"
@@ -49,19 +48,12 @@ class CdcSource:
     label: str
 
 
-def libpq(url: Any) -> str:
-    """A SQLAlchemy URL (or its text) as libpq takes it, password kept (never printed)."""
-    if isinstance(url, sa.URL):
-        url = url.render_as_string(hide_password=False)
-    return str(url).replace("postgresql+psycopg://", "postgresql://", 1)
-
-
 @contextlib.contextmanager
 def own_server(home: Path) -> Iterator[CdcSource]:
     """A second embedded server (started, ``wal_level=logical``), its URL in
     ``SOURCE_URL_ENV``; stopped, and the variable removed, at the end."""
     settings = Settings(home=home / "cdc-source", database_url=None)
-    url = libpq(start_embedded(settings, create=True))
+    url = asyncpg_dsn(start_embedded(settings, create=True))
     engine = connect_engine(url, pool_size=2)
     os.environ[SOURCE_URL_ENV] = url
     try:
@@ -74,7 +66,7 @@ def own_server(home: Path) -> Iterator[CdcSource]:
 
 def platform_source(platform: Platform) -> CdcSource:
     """The platform database as the source (the informational row)."""
-    url = libpq(platform.url)
+    url = asyncpg_dsn(platform.url)
     return CdcSource(
         platform.engine, url, None, "cdc-platform", " (source in the platform database)"
     )

@@ -1,5 +1,6 @@
-"""Helpers of the CDC fault cases: a change writer that survives Postgres crashes, and a
-watcher of the replication slot that checks it is never advanced past a committed offset.
+"""Helpers of the CDC fault cases: a change writer that survives Postgres crashes, a
+watcher of the replication slot that checks it is never advanced past a committed offset,
+and the fault-free runs that finish a snapshot before the stream's kills.
 
 Neither imports the code under test's CDC modules: the watcher reads ``pg_replication_slots``
 and ``sluice.splits`` with its own SQL, the writer is ``tests/cdc_oracle.py``'s
@@ -15,9 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import sqlalchemy as sa
 from cdc_oracle import ChangeGenerator, libpq_url
+from fault_harness import Driver
+from kill_cases import LEASE_SECONDS, MAX_DRAIN_RUNS
 
-__all__ = ["CrashProofWriter", "SlotSample", "SlotWatch", "slot_offsets"]
+__all__ = [
+    "CrashProofWriter",
+    "SlotSample",
+    "SlotWatch",
+    "chunk_states",
+    "finish_snapshot",
+    "slot_offsets",
+]
 
 #: A broken connection (the server crashed, is starting up, or refuses connections).
 _DOWN = (psycopg.OperationalError, psycopg.InterfaceError)
@@ -151,3 +162,27 @@ def slot_offsets(
     )
     assert offset is not None
     return int(row[0]), int(offset[0]), int(row[1])
+
+
+def chunk_states(engine: sa.Engine, pipeline: str) -> dict[str, int]:
+    """The pipeline's snapshot chunks by status (``engine``: the platform database)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT status, count(*) FROM sluice.splits"
+                " WHERE source = :s AND kind = 'pgcdc-chunk' GROUP BY status"
+            ),
+            {"s": pipeline},
+        ).all()
+    return {str(status): int(n) for status, n in rows}
+
+
+def finish_snapshot(driver: Driver, engine: sa.Engine, pipeline: str) -> None:
+    """Fault-free runs until every snapshot chunk is committed (the stream comes next)."""
+    for _ in range(MAX_DRAIN_RUNS):
+        if set(chunk_states(engine, pipeline)) == {"COMPLETED"}:
+            return
+        record = driver.finish_run(driver.start_run(), [])
+        if record.returncode not in (0, 3):
+            time.sleep(LEASE_SECONDS + 1)
+    raise AssertionError(f"the snapshot was not committed: {chunk_states(engine, pipeline)}")

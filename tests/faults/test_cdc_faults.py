@@ -30,12 +30,11 @@ from pathlib import Path
 import psycopg
 import pytest
 import sqlalchemy as sa
-from cdc_faults import CrashProofWriter, SlotWatch, slot_offsets
+from cdc_faults import CrashProofWriter, SlotWatch, chunk_states, finish_snapshot, slot_offsets
 from cdc_oracle import compare, create_table, libpq_url, rows_of
 from fault_harness import Chaos, Driver, OwnPostgres, Run, log, sluice, sluice_env, split_counts
 from kill_cases import (
     LEASE_SECONDS,
-    MAX_DRAIN_RUNS,
     SEED,
     SPARK_START,
     chaos_session,
@@ -167,7 +166,7 @@ def test_cdc_sink_equals_table_under_kills(postgres: tuple[OwnPostgres, Path]) -
         # kills left, top_up registers stream splits and the rest land in the stream).
         driver.spend_budget()
         in_snapshot = len(chaos.kills)
-        _finish_snapshot(case, driver)
+        finish_snapshot(driver, case.engine, case.pipeline)
         chaos.plan = list(PHASE_PLAN)
         chaos.rng.shuffle(chaos.plan)
         stream_from = len(chaos.runs) + 1
@@ -186,18 +185,6 @@ def test_cdc_sink_equals_table_under_kills(postgres: tuple[OwnPostgres, Path]) -
     assert writer.reconnects >= 1  # the writer met the Postgres crashes
     case.verdict("cdc_kills")
     _assert_slot(case, watch)
-
-
-def _finish_snapshot(case: Case, driver: Driver) -> None:
-    """Fault-free runs until every snapshot chunk is committed (the stream comes next)."""
-    for _ in range(MAX_DRAIN_RUNS):
-        states = _chunk_states(case)
-        if set(states) == {"COMPLETED"}:
-            return
-        record = driver.finish_run(driver.start_run(), [])
-        if record.returncode not in (0, 3):
-            time.sleep(LEASE_SECONDS + 1)
-    raise AssertionError(f"the snapshot was not committed: {_chunk_states(case)}")
 
 
 def _assert_slot(case: Case, watch: SlotWatch) -> None:
@@ -225,34 +212,22 @@ def _assert_slot(case: Case, watch: SlotWatch) -> None:
     assert retained <= RETAINED_MAX
 
 
-def _chunk_states(case: Case) -> dict[str, int]:
-    with case.engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT status, count(*) FROM sluice.splits"
-                " WHERE source = :s AND kind = 'pgcdc-chunk' GROUP BY status"
-            ),
-            {"s": case.pipeline},
-        ).all()
-    return {str(status): int(n) for status, n in rows}
-
-
 def _crash_during_snapshot(case: Case, driver: Driver, chunks: int, run: Run) -> list[str]:
     """Crash Postgres once some chunk of ``run`` is being read and before all are
     committed; returns the faults the run met."""
     rng = driver.chaos.rng
     deadline = time.monotonic() + SPARK_START
-    while not _chunk_states(case).get("READING"):
+    while not chunk_states(case.engine, case.pipeline).get("READING"):
         assert run.alive() and time.monotonic() < deadline, run.output()[-3000:]
         time.sleep(0.2)
     # Into the reading of the chunks: once `done` of them are committed (a point drawn from
     # the seed, by progress rather than by time: a quiet machine reads 200,000 rows in ~2 s).
     done = rng.randint(0, chunks - 2)
-    states = _chunk_states(case)
+    states = chunk_states(case.engine, case.pipeline)
     while states.get("COMPLETED", 0) < done and states.get("READING"):
         assert run.alive() and time.monotonic() < deadline, run.output()[-3000:]
         time.sleep(0.05)
-        states = _chunk_states(case)
+        states = chunk_states(case.engine, case.pipeline)
     # Still in the snapshot: some chunk read now, not every one committed.
     assert states.get("READING") and states.get("COMPLETED", 0) < chunks, states
     downtime = rng.uniform(1.0, 3.0)
@@ -278,7 +253,7 @@ def test_cdc_snapshot_survives_a_postgres_restart(postgres: tuple[OwnPostgres, P
     sluice(case.env, case.work, "db", "upgrade")
     create_table(case.engine, case.table, rows=SNAPSHOT_ROWS)
     log(f"discover: {case.discover()}")
-    chunks = sum(_chunk_states(case).values())
+    chunks = sum(chunk_states(case.engine, case.pipeline).values())
     assert chunks == 8, chunks
     l0, _, _ = case.slot()
     seed = SEED + 1

@@ -19,7 +19,6 @@ stopped. ``SLUICE_FAULTS_SEED=<n>`` replays a schedule.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +26,12 @@ from pathlib import Path
 import psycopg
 import pytest
 import sqlalchemy as sa
-from cdc_faults import CrashProofWriter, SlotWatch, slot_offsets
+from cdc_faults import CrashProofWriter, SlotWatch, finish_snapshot, slot_offsets
 from cdc_oracle import Diff, compare, create_table, libpq_url, rows_of
 from cdc_pipelines import REMOTE_TABLE, REMOTE_URL_ENV
 from fault_harness import Chaos, Driver, OwnPostgres, Run, log, sluice, sluice_env, split_counts
 from kill_cases import (
     LEASE_SECONDS,
-    MAX_DRAIN_RUNS,
     SEED,
     SPARK_START,
     chaos_session,
@@ -144,7 +142,7 @@ def test_cdc_from_its_own_server_sink_equals_table_under_kills(
     writer.start()
     watch.start()
     with chaos_session(driver, PIPELINE, [writer, watch], kinds=False):
-        _finish_snapshot(driver, sink)
+        finish_snapshot(driver, sink, PIPELINE)
         discover()  # the stream split
         driver.spend_budget()
         writer.stop()
@@ -169,24 +167,3 @@ def test_cdc_from_its_own_server_sink_equals_table_under_kills(
     assert len(watch.samples) > 20 and watch.violations == [], watch.violations[:5]
     table.dispose()
     sink.dispose()
-
-
-def _finish_snapshot(driver: Driver, sink: sa.Engine) -> None:
-    """Fault-free runs until every snapshot chunk is committed (the stream comes next)."""
-    for _ in range(MAX_DRAIN_RUNS):
-        with sink.connect() as conn:
-            states = set(
-                conn.execute(
-                    sa.text(
-                        "SELECT DISTINCT status FROM sluice.splits"
-                        " WHERE source = :s AND kind = 'pgcdc-chunk'"
-                    ),
-                    {"s": PIPELINE},
-                ).scalars()
-            )
-        if states == {"COMPLETED"}:
-            return
-        record = driver.finish_run(driver.start_run(), [])
-        if record.returncode not in (0, 3):
-            time.sleep(LEASE_SECONDS + 1)
-    raise AssertionError("the snapshot was not committed")

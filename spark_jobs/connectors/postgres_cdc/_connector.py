@@ -3,7 +3,8 @@ replication slot (:class:`~._enumerator.CdcEnumerator`, :class:`CdcSplitReader`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -213,11 +214,7 @@ class CdcConnector(SourceConnector):
             raise BadInputFailure(f"pipeline {pipeline.name}: {bad_input_line(exc)}") from exc
 
     def check_catalog(self, conn: sa.Connection, plan: Plan) -> None:
-        options: CdcOptions = plan.source.options
-        if options.url_env is None:
-            self._check_tables(conn, plan)
-            return
-        with source_engine(options.url_env, conn.engine).connect() as source:
+        with _on_source(conn, plan.source.options) as source:
             self._check_tables(source, plan)
 
     def _check_tables(self, conn: sa.Connection, plan: Plan) -> None:
@@ -326,9 +323,18 @@ class CdcConnector(SourceConnector):
         )
 
 
+@contextmanager
+def _on_source(conn: sa.Connection, options: CdcOptions) -> Iterator[sa.Connection]:
+    """A connection to the source database: ``conn`` itself (the platform database's)
+    unless the source names ``url_env``."""
+    if options.url_env is None:
+        yield conn
+        return
+    with source_engine(options.url_env, conn.engine).connect() as source:
+        yield source
+
+
 def _slot_info(conn: sa.Connection, options: CdcOptions) -> SlotInfo | None:
     """The slot as its server shows it (``conn``: the platform database's)."""
-    if options.url_env is None:
-        return slot_info(conn, options.slot)
-    with source_engine(options.url_env, conn.engine).connect() as source:
+    with _on_source(conn, options) as source:
         return slot_info(source, options.slot)

@@ -79,8 +79,9 @@ def check_env_name(name: object) -> str | None:
 
 
 def _url(url_env: str) -> str:
-    """The URL in ``$url_env``; ConfigError naming the setting and the variable when it is
-    unset or empty (never the value)."""
+    """The URL in ``$url_env`` as libpq takes it; ConfigError naming the setting and the
+    variable when it is unset, empty or unreadable (never the value: it may hold a
+    password)."""
     url = os.environ.get(url_env, "").strip()
     if not url:
         raise ConfigError(
@@ -93,7 +94,10 @@ def _url(url_env: str) -> str:
         raise ConfigError(
             SETTING, f"{url_env} does not hold a postgresql:// URL of the source database"
         )
-    return url.replace("postgres://", "postgresql://", 1)
+    try:
+        return asyncpg_dsn(url)
+    except Exception:  # the parser's message may quote the URL
+        raise ConfigError(SETTING, f"{url_env} does not hold a readable URL") from None
 
 
 def source_engine(url_env: str | None, platform: Engine) -> Engine:
@@ -110,8 +114,6 @@ def source_engine(url_env: str | None, platform: Engine) -> Engine:
                 engine = connect_engine(url, pool_size=2, setting=SETTING)
             except ConfigError as exc:  # (the URL shown without its password)
                 raise type(exc)(SETTING, f"{url_env}: {exc.problem}") from None
-            except Exception:  # an unparsable URL: never shown (it may hold a password)
-                raise ConfigError(SETTING, f"{url_env} does not hold a readable URL") from None
             _engines[url] = engine
     return engine
 
@@ -153,11 +155,4 @@ def task_dsn(url_env: str | None, platform_dsn: str) -> str:
     """The libpq DSN a task's readers connect to the source with: ``platform_dsn`` (the
     platform database, its password already resolved in the task) when ``url_env`` is
     None, else the URL in the task's own environment."""
-    if url_env is None:
-        return platform_dsn
-    try:
-        return asyncpg_dsn(_url(url_env))
-    except ConfigError:
-        raise
-    except Exception:  # an unparsable URL: never shown (it may hold a password)
-        raise ConfigError(SETTING, f"{url_env} does not hold a readable URL") from None
+    return platform_dsn if url_env is None else _url(url_env)
