@@ -8,7 +8,10 @@ Where the numbers come from, per day D of pipeline P:
   generation — Parquet files published into ``dt=D`` since D's latest rebuild was swapped in
   (all of them without a rebuild), or by that rebuild; for a table sink the transactions'
   per-day counts. Summed over every run that committed them;
-- dead letters: rows of ``sluice.dead_letters`` of the splits registered for D;
+- dead letters: rows of ``sluice.dead_letters`` of P counted on D — their own day (the
+  day the commit tagged them with: a step's, its record's event day; a reader's, its
+  landing day, or a Kafka main line's message timestamp day), else, untagged, their split's
+  day;
 - splits: how many bounded splits D has, and how many are completed (an unbounded one —
   a change stream — never completes).
 
@@ -104,13 +107,21 @@ def partition_counts(
                     .group_by(by_day)
                 )
             }
+            dead_day = (
+                sa.func.coalesce(dead_letters.c.partition_key, splits.c.partition_key)
+                if partitioned
+                else sa.literal(None)
+            )
+            dead_of = [splits.c.source == source]
+            if partitioned:
+                dead_of.append(dead_day.in_(partitioned))
             dead = {
                 key: int(n)
                 for key, n in conn.execute(
-                    sa.select(by_day, sa.func.count())
+                    sa.select(dead_day, sa.func.count())
                     .select_from(dead_letters.join(splits, dead_letters.c.split_id == splits.c.id))
-                    .where(*of_source)
-                    .group_by(by_day)
+                    .where(*dead_of)
+                    .group_by(dead_day)
                 )
             }
     finally:

@@ -64,7 +64,6 @@ from enumerator_service._rebuild_members import (
     PartitionBusyError,
     hold_unread,
     members,
-    older_versions,
     processed_days,
 )
 from enumerator_service._rebuild_stats import replace_partition
@@ -288,14 +287,14 @@ class RebuildStore:
             lock_rebuilds(conn, rebuild.source)
             if self._status(conn, rebuild.id) != RebuildStatus.SWAPPING:
                 return  # finished by someone else meanwhile
-            # Step 1: D's dead letters the members did not reject again (a reader's dead
-            # letter of a landing file of D included; untagged ones predate partition keys),
-            # and those of older versions of changed files: their rows leave with the old
-            # folder, so a record fixed in the new version is never in both.
+            # Step 1: D's dead letters of earlier generations — every dead letter of the
+            # source counted on D that the rebuild did not write (the members', those of
+            # older versions of changed files, a Kafka main line's: the day splits re-read
+            # its messages of D), and a reader's dead letter of a landing file of D
+            # (untagged ones predate partition keys): their rows leave with the old folder,
+            # so a record fixed in the new version is never in both, and none twice.
             source, day = rebuild.source, rebuild.partition_key
-            members_ = sa.select(splits.c.id).where(
-                sa.or_(splits.c.rebuild_id == rebuild.id, splits.c.id.in_(older_versions(source)))
-            )
+            of_source = sa.select(splits.c.id).where(splits.c.source == source)
             landing = sa.select(splits.c.id).where(
                 splits.c.source == source, splits.c.partition_key == day
             )
@@ -304,7 +303,7 @@ class RebuildStore:
                     dead_letters.c.rebuild_id.is_distinct_from(rebuild.id),
                     sa.or_(
                         sa.and_(
-                            dead_letters.c.split_id.in_(members_),
+                            dead_letters.c.split_id.in_(of_source),
                             dead_letters.c.partition_key == day,
                         ),
                         sa.and_(

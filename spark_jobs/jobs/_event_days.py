@@ -26,7 +26,9 @@ and the counts per output partition that a checkpoint acknowledgement carries.
   writes and counts its other days' records as any first reading does.
 - Dead letters count on the record's event day when it is known (a step's dead letter keeps
   the record, event time included), else on the split's landing day (a reader's dead letter:
-  the input did not parse, so it has no event time).
+  the input did not parse, so it has no event time), else — a split without a landing day,
+  with event-day partitions — on the day the reader gives it (a Kafka main line's: the
+  message's timestamp), else on no day.
 - Counts (rows, dead letters, late records per partition), which splits fed which day, the
   rebuilds' tallies and each dead letter's day accumulate on the mailbox thread between two
   barriers and are taken by the checkpoint trigger, so they describe exactly the staged
@@ -224,17 +226,26 @@ class EventDays:
                 )
             yield day, part
 
-    def count_dead_letter(self, split_id: int, offset: int, raw: bytes | None = None) -> bool:
+    def count_dead_letter(
+        self,
+        split_id: int,
+        offset: int,
+        raw: bytes | None = None,
+        *,
+        read_day: date | None = None,
+    ) -> bool:
         """A record of the split rejected: whether to write the dead letter, counted on its
         output partition: the UTC day of its event time when that is known — a step's dead
         letter (``raw``: the record as a JSON object, as the per-record and lookup steps keep
         it) with a valid event time — else the split's landing day (a reader's dead letter:
-        the input did not parse). A rebuild member keeps only the dead letters of its
-        rebuild's day (into the rebuild's tally); the others were written by the first
-        processing and stay (False: not written twice) — a fresh member's are its first."""
+        the input did not parse), else ``read_day`` (the reader's day of a split without a
+        landing day: a Kafka message's timestamp) when the output has event-day partitions.
+        A rebuild member keeps only the dead letters of its rebuild's day (into the
+        rebuild's tally); the others were written by the first processing and stay (False:
+        not written twice) — a fresh member's are its first."""
         landing_day, rebuild_id, rebuild_day, fresh = self._splits[split_id]
         day = self.event_day(raw) if raw is not None else None
-        day = day or landing_day
+        day = day or landing_day or (read_day if self._event_time is not None else None)
         if rebuild_id is not None and day == rebuild_day:
             self._tally(rebuild_id, dead_letters=1)
         elif rebuild_id is not None and not fresh:

@@ -247,8 +247,12 @@ class ReaderTask:
         if rows.num_rows:  # (a block of only blank lines or dead letters has none)
             self._chain.push(Batch(block.split_id, rows, (block.start, block.end), only=only))
 
-    def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
-        self._dead_letter(split_id, offset, raw, reason, step=False)
+    def dead_letter(
+        self, split_id: int, offset: int, raw: bytes, reason: str, day: date | None = None
+    ) -> None:
+        # The input did not parse: on the landing day, else on the day the reader gave it.
+        counted = self._event_days.count_dead_letter(split_id, offset, read_day=day)
+        self._dead_letter(counted, split_id, offset, raw, reason)
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
         held = self._splits[split_id]
@@ -272,15 +276,15 @@ class ReaderTask:
             self._event_days.write(self._sink, batch.rows, batch.split_id)
 
     def dead_letters(self, split_id: int, dead: list[DeadLetter]) -> None:
-        for offset, raw, reason in dead:
-            self._dead_letter(split_id, offset, raw, reason, step=True)
+        for offset, raw, reason in dead:  # a step's: on its record's event day (in ``raw``)
+            counted = self._event_days.count_dead_letter(split_id, offset, raw)
+            self._dead_letter(counted, split_id, offset, raw, reason)
 
     def _dead_letter(
-        self, split_id: int, offset: int, raw: bytes, reason: str, *, step: bool
+        self, counted: bool, split_id: int, offset: int, raw: bytes, reason: str
     ) -> None:
-        # A step's dead letter counts on the record's event day, a reader's on the landing
-        # day. A rebuild member's dead letter of another day stays as first written: dropped.
-        if self._event_days.count_dead_letter(split_id, offset, raw if step else None):
+        # Not counted: a rebuild member's dead letter of another day stays as first written.
+        if counted:
             self._sink.dead_letter(split_id, offset, raw, reason)
         else:
             self._sink.count_dropped(1)

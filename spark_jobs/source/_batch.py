@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 
 import pyarrow as pa
 
@@ -77,6 +77,9 @@ class ParsedBlock:
     #: For a replay block: the index of the restored range (``SplitAssignment.pending``) it
     #: re-reads.
     replay_entry: int = 0
+    #: The day each of ``dead`` counts on (same order) when the reader knows one for a split
+    #: without a landing day (a Kafka message's timestamp); None: the landing day's rule.
+    dead_days: list[date | None] | None = None
 
     @property
     def next_offset(self) -> int:

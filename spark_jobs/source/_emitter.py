@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Protocol
 
 from enumerator_service import SplitAssignment, SplitState
@@ -29,8 +29,11 @@ class ReaderOutput(Protocol):
     def collect_block(self, block: ParsedBlock) -> None:
         """A block's rows enter the operator chain (``block.replay``: re-read on restore)."""
 
-    def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
-        """A malformed record of a split (``reason``: ``"category: detail"``)."""
+    def dead_letter(
+        self, split_id: int, offset: int, raw: bytes, reason: str, day: date | None = None
+    ) -> None:
+        """A malformed record of a split (``reason``: ``"category: detail"``; ``day``: the
+        day the reader gives it, see ``ParsedBlock.dead_days``)."""
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
         """The split's last block was emitted (the split still counts for the task
@@ -82,9 +85,10 @@ class RecordEmitter:
             output.collect_block(block)
             return
         state.offset = block.end
-        for offset, raw, reason in block.dead:
+        days = block.dead_days or [None] * len(block.dead)
+        for (offset, raw, reason), day in zip(block.dead, days, strict=True):
             state.dead_letters += 1
-            output.dead_letter(split_id, offset, raw, reason)
+            output.dead_letter(split_id, offset, raw, reason, day)
         count = block.rows.num_rows
         if count:
             state.records += count

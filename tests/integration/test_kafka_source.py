@@ -10,7 +10,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
@@ -30,6 +30,7 @@ from kafka_pipeline import assert_exactly_once, click_pipeline, output_rows
 from sluice_resource import resource_for
 
 from dagster_project import pipeline_definitions
+from dagster_project._counts import partition_counts
 from enumerator_service import (
     ConfigError,
     CrossDayRebuildError,
@@ -104,9 +105,12 @@ def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
 
         # More messages; the next bounded run reads exactly those.
         oracle |= produce_clicks(broker.bootstrap, topic, range(2000, 3000))
-        sender = producer(broker.bootstrap)  # two malformed messages: dead letters
-        sender.produce(topic, b"{oops", key=b"k1", partition=1)
-        sender.produce(topic, b"\xff", key=b"k2", partition=3)
+        # Two malformed messages: dead letters, counted on their Kafka timestamp's day (the
+        # main line has no landing day), so the day's dead_letter_ratio sees them.
+        sender = producer(broker.bootstrap)
+        stamp = int(datetime(2026, 5, 2, 12, tzinfo=UTC).timestamp() * 1000)
+        sender.produce(topic, b"{oops", key=b"k1", partition=1, timestamp=stamp)
+        sender.produce(topic, b"\xff", key=b"k2", partition=3, timestamp=stamp)
         assert sender.flush(10) == 0
         discover(platform, discovery_of(pipeline, settings))
         second = run_pipeline(settings, pipeline)
@@ -118,6 +122,21 @@ def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
                 .where(dead_letters.c.source == name)
                 .order_by(dead_letters.c.uri)
             ).all()
+            tagged = conn.execute(
+                sa.select(dead_letters.c.partition_key).where(dead_letters.c.source == name)
+            ).scalars()
+            per_day = dict(
+                conn.execute(
+                    sa.select(
+                        partition_stats.c.partition_key, partition_stats.c.dead_letters
+                    ).where(partition_stats.c.source == name)
+                ).all()
+            )
+        assert list(tagged) == [date(2026, 5, 2)] * 2
+        assert per_day[date(2026, 5, 2)] == 2 and sum(per_day.values()) == 2, per_day
+        # ... and the Dagster dead_letter_ratio check of that day counts them.
+        (may_2,) = partition_counts(pipeline, settings, [date(2026, 5, 2)])
+        assert may_2.dead_letters == 2 and may_2.rows_committed == 1000, may_2
         ends = {r.uri: r.end_offset for r in _split_rows(platform.engine, name)}
         assert [(u, o) for u, o, _ in letters] == [
             (f"{topic}/1", ends[f"{topic}/1"] - 1),  # the last message of each
@@ -500,6 +519,67 @@ def test_a_partition_gone_mid_run_stops_the_run_in_one_line(
         ) as e:
             run_pipeline(settings, pipeline, continuous=True)
         assert "\n" not in str(e.value) and time.monotonic() - started < 90
+    finally:
+        broker.delete_topic(topic)
+        platform.close()
+
+
+def test_main_line_dead_letters_count_on_their_timestamps_day_and_a_rebuild_replaces_them(
+    make_settings: Any, broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message the main line could not decode counts on its Kafka timestamp's day (the
+    day's counts and its Dagster check see it); a rebuild of that day re-reads it from the
+    day splits and replaces the main line's dead letter: one dead letter, counted once."""
+    monkeypatch.setattr(kafka_enumerator, "timestamp_offsets", scanned_offsets)
+    settings: TestSettings = make_settings(parallelism=2)
+    platform = open_platform(settings)
+    topic = f"bad_{secrets.token_hex(3)}"
+    broker.create_topic(topic, 2)
+    day_one = date(2026, 5, 1)
+    sender = producer(broker.bootstrap)  # first in its partition, timestamped in day 1
+    stamp = int(datetime(2026, 5, 1, 0, 0, 1, tzinfo=UTC).timestamp() * 1000)
+    sender.produce(topic, b"not json", key=b"k0", partition=0, timestamp=stamp)
+    assert sender.flush(10) == 0
+    oracle = produce_clicks(broker.bootstrap, topic, range(600), per_day=300, timestamps=True)
+    name = f"kafka_{secrets.token_hex(3)}"
+    pipeline = click_pipeline(name, broker.bootstrap, topics=topic)
+
+    def day_one_letters() -> list[Any]:
+        with platform.engine.connect() as conn:
+            return list(
+                conn.execute(
+                    sa.select(dead_letters.c.uri, dead_letters.c.offset)
+                    .where(dead_letters.c.source == name)
+                    .where(dead_letters.c.partition_key == day_one)
+                ).all()
+            )
+
+    def day_one_stats() -> int:
+        with platform.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(partition_stats.c.dead_letters).where(
+                        partition_stats.c.source == name,
+                        partition_stats.c.partition_key == day_one,
+                    )
+                ).scalar_one()
+            )
+
+    try:
+        discover(platform, discovery_of(pipeline, settings))
+        first = run_pipeline(settings, pipeline)
+        assert (first.rows_out, first.dead_letters) == (600, 1)
+        assert day_one_letters() == [(f"{topic}/0", 0)]
+        assert day_one_stats() == 1
+        assert partition_counts(pipeline, settings, [day_one])[0].dead_letters == 1
+        # Day 1 rebuilt from its day splits: their dead letter replaces the main line's.
+        discover(platform, discovery_of(pipeline, settings), dates=[day_one])
+        rebuilt = run_pipeline(settings, pipeline, dates=[day_one], rebuild=True)
+        assert (rebuilt.rows_out, rebuilt.dead_letters) == (300, 1)
+        assert_exactly_once(output_rows(output_path(pipeline, settings)), oracle)
+        assert day_one_letters() == [(f"{topic}/0@{day_one.isoformat()}", 0)]
+        assert day_one_stats() == 1
+        assert partition_counts(pipeline, settings, [day_one])[0].dead_letters == 1
     finally:
         broker.delete_topic(topic)
         platform.close()

@@ -318,3 +318,28 @@ def test_a_fresh_member_writes_and_counts_its_other_days_as_a_first_reading() ->
     assert days.take_detail()["rebuilds"] == {
         "9": {"rows": 2, "dead_letters": 0, "foreign_rows": 0}
     }
+
+
+def test_a_reader_dead_letter_of_a_split_without_a_landing_day_counts_on_the_readers_day() -> None:
+    """A Kafka main line has no landing day: a message that did not decode counts on the day
+    its reader gives it (the message's timestamp), so the day's dead_letter_ratio sees it —
+    with event-day partitions only (an unpartitioned output has no days to count on)."""
+    days = EventDays("ts", by_event_day=True, policy="reopen")
+    days.split_added(3, None, None)
+    assert days.count_dead_letter(3, 41, read_day=D2)
+    assert days.count_dead_letter(3, 42)  # no day known: written, counted on no day
+    # A step's dead letter keeps its record's event day, whatever the reader's day.
+    assert days.count_dead_letter(3, 43, orjson.dumps({"ts": _at(D3, 1)}), read_day=D2)
+    taken = days.take()
+    assert taken["2026-01-02"]["dead_letters"] == 1
+    assert taken["2026-01-03"]["dead_letters"] == 1
+    assert taken["detail"]["dead_letters"] == [[3, 41, "2026-01-02"], [3, 43, "2026-01-03"]]
+    # The landing day, when the split has one (a day split), wins over the reader's day.
+    days.split_added(4, D1, None)
+    assert days.count_dead_letter(4, 7, read_day=D2)
+    assert days.take_counts()["2026-01-01"]["dead_letters"] == 1
+
+    flat = EventDays("ts", by_event_day=False, policy="reopen")
+    flat.split_added(3, None, None)
+    assert flat.count_dead_letter(3, 41, read_day=D2)
+    assert flat.take() == {}

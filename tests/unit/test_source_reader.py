@@ -8,7 +8,7 @@ test; time is a fake clock.
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ class Collect:
         self.added: list[tuple[int, int]] = []
         self.blocks: list[ParsedBlock] = []
         self.dead: list[tuple[int, int, bytes, str]] = []
+        self.dead_days: list[date | None] = []
         self.finished: list[tuple[int, int, int, int]] = []
 
     def split_added(self, assignment: SplitAssignment, state: SplitState) -> None:
@@ -54,8 +55,11 @@ class Collect:
     def collect_block(self, block: ParsedBlock) -> None:
         self.blocks.append(block)
 
-    def dead_letter(self, split_id: int, offset: int, raw: bytes, reason: str) -> None:
+    def dead_letter(
+        self, split_id: int, offset: int, raw: bytes, reason: str, day: date | None = None
+    ) -> None:
         self.dead.append((split_id, offset, raw, reason))
+        self.dead_days.append(day)
 
     def split_finished(self, split_id: int, state: SplitState) -> None:
         self.finished.append((split_id, state.offset, state.records, state.dead_letters))
@@ -194,9 +198,22 @@ def test_split_state_follows_emitted_blocks_dead_letters_included() -> None:
     assert reader.split_states[7].offset == 30 and len(out.blocks) == 1
     assert drain(reader, out) is InputStatus.END_OF_INPUT
     assert out.dead == [(7, 20, b"{not json", "invalid JSON: x")]
+    assert out.dead_days == [None]  # the reader gave it no day
     assert out.finished == [(7, 30, 2, 1)]  # the offset after the last record, dead letter too
     assert reader.split_states == {}
     assert reader.is_idle()  # no split held
+
+
+def test_the_day_a_reader_gives_each_dead_letter_reaches_the_output() -> None:
+    reader, handoff = harness([0.0])
+    out = Collect()
+    parsed = block(7, 0, [1], [(20, b"x", "invalid JSON: x"), (25, b"y", "invalid UTF-8: y")])
+    parsed.dead_days = [date(2026, 5, 2), None]
+    handoff.put(RecordsWithSplitIds(added=[assignment(7)], blocks=[parsed], finished=[7]))
+    handoff.put(RecordsWithSplitIds(end_of_input=True))
+    assert drain(reader, out) is InputStatus.END_OF_INPUT
+    assert [offset for _, offset, _, _ in out.dead] == [20, 25]
+    assert out.dead_days == [date(2026, 5, 2), None]
 
 
 def test_a_block_without_rows_moves_the_offset_but_not_the_watermark_or_activity() -> None:

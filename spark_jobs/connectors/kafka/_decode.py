@@ -109,6 +109,13 @@ class MessageDecoder:
         aware = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
         return aware.date() == day
 
+    @staticmethod
+    def timestamp_day(message: Message) -> date | None:
+        """The UTC day of the message's Kafka timestamp (None: it has none): the day a dead
+        letter of the main line counts on, as a day split keeps a dead letter by it."""
+        moment = _metadata(message, "kafka_timestamp", text=False)
+        return moment.date() if isinstance(moment, datetime) else None
+
     def raw(self, message: Message) -> bytes:
         """What a dead letter keeps of the message: its value's first 4 KiB."""
         value = message.value()

@@ -17,7 +17,8 @@ message by message (``MessageDecoder``) where that cannot be proven equal.
 
 A day split (``"<topic>/<partition>@D"``, a backfill's) keeps only the records of event day
 D (the event-time field's day; a dead letter's: its Kafka timestamp's) — its offset range is
-a little wider than the day.
+a little wider than the day. A main-line split has no landing day: its dead letters carry
+their Kafka timestamp's day (``ParsedBlock.dead_days``), which they count on.
 
 Backlog: each fetch also says which splits are *behind* (their partition's end offset
 known from the last fetch response is past their next offset): the emitter never counts
@@ -339,6 +340,12 @@ class KafkaSplitReader:
         decoded = None if read.day is not None else self._blocks.decode(kept)
         batch, dead = decoded if decoded is not None else self._decoder.decode_each(kept, read.day)
         block = new_block(self._schema, read.split_id, start, read.next, batch, dead)
+        if block.dead and read.day is None:
+            # The main line has no landing day: its dead letters count on their timestamp's.
+            by_offset = {message.offset(): message for message in kept}
+            block.dead_days = [
+                self._decoder.timestamp_day(by_offset[offset]) for offset, _, _ in block.dead
+            ]
         if read.replay:
             block.replay, block.replay_entry = True, read.entry
         return block
