@@ -133,7 +133,8 @@ def pipeline_checks(
 
     def check(name: str) -> AssetChecksDefinition:
         def fn(context: AssetCheckExecutionContext, sluice: SluiceResource) -> CheckEvents:
-            outcomes = outcomes_of(pipeline, sluice.settings(), name, sluice.max_dead_letter_ratio)
+            settings = sluice.settings()  # (the resource's ratio, if set, overrides it)
+            outcomes = outcomes_of(pipeline, settings, name, settings.max_dead_letter_ratio)
             yield from _evaluate(context, key, partitioned, name, outcomes)
 
         # Partitioned checks are a preview feature of dagster 1.13: opting in is deliberate.

@@ -83,7 +83,7 @@ class PathsResource(ConfigurableResource["PathsResource"]):
 
 
 #: SluiceResource fields that are not Settings fields.
-_NOT_SETTINGS = frozenset({"database", "spark", "paths", "max_dead_letter_ratio"})
+_NOT_SETTINGS = frozenset({"database", "spark", "paths"})
 
 
 class SluiceResource(ConfigurableResource["SluiceResource"]):
@@ -103,12 +103,12 @@ class SluiceResource(ConfigurableResource["SluiceResource"]):
     max_line_bytes: int | None = None
     discovery_max_files_per_tick: int | None = None
     log_level: str | None = None
-    max_dead_letter_ratio: float = Field(
-        default=0.05,
+    max_dead_letter_ratio: float | None = Field(
+        default=None,
         ge=0.0,
         le=1.0,
         description="A pipeline's dead-letter check fails above this share of a partition's "
-        "records.",
+        "records (default: the setting SLUICE_MAX_DEAD_LETTER_RATIO, 0.05).",
     )
 
     def overrides(self) -> dict[str, Any]:

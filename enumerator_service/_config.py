@@ -249,6 +249,13 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="WARNING", description="Python log level of the sluice CLI (its root logger)."
     )
+    max_dead_letter_ratio: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="A pipeline's dead_letter_ratio asset check fails for a partition whose "
+        "dead letters are more than this share of its records (rows written + dead letters).",
+    )
 
     # -- Issue 13, identifiers and symlinks: links in landing folders -------------------------
     follow_symlinks: bool = Field(

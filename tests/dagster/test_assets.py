@@ -548,6 +548,25 @@ def test_dead_letter_threshold_is_configurable(materialized: Materialized) -> No
 
 
 @pytest.mark.spark
+def test_dead_letter_threshold_is_a_setting_the_resource_overrides(
+    materialized: Materialized, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SLUICE_MAX_DEAD_LETTER_RATIO sets the threshold of `dagster dev`'s checks (which build
+    their resource from the environment); a resource's own value wins over it."""
+    monkeypatch.setenv("SLUICE_MAX_DEAD_LETTER_RATIO", "0.001")
+    from_env = resource_for(materialized.settings)
+    result = run_output(materialized.built, from_env, materialized.instance, partition_key=DAYS[0])
+    ratio = materialized.checks_of(result)["dead_letter_ratio", DAYS[0]]
+    assert ratio.passed is False
+    assert values(ratio.metadata)["max_dead_letter_ratio"] == 0.001
+    lenient = resource_for(materialized.settings, max_dead_letter_ratio=1.0)
+    result = run_output(materialized.built, lenient, materialized.instance, partition_key=DAYS[0])
+    ratio = materialized.checks_of(result)["dead_letter_ratio", DAYS[0]]
+    assert ratio.passed is True
+    assert values(ratio.metadata)["max_dead_letter_ratio"] == 1.0
+
+
+@pytest.mark.spark
 def test_a_corrupt_partition_fails_its_checks_while_the_other_passes(
     materialized: Materialized,
 ) -> None:
