@@ -217,7 +217,9 @@ class ClickProducer(threading.Thread):
     """A producer thread: clickstream events ``start, start + 1, …`` in batches of ``batch``
     every ``pause`` seconds until ``limit`` (None: until ``stop``). ``oracle`` is every event
     produced so far by ``event_id`` (complete once ``stop`` or the end of ``limit`` returned);
-    ``error``: what stopped it early. ``produce_clicks``' keywords pass through."""
+    ``error``: what stopped it early. ``bad_every`` N > 0: before every Nth batch, one message
+    that is not JSON (key ``bad-<n>``, Kafka timestamp ``bad_stamp`` ms), listed in ``bad``.
+    ``produce_clicks``' keywords pass through."""
 
     def __init__(
         self,
@@ -228,10 +230,14 @@ class ClickProducer(threading.Thread):
         limit: int | None = None,
         batch: int = 100,
         pause: float = 0.1,
+        bad_every: int = 0,
+        bad_stamp: int | None = None,
         **clicks: Any,
     ) -> None:
         super().__init__(name=f"click-producer-{topic}", daemon=True)
         self._args = (bootstrap, topic, start, limit, batch, pause)
+        self._bad = (bad_every, bad_stamp)
+        self.bad: list[str] = []
         self._clicks = clicks
         self._halt = threading.Event()
         self.oracle: dict[str, dict[str, Any]] = {}
@@ -240,13 +246,25 @@ class ClickProducer(threading.Thread):
     def run(self) -> None:
         bootstrap, topic, n, limit, batch, pause = self._args
         try:
+            batches = 0
             while not self._halt.is_set() and (limit is None or n < limit):
+                batches += 1
+                if self._bad[0] and batches % self._bad[0] == 0:
+                    self._produce_bad(bootstrap, topic, f"bad-{n}")
                 end = n + batch if limit is None else min(n + batch, limit)
                 self.oracle.update(produce_clicks(bootstrap, topic, range(n, end), **self._clicks))
                 n = end
                 self._halt.wait(pause)
         except BaseException as exc:  # shown by the test
             self.error = exc
+
+    def _produce_bad(self, bootstrap: str, topic: str, key: str) -> None:
+        sender = producer(bootstrap)
+        stamp = {} if self._bad[1] is None else {"timestamp": self._bad[1]}
+        sender.produce(topic, b"{not json " + key.encode(), key=key.encode(), **stamp)
+        if sender.flush(30) != 0:
+            raise RuntimeError("a malformed message left unsent")
+        self.bad.append(key)
 
     def stop(self, timeout: float = 60.0) -> dict[str, dict[str, Any]]:
         """Stop after the batch in progress; the oracle."""

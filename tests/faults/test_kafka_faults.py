@@ -8,6 +8,8 @@ thread keeps producing clickstream events while repeated bounded `sluice run kaf
 held when it started) are killed at seeded moments — a Spark Python worker, the driver's
 process group, Postgres (immediate stop, restart). Then the producer stops and fault-free
 runs drain. The oracle is the producer's own record of what it sent, never Sluice's tables.
+Every 5th batch is preceded by a message that is not JSON, timestamped in ``BAD_DAY``: each
+is one dead letter, counted once, on that day (``partition_stats``), whatever the kills.
 A watcher reads the consumer group's committed offsets all along: they never pass the
 offsets Sluice committed in Postgres (the group is a copy for lag tools, written after each
 checkpoint completes), and after the final run they equal them.
@@ -21,6 +23,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, date, datetime
+from datetime import time as dtime
 from pathlib import Path
 
 import psycopg
@@ -56,6 +60,8 @@ PARTITIONS = 4
 PLAN = ["worker"] * 2 + ["driver"] * 2 + ["postgres"] * 2
 #: Discoveries at most while kills are left (each opens the next bounded read).
 MAX_TOP_UPS = 30
+#: The Kafka timestamp of the malformed messages: the day their dead letters count on.
+BAD_DAY = date(2026, 5, 2)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +107,10 @@ def test_kafka_exactly_once_under_kills(
     driver = stream_driver(chaos, env, work, server, db_url, PIPELINE, discover)
     # ~100 events a second over 4 partitions: a run on a loaded 2-core machine read ~170 a
     # second (Spark's start included), and each bounded run reads what the last one left.
-    producer = ClickProducer(broker.bootstrap, TOPIC, batch=40, pause=0.4)
+    stamp = int(datetime.combine(BAD_DAY, dtime(12), tzinfo=UTC).timestamp() * 1000)
+    producer = ClickProducer(
+        broker.bootstrap, TOPIC, batch=40, pause=0.4, bad_every=5, bad_stamp=stamp
+    )
     watch = GroupWatch(db_url, broker.bootstrap, PIPELINE, TOPIC, PARTITIONS)
     producer.start()
     time.sleep(2)  # something to read in the first run
@@ -116,21 +125,50 @@ def test_kafka_exactly_once_under_kills(
         drain_stream(
             driver,
             discover,
-            lambda: len({r["event_id"] for r in output_rows(output)}) >= len(oracle),
+            lambda: (
+                len({r["event_id"] for r in output_rows(output)}) >= len(oracle)
+                and _dead_letters(db_url)[0] >= len(producer.bad)
+            ),
         )
     assert len(chaos.kills) == len(PLAN)
     rows = output_rows(output)
     counts = Counter(r["event_id"] for r in rows)
+    letters, keys, per_day = _dead_letters(db_url)
     print(
         f"RESULT {PIPELINE}: produced={len(oracle)} rows={len(rows)} "
         f"duplicates={sum(n - 1 for n in counts.values())} "
         f"missing={len(set(oracle) - set(counts))} extra={len(set(counts) - set(oracle))} "
+        f"malformed={len(producer.bad)} dead_letters={letters} by_day={per_day} "
         f"splits={split_counts(db_url, PIPELINE)}",
         flush=True,
     )
     assert len(oracle) > 5_000
     assert_exactly_once(rows, oracle)
+    assert len(producer.bad) > 10
+    assert sorted(keys) == sorted(producer.bad), "dead letters != the malformed messages sent"
+    assert per_day == {BAD_DAY: len(producer.bad)}, per_day
     _assert_group(watch, db_url, broker)
+
+
+def _dead_letters(db_url: str) -> tuple[int, list[str], dict[date, int]]:
+    """(dead letters, the message key each names, the days' dead-letter counts) of the
+    pipeline, read from its tables."""
+    with psycopg.connect(libpq_url(db_url)) as conn:
+        reasons = [
+            r[0]
+            for r in conn.execute(
+                "SELECT reason FROM sluice.dead_letters WHERE source = %s", (PIPELINE,)
+            )
+        ]
+        per_day = dict(
+            conn.execute(
+                "SELECT partition_key, dead_letters FROM sluice.partition_stats"
+                " WHERE source = %s AND dead_letters > 0",
+                (PIPELINE,),
+            ).fetchall()
+        )
+    keys = [reason.rsplit("(key '", 1)[-1].rstrip("')") for reason in reasons]
+    return len(reasons), keys, per_day
 
 
 def _assert_group(watch: GroupWatch, db_url: str, broker: KafkaBroker) -> None:
