@@ -162,15 +162,16 @@ def discover_and_run(
             allow_retries=False,
         ) from None
     except CrossDayRebuildError as exc:
-        # Refused before anything moved; a retry would be refused the same way.
+        # Refused before anything moved; a retry would be refused the same way. The one line
+        # says it all: no cause chain (Dagster would log the refusal's traceback twice).
         raise Failure(
             description=f"cannot re-materialise: {exc}",
             metadata={"partition": str(exc.partition_key)},
             allow_retries=False,
-        ) from exc
+        ) from None
     except PartitionBusyError as exc:
         # Refused before anything moved; once the other run ends, a retry can proceed.
-        raise Failure(description=f"cannot re-materialise now: {exc}") from exc
+        raise Failure(description=f"cannot re-materialise now: {exc}") from None
     return discovery, summary
 
 

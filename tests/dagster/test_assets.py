@@ -815,6 +815,8 @@ def test_re_materialising_a_day_fed_by_a_half_read_file_fails_clearly(
                 "of it: run the pipeline to read it first"
             )
             assert values(data.user_failure_data.metadata) == {"partition": str(day)}
+            # A refusal, one line: no traceback of its cause in the run's log.
+            assert data.error is not None and data.error.cause is None, data.error.cause
             assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
         with engine.connect() as conn:  # nothing started, nothing reset, nothing held
             rows = conn.execute(
