@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from cdc_oracle import ChangeGenerator, libpq_url
-from fault_harness import Driver
+from fault_harness import Driver, splits_by_status
 from kill_cases import LEASE_SECONDS, MAX_DRAIN_RUNS
 
 __all__ = [
@@ -166,15 +166,7 @@ def slot_offsets(
 
 def chunk_states(engine: sa.Engine, pipeline: str) -> dict[str, int]:
     """The pipeline's snapshot chunks by status (``engine``: the platform database)."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT status, count(*) FROM sluice.splits"
-                " WHERE source = :s AND kind = 'pgcdc-chunk' GROUP BY status"
-            ),
-            {"s": pipeline},
-        ).all()
-    return {str(status): int(n) for status, n in rows}
+    return splits_by_status(engine, pipeline, "pgcdc-chunk")
 
 
 def finish_snapshot(driver: Driver, engine: sa.Engine, pipeline: str) -> None:

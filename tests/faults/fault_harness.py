@@ -641,15 +641,22 @@ def settled(counts: dict[str, int]) -> bool:
 def split_counts(db_url: str, source: str) -> dict[str, int]:
     engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
     try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    "SELECT status, count(*) FROM sluice.splits WHERE source = :s GROUP BY status"
-                ),
-                {"s": source},
-            ).all()
+        return splits_by_status(engine, source)
     finally:
         engine.dispose()
+
+
+def splits_by_status(engine: sa.Engine, source: str, kind: str | None = None) -> dict[str, int]:
+    """``source``'s splits (of ``kind`` only, if given) counted by status."""
+    of_kind = "" if kind is None else " AND kind = :k"
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                f"SELECT status, count(*) FROM sluice.splits WHERE source = :s{of_kind}"
+                " GROUP BY status"
+            ),
+            {"s": source, "k": kind},
+        ).all()
     return {str(status): int(n) for status, n in rows}
 
 
