@@ -44,6 +44,11 @@ from enumerator_service._database import (
     schema_revision,
     upgrade_schema,
 )
+from enumerator_service._dead_letter_listing import (
+    DeadLetterListing,
+    ListedDeadLetter,
+    list_dead_letters,
+)
 from enumerator_service._embedded import embedded_state, psql_path, stop_embedded
 from enumerator_service._enumerator import DiscoveryResult, SplitEnumerator
 from enumerator_service._file_enumerators import ContinuousFileEnumerator, StaticFileEnumerator
@@ -147,6 +152,7 @@ __all__ = [
     "ConfigError",
     "ContinuousFileEnumerator",
     "CrossDayRebuildError",
+    "DeadLetterListing",
     "Discovery",
     "DiscoveryResult",
     "EnumeratorDiscovery",
@@ -156,6 +162,7 @@ __all__ = [
     "FileIdentity",
     "FileSplit",
     "LandingRoot",
+    "ListedDeadLetter",
     "LiveState",
     "Location",
     "ObjectLanding",
@@ -210,6 +217,7 @@ __all__ = [
     "is_uri",
     "kind_of",
     "landing_days",
+    "list_dead_letters",
     "live_state",
     "load_settings",
     "mark_reported",

@@ -24,7 +24,9 @@ in the output or a dead letter, never both and never lost. `sluice status` count
 by reason; a rebuild of a day (`sluice run --date D --replace`) replaces that day's dead letters.
 
 A reason is `<category>: <detail>`, e.g. `wrong type: amount must be a number, got 'n/a'`
-(`late` has no detail). To look at them:
+(`late` has no detail). `sluice dead-letters PIPELINE` lists them — per day and reason, then
+each one with its place, reason and raw input (`--date`, `--reason`, `--limit`, `--json`).
+In SQL:
 
 ```sql
 select reason, count(*) from sluice.dead_letters where source = 'orders' group by reason;

@@ -2,7 +2,8 @@
 pipelines (``SLUICE_PIPELINES``) and works on one of them (or all, for ``status``).
 
 The commands live in modules by role and are added here: ``_inputs`` (``demo-data``,
-``discover``), ``_runs`` (``run``, ``demo``), ``_inspect`` (``pipelines``, ``status``),
+``discover``), ``_runs`` (``run``, ``demo``), ``_inspect`` (``pipelines``, ``status``,
+``dead-letters``),
 ``_retry`` (``retry``), ``_db`` (``db …``) and ``_cdc`` (``cdc …``).
 """
 
@@ -17,7 +18,7 @@ from spark_jobs.cli._cdc import cdc
 from spark_jobs.cli._common import settings_of
 from spark_jobs.cli._db import db
 from spark_jobs.cli._inputs import demo_data, discover_cmd
-from spark_jobs.cli._inspect import pipelines_cmd, status_cmd
+from spark_jobs.cli._inspect import dead_letters_cmd, pipelines_cmd, status_cmd
 from spark_jobs.cli._retry import retry_cmd
 from spark_jobs.cli._runs import demo, run_cmd
 
@@ -48,6 +49,7 @@ for command in (
     discover_cmd,
     run_cmd,
     status_cmd,
+    dead_letters_cmd,
     cdc,
     retry_cmd,
     demo,

@@ -1,4 +1,5 @@
-"""``sluice pipelines`` and ``sluice status``: what is registered, and where each pipeline is.
+"""``sluice pipelines``, ``sluice status`` and ``sluice dead-letters``: what is registered,
+where each pipeline is, and the records it could not turn into output.
 
 Both only read: they never create a database nor change its schema.
 
@@ -12,15 +13,23 @@ import sys
 
 import click
 
-from enumerator_service import ConfigError, platform_status
+from enumerator_service import ConfigError, list_dead_letters, platform_status
 from spark_jobs._outcomes import ExitCode
-from spark_jobs.cli._common import console, open_for, settings_of
+from spark_jobs.cli._common import (
+    console,
+    date_option,
+    dates_of,
+    open_for,
+    pipeline_named,
+    settings_of,
+)
 from spark_jobs.cli._render import describe_table, status_json, status_table
+from spark_jobs.cli._render_dead_letters import dead_letters_json, dead_letters_view
 from spark_jobs.connectors._registry import source_connector_named
 from spark_jobs.pipeline._errors import MissingTableError
 from spark_jobs.pipeline._registry import load_pipelines, pick_pipeline
 
-__all__ = ["pipelines_cmd", "status_cmd"]
+__all__ = ["dead_letters_cmd", "pipelines_cmd", "status_cmd"]
 
 
 @click.command("pipelines")
@@ -93,3 +102,48 @@ def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
         return
     for status in statuses:
         console.print(status_table(status, held.get(status.source)))
+
+
+@click.command("dead-letters")
+@click.argument("pipeline", required=False)
+@date_option
+@click.option("--reason", help="Only dead letters whose reason contains this text (any case).")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=20,
+    show_default=True,
+    help="How many dead letters to show in full.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output, raw bytes exact.")
+@click.pass_context
+def dead_letters_cmd(
+    ctx: click.Context,
+    pipeline: str | None,
+    dates: tuple[str, ...],
+    reason: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Show a pipeline's dead letters: how many per day and reason, then the first of them.
+
+    Each one shows its day (the partition it counts on), where it came from (file and byte
+    offset, Kafka topic-partition and offset, table and key), its reason and its raw input,
+    escaped (control characters and bytes that are not UTF-8 as \\xNN). --date picks days
+    (repeat it), --reason filters by a piece of the reason. --json gives every field, the raw
+    bytes exactly (base64).
+    """
+    settings = settings_of(ctx)
+    days = dates_of(dates)
+    chosen = pipeline_named(settings, pipeline)
+    platform = open_for(settings)
+    try:
+        listing = list_dead_letters(
+            platform.engine, chosen.name, days=days, reason=reason, limit=limit
+        )
+    finally:
+        platform.close()
+    if as_json:
+        click.echo(json.dumps(dead_letters_json(listing), indent=2, sort_keys=True))
+        return
+    console.print(dead_letters_view(listing, limit))
