@@ -11,7 +11,7 @@ and a split going idle still reach the sink.
 
 The *sink-side* watermark is the last marker that left the last stage: every record before
 it was handed to the sink. A checkpoint snapshot carries it (``snapshot["watermark"]``,
-see ``ReaderTask._on_trigger``).
+see ``TaskCheckpoints._on_trigger``).
 
 Threading: mailbox thread only.
 """
