@@ -59,11 +59,11 @@ def list_dead_letters(
     *,
     days: Sequence[date] | None = None,
     reason: str | None = None,
-    limit: int = 20,
+    limit: int | None = 20,
 ) -> DeadLetterListing:
     """The dead letters of ``source`` counting on ``days`` (None: every day, and those with
     no day), whose reason contains ``reason`` (case-insensitive; None: any), the first
-    ``limit`` of them in full."""
+    ``limit`` of them in full (None: all)."""
     day = sa.func.coalesce(dead_letters.c.partition_key, splits.c.partition_key).label("day")
     category = sa.func.split_part(dead_letters.c.reason, ":", 1).label("category")
     joined = dead_letters.outerjoin(splits, dead_letters.c.split_id == splits.c.id)

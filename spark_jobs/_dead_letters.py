@@ -118,10 +118,12 @@ CATEGORIES: tuple[Category, ...] = (
         "A value has the right kind but does not fit: out of the type's range, not finite, "
         "more digits than `decimal(p,s)` holds, not ISO-8601 or `YYYY-MM-DD`; a CSV row with "
         "another number of fields than the header; a Parquet value Python cannot hold; or a "
-        "`Map`/`AsyncMap` output value that does not fit its declared type (the detail then "
-        "names the step).",
-        "every source's record conversion; the CSV reader (field count); `Map` and `AsyncMap` "
-        "outputs",
+        "result of an `AsyncMap` with `per=\"record\"` whose value does not fit its declared "
+        "type (the detail then names the step and the field). A `Map`'s or a per-batch "
+        "`AsyncMap`'s output that does not fit is a bug in the step: the run stops (exit "
+        "code 5) with one line naming the step and the field.",
+        "every source's record conversion; the CSV reader (field count); per-record `AsyncMap` "
+        "results",
         "bad value: qty 300 is outside the int8 range",
         "Fix the producer, or widen the declared type (e.g. `int64`, a larger `decimal`); for "
         "a step, fix the function's output or its declared `output` types.",
@@ -187,8 +189,9 @@ COLUMNS: tuple[Column, ...] = (
         "bytea",
         "At most the first 4 KiB of the rejected input. For a line that failed to parse, "
         "the line's bytes. For a Parquet or table row, a JSON rendering of the row. For a "
-        "record rejected after it was read (`lookup miss`, `late`, a step's `bad value`), a "
-        "JSON rendering of the record as it reached that step — not the input line.",
+        "record rejected after it was read (`lookup miss`, `late`, an `AsyncMap` result's "
+        "`bad value`), a JSON rendering of the record as it reached that step (for an "
+        "`AsyncMap` result, with the result's fields) — not the input line.",
     ),
     Column("reason", "text", "`<category>: <detail>`, the categories below."),
     Column("run_id", "text", "The run that rejected the record."),

@@ -131,6 +131,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(ExitCode.TERMINATED)
         click.echo("Aborted.", err=True)
         sys.exit(ExitCode.INTERRUPTED)
+    except click.UsageError as exc:  # one line like every other error, not click's block
+        message = " ".join(exc.format_message().split())
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        click.echo(f"sluice: usage error: {message}{hint}", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

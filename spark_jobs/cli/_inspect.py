@@ -24,12 +24,18 @@ from spark_jobs.cli._common import (
     settings_of,
 )
 from spark_jobs.cli._render import describe_table, status_json, status_table
-from spark_jobs.cli._render_dead_letters import dead_letters_json, dead_letters_view
+from spark_jobs.cli._render_dead_letters import (
+    dead_letters_json,
+    dead_letters_view,
+)
 from spark_jobs.connectors._registry import source_connector_named
 from spark_jobs.pipeline._errors import MissingTableError
 from spark_jobs.pipeline._registry import load_pipelines, pick_pipeline
 
 __all__ = ["dead_letters_cmd", "pipelines_cmd", "status_cmd"]
+
+#: Dead letters ``sluice dead-letters`` shows in full by default (not with ``--json``).
+_SHOWN = 20
 
 
 @click.command("pipelines")
@@ -110,10 +116,8 @@ def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
 @click.option("--reason", help="Only dead letters whose reason contains this text (any case).")
 @click.option(
     "--limit",
-    type=click.IntRange(1, 100_000),
-    default=20,
-    show_default=True,
-    help="How many dead letters to show in full.",
+    type=click.IntRange(1, None),
+    help=f"How many dead letters to show in full [default: {_SHOWN}; with --json: all].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output, raw bytes exact.")
 @click.pass_context
@@ -122,28 +126,31 @@ def dead_letters_cmd(
     pipeline: str | None,
     dates: tuple[str, ...],
     reason: str | None,
-    limit: int,
+    limit: int | None,
     as_json: bool,
 ) -> None:
     """Show a pipeline's dead letters: how many per day and reason, then the first of them.
 
     Each one shows its day (the partition it counts on), where it came from (file and byte
     offset, Kafka topic-partition and offset, table and key), its reason and its raw input,
-    escaped (control characters and bytes that are not UTF-8 as \\xNN). --date picks days
-    (repeat it), --reason filters by a piece of the reason. --json gives every field, the raw
-    bytes exactly (base64).
+    escaped: bytes that are not UTF-8 and control characters as \\xNN (\\n, \\t, \\r),
+    a backslash as \\\\. --date picks days (repeat it), --reason filters by a piece of the
+    reason. --json gives every field, the raw bytes exactly (base64), and every dead letter
+    unless --limit.
     """
     settings = settings_of(ctx)
     days = dates_of(dates)
     chosen = pipeline_named(settings, pipeline)
+    shown = limit if limit is not None or as_json else _SHOWN
     platform = open_for(settings)
     try:
         listing = list_dead_letters(
-            platform.engine, chosen.name, days=days, reason=reason, limit=limit
+            platform.engine, chosen.name, days=days, reason=reason, limit=shown
         )
     finally:
         platform.close()
+    filtered = bool(days or reason)
     if as_json:
         click.echo(json.dumps(dead_letters_json(listing), indent=2, sort_keys=True))
-        return
-    console.print(dead_letters_view(listing, limit))
+    else:
+        console.print(dead_letters_view(listing, shown or 0, filtered))

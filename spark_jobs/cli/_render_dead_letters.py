@@ -1,9 +1,11 @@
-"""How ``sluice dead-letters`` shows a listing: rich tables, or JSON for ``--json``.
+"""How ``sluice dead-letters`` shows a listing: rich tables, or JSON for ``--json`` (every
+field, for scripts).
 
 A dead letter's raw bytes are whatever the input held — escape sequences, other encodings,
-markup — so the terminal gets them escaped: not valid UTF-8 as ``\\xNN``, control characters
-as ``\\n``, ``\\x1b`` …, never interpreted (by the terminal or by rich). JSON carries them
-exactly (base64) beside the same escaped text.
+markup — so text output gets them escaped, one way back to the bytes: a byte that is not
+UTF-8 as ``\\xNN``, a control character as ``\\n``, ``\\t``, ``\\r`` or ``\\xNN``, a
+backslash as ``\\\\``; never interpreted (by the terminal or by rich). JSON carries the
+bytes exactly (base64) beside the same escaped text.
 """
 
 from __future__ import annotations
@@ -21,18 +23,21 @@ __all__ = ["dead_letters_json", "dead_letters_view", "printable"]
 
 #: Characters of the raw input a table row shows (the JSON has all of it).
 _RAW_WIDTH = 80
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 
 
 def printable(raw: bytes, width: int | None = None) -> str:
     """``raw`` as one line of text safe on a terminal (see the module docstring), cut to
     ``width`` characters with ``…`` when longer."""
-    text = raw.decode("utf-8", "backslashreplace")
+    # Bytes that are not UTF-8 decode to lone surrogates U+DC80..U+DCFF (never valid text).
+    text = raw.decode("utf-8", "surrogateescape")
     out: list[str] = []
     for char in text:
         code = ord(char)
         if char in _ESCAPES:
             out.append(_ESCAPES[char])
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
         elif code < 0x20 or 0x7F <= code < 0xA0:
             out.append(f"\\x{code:02x}")
         else:
@@ -47,10 +52,24 @@ def _day(value: Any) -> str:
     return value.isoformat() if value is not None else "-"
 
 
-def dead_letters_view(listing: DeadLetterListing, limit: int) -> RenderableType:
+def _none(listing: DeadLetterListing, filtered: bool) -> str:
+    return f"no dead letters of {listing.source}" + (" match" if filtered else "")
+
+
+def _more(listing: DeadLetterListing, limit: int) -> str | None:
+    if listing.total <= len(listing.shown):
+        return None
+    return (
+        f"showing {len(listing.shown):,} of {listing.total:,}"
+        f" (--limit {min(listing.total, max(limit * 10, 100)):,} shows more;"
+        " --json for every field)"
+    )
+
+
+def dead_letters_view(listing: DeadLetterListing, limit: int, filtered: bool) -> RenderableType:
     """A summary by day and reason, then the dead letters shown."""
     if not listing.total:
-        return Text(f"no dead letters of {listing.source} match")
+        return Text(_none(listing, filtered))
     summary = Table(
         title=f"Dead letters of {listing.source}: {listing.total:,}",
         title_justify="left",
@@ -70,14 +89,9 @@ def dead_letters_view(listing: DeadLetterListing, limit: int) -> RenderableType:
             Text(printable(letter.raw, _RAW_WIDTH)),
         )
     parts: list[RenderableType] = [summary, rows]
-    if listing.total > len(listing.shown):
-        parts.append(
-            Text(
-                f"showing {len(listing.shown):,} of {listing.total:,}"
-                f" (--limit {min(listing.total, max(limit * 10, 100)):,} shows more;"
-                " --json for every field)"
-            )
-        )
+    more = _more(listing, limit)
+    if more is not None:
+        parts.append(Text(more))
     return Group(*parts)
 
 
@@ -100,6 +114,7 @@ def dead_letters_json(listing: DeadLetterListing) -> dict[str, Any]:
     return {
         "source": listing.source,
         "total": listing.total,
+        "truncated": listing.total > len(listing.shown),
         "by_day": [
             {"day": _day(day) if day is not None else None, "reason": category, "count": count}
             for day, category, count in listing.by_day

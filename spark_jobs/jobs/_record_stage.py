@@ -37,6 +37,7 @@ from spark_jobs.jobs._stages import OperatorStage, PendingRange
 from spark_jobs.jobs._user_errors import UserCodeError
 from spark_jobs.jobs._user_functions import Completed
 from spark_jobs.pipeline._plan import AsyncMapPlan
+from spark_jobs.pipeline._types import type_name
 from spark_jobs.runtime import MailboxProcessor
 from spark_jobs.source._batch import OFFSET, Batch, DeadLetter, user_rows, with_offsets
 
@@ -174,11 +175,26 @@ class RecordStage(OperatorStage):
                 pa.RecordBatch.from_pylist([row], schema=self._schema)
             except _CONVERSION_ERRORS as exc:
                 raw = orjson.dumps(row, default=str)[:_RAW_LIMIT]
-                dead.append((offset, raw, f"{BAD_VALUE}: {self.plan.where}: {exc}"))
+                detail = self._misfit(row, exc)
+                dead.append((offset, raw, f"{BAD_VALUE}: {self.plan.where}: {detail}"))
                 continue
             rows.append(row)
             kept.append(offset)
         return pa.RecordBatch.from_pylist(rows, schema=self._schema), kept, dead
+
+    def _misfit(self, row: dict[str, Any], error: Exception) -> str:
+        """Which field of ``row`` does not fit its declared type, and why (the reason's
+        detail); ``error``'s text when no single field is to blame."""
+        for column in self._schema:
+            value = row.get(column.name)
+            try:
+                pa.array([value], type=column.type)
+            except _CONVERSION_ERRORS as exc:
+                shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:59] + "…"
+                return (
+                    f"field {column.name!r}: {shown} does not fit {type_name(column.type)} ({exc})"
+                )
+        return str(error)
 
     # -- chain protocol ------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
+import sqlalchemy as sa
 from conftest import TestSettings
 
 from enumerator_service._operations import discover, open_platform
@@ -181,3 +182,48 @@ def test_key_mode_calls_a_rows_changes_in_order_on_spark(make_settings: Any) -> 
 async def double_version(batch: pa.RecordBatch) -> pa.RecordBatch:
     await asyncio.sleep(0.001)
     return pa.RecordBatch.from_arrays([pc.multiply(batch.column("version"), 2)], names=["twice"])
+
+
+async def shrink(record: dict[str, Any]) -> dict[str, Any]:
+    """``small`` out of the int16 range for every 40th record."""
+    return {"small": 70_000 if record["n"] % 40 == 0 else record["n"]}
+
+
+def test_a_per_record_result_that_does_not_fit_is_a_dead_letter_naming_its_field(
+    make_settings: Any,
+) -> None:
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    name = f"amap_{secrets.token_hex(3)}"
+    try:
+        folder = settings.data_path / "landing" / name / "dt=2026-03-01"
+        folder.mkdir(parents=True)
+        lines = [orjson.dumps({"id": f"r{n:04d}", "n": n}) + b"\n" for n in range(1, RECORDS + 1)]
+        (folder / "a.jsonl").write_bytes(b"".join(lines))
+        pipeline = Pipeline(
+            name=name,
+            source=FileSource(schema={"id": "string", "n": "int64"}, required=["id", "n"]),
+            steps=[AsyncMap(shrink, output={"small": "int16"}, name="shrink")],
+            sink=ParquetSink(name),
+        )
+        discover(platform, discovery_of(pipeline, settings))
+        summary = run_pipeline(settings, pipeline)
+        assert summary.rows_out == RECORDS - RECORDS // 40
+        with platform.engine.connect() as conn:
+            dead = conn.execute(
+                sa.text(
+                    "SELECT reason, raw FROM sluice.dead_letters WHERE source = :s ORDER BY id"
+                ),
+                {"s": name},
+            ).all()
+        assert len(dead) == RECORDS // 40
+        for reason, raw in dead:
+            assert reason.startswith(
+                "bad value: step 1 (AsyncMap shrink): field 'small': 70000 does not fit int16 ("
+            ), reason
+            # The record as it reached the step, with the function's result.
+            record = orjson.loads(bytes(raw))
+            assert record["small"] == 70_000 and record["n"] % 40 == 0
+            assert record["id"] == f"r{record['n']:04d}"
+    finally:
+        platform.close()

@@ -118,8 +118,12 @@ def test_the_filters_pick_days_reasons_and_how_many(ran: Any) -> None:
     # A LIKE wildcard in --reason is taken literally: no reason holds a '%'.
     assert _json(["--reason", "%"], env, root)["total"] == 0
     first = _json(["--limit", "1"], env, root)
-    assert first["total"] == 5 and len(first["dead_letters"]) == 1
+    assert first["total"] == 5 and len(first["dead_letters"]) == 1 and first["truncated"]
     assert first["dead_letters"][0]["day"] == "2026-03-01"
+    every = _json([], env, root)  # (--json shows every one unless --limit)
+    assert len(every["dead_letters"]) == 5 and not every["truncated"]
+    none = _sluice(["dead-letters", "dl_events", "--date", "2026-03-09"], env, root)
+    assert none.returncode == 0 and none.stdout.strip() == "no dead letters of dl_events match"
 
 
 def test_the_table_escapes_raw_input_and_says_what_it_left_out(ran: Any) -> None:
@@ -139,7 +143,12 @@ def test_the_table_escapes_raw_input_and_says_what_it_left_out(ran: Any) -> None
 
 def test_bad_arguments_are_one_line_and_exit_2(ran: Any) -> None:
     env, root, _ = ran
-    for args in (["dl_events", "--date", "2026-13-01"], ["no_such_pipeline"]):
+    for args in (
+        ["dl_events", "--date", "2026-13-01"],
+        ["no_such_pipeline"],
+        ["dl_events", "--limit", "0"],
+        ["dl_events", "--limit", "many"],
+    ):
         done = _sluice(["dead-letters", *args], env, root)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
