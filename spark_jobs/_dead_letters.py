@@ -118,7 +118,7 @@ CATEGORIES: tuple[Category, ...] = (
         "A value has the right kind but does not fit: out of the type's range, not finite, "
         "more digits than `decimal(p,s)` holds, not ISO-8601 or `YYYY-MM-DD`; a CSV row with "
         "another number of fields than the header; a Parquet value Python cannot hold; or a "
-        "result of an `AsyncMap` with `per=\"record\"` whose value does not fit its declared "
+        'result of an `AsyncMap` with `per="record"` whose value does not fit its declared '
         "type (the detail then names the step and the field). A `Map`'s or a per-batch "
         "`AsyncMap`'s output that does not fit is a bug in the step: the run stops (exit "
         "code 5) with one line naming the step and the field.",
