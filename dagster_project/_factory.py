@@ -76,6 +76,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
                 lookup.table,
                 group=pipeline.name,
                 used_by=f"{pipeline.name} ({lookup.where})",
+                url_env=lookup.url_env,
             )
         )
     deps: list[AssetKey] = []

@@ -22,14 +22,16 @@ from dagster import (
 from dagster_project.resources import SluiceResource
 from enumerator_service import connect_engine, database_url, qualified_name
 from spark_jobs.connectors import ObservedInput, TableInput, source_connector_named
-from spark_jobs.pipeline import Pipeline
+from spark_jobs.pipeline import Pipeline, url_env_engine
 
 __all__ = ["observed_asset", "table_asset", "table_key", "upstream_assets"]
 
 
-def table_key(schema: str, table: str) -> AssetKey:
-    """The asset of a Postgres table (shared by every pipeline that reads it)."""
-    return AssetKey([schema, table])
+def table_key(schema: str, table: str, url_env: str | None = None) -> AssetKey:
+    """The asset of a Postgres table (shared by every pipeline that reads it): ``[schema,
+    table]`` in the platform database, ``[url_env, schema, table]`` in the database whose URL
+    the environment variable ``url_env`` holds."""
+    return AssetKey([schema, table] if url_env is None else [url_env, schema, table])
 
 
 def _metadata_value(value: Any, *, path: bool) -> Any:
@@ -78,7 +80,11 @@ def upstream_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
         if isinstance(upstream, TableInput):
             found.append(
                 table_asset(
-                    upstream.schema, upstream.table, group=pipeline.name, used_by=pipeline.name
+                    upstream.schema,
+                    upstream.table,
+                    group=pipeline.name,
+                    used_by=pipeline.name,
+                    url_env=upstream.url_env,
                 )
             )
         else:
@@ -86,18 +92,24 @@ def upstream_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
     return found
 
 
-def table_asset(schema: str, table: str, *, group: str, used_by: str) -> AssetsDefinition:
-    """``[schema, table]``: a table a pipeline reads, sized from the catalog."""
+def table_asset(
+    schema: str, table: str, *, group: str, used_by: str, url_env: str | None = None
+) -> AssetsDefinition:
+    """``[schema, table]`` (``[url_env, schema, table]``): a table a pipeline reads, sized
+    from the catalog of its database."""
     qualified = qualified_name(schema, table)
+    server = f" (database in ${url_env})" if url_env else ""
     spec = AssetSpec(
-        table_key(schema, table),
-        description=f"The Postgres table {schema}.{table}, read by {used_by}.",
+        table_key(schema, table, url_env),
+        description=f"The Postgres table {schema}.{table}{server}, read by {used_by}.",
         group_name=group,
         kinds={"postgres"},
     )
 
     def observe(context: AssetExecutionContext, sluice: SluiceResource) -> ObserveResult:
-        engine = connect_engine(database_url(sluice.settings(), create=False), pool_size=1)
+        platform = connect_engine(database_url(sluice.settings(), create=False), pool_size=1)
+        # (one engine per URL for the process: kept, like a run's)
+        engine = url_env_engine(url_env, platform, f"url_env {url_env}") if url_env else platform
         try:
             with engine.connect() as conn:
                 row = conn.execute(
@@ -119,7 +131,7 @@ def table_asset(schema: str, table: str, *, group: str, used_by: str) -> AssetsD
                         )
                         estimated = False
         finally:
-            engine.dispose()
+            platform.dispose()
         context.log.info(f"{schema}.{table}: {rows} rows{' (estimate)' if estimated else ''}")
         version = DataVersion(f"rows={rows};changes={changes}" if row is not None else "missing")
         return ObserveResult(
@@ -133,7 +145,8 @@ def table_asset(schema: str, table: str, *, group: str, used_by: str) -> AssetsD
             },
         )
 
-    return _observable(spec, f"observe_{schema}_{table}", observe)
+    prefix = f"{url_env.lower()}_" if url_env else ""
+    return _observable(spec, f"observe_{prefix}{schema}_{table}", observe)
 
 
 def _observable(spec: AssetSpec, name: str, observe: Any) -> AssetsDefinition:

@@ -66,10 +66,12 @@ class SourceDetails:
 @dataclass(frozen=True, slots=True)
 class TableInput:
     """An upstream Postgres table (the Dagster asset ``[schema, table]``, shared with lookups
-    of the same table)."""
+    of the same table; ``[url_env, schema, table]`` for a table in the database whose URL
+    the environment variable ``url_env`` holds)."""
 
     schema: str
     table: str
+    url_env: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

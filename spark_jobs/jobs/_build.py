@@ -6,6 +6,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from spark_jobs._url_env import LOOKUP_URL_SETTING, task_dsn
 from spark_jobs.async_io import NO_RETRY, AsyncRetryStrategy, OutputMode, exponential_backoff
 from spark_jobs.jobs._outages import is_transient
 from spark_jobs.jobs._record_stage import RecordElement, RecordStage
@@ -64,7 +65,8 @@ def _lookup(config: TaskConfig, plan: LookupPlan, processor: MailboxProcessor) -
     attempts = max(retries, plan.retry_attempts) + 2
     lookup = BatchLookup(
         plan,
-        config.asyncpg_dsn,
+        # The platform database, or the table's own (the URL read from this task's environment).
+        task_dsn(plan.url_env, config.asyncpg_dsn, LOOKUP_URL_SETTING),
         input_schema=pa.schema([(c.name, c.type) for c in plan.inputs]),
         column_types=config.lookup_types.get(plan.index, {}),
         batch_size=plan.batch_size or defaults.lookup_batch_size,

@@ -5,6 +5,7 @@ from spark_jobs import FileSource, Filter, Lookup, Map, ParquetSink, Pipeline
 ```
 """
 
+from spark_jobs._url_env import engine_of as url_env_engine
 from spark_jobs.async_io import (
     EMPTY_RESULT,
     HAS_EXCEPTION,
@@ -82,5 +83,6 @@ __all__ = [
     "exponential_backoff",
     "fixed_delay",
     "load_pipelines",
+    "url_env_engine",
     "warehouse_root",
 ]

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from enumerator_service import qualified_name
+from spark_jobs._url_env import LOOKUP_URL_SETTING, engine_of
 from spark_jobs.connectors._registry import source_connector_named
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._derive import derive
@@ -60,20 +61,25 @@ def resolve(pipeline: Pipeline, engine: Engine) -> Resolved:
     catalogs: dict[int, dict[str, str]] = {}
     with engine.connect() as conn:
         source_connector_named(plan.source.kind).check_catalog(conn, plan)
-        for step in plan.lookups():
+    for step in plan.lookups():
+        # A lookup's table is in the platform database, or on the server of its url_env.
+        with engine_of(step.url_env, engine, LOOKUP_URL_SETTING).connect() as conn:
             catalog = table_catalog(conn, step.schema_name, step.table)
-            if catalog is None:
-                raise MissingTableError(name, step.where, f"table {step.qualified} does not exist")
-            wanted = [column for _, column in step.keys] + [column for column, _ in step.columns]
-            for column in wanted:
-                if column not in catalog:
-                    raise PipelineDefinitionError(
-                        name, step.where, f"table {step.qualified} has no column {column!r}"
-                    )
-            catalogs[step.index] = catalog
-            lookup_types[step.index] = {
-                column: catalog_arrow_type(catalog[column])[0] for column, _ in step.columns
-            }
+        if catalog is None:
+            where = f" (database in ${step.url_env})" if step.url_env else ""
+            raise MissingTableError(
+                name, step.where, f"table {step.qualified}{where} does not exist"
+            )
+        wanted = [column for _, column in step.keys] + [column for column, _ in step.columns]
+        for column in wanted:
+            if column not in catalog:
+                raise PipelineDefinitionError(
+                    name, step.where, f"table {step.qualified} has no column {column!r}"
+                )
+        catalogs[step.index] = catalog
+        lookup_types[step.index] = {
+            column: catalog_arrow_type(catalog[column])[0] for column, _ in step.columns
+        }
     resolved = derive(pipeline, lookup_types)
     for step in resolved.lookups():
         _check_keys(name, step, catalogs[step.index])

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs._url_env import check_env_name
 from spark_jobs.async_io import AsyncFunction, AsyncRetryStrategy
 from spark_jobs.pipeline._checks import (
     Context,
@@ -149,6 +150,7 @@ def _lookup(
     elif step.cache is not None:
         raise ctx.fail("cache must be None, PartialCache(...) or FullCache(...)")
     mode, key = output_mode(ctx, step.mode, step.key, base["inputs"], is_open)
+    url_env = ctx.check(check_env_name, step.url_env)
     return LookupPlan(
         **base,
         outputs=outputs,
@@ -166,6 +168,7 @@ def _lookup(
         batch_size=optional_int(ctx, step.batch_size, "batch_size", 1),
         mode=mode,
         key=key,
+        url_env=url_env,
         **cache,
     )
 

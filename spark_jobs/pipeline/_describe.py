@@ -58,7 +58,8 @@ def _step(stage: StagePlan) -> str:
             + (f" reloaded every {stage.reload_every:g}s" if stage.reload_every else ""),
         }[stage.cache]
         mode = _mode(stage.mode, stage.key)
-        return f"{head} on {on} → {added} (on miss: {miss}; {cache}; {mode})"
+        server = f" (database in ${stage.url_env})" if stage.url_env else ""
+        return f"{head}{server} on {on} → {added} (on miss: {miss}; {cache}; {mode})"
     if isinstance(stage, AsyncMapPlan):
         per = "per record" if stage.per_record else "per batch"
         added = ", ".join(c.name for c in stage.added)

@@ -117,6 +117,9 @@ class LookupPlan(StagePlan):
     #: "ordered", "unordered" or "key" (input order per value of the ``key`` fields).
     mode: Literal["ordered", "unordered", "key"] = "ordered"
     key: tuple[str, ...] | None = None
+    #: The environment variable holding the URL of the table's database (None: the
+    #: platform database); the URL itself is read where it is used (``_url_env``).
+    url_env: str | None = None
 
     @property
     def qualified(self) -> str:

@@ -159,6 +159,10 @@ class Lookup:
         key: With `mode="key"` (and only then): the field, or tuple of fields, of the
             step's input whose records keep their order, e.g. the row's primary key.
         name: How errors and metrics name the step. Default: the table.
+        url_env: The table is on another server: the name of the environment variable that
+            holds its URL (`postgresql://user@host:port/dbname`), set on the driver and on
+            every Spark executor — never the URL itself, which would end up in the plan.
+            Default: the platform database.
     """
 
     table: str
@@ -173,6 +177,7 @@ class Lookup:
     mode: OutputMode = "ordered"
     key: str | Sequence[str] | None = None
     name: str | None = None
+    url_env: str | None = None
 
     kind = "Lookup"
 

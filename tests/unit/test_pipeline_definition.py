@@ -186,6 +186,31 @@ def _error(build: Any) -> str:
         pytest.param(
             lambda: orders(
                 steps=[
+                    Lookup(
+                        "crm.customers",
+                        on={"tenant_id": "id"},
+                        columns=["name"],
+                        url_env="postgresql://u:secret@crm/db",
+                    )
+                ]
+            ),
+            "pipeline orders: step 1 (Lookup crm.customers): url_env must be the name of the "
+            "environment variable that holds the URL, not the URL itself",
+            id="a URL given as url_env (not repeated: it may hold a password)",
+        ),
+        pytest.param(
+            lambda: orders(
+                steps=[
+                    Lookup("crm.customers", on={"tenant_id": "id"}, columns=["name"], url_env="1x")
+                ]
+            ),
+            "pipeline orders: step 1 (Lookup crm.customers): url_env must be the name of an "
+            "environment variable (letters, digits and _), not '1x'",
+            id="url_env not a variable name",
+        ),
+        pytest.param(
+            lambda: orders(
+                steps=[
                     AsyncMap(Score(), output={"score": "float64"}),
                     AsyncMap(Score(), output={"score": "float64"}, name="again"),
                 ]

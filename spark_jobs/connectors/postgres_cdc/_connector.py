@@ -254,7 +254,7 @@ class CdcConnector(SourceConnector):
 
     def upstream_assets(self, plan: Plan) -> list[UpstreamAsset]:
         options: CdcOptions = plan.source.options
-        return [TableInput(s, t) for s, t in options.tables]
+        return [TableInput(s, t, options.url_env) for s, t in options.tables]
 
     def source_status(self, conn: sa.Connection, plan: Plan) -> Mapping[str, Any]:
         options: CdcOptions = plan.source.options
