@@ -77,14 +77,14 @@ def dead_letters_view(listing: DeadLetterListing, limit: int, filtered: bool) ->
     for column in ("day", "reason", "count"):
         summary.add_column(column, justify="right" if column == "count" else "left")
     for day, category, count in listing.by_day:
-        summary.add_row(_day(day), Text(category), f"{count:,}")
+        summary.add_row(_day(day), Text(printable(category.encode())), f"{count:,}")
     rows = Table(show_header=True)
     for column in ("day", "where", "reason", "raw"):
         rows.add_column(column, overflow="fold")
     for letter in listing.shown:
         rows.add_row(
             _day(letter.day),
-            Text(f"{letter.uri} @ {letter.offset}"),
+            Text(f"{printable(letter.uri.encode())} @ {letter.offset}"),  # (file names too)
             Text(printable(letter.reason.encode())),
             Text(printable(letter.raw, _RAW_WIDTH)),
         )

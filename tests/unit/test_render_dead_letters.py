@@ -27,8 +27,8 @@ def test_printable_escapes_controls_and_bytes_that_are_not_utf8() -> None:
 
 def _listing(raw: bytes) -> DeadLetterListing:
     letter = ListedDeadLetter(
-        7, date(2026, 3, 1), 3, "/landing/dt=2026-03-01/a.jsonl", 120, "invalid JSON: [red]x",
-        raw, "run-1", datetime(2026, 3, 1, tzinfo=UTC),
+        7, date(2026, 3, 1), 3, "/landing/dt=2026-03-01/a\x1b[2J.jsonl", 120,
+        "invalid JSON: [red]x", raw, "run-1", datetime(2026, 3, 1, tzinfo=UTC),
     )  # fmt: skip
     return DeadLetterListing("events", 2, [(date(2026, 3, 1), "invalid JSON", 2)], [letter])
 
@@ -41,6 +41,7 @@ def test_the_view_prints_markup_literally_and_says_what_it_left_out() -> None:
     text = out.getvalue()
     assert "[bold]\\x1b]0;title\\x07" in text and "\x1b" not in text
     assert "invalid JSON: [red]x" in text
+    assert "a\\x1b[2J.jsonl @ 120" in text  # a file name is escaped too
     assert "showing 1 of 2" in text
 
 
