@@ -1,8 +1,11 @@
-"""The environment of a ``sluice`` subprocess run by a test on a pipeline module of its own."""
+"""The environment of a ``sluice`` subprocess run by a test on a pipeline module of its own,
+and running it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -21,3 +24,31 @@ def module_env(db_url: str, cwd: Path, module: str, **extra: str) -> dict[str, s
     )
     env.update(extra)
     return env
+
+
+SLUICE = str(Path(sys.executable).with_name("sluice"))
+
+
+def run_sluice(
+    args: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    *,
+    unset: tuple[str, ...] = (),
+    secret: str | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """``sluice *args`` in ``cwd`` with the caller's environment minus its ``SLUICE_*``
+    settings and ``unset``, plus ``env``; ``secret`` (a password) must appear in no output."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_") and k not in unset}
+    done = subprocess.run(
+        [SLUICE, *args],
+        env={**clean, **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if secret is not None:
+        assert secret not in done.stdout + done.stderr, args
+    return done

@@ -63,15 +63,20 @@ async def double(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pc.multiply(batch.column("n"), 2)], names=["twice"])
 
 
+def _land(settings: TestSettings, name: str) -> None:
+    """``RECORDS`` records ``{"id": "r0001", "n": 1}`` … in one file of 2026-03-01."""
+    folder = settings.data_path / "landing" / name / "dt=2026-03-01"
+    folder.mkdir(parents=True)
+    lines = [orjson.dumps({"id": f"r{n:04d}", "n": n}) + b"\n" for n in range(1, RECORDS + 1)]
+    (folder / "a.jsonl").write_bytes(b"".join(lines))
+
+
 def test_callback_and_coroutine_async_maps_per_record_and_per_batch(make_settings: Any) -> None:
     settings: TestSettings = make_settings(read_block_bytes=1024)
     platform = open_platform(settings)
     name = f"amap_{secrets.token_hex(3)}"
     try:
-        folder = settings.data_path / "landing" / name / "dt=2026-03-01"
-        folder.mkdir(parents=True)
-        lines = [orjson.dumps({"id": f"r{n:04d}", "n": n}) + b"\n" for n in range(1, RECORDS + 1)]
-        (folder / "a.jsonl").write_bytes(b"".join(lines))
+        _land(settings, name)
         pipeline = Pipeline(
             name=name,
             source=FileSource(schema={"id": "string", "n": "int64"}, required=["id", "n"]),
@@ -196,10 +201,7 @@ def test_a_per_record_result_that_does_not_fit_is_a_dead_letter_naming_its_field
     platform = open_platform(settings)
     name = f"amap_{secrets.token_hex(3)}"
     try:
-        folder = settings.data_path / "landing" / name / "dt=2026-03-01"
-        folder.mkdir(parents=True)
-        lines = [orjson.dumps({"id": f"r{n:04d}", "n": n}) + b"\n" for n in range(1, RECORDS + 1)]
-        (folder / "a.jsonl").write_bytes(b"".join(lines))
+        _land(settings, name)
         pipeline = Pipeline(
             name=name,
             source=FileSource(schema={"id": "string", "n": "int64"}, required=["id", "n"]),

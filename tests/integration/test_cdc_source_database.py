@@ -30,6 +30,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from cdc_oracle import ChangeGenerator, compare, rows_of
+from cli_env import run_sluice
 from sqlalchemy.engine import make_url
 
 from enumerator_service import ServerUnreachable, Settings, connect_engine
@@ -40,7 +41,6 @@ from spark_jobs.connectors.postgres_cdc._source_db import connect_patiently, whe
 
 pytestmark = pytest.mark.spark
 
-SLUICE = str(Path(sys.executable).with_name("sluice"))
 PASSWORD = f"pw-{secrets.token_hex(6)}"
 VARIABLE = "SHOP_DB_URL"
 
@@ -83,13 +83,7 @@ def source_server(source_home: Path) -> Iterator[str]:
 
 
 def _sluice(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    clean.pop(VARIABLE, None)
-    done = subprocess.run(
-        [SLUICE, *args], env={**clean, **env}, cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-    assert PASSWORD not in done.stdout + done.stderr, args
-    return done
+    return run_sluice(args, env, cwd, unset=(VARIABLE,), secret=PASSWORD)
 
 
 def _ok(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-SLUICE = str(Path(sys.executable).with_name("sluice"))
+from cli_env import run_sluice
 
 MODULE = """
 from spark_jobs import FileSource, Pipeline
@@ -46,10 +43,7 @@ DAYS: dict[str, list[tuple[bytes, str | None]]] = {
 
 
 def _sluice(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    return subprocess.run(
-        [SLUICE, *args], env={**clean, **env}, cwd=cwd, capture_output=True, text=True, timeout=180
-    )
+    return run_sluice(args, env, cwd, timeout=180)
 
 
 def _json(args: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ import orjson
 import pyarrow.dataset as ds
 import pytest
 import sqlalchemy as sa
+from cli_env import run_sluice
 from dagster import AssetSelection, Definitions, define_asset_job
 from sluice_resource import resource_for
 from sqlalchemy.engine import make_url
@@ -37,7 +37,6 @@ from enumerator_service._embedded import start_embedded, stop_embedded
 
 pytestmark = pytest.mark.spark
 
-SLUICE = str(Path(sys.executable).with_name("sluice"))
 PASSWORD = f"pw-{secrets.token_hex(6)}"
 VARIABLE = "CRM_DB_URL"
 CUSTOMERS = 300  # ids 1..300 on the operational server; orders also name ids 301..310
@@ -96,13 +95,7 @@ def crm_server() -> Iterator[str]:
 
 
 def _sluice(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    clean.pop(VARIABLE, None)
-    done = subprocess.run(
-        [SLUICE, *args], env={**clean, **env}, cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-    assert PASSWORD not in done.stdout + done.stderr, args
-    return done
+    return run_sluice(args, env, cwd, unset=(VARIABLE,), secret=PASSWORD)
 
 
 @pytest.fixture(scope="module")
