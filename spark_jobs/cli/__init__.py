@@ -107,7 +107,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo(f"sluice: unreachable: {exc}", err=True)
         sys.exit(ExitCode.FAILED)
     except ConfigError as exc:
-        click.echo(f"sluice: configuration error: {exc}", err=True)
+        # A command's own argument (PIPELINE, --date, …) is a usage error; a setting is not.
+        argument = exc.setting == "PIPELINE" or exc.setting.startswith("--")
+        kind = "usage error" if argument else "configuration error"
+        click.echo(f"sluice: {kind}: {exc}", err=True)
         sys.exit(ExitCode.USAGE)
     except PipelineDefinitionError as exc:
         click.echo(f"sluice: definition error: {exc}", err=True)
