@@ -26,7 +26,7 @@ from spark_jobs.jobs._user_functions import (
     as_async_function,
     results_retry,
 )
-from spark_jobs.lookup import BatchLookup, miss_retry_strategy
+from spark_jobs.lookup import CONNECT_PATIENCE, BatchLookup, miss_retry_strategy
 from spark_jobs.pipeline._plan import AsyncMapPlan, FilterPlan, LookupPlan, MapPlan, StagePlan
 from spark_jobs.runtime import MailboxProcessor
 from spark_jobs.source._batch import OFFSET, Batch, user_rows, with_offsets
@@ -74,6 +74,10 @@ def _lookup(config: TaskConfig, plan: LookupPlan, processor: MailboxProcessor) -
         # Below the operator's timeout, so a retry re-queries instead of waiting.
         query_timeout=timeout / attempts,
         latency=defaults.injected_latency_ms / 1000,
+        where=_where(plan),
+        # A database restart is waited for, within the step's timeout (the error then names
+        # the database, not the timeout).
+        patience=min(CONNECT_PATIENCE, 0.75 * timeout),
     )
     return AsyncBatchStage(
         plan,
@@ -86,6 +90,11 @@ def _lookup(config: TaskConfig, plan: LookupPlan, processor: MailboxProcessor) -
         retry=retry,
         lookup=lookup.metrics,
     )
+
+
+def _where(plan: LookupPlan) -> str:
+    """What a lookup's connection error names: the setting (and variable) of its database."""
+    return f"{LOOKUP_URL_SETTING} ${plan.url_env}: " if plan.url_env else "SLUICE_DATABASE_URL: "
 
 
 def _async_map(plan: AsyncMapPlan, processor: MailboxProcessor) -> Stage:

@@ -39,6 +39,7 @@ from spark_jobs.lookup._batch_cache import Answer, BatchCache
 from spark_jobs.lookup._batch_join import Found, Joiner, distinct_keys, join_keys, match
 from spark_jobs.lookup._batch_sql import KeyPart, LookupShape, ValueColumn, read_shape
 from spark_jobs.lookup._cache_index import cache_keys
+from spark_jobs.lookup._connections import CONNECT_PATIENCE
 from spark_jobs.lookup._full_cache import LOAD_CHUNK_ROWS, Reloader, load_table, to_found
 from spark_jobs.lookup._hit_rate_guard import HitRateGuard
 from spark_jobs.lookup._pooled import PooledLookup
@@ -93,6 +94,8 @@ class BatchLookup(PooledLookup[Batch, Batch]):
         query_timeout: float | None = None,
         latency: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        where: str = "",
+        patience: float = CONNECT_PATIENCE,
     ) -> None:
         if not plan.keys or not plan.columns:
             raise ValueError(f"{plan.where}: a lookup needs key and looked-up columns")
@@ -103,7 +106,7 @@ class BatchLookup(PooledLookup[Batch, Batch]):
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if latency < 0:
             raise ValueError("latency must not be negative")
-        super().__init__(dsn, pool_size)
+        super().__init__(dsn, pool_size, where, patience)
         self._plan = plan
         self._input_schema = input_schema
         self._column_types = dict(column_types)

@@ -4,6 +4,14 @@ asyncpg's own Pool resets every connection on release (a second round trip) and 
 task per release; together that doubled the cost of a per-row lookup. Lookups never change
 session state and bound their own concurrency, so a free list is all they need.
 
+Opening a connection waits out a database that does not answer (a restart, a failover) for
+up to ``CONNECT_PATIENCE`` s, as the source readers do: Spark retries a failed task at once,
+so a lookup failing at the first refused connection lost the run to a ten-second restart.
+A server that refuses the user or the password is not waited for. Past the patience, one
+:class:`DatabaseUnreachable` names the database (its URL without the password) and ``where``
+(the setting and variable it came from); it is not a transient error, so the lookup fails
+with that line instead of retrying into its timeout.
+
 Threading: event-loop thread only. asyncpg connections belong to the loop that opened them.
 """
 
@@ -17,16 +25,57 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-__all__ = ["ConnectionPool", "acquire_pool", "release_pool"]
+from enumerator_service import redact_text, redact_url
+
+__all__ = [
+    "CONNECT_PATIENCE",
+    "ConnectionPool",
+    "DatabaseUnreachable",
+    "acquire_pool",
+    "release_pool",
+]
+
+#: Seconds opening a connection waits for a database that does not answer to come back.
+CONNECT_PATIENCE = 30.0
+#: What a database that is down, starting or full answers (anything else is not waited for).
+_DOWN = (
+    OSError,  # refused, reset, no such socket, timed out
+    asyncpg.CannotConnectNowError,  # starting up, shutting down
+    asyncpg.TooManyConnectionsError,
+    asyncpg.ConnectionDoesNotExistError,
+)
+
+
+class DatabaseUnreachable(RuntimeError):
+    """A lookup's database did not answer for the whole patience (one line: see above)."""
+
+
+async def _connect_patiently(dsn: str, where: str, patience: float) -> asyncpg.Connection:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    delay = 0.1
+    while True:
+        try:
+            return await asyncpg.connect(dsn)
+        except _DOWN as exc:
+            if loop.time() + delay > deadline:
+                reason = redact_text(" ".join(str(exc).split()) or type(exc).__name__, dsn)
+                raise DatabaseUnreachable(
+                    f"{where}cannot connect to {redact_url(dsn)} for {patience:g}s: {reason}"
+                ) from None
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 2.0)
 
 
 class ConnectionPool:
     """Up to ``size`` connections, opened on demand, handed out LIFO (warm ones first)."""
 
-    def __init__(self, dsn: str, size: int) -> None:
+    def __init__(
+        self, dsn: str, size: int, where: str = "", patience: float = CONNECT_PATIENCE
+    ) -> None:
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
-        self._dsn = dsn
+        self._dsn, self._where, self._patience = dsn, where, patience
         self.size = size
         self._idle: list[asyncpg.Connection] = []
         self._opened = 0
@@ -46,7 +95,7 @@ class ConnectionPool:
         if self._opened < self.size:
             self._opened += 1
             try:
-                return await asyncpg.connect(self._dsn)
+                return await _connect_patiently(self._dsn, self._where, self._patience)
             except BaseException:
                 self._opened -= 1
                 raise
@@ -129,12 +178,15 @@ class ConnectionPool:
 _pools: dict[tuple[int, int, str], tuple[ConnectionPool, int]] = {}
 
 
-def acquire_pool(dsn: str, size: int) -> ConnectionPool:
-    """The shared pool of ``dsn`` on the running loop (sized by its first user)."""
+def acquire_pool(
+    dsn: str, size: int, where: str = "", patience: float = CONNECT_PATIENCE
+) -> ConnectionPool:
+    """The shared pool of ``dsn`` on the running loop (sized, its errors named with
+    ``where`` and its patience set, by its first user)."""
     key = (os.getpid(), id(asyncio.get_running_loop()), dsn)
     entry = _pools.get(key)
     if entry is None:
-        pool = ConnectionPool(dsn, size)
+        pool = ConnectionPool(dsn, size, where, patience)
         _pools[key] = (pool, 1)
         return pool
     _pools[key] = (entry[0], entry[1] + 1)

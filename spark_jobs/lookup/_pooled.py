@@ -10,7 +10,12 @@ import asyncpg
 
 from enumerator_service import ConfigError, qualified_name
 from spark_jobs.async_io import AsyncFunction
-from spark_jobs.lookup._connections import ConnectionPool, acquire_pool, release_pool
+from spark_jobs.lookup._connections import (
+    CONNECT_PATIENCE,
+    ConnectionPool,
+    acquire_pool,
+    release_pool,
+)
 from spark_jobs.lookup._metrics import LatencyHistogram, LookupMetrics
 
 __all__ = ["PooledLookup", "column_types"]
@@ -59,8 +64,11 @@ class PooledLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
     increments them inline).
     """
 
-    def __init__(self, dsn: str, pool_size: int) -> None:
+    def __init__(
+        self, dsn: str, pool_size: int, where: str = "", patience: float = CONNECT_PATIENCE
+    ) -> None:
         self._dsn, self._pool_size = dsn, pool_size
+        self._where, self._patience = where, patience
         self._pool: ConnectionPool | None = None
         self._sql: str | None = None
         self._latencies = LatencyHistogram()
@@ -75,7 +83,7 @@ class PooledLookup(AsyncFunction[IN, OUT], Generic[IN, OUT]):
     async def open(self) -> None:
         """Join the worker's pool and build the statement (``_build_sql``) on one of its
         connections; leaves the pool again if that fails."""
-        pool = acquire_pool(self._dsn, self._pool_size)
+        pool = acquire_pool(self._dsn, self._pool_size, self._where, self._patience)
         try:
             async with pool.connection() as conn:
                 self._sql = await self._build_sql(conn)
