@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from enumerator_service import ConfigError, list_dead_letters, platform_status
+from enumerator_service import ConfigError, ServerUnreachable, list_dead_letters, platform_status
 from spark_jobs._outcomes import ExitCode
 from spark_jobs.cli._common import (
     console,
@@ -46,7 +46,7 @@ def pipelines_cmd(ctx: click.Context) -> None:
     The output fields are shown with their types, those of looked-up columns from the
     database's catalog. A definition that does not fit the database (a key type, a missing
     column) is an error: exit code 2 after the listing; a table not created yet is only a
-    note.
+    note; a database that does not answer (a url_env server down) is exit code 1.
     """
     from spark_jobs.pipeline._catalog import resolve
 
@@ -55,7 +55,7 @@ def pipelines_cmd(ctx: click.Context) -> None:
     if not found:
         pick_pipeline(found, None)  # raises: nothing registered
     platform = open_for(settings)
-    errors = 0
+    errors = unreachable = 0
     try:
         for pipeline in found.values():
             error = False
@@ -64,6 +64,9 @@ def pipelines_cmd(ctx: click.Context) -> None:
                 note = None
             except MissingTableError as exc:  # created later (sample data, the user)
                 plan, note = None, str(exc)
+            except ServerUnreachable as exc:  # an outage (a url_env server), not a mistake
+                plan, note = None, f"unreachable: {exc}"
+                unreachable += 1
             except (ConfigError, ValueError) as exc:  # the definition does not fit
                 plan, note, error = None, str(exc), True
             errors += error
@@ -75,6 +78,13 @@ def pipelines_cmd(ctx: click.Context) -> None:
     if errors:
         click.echo(f"sluice: {errors} pipeline definition error(s), shown above", err=True)
         sys.exit(ExitCode.USAGE)
+    if unreachable:  # (running it again once the server is back may pass: exit 1)
+        click.echo(
+            f"sluice: unreachable: {unreachable} pipeline(s) read a database that did not"
+            " answer, shown above",
+            err=True,
+        )
+        sys.exit(ExitCode.FAILED)
 
 
 @click.command("status")

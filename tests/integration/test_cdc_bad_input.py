@@ -13,12 +13,15 @@ import sqlalchemy as sa
 from cdc_oracle import cdc_pipeline, compare, create_table, rows_of
 from conftest import TestSettings
 from rich.console import Console
+from sqlalchemy.engine import make_url
 
+from enumerator_service import ConfigError
 from enumerator_service._operations import discover, open_platform, platform_status
 from spark_jobs import BadInputFailure, PipelineDefinitionError
 from spark_jobs.cli._render import status_table
 from spark_jobs.connectors import source_connector_named
 from spark_jobs.connectors.postgres_cdc import SlotMissingError, drop_slot
+from spark_jobs.connectors.postgres_cdc._publication import ensure_publication
 from spark_jobs.connectors.postgres_cdc._slot import lsn_text
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.pipeline._paths import discovery_of
@@ -161,3 +164,32 @@ def test_a_run_after_the_slot_was_dropped_is_not_nothing_new(make_settings: Any)
     finally:
         drop_slot(platform.engine, options.slot, options.publication)
         platform.close()
+
+
+def test_a_user_who_cannot_create_the_publication_gets_one_line(db_url: str) -> None:
+    """The owner of the tables without CREATE on the database (Postgres 15+ grants it to
+    nobody by default): a ConfigError saying what to grant or to do, not a SQL traceback."""
+    role, schema = f"nocreate_{secrets.token_hex(3)}", f"shop_{secrets.token_hex(3)}"
+    admin = sa.create_engine(make_url(db_url).set(drivername="postgresql+psycopg"))
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN REPLICATION"))
+        conn.execute(sa.text(f"CREATE SCHEMA {schema} AUTHORIZATION {role}"))
+    as_owner = sa.create_engine(
+        make_url(db_url).set(drivername="postgresql+psycopg", username=role, password=None)
+    )
+    try:
+        with as_owner.begin() as conn:
+            conn.execute(sa.text(f"CREATE TABLE {schema}.orders (id bigint PRIMARY KEY)"))
+        with as_owner.begin() as conn, pytest.raises(ConfigError) as raised:
+            ensure_publication(conn, f"{schema}_pub", [(schema, "orders")])
+        message = str(raised.value)
+        assert message.startswith("PostgresCdcSource(publication): cannot create publication"), (
+            message
+        )
+        assert "CREATE on the database" in message and "\n" not in message
+    finally:
+        as_owner.dispose()
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
+            conn.execute(sa.text(f"DROP ROLE {role}"))
+        admin.dispose()

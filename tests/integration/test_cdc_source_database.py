@@ -124,6 +124,18 @@ def test_changes_of_a_table_in_another_server_reach_the_sink(
         assert f"PostgresCdcSource(url_env): environment variable {VARIABLE} is not set" in (
             missing.stderr
         )
+        # A table that is not there: the line names the server's variable too.
+        typo = tmp_path / "typo"
+        typo.mkdir()
+        (typo / "shop_pipelines.py").write_text(
+            MODULE.format(name=f"{name}_typo", variable=VARIABLE).replace(
+                "shop.orders", "shop.order"
+            )
+        )
+        typo_env = {**env, "PYTHONPATH": os.pathsep.join([str(typo), env["PYTHONPATH"]])}
+        wrong = _sluice(["discover", f"{name}_typo"], typo_env, typo)
+        assert wrong.returncode == 2, wrong.stderr
+        assert f"table shop.order (database in ${VARIABLE}) does not exist" in wrong.stderr
         # A day of an unpartitioned output: refused by discovery as by a run, nothing made.
         dated = _sluice(["discover", name, "--date", "2026-01-01"], env, tmp_path)
         assert dated.returncode == 2, dated.stderr

@@ -16,8 +16,9 @@ import sqlalchemy as sa
 
 from enumerator_service import connect_engine
 from spark_jobs.connectors.postgres_cdc import drop_slot
+from spark_jobs.connectors.postgres_cdc._publication import ensure_publication
 from spark_jobs.connectors.postgres_cdc._replication import open_replication
-from spark_jobs.connectors.postgres_cdc._slot import ensure_publication, ensure_slot
+from spark_jobs.connectors.postgres_cdc._slot import ensure_slot
 
 
 def test_an_open_waits_for_the_readers_slot_to_be_released(

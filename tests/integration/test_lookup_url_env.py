@@ -210,3 +210,14 @@ def test_the_dagster_asset_of_the_table_is_observed_on_its_server(
     }
     # The operational table (300 rows), not the platform's decoy (999).
     assert metadata["exists"] is True and metadata["row_count"] == CUSTOMERS
+
+
+def test_pipelines_with_the_server_down_is_an_outage_not_a_definition_error(setup: Any) -> None:
+    env, root, _, _ = setup
+    down = {**env, VARIABLE: f"postgresql://reader:{PASSWORD}@127.0.0.1:1/postgres"}
+    shown = _sluice(["pipelines"], {**down, "COLUMNS": "300"}, root)
+    assert shown.returncode == 1, (shown.stdout, shown.stderr)
+    assert shown.stderr.strip().splitlines()[-1] == (
+        "sluice: unreachable: 2 pipeline(s) read a database that did not answer, shown above"
+    )
+    assert "definition error" not in shown.stderr

@@ -3,8 +3,8 @@ changes from a logical replication slot (``pgoutput``) — the ``PostgresCdcSour
 
 from spark_jobs.connectors._registry import register_source
 from spark_jobs.connectors.postgres_cdc._connector import CdcConnector, CdcOptions
+from spark_jobs.connectors.postgres_cdc._publication import PublicationMissingError
 from spark_jobs.connectors.postgres_cdc._slot import (
-    PublicationMissingError,
     SlotInfo,
     SlotMissingError,
     drop_slot,

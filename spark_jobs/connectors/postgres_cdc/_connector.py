@@ -226,10 +226,11 @@ class CdcConnector(SourceConnector):
             qualified = f"{schema}.{table}"
             catalog = table_catalog(conn, schema, table)
             if catalog is None:
+                where = f" (database in ${options.url_env})" if options.url_env else ""
                 raise MissingTableError(
                     plan.name,
                     "source",
-                    f"PostgresCdcSource(tables): table {qualified} does not exist",
+                    f"PostgresCdcSource(tables): table {qualified}{where} does not exist",
                 )
             kind = catalog.get(options.key)
             if kind is None or type_family(catalog_arrow_type(kind)[0]) != "integer":

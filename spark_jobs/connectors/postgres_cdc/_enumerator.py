@@ -49,16 +49,18 @@ from enumerator_service import (
     quote_identifier,
     splits,
 )
+from spark_jobs.connectors.postgres_cdc._publication import (
+    ensure_publication,
+    require_publication,
+)
 from spark_jobs.connectors.postgres_cdc._slot import (
     SlotMissingError,
     advance_slot,
     check_slot_owner,
     check_wal_level,
-    ensure_publication,
     ensure_slot,
     lsn_text,
     recorded_cursor,
-    require_publication,
     slot_info,
     slot_lock,
 )

@@ -1,5 +1,5 @@
-"""A CDC source's replication slot and publication: checks, creation, advance, retained WAL,
-drop.
+"""A CDC source's replication slot: checks, creation, advance, retained WAL, drop (with its
+publication: ``_publication``).
 
 The slot keeps every WAL segment from its ``restart_lsn`` on the server's disk until it is
 advanced, whether or not anybody reads it: a forgotten slot fills the disk. Sluice creates
@@ -24,10 +24,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from enumerator_service import ConfigError, qualified_name, quote_identifier
+from enumerator_service import ConfigError, quote_identifier
+from spark_jobs.connectors.postgres_cdc._publication import publication_tables, shown_tables
 
 __all__ = [
-    "PublicationMissingError",
     "SlotInfo",
     "SlotMissingError",
     "advance_slot",
@@ -35,13 +35,10 @@ __all__ = [
     "check_wal_level",
     "current_lsn",
     "drop_slot",
-    "ensure_publication",
     "ensure_slot",
     "lsn_text",
-    "publication_tables",
     "recorded_cursor",
     "release_source",
-    "require_publication",
     "slot_info",
     "slot_lock",
 ]
@@ -52,15 +49,6 @@ class SlotMissingError(RuntimeError):
     SQLSTATE (undefined object, class 42) makes a run stop at once: retrying cannot bring
     the slot's WAL back (see ``deterministic_error``); ``bad_input``: the source's input,
     not a refused query — one line, exit code 2 (a run's and ``sluice discover``'s)."""
-
-    sqlstate = "42704"
-    bad_input = True
-
-
-class PublicationMissingError(RuntimeError):
-    """The publication of a CDC source whose stream has started does not exist any more:
-    pgoutput decodes by the publication as of each change, so the changes made while it
-    was gone are lost. Never recreated silently; like a dropped slot (one line, exit 2)."""
 
     sqlstate = "42704"
     bad_input = True
@@ -117,65 +105,6 @@ def slot_info(conn: Connection, slot: str) -> SlotInfo | None:
         bool(active),
         int(retained),
     )
-
-
-def publication_tables(conn: Connection, publication: str) -> set[tuple[str, str]] | None:
-    """The tables ``publication`` lists (None: it does not exist)."""
-    exists = conn.execute(
-        sa.text("SELECT 1 FROM pg_publication WHERE pubname = :p"), {"p": publication}
-    ).first()
-    if exists is None:
-        return None
-    found = conn.execute(
-        sa.text("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = :p"),
-        {"p": publication},
-    ).all()
-    return {(str(s), str(t)) for s, t in found}
-
-
-def _shown(tables: set[tuple[str, str]] | list[tuple[str, str]]) -> str:
-    return ", ".join(sorted(f"{s}.{t}" for s, t in tables)) or "no table"
-
-
-def _check_owned(
-    publication: str, listed: set[tuple[str, str]], tables: list[tuple[str, str]]
-) -> None:
-    # Altering (or later dropping) a publication that lists other tables would change what
-    # another pipeline receives: its changes made meanwhile would be lost.
-    if listed != set(tables):
-        raise ConfigError(
-            "PostgresCdcSource(publication)",
-            f"publication {publication!r} exists and lists {_shown(listed)}, not exactly the"
-            f" pipeline's tables ({_shown(tables)}); it is left as it is (another pipeline's?):"
-            " name a publication of the pipeline's own",
-        )
-
-
-def ensure_publication(conn: Connection, publication: str, tables: list[tuple[str, str]]) -> None:
-    """Create ``publication`` for ``tables`` (in the caller's transaction); one that exists
-    must list exactly ``tables`` (ConfigError naming ``PostgresCdcSource(publication)``) —
-    never altered."""
-    listed = publication_tables(conn, publication)
-    if listed is not None:
-        _check_owned(publication, listed, tables)
-        return
-    names = ", ".join(qualified_name(s, t) for s, t in tables)
-    conn.execute(sa.text(f"CREATE PUBLICATION {quote_identifier(publication)} FOR TABLE {names}"))
-
-
-def require_publication(
-    conn: Connection, source: str, publication: str, tables: list[tuple[str, str]]
-) -> None:
-    """A started stream's publication: it must exist (else PublicationMissingError, never
-    recreated) and list exactly ``tables`` (else ConfigError)."""
-    listed = publication_tables(conn, publication)
-    if listed is None:
-        raise PublicationMissingError(
-            f"publication {publication!r} of {source} does not exist (dropped?): changes made"
-            f" while it was missing are lost; run 'sluice cdc drop {source}' and discover"
-            " again to take a new snapshot"
-        )
-    _check_owned(publication, listed, tables)
 
 
 # The pipelines whose records name the slot: the discovery cursor (``slot``, recorded when
@@ -376,8 +305,8 @@ def release_source(
         conn.execute(_FORGET_CURSOR, {"source": source})
     if listed is not None and not owned:
         shown = (
-            f"not dropped: it lists {_shown(listed)}, not exactly the pipeline's tables"
-            f" ({_shown(tables)}) — another pipeline's? (PostgresCdcSource(publication))"
+            f"not dropped: it lists {shown_tables(listed)}, not exactly the pipeline's tables"
+            f" ({shown_tables(tables)}) — another pipeline's? (PostgresCdcSource(publication))"
         )
     else:
         shown = _dropped(dropped_publication)
