@@ -219,7 +219,7 @@ def _crash_during_snapshot(case: Case, driver: Driver, chunks: int, run: Run) ->
     deadline = time.monotonic() + SPARK_START
     while not chunk_states(case.engine, case.pipeline).get("READING"):
         assert run.alive() and time.monotonic() < deadline, run.output()[-3000:]
-        time.sleep(0.2)
+        time.sleep(0.05)
     # Into the reading of the chunks: once `done` of them are committed (a point drawn from
     # the seed, by progress rather than by time: a quiet machine reads 200,000 rows in ~2 s).
     done = rng.randint(0, chunks - 2)
