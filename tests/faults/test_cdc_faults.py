@@ -221,10 +221,15 @@ def _crash_during_snapshot(case: Case, driver: Driver, chunks: int, run: Run) ->
         assert run.alive() and time.monotonic() < deadline, run.output()[-3000:]
         time.sleep(0.05)
     # Into the reading of the chunks: once `done` of them are committed (a point drawn from
-    # the seed, by progress rather than by time: a quiet machine reads 200,000 rows in ~2 s).
+    # the seed, by progress rather than by time: a quiet machine reads 200,000 rows in ~2 s)
+    # — or at the last chance: chunks complete a checkpoint's worth at a time, so the count
+    # can jump past `done` to the end; once every chunk left is being read, crash now.
     done = rng.randint(0, chunks - 2)
     states = chunk_states(case.engine, case.pipeline)
-    while states.get("COMPLETED", 0) < done and states.get("READING"):
+    while states.get("READING"):
+        completed, reading = states.get("COMPLETED", 0), states["READING"]
+        if completed >= done or completed + reading >= chunks:
+            break
         assert run.alive() and time.monotonic() < deadline, run.output()[-3000:]
         time.sleep(0.05)
         states = chunk_states(case.engine, case.pipeline)
