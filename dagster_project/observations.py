@@ -22,7 +22,7 @@ from dagster import (
 from dagster_project.resources import SluiceResource
 from enumerator_service import connect_engine, database_url, qualified_name
 from spark_jobs.connectors import ObservedInput, TableInput, source_connector_named
-from spark_jobs.pipeline import Pipeline, url_env_engine
+from spark_jobs.pipeline import Pipeline, database_note, url_env_engine
 
 __all__ = ["observed_asset", "table_asset", "table_key", "upstream_assets"]
 
@@ -98,18 +98,24 @@ def table_asset(
     """``[schema, table]`` (``[url_env, schema, table]``): a table a pipeline reads, sized
     from the catalog of its database."""
     qualified = qualified_name(schema, table)
-    server = f" (database in ${url_env})" if url_env else ""
     spec = AssetSpec(
         table_key(schema, table, url_env),
-        description=f"The Postgres table {schema}.{table}{server}, read by {used_by}.",
+        description=(
+            f"The Postgres table {schema}.{table}{database_note(url_env)}, read by {used_by}."
+        ),
         group_name=group,
         kinds={"postgres"},
     )
 
     def observe(context: AssetExecutionContext, sluice: SluiceResource) -> ObserveResult:
-        platform = connect_engine(database_url(sluice.settings(), create=False), pool_size=1)
-        # (one engine per URL for the process: kept, like a run's)
-        engine = url_env_engine(url_env, platform, f"url_env {url_env}") if url_env else platform
+        # The platform database: an engine of this observation's; a url_env database: the
+        # process's engine of that URL (kept, like a run's).
+        own = None
+        if url_env:
+            engine = url_env_engine(url_env, "url_env")
+        else:
+            settings = sluice.settings()
+            engine = own = connect_engine(database_url(settings, create=False), pool_size=1)
         try:
             with engine.connect() as conn:
                 row = conn.execute(
@@ -131,7 +137,8 @@ def table_asset(
                         )
                         estimated = False
         finally:
-            platform.dispose()
+            if own is not None:
+                own.dispose()
         context.log.info(f"{schema}.{table}: {rows} rows{' (estimate)' if estimated else ''}")
         version = DataVersion(f"rows={rows};changes={changes}" if row is not None else "missing")
         return ObserveResult(

@@ -28,7 +28,9 @@ __all__ = [
     "LOOKUP_URL_SETTING",
     "PLATFORM",
     "check_env_name",
+    "database_note",
     "engine_of",
+    "named_engine",
     "task_dsn",
     "url_of",
     "where_of",
@@ -83,12 +85,22 @@ def url_of(url_env: str, setting: str) -> str:
         raise ConfigError(setting, f"{url_env} does not hold a readable URL") from None
 
 
+def database_note(url_env: str | None) -> str:
+    """`` (database in $VAR)`` after a table's name in a message, or nothing (the platform
+    database)."""
+    return f" (database in ${url_env})" if url_env else ""
+
+
 def engine_of(url_env: str | None, platform: Engine, setting: str) -> Engine:
     """The engine of the database in ``$url_env``: ``platform`` itself when ``url_env`` is
-    None, else one engine per URL for the process (connected and checked the first time:
-    ConfigError naming ``setting`` when refused, ServerUnreachable when it does not answer)."""
-    if url_env is None:
-        return platform
+    None, else :func:`named_engine`."""
+    return platform if url_env is None else named_engine(url_env, setting)
+
+
+def named_engine(url_env: str, setting: str) -> Engine:
+    """The engine of the database in ``$url_env``, one per URL for the process (connected
+    and checked the first time: ConfigError naming ``setting`` when refused,
+    ServerUnreachable when it does not answer)."""
     url = url_of(url_env, setting)
     with _engines_lock:
         engine = _engines.get(url)

@@ -11,6 +11,7 @@ bytes exactly (base64) beside the same escaped text.
 from __future__ import annotations
 
 import base64
+from datetime import date
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -48,8 +49,12 @@ def printable(raw: bytes, width: int | None = None) -> str:
     return line
 
 
-def _day(value: Any) -> str:
-    return value.isoformat() if value is not None else "-"
+def _iso(day: date | None) -> str | None:
+    return day.isoformat() if day is not None else None
+
+
+def _day(day: date | None) -> str:
+    return _iso(day) or "-"
 
 
 def _none(listing: DeadLetterListing, filtered: bool) -> str:
@@ -98,7 +103,7 @@ def dead_letters_view(listing: DeadLetterListing, limit: int, filtered: bool) ->
 def _letter_json(letter: ListedDeadLetter) -> dict[str, Any]:
     return {
         "id": letter.id,
-        "day": _day(letter.day) if letter.day is not None else None,
+        "day": _iso(letter.day),
         "split_id": letter.split_id,
         "uri": letter.uri,
         "offset": letter.offset,
@@ -116,7 +121,7 @@ def dead_letters_json(listing: DeadLetterListing) -> dict[str, Any]:
         "total": listing.total,
         "truncated": listing.total > len(listing.shown),
         "by_day": [
-            {"day": _day(day) if day is not None else None, "reason": category, "count": count}
+            {"day": _iso(day), "reason": category, "count": count}
             for day, category, count in listing.by_day
         ],
         "dead_letters": [_letter_json(letter) for letter in listing.shown],

@@ -6,7 +6,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs._url_env import LOOKUP_URL_SETTING, task_dsn
+from spark_jobs._url_env import LOOKUP_URL_SETTING, task_dsn, where_of
 from spark_jobs.async_io import NO_RETRY, AsyncRetryStrategy, OutputMode, exponential_backoff
 from spark_jobs.jobs._outages import is_transient
 from spark_jobs.jobs._record_stage import RecordElement, RecordStage
@@ -93,8 +93,10 @@ def _lookup(config: TaskConfig, plan: LookupPlan, processor: MailboxProcessor) -
 
 
 def _where(plan: LookupPlan) -> str:
-    """What a lookup's connection error names: the setting (and variable) of its database."""
-    return f"{LOOKUP_URL_SETTING} ${plan.url_env}: " if plan.url_env else "SLUICE_DATABASE_URL: "
+    """What a lookup's connection error names: the setting (and variable) of its database,
+    as a CDC reader's does (``where_of``)."""
+    setting, variable = where_of(plan.url_env, LOOKUP_URL_SETTING)
+    return f"{setting}: {variable}"
 
 
 def _async_map(plan: AsyncMapPlan, processor: MailboxProcessor) -> Stage:

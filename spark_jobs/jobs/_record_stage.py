@@ -190,7 +190,9 @@ class RecordStage(OperatorStage):
             try:
                 pa.array([value], type=column.type)
             except _CONVERSION_ERRORS as exc:
-                shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:59] + "…"
+                shown = repr(value)
+                if len(shown) > 60:
+                    shown = shown[:59] + "…"
                 return (
                     f"field {column.name!r}: {shown} does not fit {type_name(column.type)} ({exc})"
                 )

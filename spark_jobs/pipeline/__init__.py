@@ -5,7 +5,8 @@ from spark_jobs import FileSource, Filter, Lookup, Map, ParquetSink, Pipeline
 ```
 """
 
-from spark_jobs._url_env import engine_of as url_env_engine
+from spark_jobs._url_env import database_note
+from spark_jobs._url_env import named_engine as url_env_engine
 from spark_jobs.async_io import (
     EMPTY_RESULT,
     HAS_EXCEPTION,
@@ -79,6 +80,7 @@ __all__ = [
     "Step",
     "TableSource",
     "claim_demo_table",
+    "database_note",
     "discovery_of",
     "exponential_backoff",
     "fixed_delay",

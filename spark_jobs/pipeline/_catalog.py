@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from enumerator_service import qualified_name
-from spark_jobs._url_env import LOOKUP_URL_SETTING, engine_of
+from spark_jobs._url_env import LOOKUP_URL_SETTING, database_note, engine_of
 from spark_jobs.connectors._registry import source_connector_named
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._derive import derive
@@ -66,7 +66,7 @@ def resolve(pipeline: Pipeline, engine: Engine) -> Resolved:
         with engine_of(step.url_env, engine, LOOKUP_URL_SETTING).connect() as conn:
             catalog = table_catalog(conn, step.schema_name, step.table)
         if catalog is None:
-            where = f" (database in ${step.url_env})" if step.url_env else ""
+            where = database_note(step.url_env)
             raise MissingTableError(
                 name, step.where, f"table {step.qualified}{where} does not exist"
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spark_jobs._url_env import database_note
 from spark_jobs.connectors._registry import sink_connector_named, source_connector_named
 from spark_jobs.pipeline._definition import Pipeline
 from spark_jobs.pipeline._plan import (
@@ -58,7 +59,7 @@ def _step(stage: StagePlan) -> str:
             + (f" reloaded every {stage.reload_every:g}s" if stage.reload_every else ""),
         }[stage.cache]
         mode = _mode(stage.mode, stage.key)
-        server = f" (database in ${stage.url_env})" if stage.url_env else ""
+        server = database_note(stage.url_env)
         return f"{head}{server} on {on} → {added} (on miss: {miss}; {cache}; {mode})"
     if isinstance(stage, AsyncMapPlan):
         per = "per record" if stage.per_record else "per batch"

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from enumerator_service import ConfigError, EnumeratorDiscovery, Settings, StreamSplit
 from spark_jobs._outcomes import BadInputFailure, bad_input_line
+from spark_jobs._url_env import check_env_name, database_note
 from spark_jobs.connectors._interface import (
     ReaderContext,
     SourceConnector,
@@ -37,7 +38,6 @@ from spark_jobs.connectors.postgres_cdc._slot import (
 )
 from spark_jobs.connectors.postgres_cdc._snapshot import ChunkReader
 from spark_jobs.connectors.postgres_cdc._source_db import (
-    check_env_name,
     source_engine,
     task_dsn,
     where_of,
@@ -226,7 +226,7 @@ class CdcConnector(SourceConnector):
             qualified = f"{schema}.{table}"
             catalog = table_catalog(conn, schema, table)
             if catalog is None:
-                where = f" (database in ${options.url_env})" if options.url_env else ""
+                where = database_note(options.url_env)
                 raise MissingTableError(
                     plan.name,
                     "source",

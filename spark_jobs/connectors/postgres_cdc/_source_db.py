@@ -40,7 +40,6 @@ __all__ = [
     "CONNECT_PATIENCE",
     "PLATFORM",
     "SETTING",
-    "check_env_name",
     "connect_patiently",
     "source_engine",
     "task_dsn",
@@ -53,11 +52,6 @@ _T = TypeVar("_T")
 CONNECT_PATIENCE = 30.0
 #: The setting named by every error about the source database's URL.
 SETTING = "PostgresCdcSource(url_env)"
-
-
-def check_env_name(name: object) -> str | None:
-    """``url_env`` as the definition gives it (see ``spark_jobs._url_env``)."""
-    return url_env.check_env_name(name)
 
 
 def source_engine(name: str | None, platform: Engine) -> Engine:
