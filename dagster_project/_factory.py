@@ -17,7 +17,7 @@ from dagster_project.assets import DayPartitions, output_asset, partitions_of
 from dagster_project.checks import pipeline_checks
 from dagster_project.completions import report_completions_sensor
 from dagster_project.continuous import continuous_job, continuous_sensor
-from dagster_project.jobs import incremental_job
+from dagster_project.jobs import IncrementalJob, incremental_job
 from dagster_project.live import freshness_check, live_state_sensor
 from dagster_project.maintenance import (
     compaction_job,
@@ -49,7 +49,7 @@ class PipelineDefinitions:
     #: ``watermark_freshness``: unpartitioned, evaluated by the live-state sensor (not with
     #: each partition's materialisation, unlike ``checks``).
     freshness: AssetChecksDefinition
-    incremental_job: JobDefinition
+    incremental_job: IncrementalJob
     continuous_job: JobDefinition
     sensors: list[SensorDefinition] = field(default_factory=list)
     schedules: list[ScheduleDefinition] = field(default_factory=list)
@@ -58,7 +58,7 @@ class PipelineDefinitions:
     maintenance_jobs: list[JobDefinition] = field(default_factory=list)
 
     @property
-    def jobs(self) -> list[JobDefinition]:
+    def jobs(self) -> list[IncrementalJob]:
         return [self.incremental_job, self.continuous_job, *self.maintenance_jobs]
 
 
@@ -86,7 +86,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
                 deps.append(key)
     output = output_asset(pipeline, partitions, deps)
     checks = pipeline_checks(pipeline, output.key, partitions)
-    incremental = incremental_job(pipeline)
+    incremental = incremental_job(pipeline, output, checks)
     continuous = continuous_job(pipeline)
     built = PipelineDefinitions(
         pipeline=pipeline,

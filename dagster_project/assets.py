@@ -5,9 +5,12 @@ source) discovers that day's files and processes them; a backfill runs once for 
 range of days. A day processed before is re-read from scratch and its output replaced when
 all of it is committed (a Parquet folder swap; an upsert sink's rows are written again): never
 duplicated, never half-replaced if the run dies. An unpartitioned pipeline's asset processes
-everything discovered.
+everything discovered: the whole backlog of new input is registered first, as the incremental
+job's run does (for such a pipeline that job *is* a materialisation of this asset, see
+``jobs.incremental_job``).
 """
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from datetime import UTC, date, datetime
@@ -26,7 +29,13 @@ from dagster import (
     asset,
 )
 
-from dagster_project._runs import describe_run, discover_and_run, sluice_run_id, summary_metadata
+from dagster_project._runs import (
+    describe_run,
+    discover_and_run,
+    drain_discovery,
+    sluice_run_id,
+    summary_metadata,
+)
 from dagster_project.resources import SluiceResource
 from enumerator_service import Settings, partition_date
 from spark_jobs.connectors import sink_connector_named, source_connector_named
@@ -134,12 +143,16 @@ def output_asset(
         ) -> MaterializeResult[None]:
             settings = sluice.settings()
             days = partition_days(context) if partitions is not None else None
+            drained = drain_discovery(settings, pipeline) if days is None else 0
             discovery, summary = discover_and_run(
                 settings,
                 pipeline,
                 days,
                 run_id=sluice_run_id(context.run),
                 rebuild=days is not None,
+            )
+            discovery = dataclasses.replace(
+                discovery, splits_registered=drained + discovery.splits_registered
             )
             span = f"{days[0]}..{days[-1]}: " if days else ""
             context.log.info(

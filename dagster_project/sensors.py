@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from dagster import (
     DefaultSensorStatus,
-    JobDefinition,
     RunRequest,
     SensorDefinition,
     SensorEvaluationContext,
@@ -15,6 +14,7 @@ from dagster import (
 )
 
 from dagster_project._runs import PIPELINE_TAG, discover_new, missing_landing
+from dagster_project.jobs import IncrementalJob
 from dagster_project.resources import SluiceResource
 from enumerator_service import DiscoveryResult
 from spark_jobs.pipeline import Pipeline
@@ -76,7 +76,7 @@ def backlog_note(discovery: DiscoveryResult) -> str:
     return f"; {discovery.backlog_files} files left for the next ticks (backlog)"
 
 
-def new_files_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinition:
+def new_files_sensor(pipeline: Pipeline, job: IncrementalJob) -> SensorDefinition:
     """``<pipeline>_new_files`` (stopped by default): each tick registers new input as splits;
     new splits -> one incremental run.
 

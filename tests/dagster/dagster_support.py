@@ -15,7 +15,9 @@ import pyarrow.parquet as pq
 from conftest import TestSettings
 from dagster import (
     DagsterInstance,
+    Definitions,
     ExecuteInProcessResult,
+    JobDefinition,
     ScheduleDefinition,
     SensorDefinition,
     build_sensor_context,
@@ -29,6 +31,7 @@ from spark_jobs import Pipeline
 
 __all__ = [
     "demo_definitions",
+    "incremental_job_of",
     "parquet_rows",
     "schedule_of",
     "sensor_named",
@@ -51,6 +54,23 @@ def demo_definitions(settings: TestSettings, **changes: Any) -> PipelineDefiniti
     return pipeline_definitions(
         with_start_date(demo_pipeline(settings, **changes), settings), settings
     )
+
+
+def incremental_job_of(built: PipelineDefinitions, settings: Settings) -> JobDefinition:
+    """``<pipeline>_incremental`` ready to run in process: an unpartitioned pipeline's is an
+    asset job, resolved here as the code location resolves it (with the test's resource)."""
+    job = built.incremental_job
+    if isinstance(job, JobDefinition):
+        return job
+    from sluice_resource import resource_for
+
+    definitions = Definitions(
+        assets=[built.output],
+        asset_checks=built.checks,
+        jobs=[job],
+        resources={"sluice": resource_for(settings)},
+    )
+    return definitions.resolve_job_def(job.name)
 
 
 def sensor_named(built: PipelineDefinitions, suffix: str) -> SensorDefinition:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import TestSettings
 from dagster import DagsterError, DagsterInstance, materialize
+from dagster_support import incremental_job_of
 from hostile_inputs import HOSTILE, tree
 from sluice_resource import resource_for
 
@@ -79,7 +80,7 @@ def test_a_hostile_run_tag_fails_the_run_before_anything_moves(
             instance=instance,
             raise_on_error=False,
         )
-        job = built.incremental_job.execute_in_process(
+        job = incremental_job_of(built, settings).execute_in_process(
             tags={SLUICE_RUN_TAG: value},
             resources={"sluice": resource_for(settings)},
             instance=instance,
