@@ -1,6 +1,7 @@
 """Sluice work discovery: settings, schema, splits, the split store and enumerators."""
 
 from enumerator_service._assignment_tracker import NO_CHECKPOINT, SplitAssignmentTracker
+from enumerator_service._backoff import Backoff
 from enumerator_service._bookkeeping import prune_finished_runs, run_id_used
 from enumerator_service._checkpoint_store import (
     CHECKPOINT_CHANNEL,
@@ -145,6 +146,7 @@ __all__ = [
     "TABLE_KINDS",
     "AbortCause",
     "Acknowledgement",
+    "Backoff",
     "ChangePolicy",
     "CheckpointStatus",
     "CheckpointStore",

@@ -6,8 +6,9 @@ Threading: the CLI runs on one thread; nothing here is shared across threads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -73,10 +74,10 @@ def dates_of(values: Sequence[str]) -> list[date] | None:
     return [partition_date(v, "--date") for v in values]
 
 
-date_option = click.option(
-    "--date",
-    "dates",
-    multiple=True,
-    metavar="YYYY-MM-DD",
-    help="Restrict to these dates (backfill).",
-)
+#: A click command function (what ``date_option`` decorates).
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def date_option(help: str) -> Callable[[F], F]:
+    """``--date`` (repeatable, ``YYYY-MM-DD``) with the command's own ``help``."""
+    return click.option("--date", "dates", multiple=True, metavar="YYYY-MM-DD", help=help)

@@ -130,7 +130,7 @@ def discover_all(platform: Platform, pipeline: Pipeline, dates: list[date] | Non
 
 @click.command("discover")
 @click.argument("pipeline", required=False)
-@date_option
+@date_option("Register only these days' input (a backfill).")
 @click.pass_context
 def discover_cmd(ctx: click.Context, pipeline: str | None, dates: tuple[str, ...]) -> None:
     """Register new landing files (or key ranges of a table) as splits.

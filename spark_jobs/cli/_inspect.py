@@ -122,7 +122,7 @@ def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
 
 @click.command("dead-letters")
 @click.argument("pipeline", required=False)
-@date_option
+@date_option("Only the dead letters counted on these days.")
 @click.option("--reason", help="Only dead letters whose reason contains this text (any case).")
 @click.option(
     "--limit",

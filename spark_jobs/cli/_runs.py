@@ -71,7 +71,7 @@ def _run(
 
 @click.command("run")
 @click.argument("pipeline", required=False)
-@date_option
+@date_option("Process only these days (a backfill; with --replace, a rebuild).")
 @click.option(
     "--replace",
     is_flag=True,

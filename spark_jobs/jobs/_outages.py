@@ -18,7 +18,7 @@ import asyncpg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import ConfigError, connect_engine
+from enumerator_service import Backoff, ConfigError, connect_engine
 
 __all__ = ["connect_when_up", "is_transient", "while_down"]
 
@@ -46,29 +46,27 @@ _CONNECT_PATIENCE = 30.0
 async def connect_when_up(url: str) -> Engine:
     """``connect_engine``, waiting out a database restart: Spark retries a failed task at
     once, so attempts that fail to connect would use up every retry during a short outage."""
-    deadline = time.monotonic() + _CONNECT_PATIENCE
-    delay = 0.1
+    backoff = Backoff(_CONNECT_PATIENCE)
     while True:
         try:
             return connect_engine(url, pool_size=2)
         except ConfigError:
-            if time.monotonic() + delay > deadline:
+            delay = backoff.next_delay()
+            if delay is None:
                 raise
             await asyncio.sleep(delay)
-            delay = min(2 * delay, 2.0)
 
 
 def while_down(step: Callable[[], _T], patience: float = 60.0) -> _T:
     """``step``, retried while the database is unreachable (a restart), for ``patience`` s:
     the driver's wrap-up after a committed run waits out a restart instead of failing."""
-    deadline = time.monotonic() + patience
-    delay = 0.2
+    backoff = Backoff(patience, first=0.2, cap=5.0)
     while True:
         try:
             return step()
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
-            if time.monotonic() + delay > deadline:
+            delay = backoff.next_delay()
+            if delay is None:
                 raise
             _log.warning("database unavailable, retrying in %.1fs: %s", delay, exc)
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)

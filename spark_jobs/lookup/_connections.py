@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from enumerator_service import redact_text, redact_url
+from enumerator_service import Backoff, redact_text, redact_url
 
 __all__ = [
     "CONNECT_PATIENCE",
@@ -51,20 +51,18 @@ class DatabaseUnreachable(RuntimeError):
 
 
 async def _connect_patiently(dsn: str, where: str, patience: float) -> asyncpg.Connection:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
-    delay = 0.1
+    backoff = Backoff(patience, clock=asyncio.get_running_loop().time)
     while True:
         try:
             return await asyncpg.connect(dsn)
         except _DOWN as exc:
-            if loop.time() + delay > deadline:
+            delay = backoff.next_delay()
+            if delay is None:
                 reason = redact_text(" ".join(str(exc).split()) or type(exc).__name__, dsn)
                 raise DatabaseUnreachable(
                     f"{where}cannot connect to {redact_url(dsn)} for {patience:g}s: {reason}"
                 ) from None
             await asyncio.sleep(delay)
-            delay = min(2 * delay, 2.0)
 
 
 class ConnectionPool:

@@ -27,6 +27,7 @@ import psycopg2
 from sqlalchemy.engine import Engine
 
 from enumerator_service import (
+    Backoff,
     ConfigError,
     ServerUnreachable,
     redact_text,
@@ -75,17 +76,16 @@ def connect_patiently(
     answer, for at most ``patience`` s; then ServerUnreachable naming ``where`` (setting,
     variable) and the URL without its password. A server refusing the user, the password
     or the database is not waited for: ConfigError."""
-    deadline = time.monotonic() + patience
-    delay = 0.1
+    backoff = Backoff(patience, clock=time.monotonic)
     while True:
         try:
             return connect()
         except (psycopg.OperationalError, psycopg2.OperationalError) as exc:
             reason = " ".join(str(exc).split())
             refused = refused_by_server(reason)
-            if not refused and time.monotonic() + delay <= deadline:
+            delay = None if refused else backoff.next_delay()
+            if delay is not None:
                 time.sleep(delay)
-                delay = min(2 * delay, 2.0)
                 continue
             setting, prefix = where
             error = ConfigError if refused else ServerUnreachable
