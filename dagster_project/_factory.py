@@ -30,6 +30,7 @@ from dagster_project.observations import table_asset, upstream_assets
 from dagster_project.schedules import incremental_schedule
 from dagster_project.sensors import new_files_sensor
 from enumerator_service import Settings
+from spark_jobs.connectors import source_connector_named
 from spark_jobs.pipeline import Pipeline
 
 __all__ = ["PipelineDefinitions", "pipeline_definitions"]
@@ -98,7 +99,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
         incremental_job=incremental,
         continuous_job=continuous,
         sensors=[
-            new_files_sensor(pipeline, incremental),
+            *([] if _is_stream(pipeline) else [new_files_sensor(pipeline, incremental)]),
             continuous_sensor(pipeline, continuous),
             report_completions_sensor(
                 pipeline,
@@ -113,6 +114,11 @@ def pipeline_definitions(pipeline: Pipeline, settings: Settings) -> PipelineDefi
     if has_maintenance(pipeline):
         _add_maintenance(built)
     return built
+
+
+def _is_stream(pipeline: Pipeline) -> bool:
+    """A log source (Kafka, CDC): no ``<P>_new_files`` sensor (see ``SourceConnector.stream``)."""
+    return source_connector_named(pipeline.plan.source.kind).stream
 
 
 def _add_maintenance(built: PipelineDefinitions) -> None:

@@ -7,12 +7,12 @@ all of it is committed (a Parquet folder swap; an upsert sink's rows are written
 duplicated, never half-replaced if the run dies. An unpartitioned pipeline's asset processes
 everything discovered: the whole backlog of new input is registered first, as the incremental
 job's run does (for such a pipeline that job *is* a materialisation of this asset, see
-``jobs.incremental_job``).
+``jobs.incremental_job``); a run of it that processed no split materialises nothing.
 """
 
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -137,10 +137,13 @@ def output_asset(
             group_name=pipeline.name,
             kinds=kinds,
             description=description,
+            # An unpartitioned output is not materialised by a run that processed no split
+            # (nothing new, or every split is a live continuous run's): its data is as before.
+            output_required=partitions is not None,
         )
         def _output(
             context: AssetExecutionContext, sluice: SluiceResource
-        ) -> MaterializeResult[None]:
+        ) -> Iterator[MaterializeResult[None]]:
             settings = sluice.settings()
             days = partition_days(context) if partitions is not None else None
             drained = drain_discovery(settings, pipeline) if days is None else 0
@@ -158,6 +161,9 @@ def output_asset(
             context.log.info(
                 f"{span}{discovery.splits_registered} new splits; {describe_run(summary)}"
             )
+            if days is None and not summary.splits:
+                context.log.info("no split processed: the output is unchanged, not materialised")
+                return
             metadata: dict[str, Any] = summary_metadata(
                 discovery, summary, output_location(pipeline, settings, days)
             )
@@ -165,6 +171,6 @@ def output_asset(
             if days:
                 metadata["partitions"] = MetadataValue.int(len(days))
                 metadata["partition_range"] = MetadataValue.text(f"{days[0]}..{days[-1]}")
-            return MaterializeResult(metadata=metadata)
+            yield MaterializeResult(metadata=metadata)
 
     return _output

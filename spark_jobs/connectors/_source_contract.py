@@ -103,6 +103,11 @@ class SourceConnector(abc.ABC):
     #: Its splits of a day hold exactly the day's records (Kafka: a time range): a rebuild
     #: of the day re-reads them alone, not the splits that fed it (a stream's main line).
     own_day_splits: bool = False
+    #: Its input has no end (a log: Kafka, a replication slot): an incremental run reads up
+    #: to a position taken when it starts, and what is new is not a split discovery finds,
+    #: so the pipeline gets no ``<P>_new_files`` sensor (run it from ``<P>_schedule`` or
+    #: ``<P>_continuous``).
+    stream: bool = False
 
     @abc.abstractmethod
     def validate(self, spec: Any, ctx: Context) -> SourceDetails:
