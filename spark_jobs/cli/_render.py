@@ -129,7 +129,10 @@ def nothing_line(summary: RunSummary) -> str:
         return f"[bold]Nothing read[/] ({name}): splits that failed an attempt wait for a retry."
     if left.quarantined:
         return f"[bold]Nothing new to process[/] ({name}), but some input is quarantined."
-    return f"[bold]Nothing new to process[/] ({name}): every discovered split is already committed."
+    return (
+        f"[bold]Nothing new to process[/] ({name}): every discovered split is already committed"
+        f" (new input is registered by 'sluice discover {name}')."
+    )
 
 
 def left_lines(summary: RunSummary) -> list[str]:

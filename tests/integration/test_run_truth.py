@@ -210,7 +210,8 @@ def test_a_run_names_held_and_quarantined_input_in_its_summary_and_exit_code(
         nothing = _sluice(["run", name], db_url, tmp_path)
         assert nothing.returncode == 0, nothing.stdout + nothing.stderr
         assert nothing.stdout.strip() == (
-            f"Nothing new to process ({name}): every discovered split is already committed."
+            f"Nothing new to process ({name}): every discovered split is already committed"
+            f" (new input is registered by 'sluice discover {name}')."
         )
     finally:
         engine.dispose()

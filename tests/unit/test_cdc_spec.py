@@ -55,6 +55,7 @@ def _drop_op(batch: pa.RecordBatch) -> pa.RecordBatch:
     ("change", "message"),
     [
         ({"key": "other"}, "key 'other' must be a declared field"),
+        ({"key": "v"}, "key 'v' is declared 'string': the key must be an integer"),
         ({"tables": []}, "tables must name at least one table"),
         ({"tables": ["a.b", "a.b"]}, "tables names a table twice"),
         ({"tables": ["Bad-Name"]}, "is not a valid identifier"),

@@ -51,7 +51,7 @@ from spark_jobs.pipeline._errors import (
     check_identifier,
     check_table,
 )
-from spark_jobs.pipeline._types import catalog_arrow_type, type_family
+from spark_jobs.pipeline._types import arrow_type, catalog_arrow_type, type_family
 from spark_jobs.source._records import SplitRead
 
 if TYPE_CHECKING:
@@ -138,9 +138,19 @@ def _tables(spec: Any) -> list[str]:
     return list(tables)
 
 
+def _declared_integer(kind: Any) -> bool:
+    """Whether a declared field type is an integer (an unknown type passes here: the schema's
+    own check names it)."""
+    try:
+        return type_family(arrow_type(kind, "schema")) == "integer"
+    except ValueError:
+        return True
+
+
 class CdcConnector(SourceConnector):
     name = "postgres_cdc"
     split_kinds = (CHUNK_KIND, STREAM_KIND)
+    stream = True
 
     def added_fields(self, spec: Any) -> Mapping[str, Any]:
         return CDC_FIELDS
@@ -154,6 +164,11 @@ class CdcConnector(SourceConnector):
         declared = tuple(n for n in spec.schema if n not in CDC_FIELDS)
         if key not in declared:
             raise ctx.fail(f"key {key!r} must be a declared field of the schema")
+        if not _declared_integer(spec.schema[key]):
+            raise ctx.fail(
+                f"key {key!r} is declared {spec.schema[key]!r}: the key must be an integer"
+                " (the snapshot reads the table in key ranges)"
+            )
         default = f"sluice_{ctx.pipeline}"
         publication = ctx.check(check_identifier, spec.publication or default, "publication")
         slot = ctx.check(check_identifier, spec.slot or default, "slot")
