@@ -48,8 +48,8 @@ def describe_table(
     *,
     error: bool = False,
 ) -> RenderableType:
-    """A pipeline's source, steps, sink and output fields; ``note``: why the looked-up
-    types are unknown (``error``: because the definition does not fit the database)."""
+    """A pipeline's source, steps, sink and output fields; ``note``: why the definition was not
+    checked against the database (``error``: because it does not fit the database)."""
     described = describe(pipeline, plan, landing)
     table = Table(title=f"Pipeline {described.name}", show_header=False, title_justify="left")
     _plain_row(table, "source", described.source)
@@ -64,7 +64,9 @@ def describe_table(
     if note is not None and error:
         return Group(table, Text(f"  error: {note}", style="bold red"))
     if note is not None:
-        return Group(table, Text(f"  types of looked-up columns unknown: {note}", style="dim"))
+        # (a table not created yet: a lookup's or the source's own, so the types of what it
+        # gives are not known yet — not an error, see ``sluice pipelines``)
+        return Group(table, Text(f"  not checked against the database yet: {note}", style="dim"))
     return table
 
 

@@ -149,7 +149,7 @@ def test_pipelines_lists_source_steps_sink_and_output(db_url: str, tmp_path: Pat
     result = _run(["pipelines"], env, tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "types of looked-up columns unknown" in out and "does not exist" in out
+    assert "not checked against the database yet" in out and "does not exist" in out
     for text in (
         "Pipeline cli_events",
         "Pipeline cli_orders",
