@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import date
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ __all__ = [
     "discover_and_run",
     "discover_new",
     "discover_once",
+    "drain_and_run",
     "drain_discovery",
     "missing_landing",
     "sluice_run_id",
@@ -109,6 +111,18 @@ def drain_discovery(settings: Settings, pipeline: Pipeline) -> int:
         registered += tick.splits_registered
         if tick.complete:
             return registered
+
+
+def drain_and_run(
+    settings: Settings, pipeline: Pipeline, *, run_id: str | None
+) -> tuple[DiscoveryResult, RunSummary]:
+    """The whole backlog of new input registered (:func:`drain_discovery`), then
+    :func:`discover_and_run` of everything unassigned; the discovery's ``splits_registered``
+    counts both (an incremental run, an unpartitioned output's materialisation)."""
+    drained = drain_discovery(settings, pipeline)
+    discovery, summary = discover_and_run(settings, pipeline, run_id=run_id)
+    registered = drained + discovery.splits_registered
+    return dataclasses.replace(discovery, splits_registered=registered), summary
 
 
 def discover_and_run(

@@ -10,7 +10,6 @@ job's run does (for such a pipeline that job *is* a materialisation of this asse
 ``jobs.incremental_job``); a run of it that processed no split materialises nothing.
 """
 
-import dataclasses
 import warnings
 from collections.abc import Iterator, Sequence
 from datetime import UTC, date, datetime
@@ -32,7 +31,7 @@ from dagster import (
 from dagster_project._runs import (
     describe_run,
     discover_and_run,
-    drain_discovery,
+    drain_and_run,
     sluice_run_id,
     summary_metadata,
 )
@@ -146,17 +145,13 @@ def output_asset(
         ) -> Iterator[MaterializeResult[None]]:
             settings = sluice.settings()
             days = partition_days(context) if partitions is not None else None
-            drained = drain_discovery(settings, pipeline) if days is None else 0
-            discovery, summary = discover_and_run(
-                settings,
-                pipeline,
-                days,
-                run_id=sluice_run_id(context.run),
-                rebuild=days is not None,
-            )
-            discovery = dataclasses.replace(
-                discovery, splits_registered=drained + discovery.splits_registered
-            )
+            run_id = sluice_run_id(context.run)
+            if days is None:
+                discovery, summary = drain_and_run(settings, pipeline, run_id=run_id)
+            else:
+                discovery, summary = discover_and_run(
+                    settings, pipeline, days, run_id=run_id, rebuild=True
+                )
             span = f"{days[0]}..{days[-1]}: " if days else ""
             context.log.info(
                 f"{span}{discovery.splits_registered} new splits; {describe_run(summary)}"

@@ -11,7 +11,6 @@ UI is, and the reporter only marks the completions such a run recorded.
 
 # No "from __future__ import annotations": Dagster inspects the op's context annotation.
 
-import dataclasses
 from collections.abc import Sequence
 
 from dagster import (
@@ -36,8 +35,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
 from dagster_project._runs import (
     PIPELINE_TAG,
     describe_run,
-    discover_and_run,
-    drain_discovery,
+    drain_and_run,
     sluice_run_id,
     summary_metadata,
 )
@@ -86,11 +84,7 @@ def _op_job(pipeline: Pipeline) -> JobDefinition:
     @op(name=f"{pipeline.name}_process_new_splits", out=Out(Nothing))
     def process_new_splits(context: OpExecutionContext, sluice: SluiceResource) -> Output[None]:
         settings = sluice.settings()
-        drained = drain_discovery(settings, pipeline)
-        discovery, summary = discover_and_run(settings, pipeline, run_id=sluice_run_id(context.run))
-        discovery = dataclasses.replace(
-            discovery, splits_registered=drained + discovery.splits_registered
-        )
+        discovery, summary = drain_and_run(settings, pipeline, run_id=sluice_run_id(context.run))
         context.log.info(
             f"discovery: {discovery.files_seen} seen, {discovery.splits_registered} new splits; "
             f"{describe_run(summary)}"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import Settings
+from enumerator_service import STREAM_KINDS, Settings
 from spark_jobs.connectors._hooks import CompletionHook
 from spark_jobs.connectors._task_contexts import ReaderContext
 
@@ -103,11 +103,14 @@ class SourceConnector(abc.ABC):
     #: Its splits of a day hold exactly the day's records (Kafka: a time range): a rebuild
     #: of the day re-reads them alone, not the splits that fed it (a stream's main line).
     own_day_splits: bool = False
-    #: Its input has no end (a log: Kafka, a replication slot): an incremental run reads up
-    #: to a position taken when it starts, and what is new is not a split discovery finds,
-    #: so the pipeline gets no ``<P>_new_files`` sensor (run it from ``<P>_schedule`` or
-    #: ``<P>_continuous``).
-    stream: bool = False
+
+    @property
+    def stream(self) -> bool:
+        """Its input has no end (a log: Kafka, a replication slot — one of its split kinds is
+        in ``STREAM_KINDS``): an incremental run reads up to a position taken when it starts,
+        and what is new is not a split discovery finds, so the pipeline gets no
+        ``<P>_new_files`` sensor (run it from ``<P>_schedule`` or ``<P>_continuous``)."""
+        return any(kind in STREAM_KINDS for kind in self.split_kinds)
 
     @abc.abstractmethod
     def validate(self, spec: Any, ctx: Context) -> SourceDetails:

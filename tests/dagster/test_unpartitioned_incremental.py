@@ -70,10 +70,9 @@ def test_each_incremental_run_of_a_cdc_pipeline_is_a_materialisation(
     key = built.output.key
     try:
         create_table(platform.engine, table, rows=100)
+        resources = {"sluice": resource_for(settings)}
         with DagsterInstance.ephemeral() as instance:
-            first = job.execute_in_process(
-                resources={"sluice": resource_for(settings)}, instance=instance
-            )
+            first = job.execute_in_process(resources=resources, instance=instance)
             assert first.success
             assert compare(
                 rows_of(platform.engine, table), rows_of(platform.engine, f"{table}_out")
@@ -86,17 +85,14 @@ def test_each_incremental_run_of_a_cdc_pipeline_is_a_materialisation(
                         f"INSERT INTO {table} SELECT g, 'late', g FROM generate_series(101, 120) g"
                     )
                 )
-            second = job.execute_in_process(
-                resources={"sluice": resource_for(settings)}, instance=instance
-            )
+            second = job.execute_in_process(resources=resources, instance=instance)
             assert second.success
             diff = compare(
                 rows_of(platform.engine, table), rows_of(platform.engine, f"{table}_out")
             )
             assert diff.equal, str(diff)
-            third = job.execute_in_process(  # nothing changed since
-                resources={"sluice": resource_for(settings)}, instance=instance
-            )
+            # Nothing changed since:
+            third = job.execute_in_process(resources=resources, instance=instance)
             assert third.success
             # A stream split read to the slot's end: the output is current as of this run.
             latest, newest, oldest = _materializations(instance, key)
@@ -130,12 +126,10 @@ def test_a_run_that_processed_no_split_is_no_materialisation(make_settings: Any)
             conn.execute(
                 sa.text(f"INSERT INTO {table} SELECT g, 'x' FROM generate_series(1, 50) g")
             )
+        resources = {"sluice": resource_for(settings)}
         with DagsterInstance.ephemeral() as instance:
             runs = [
-                job.execute_in_process(
-                    resources={"sluice": resource_for(settings)}, instance=instance
-                )
-                for _ in range(2)
+                job.execute_in_process(resources=resources, instance=instance) for _ in range(2)
             ]
             assert all(run.success for run in runs)
             (only,) = _materializations(instance, built.output.key)

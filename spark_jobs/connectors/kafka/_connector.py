@@ -48,7 +48,6 @@ class KafkaConnector(SourceConnector):
     split_kinds = (KIND,)
     concurrent_splits = True
     own_day_splits = True
-    stream = True
 
     def validate(self, spec: Any, ctx: Context) -> SourceDetails:
         options = ctx.check(check_options, spec, ctx.pipeline)

@@ -150,7 +150,6 @@ def _declared_integer(kind: Any) -> bool:
 class CdcConnector(SourceConnector):
     name = "postgres_cdc"
     split_kinds = (CHUNK_KIND, STREAM_KIND)
-    stream = True
 
     def added_fields(self, spec: Any) -> Mapping[str, Any]:
         return CDC_FIELDS
