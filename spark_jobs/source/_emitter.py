@@ -50,13 +50,14 @@ class RecordEmitter:
     A split's watermark is its largest event time minus ``out_of_orderness`` (bounded
     out-of-orderness; a timedelta or seconds). It never moves backwards: a restored split
     starts from its committed watermark (``SplitState.watermark``) and only a later event
-    time raises it. A split that emitted no record for ``idle_timeout`` seconds (counted from
-    when it was added, see :meth:`split_added`) is idle and does not hold the task watermark
-    back until its next record; before that, a split without a watermark yet holds it back
-    (Flink's per-split watermark outputs start active at the minimum). A split its reader
-    reports *behind* (records known to be waiting for it, :meth:`set_behind`) is never idle:
-    a stalled fetch must not let the task watermark pass records not read yet, which would
-    arrive late and reopen their day. Its idleness is counted from when it was last behind.
+    time raises it. A split that emitted no record (nor a heartbeat: an event time in a
+    block without rows) for ``idle_timeout`` seconds (counted from when it was added, see
+    :meth:`split_added`) is idle and does not hold the task watermark back until its next
+    record; before that, a split without a watermark yet holds it back (Flink's per-split
+    watermark outputs start active at the minimum). A split its reader reports *behind*
+    (records known to be waiting for it, :meth:`set_behind`) is never idle: a stalled fetch
+    must not let the task watermark pass records not read yet, which would arrive late and
+    reopen their day. Its idleness is counted from when it was last behind.
     """
 
     def __init__(
@@ -90,10 +91,13 @@ class RecordEmitter:
             state.dead_letters += 1
             output.dead_letter(split_id, offset, raw, reason, day)
         count = block.rows.num_rows
-        if count:
-            state.records += count
-            self._last_record[split_id] = self._clock()
         event_time = block.max_event_time
+        state.records += count
+        if count or event_time is not None:
+            # A block without rows carries an event time only as a heartbeat (a CDC
+            # reader's marker: every record still to come is of that time or later): the
+            # split is caught up, not idle.
+            self._last_record[split_id] = self._clock()
         if event_time is not None:
             latest = self._max_event_time.get(split_id)
             if latest is None or event_time > latest:

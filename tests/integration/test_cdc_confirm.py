@@ -24,9 +24,10 @@ from sqlalchemy.engine import Engine
 from enumerator_service import StreamSplit, connect_engine
 from spark_jobs.connectors.postgres_cdc import _stream, drop_slot, slot_info
 from spark_jobs.connectors.postgres_cdc._advance import CommittedOffsets
+from spark_jobs.connectors.postgres_cdc._markers import MARKER_PREFIX
 from spark_jobs.connectors.postgres_cdc._publication import ensure_publication
 from spark_jobs.connectors.postgres_cdc._slot import ensure_slot
-from spark_jobs.connectors.postgres_cdc._stream import MARKER_PREFIX, StreamReader
+from spark_jobs.connectors.postgres_cdc._stream import StreamReader
 from spark_jobs.source._batch import RecordSchema
 from spark_jobs.source._records import SplitRead
 

@@ -19,6 +19,7 @@ from conftest import TestSettings
 from deltalake import DeltaTable
 
 from enumerator_service import SplitStore, splits
+from enumerator_service._live_state import run_watermark
 from enumerator_service._operations import discover, open_platform
 from spark_jobs import DeltaSink, IcebergSink, Lookup
 from spark_jobs._spark import spark_for
@@ -184,6 +185,18 @@ def test_a_continuous_run_under_concurrent_changes_ends_equal_to_the_table(
         changes.stop()
         assert sum(changes.ops.values()) > 200, changes.ops
         wait_equal(platform.engine, table, run, result)
+        # Caught up on a quiet table: the run's watermark passes the last commit and
+        # follows the clock (the reader's markers are heartbeats), it does not stop there.
+        with platform.engine.connect() as conn:
+            quiet = conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+        deadline = time.monotonic() + CATCH_UP
+        while True:
+            with platform.engine.connect() as conn:
+                mark = run_watermark(conn, name, run_id)
+            if mark is not None and mark > quiet:
+                break
+            assert run.is_alive() and time.monotonic() < deadline, (mark, quiet, result)
+            time.sleep(0.5)
 
         with platform.engine.connect() as conn:
             looked_up = conn.execute(

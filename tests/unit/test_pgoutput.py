@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from spark_jobs.connectors.postgres_cdc._changes import CdcError, ChangeRows
+from spark_jobs.connectors.postgres_cdc._markers import MARKER_PREFIX, marker_time
 from spark_jobs.connectors.postgres_cdc._pgoutput import (
     UNCHANGED,
     Begin,
@@ -131,6 +132,28 @@ def test_bad_messages_are_one_line_errors() -> None:
 def test_a_marker_message_carries_its_lsn() -> None:
     marker = decode(bytes.fromhex("4d000000000001b73cf8736c756963650000000000"))
     assert marker == Marker(0x1B73CF8, False, "sluice")
+
+
+def test_a_markers_content_is_decoded_and_a_sluice_marker_carries_the_server_time() -> None:
+    content = b"1790000000123456"
+    payload = (
+        b"M\x00"
+        + (0x1B73CF8).to_bytes(8, "big")
+        + b"sluice-cdc\x00"
+        + len(content).to_bytes(4, "big")
+        + content
+    )
+    marker = decode(payload)
+    assert marker == Marker(0x1B73CF8, False, "sluice-cdc", content)
+    assert isinstance(marker, Marker)
+    assert marker_time(marker) == datetime(2026, 9, 21, 14, 13, 20, 123456, tzinfo=UTC)
+    with pytest.raises(DecodeError, match="ends early"):
+        decode(payload[:-1])
+    # No time: another prefix, a transactional message, an empty or a non-numeric content.
+    assert marker_time(Marker(1, False, "other", content)) is None
+    assert marker_time(Marker(1, True, MARKER_PREFIX, content)) is None
+    assert marker_time(Marker(1, False, MARKER_PREFIX, b"")) is None
+    assert marker_time(Marker(1, False, MARKER_PREFIX, b"-5")) is None
 
 
 def _rows(declared: tuple[str, ...], table: str) -> list[list[object]]:

@@ -232,6 +232,27 @@ def test_a_block_without_rows_moves_the_offset_but_not_the_watermark_or_activity
     assert len(out.blocks) == 2
 
 
+def test_a_heartbeat_block_raises_the_watermark_and_keeps_the_split_active() -> None:
+    """A block without rows that carries an event time (a CDC reader's marker: every record
+    still to come is of that time or later) is progress, not silence."""
+    now = [0.0]
+    reader, handoff = harness(now)
+    out = Collect()
+    handoff.put(RecordsWithSplitIds(added=[assignment(3)], blocks=[block(3, 0, [9])]))
+    drain(reader, out)
+    now[0] = 31.0
+    beat = block(3, 10, [])
+    beat.max_event_time = T0 + timedelta(seconds=40)
+    handoff.put(RecordsWithSplitIds(blocks=[beat]))
+    drain(reader, out)
+    state = reader.split_states[3]
+    assert (state.offset, state.records) == (10, 1)
+    assert state.watermark == T0 + timedelta(seconds=35)  # minus out_of_orderness
+    assert reader.idle_splits() == [] and reader.watermark() == T0 + timedelta(seconds=35)
+    now[0] = 62.0  # 31 s without a record or a heartbeat: idle again
+    assert reader.idle_splits() == [3]
+
+
 def test_replay_blocks_only_re_enter_the_chain() -> None:
     now = [0.0]
     reader, handoff = harness(now)

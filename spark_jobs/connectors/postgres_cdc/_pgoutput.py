@@ -121,6 +121,7 @@ class Marker:
     lsn: int
     transactional: bool
     prefix: str
+    content: bytes = b""
 
 
 Message = Begin | Commit | Relation | Change | Truncate | Marker | None
@@ -231,7 +232,11 @@ def decode(payload: bytes) -> Message:
         return Truncate(tuple(buf.take(">I") for _ in range(count)))
     if kind == b"M":
         flags, lsn = buf.take(">B"), buf.take(">Q")
-        return Marker(lsn, bool(flags & 1), buf.string())
+        prefix = buf.string()
+        size = buf.take(">I")
+        if buf.at + size > len(buf.data):
+            raise DecodeError(f"pgoutput message ends early ({len(buf.data)} bytes)")
+        return Marker(lsn, bool(flags & 1), prefix, buf.data[buf.at : buf.at + size])
     if kind in (b"Y", b"O"):
         return None
     raise DecodeError(f"unknown pgoutput message {kind!r}")

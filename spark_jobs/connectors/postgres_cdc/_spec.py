@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 from spark_jobs.pipeline._sources import LatePolicy
 from spark_jobs.pipeline._types import Duration, TypeSpec
 
-__all__ = ["CDC_FIELDS", "PostgresCdcSource"]
+__all__ = ["CDC_FIELDS", "COMMIT_TIME", "PostgresCdcSource"]
 
+#: The commit time field (the default event time).
+COMMIT_TIME = "_commit_time"
 #: The fields every CDC record carries after the declared ones (name → type).
 CDC_FIELDS: dict[str, TypeSpec] = {
     "_op": "string",
     "_lsn": "int64",
-    "_commit_time": "timestamp",
+    COMMIT_TIME: "timestamp",
     "_before": "string",
     "_table": "string",
 }
@@ -80,7 +82,7 @@ class PostgresCdcSource:
     publication: str | None = None
     slot: str | None = None
     required: Sequence[str] = ()
-    event_time: str | None = "_commit_time"
+    event_time: str | None = COMMIT_TIME
     rows_per_chunk: int = 100_000
     out_of_orderness: Duration = "5s"
     idle_timeout: Duration = "60s"

@@ -5,25 +5,15 @@ holds whole transactions and ends at the last one's commit LSN + 1, so resuming 
 offset ``o`` reads exactly the transactions that committed at ``o`` or later (the walsender
 starts at ``max(confirmed_flush_lsn, o)`` and skips earlier commits; so does this reader).
 
-Position markers (``pg_logical_emit_message``, non-transactional, prefix ``sluice-cdc``):
-one when a bounded read opens (the read is done when the stream passes it: every transaction
-committed before its stop was sent before it), one every few idle seconds in a continuous
-read (the offset moves past other tables' WAL: the slot advances while the tables are quiet).
+Position markers (``_markers``): one when a bounded read opens (the read is done when the
+stream passes it), one every few idle seconds in a continuous read (the offset moves past
+other tables' WAL: the slot advances while the tables are quiet). Each carries the source's
+clock: when the event time is the commit time, a block ending at a marker carries that time
+as its event time (no row has it), so a caught-up reader's watermark advances on a quiet
+table (a heartbeat) instead of stopping at the last commit.
 
-The slot is advanced only to what completed checkpoints committed, while it streams: every
-second (bounded: 5 s) between two transactions, the reader reads its split's
-``committed_offset`` back (``_advance``; lowered to the start of any range still ``pending``
-in the async operator, which a restore re-reads from the slot) and, when it moved, the
-receive thread sends it as the flushed position of a status update (``Receiver.confirm``).
-(Stopping the stream to advance the idle slot instead made the walsender decode again, from
-the restart point, all it had sent past the offset: a continuous run fell behind.) The
-connection runs with ``wal_sender_timeout = 0`` (the server asks for no replies and sends
-keepalives only between whole transactions) and no periodic status updates. psycopg2
-forwards its flush to a keepalive's WAL end when it was given one at or past the last
-message's start, and before the first message always: the receiver keeps what it sends
-below that start, and the reader confirms nothing below its stream's first transaction or
-marker (``_floor``: a keepalive before it reported nothing past it), so the slot never
-passes the committed offset.
+The slot is advanced only to what completed checkpoints committed, while it streams
+(``_advance.SlotConfirmer``: between two transactions, every second, bounded 5 s).
 
 Decoding: Begin, Commit, Relation, Truncate and marker messages are decoded as they arrive;
 change messages are kept as raw payloads and decoded a block at a time, column-wise
@@ -48,6 +38,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -57,9 +48,10 @@ import psycopg2.extras
 import pyarrow as pa
 
 from enumerator_service import StreamSplit
-from spark_jobs.connectors.postgres_cdc._advance import CommittedOffsets
+from spark_jobs.connectors.postgres_cdc._advance import CommittedOffsets, SlotConfirmer
 from spark_jobs.connectors.postgres_cdc._block import BlockDecoder, Piece, Runs
 from spark_jobs.connectors.postgres_cdc._changes import CdcError, ChangeRows
+from spark_jobs.connectors.postgres_cdc._markers import marker_time, write_marker
 from spark_jobs.connectors.postgres_cdc._pgoutput import (
     Begin,
     Commit,
@@ -72,13 +64,13 @@ from spark_jobs.connectors.postgres_cdc._receiver import Receiver
 from spark_jobs.connectors.postgres_cdc._replication import open_replication
 from spark_jobs.connectors.postgres_cdc._slot import SlotMissingError, lsn_text
 from spark_jobs.connectors.postgres_cdc._source_db import PLATFORM, connect_patiently
+from spark_jobs.connectors.postgres_cdc._spec import COMMIT_TIME
 from spark_jobs.source._batch import DeadLetter, ParsedBlock, RecordSchema
 from spark_jobs.source._convert import RecordConverter, new_block
 from spark_jobs.source._records import SplitRead
 
-__all__ = ["MARKER_PREFIX", "StreamReader"]
+__all__ = ["StreamReader"]
 
-MARKER_PREFIX = "sluice-cdc"
 #: Seconds one ``fetch`` waits for changes before it returns (the fetcher then calls again);
 #: a continuous read returns earlier, as soon as it has whole transactions and nothing more
 #: has arrived.
@@ -95,8 +87,6 @@ _BLOCK_ROWS = 20_000
 _RECEIVE_BYTES = 1 << 20
 #: First payload bytes of Insert, Update and Delete messages (decoded a block at a time).
 _CHANGE_KINDS = frozenset(b"IUD")
-
-_MARK = "SELECT pg_logical_emit_message(false, %s, '') - '0/0'"
 
 
 class StreamReader:
@@ -125,6 +115,8 @@ class StreamReader:
         self._declared = declared
         self._key = key
         self._continuous = continuous
+        # Markers are heartbeats only when the event time is the commit time.
+        self._beats = schema.event_time == COMMIT_TIME
         # Guards the receiver's buffer and ``_woken``; the fetcher waits on it.
         self._cond = threading.Condition()
         self._woken = False
@@ -135,7 +127,10 @@ class StreamReader:
         self._receiver: Receiver | None = None
         self._backlog: list[bytes] = []  # taken from the receiver, not handled yet
         self._sql: psycopg.Connection[tuple[Any, ...]] | None = None
-        self._committed = CommittedOffsets(dsn if state_dsn is None else state_dsn)
+        self._confirmer = SlotConfirmer(
+            CommittedOffsets(dsn if state_dsn is None else state_dsn),
+            _CONFIRM_SECONDS[0 if continuous else 1],
+        )
         self._where = where  # what a connection error to ``dsn`` names
         self._reset(0)
 
@@ -156,12 +151,10 @@ class StreamReader:
         self._txn_payloads: list[bytes] = []
         self._counted = 0  # change messages in the block so far
         self._backlog = []
-        now = time.monotonic()
-        self._confirm_every = _CONFIRM_SECONDS[0 if self._continuous else 1]
-        self._next_confirm = now + self._confirm_every
-        self._last_message = now
-        self._confirmed = 0  # the last committed offset handed to the receiver
-        self._floor: int | None = None  # see the module docstring
+        self._last_message = time.monotonic()
+        self._confirmer.restart(self._last_message)
+        #: The server time of the last marker the block passed (see the module docstring).
+        self._heartbeat: datetime | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -189,9 +182,7 @@ class StreamReader:
 
     def _mark(self) -> int:
         assert self._sql is not None
-        row = self._sql.execute(_MARK, (MARKER_PREFIX,)).fetchone()
-        assert row is not None
-        return int(row[0])
+        return write_marker(self._sql)
 
     def _start_stream(self) -> None:
         assert self._read is not None
@@ -206,7 +197,7 @@ class StreamReader:
                 f" drop {self._read.split.source}' and discover again to take a new snapshot"
             ) from None
         self._backlog = []
-        self._floor = None
+        self._confirmer.new_stream()
         self._receiver = Receiver(self._cursor, self._cond, _RECEIVE_BYTES, self._stop)
         self._receiver.start()
 
@@ -226,7 +217,7 @@ class StreamReader:
         """End the read (the reader stays usable: ``open`` connects again)."""
         self._read = None
         self._stop_stream()
-        self._committed.close()
+        self._confirmer.close()
         if self._sql is not None:
             self._sql.close()
             self._sql = None
@@ -335,18 +326,18 @@ class StreamReader:
                     self._counted += len(self._txn_payloads)
                 self._position = txn.commit_lsn + 1
             self._txn_payloads, self._txn_pieces = [], []
-            if self._floor is None:
-                self._floor = self._position
+            self._confirmer.passed(self._position)
         elif isinstance(message, Relation):
             self._decode_pending()
             self._changes.relation(message)
         elif isinstance(message, Marker):
             if not message.transactional and self._txn is None:
+                if self._beats:
+                    self._heartbeat = marker_time(message) or self._heartbeat
                 if self._stop is not None and message.lsn >= self._stop:
                     return True
                 self._position = max(self._position, message.lsn)
-                if self._floor is None:
-                    self._floor = self._position
+                self._confirmer.passed(self._position)
         elif isinstance(message, Truncate):
             self._decode_pending()
             mine = [t for t in map(self._changes.table_of, message.relids) if t in self._tables]
@@ -359,6 +350,7 @@ class StreamReader:
 
     def _block(self, read: SplitRead) -> ParsedBlock | None:
         """The transactions read since the last block (None: nothing, not even a move)."""
+        beat, self._heartbeat = self._heartbeat, None
         if not self._pieces and not self._payloads and self._position == self._block_start:
             return None
         pieces = self._pieces
@@ -372,7 +364,10 @@ class StreamReader:
         else:
             batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
         dead: list[DeadLetter] = [letter for _, letters in pieces for letter in letters]
-        return new_block(self._schema, read.split_id, start, self._position, batch, dead)
+        block = new_block(self._schema, read.split_id, start, self._position, batch, dead)
+        if beat is not None and (block.max_event_time is None or beat > block.max_event_time):
+            block.max_event_time = beat  # every commit still to come is of it or later
+        return block
 
     def _finish(self, read: SplitRead) -> tuple[ParsedBlock | None, bool]:
         """The read's end: its last rows, the offset moved to the stop."""
@@ -386,14 +381,6 @@ class StreamReader:
     # -- slot advance ----------------------------------------------------------------------
 
     def _maybe_confirm(self, now: float) -> None:
-        """Between transactions, every second or so: have the receiver confirm the committed
-        offset to the server when it moved (the stream goes on; see the module docstring)."""
-        if now < self._next_confirm or self._receiver is None or self._floor is None:
-            return
-        self._next_confirm = now + self._confirm_every
-        assert self._read is not None
-        flush = self._committed.of(self._read.split_id)
-        if flush is None or flush <= self._confirmed or flush < self._floor:
-            return
-        self._receiver.confirm(flush)
-        self._confirmed = flush
+        """Between transactions: see ``SlotConfirmer.maybe_confirm``."""
+        if self._receiver is not None and self._read is not None:
+            self._confirmer.maybe_confirm(now, self._read.split_id, self._receiver)
