@@ -73,8 +73,9 @@ _MEANINGS: dict[ExitCode, str] = {
     "committed.",
     ExitCode.FAILED: "The run failed: an error that stayed after the retries, an outage (a "
     "database, broker or object store that does not answer: `sluice: unreachable: <setting>: "
-    "…` when the run starts; a CDC source's server lost during the run is waited for 30 s, "
-    "then named in the run's last line), a bug. Spark prints each attempt's traceback; the last "
+    "…` when the run starts, or when the platform database stops answering during it; a CDC "
+    "source's server lost during the run is waited for 30 s, then named in the run's last "
+    "line), a bug. Spark prints each attempt's traceback; the last "
     "line sums them up. Run it again once the cause is fixed: committed output is kept, the "
     "rest is read again.",
     ExitCode.USAGE: "Usage, configuration or definition error (or a `--replace` that cannot "

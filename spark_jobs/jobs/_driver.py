@@ -41,7 +41,7 @@ from spark_jobs.connectors._registry import sink_connector_named, source_connect
 from spark_jobs.jobs._credentials import share_database
 from spark_jobs.jobs._heartbeat import Heartbeat, clean_staging, run_progress
 from spark_jobs.jobs._input_left import input_left
-from spark_jobs.jobs._outages import while_down
+from spark_jobs.jobs._outages import coordinator_failed, while_down
 from spark_jobs.jobs._results import SubtaskResult
 from spark_jobs.jobs._run_report import summarize_run
 from spark_jobs.jobs._shipping import ship_by_value
@@ -345,7 +345,7 @@ class ReaderRun:
             if coordinator.error is not None:
                 # The job was cancelled because the coordinator failed (e.g. the sink's table
                 # refused the commit): its error is the cause, not the cancellation.
-                raise _coordinator_failed(coordinator.error) from coordinator.error
+                raise coordinator_failed(coordinator.error) from coordinator.error
             failed = job_failure(exc, self.source)
             if failed is not None:
                 raise failed from exc
@@ -359,7 +359,7 @@ class ReaderRun:
         if coordinator.stop_requested is not None:
             raise stopped_by(coordinator.stop_requested)
         if coordinator.error is not None:
-            raise _coordinator_failed(coordinator.error) from coordinator.error
+            raise coordinator_failed(coordinator.error) from coordinator.error
         return results, coordinator
 
     def _wrap_up(self, replacing: list[Rebuild]) -> None:
@@ -397,11 +397,3 @@ class ReaderRun:
             _log.warning(
                 "run %s: splits not returned now (lease expiry will): %s", self.run_id, exc
             )
-
-
-def _coordinator_failed(error: BaseException) -> RuntimeError:
-    """The run's error when its checkpoint coordinator gave up: the first line of the cause
-    (a database error's, without the SQL statement SQLAlchemy appends)."""
-    cause = getattr(error, "orig", None) or error
-    first = next(iter(str(cause).strip().splitlines()), type(cause).__name__)
-    return RuntimeError(f"checkpoint coordinator failed: {first}")

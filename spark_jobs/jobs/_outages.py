@@ -15,12 +15,19 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import asyncpg
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from enumerator_service import Backoff, ConfigError, connect_engine
+from enumerator_service import Backoff, ConfigError, ServerUnreachable, connect_engine
 
-__all__ = ["connect_when_up", "is_transient", "while_down"]
+__all__ = [
+    "connect_when_up",
+    "connection_lost",
+    "coordinator_failed",
+    "is_transient",
+    "while_down",
+]
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -29,6 +36,24 @@ _T = TypeVar("_T")
 def is_transient(error: BaseException) -> bool:
     """Connection-level failures worth retrying; SQL errors (a missing table …) are not."""
     return isinstance(error, (OSError, *_TRANSIENT))
+
+
+#: SQLSTATEs of a server going away: connection exceptions (class 08), and the shutdowns
+#: (admin, crash) and start-up that end or refuse a session.
+_GONE_STATES = ("57P01", "57P02", "57P03")
+
+
+def connection_lost(error: BaseException) -> bool:
+    """A database error that is the connection's loss (the server stopped, restarted or
+    cannot be reached) rather than a statement's failure: a DBAPI error (or SQLAlchemy's
+    wrapper of one) without a SQLSTATE — the client's own ("connection is bad", "server
+    closed the connection unexpectedly") — or of class 08 or a shutdown. A full disk, a
+    serialization failure or a refused constraint are not (they have a server's SQLSTATE)."""
+    cause = getattr(error, "orig", None) if isinstance(error, sa.exc.DBAPIError) else error
+    if not isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError):
+        return False
+    state = cause.sqlstate
+    return state is None or state.startswith("08") or state in _GONE_STATES
 
 
 _TRANSIENT = (
@@ -70,3 +95,20 @@ def while_down(step: Callable[[], _T], patience: float = 60.0) -> _T:
                 raise
             _log.warning("database unavailable, retrying in %.1fs: %s", delay, exc)
             time.sleep(delay)
+
+
+def coordinator_failed(error: BaseException) -> Exception:
+    """The run's error when its checkpoint coordinator gave up: the first line of the cause
+    (a database error's, without the SQL statement SQLAlchemy appends). The platform
+    database's connection lost (stopped, restarted past the coordinator's patience) is an
+    outage naming its setting (``sluice: unreachable: SLUICE_DATABASE_URL: …``, exit code 1):
+    run again once it is back."""
+    cause = getattr(error, "orig", None) or error
+    first = next(iter(str(cause).strip().splitlines()), type(cause).__name__)
+    if connection_lost(error):
+        return ServerUnreachable(
+            "SLUICE_DATABASE_URL",
+            f"the platform database stopped answering during the run ({first}); run it"
+            " again once the database is back (committed output is kept)",
+        )
+    return RuntimeError(f"checkpoint coordinator failed: {first}")
