@@ -103,6 +103,13 @@ class SinkConnector(abc.ABC):
         bucket). Default: nothing."""
         return None
 
+    def check_existing(self, engine: Engine, pipeline: Pipeline, settings: Settings) -> None:
+        """Read-only, before anything is created for the pipeline (a CDC source's slot at
+        discovery): one ``ConfigError`` line when an existing output cannot take this
+        pipeline's output (a table without a unique index on the upsert key). The run's
+        ``prepare`` checks again, with everything else. Default: nothing."""
+        return None
+
     @abc.abstractmethod
     def open_writer(
         self, plan: SinkPlan, io: ThreadPoolExecutor, context: SinkWriterContext

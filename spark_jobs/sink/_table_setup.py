@@ -37,7 +37,7 @@ from spark_jobs.sink._table_layout import (
     table_names,
 )
 
-__all__ = ["ensure_tables", "sweep_staged"]
+__all__ = ["check_existing_target", "ensure_tables", "sweep_staged"]
 
 _log = logging.getLogger(__name__)
 
@@ -142,15 +142,35 @@ def ensure_tables(
                 f"{layout.qualified} has NOT NULL column(s) without a default that the output"
                 f" does not fill: {', '.join(unfilled)}",
             )
-        if layout.upsert_key is not None:
-            found = conn.execute(_UNIQUE_KEYS, {"schema": schema_name, "table": table})
-            if frozenset(layout.upsert_key) not in {frozenset(keys) for keys in found.scalars()}:
-                raise ConfigError(
-                    setting,
-                    f"{layout.qualified} has no unique index or constraint on exactly"
-                    f" ({', '.join(layout.upsert_key)}), which upsert_key needs",
-                )
+        _require_unique_key(conn, schema_name, table, layout.upsert_key)
         _ensure_staging(conn, layout, staged, setting)
+
+
+def _require_unique_key(
+    conn: Connection, schema_name: str, table: str, upsert_key: Sequence[str] | None
+) -> None:
+    """ConfigError unless the existing table has a unique index or constraint on exactly the
+    upsert key (``ON CONFLICT (key)`` needs one as its arbiter)."""
+    if upsert_key is None:
+        return
+    found = conn.execute(_UNIQUE_KEYS, {"schema": schema_name, "table": table})
+    if frozenset(upsert_key) not in {frozenset(keys) for keys in found.scalars()}:
+        raise ConfigError(
+            f"sink {schema_name}.{table}",
+            f"{schema_name}.{table} has no unique index or constraint on exactly"
+            f" ({', '.join(upsert_key)}), which upsert_key needs",
+        )
+
+
+def check_existing_target(
+    engine: Engine, schema_name: str, table: str, upsert_key: Sequence[str] | None
+) -> None:
+    """Read-only, before anything is created for the pipeline: an existing target without a
+    unique index on the upsert key is the ConfigError ``ensure_tables`` would raise at the
+    run's start. No table yet: nothing to say (the run creates it with its key)."""
+    with engine.connect() as conn:
+        if _catalog(conn, schema_name, table):
+            _require_unique_key(conn, schema_name, table, upsert_key)
 
 
 def _ensure_staging(

@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import TestSettings
 
+from enumerator_service import ConfigError
 from enumerator_service._operations import discover, open_platform
 from spark_jobs import Pipeline, PipelineDefinitionError, PostgresCdcSource, PostgresSink
 from spark_jobs.connectors.postgres_cdc import drop_slot
@@ -105,6 +106,33 @@ def test_discovery_of_a_definition_that_cannot_run_creates_nothing(
             discover(platform, discovery_of(pipeline, settings))
         assert "\n" not in str(err.value)
         assert _leftovers(platform.engine, name) == (0, 0)
+    finally:
+        drop_slot(platform.engine, f"sluice_{name}", f"sluice_{name}")
+        platform.close()
+
+
+def test_discovery_refuses_an_existing_sink_table_without_the_upsert_keys_index(
+    make_settings: Any,
+) -> None:
+    """The sink table is there (made by hand) without a unique index on the upsert key: one
+    line naming the sink at discovery — before a slot holds WAL for a run that would refuse
+    it. With the index, discovery goes on."""
+    settings: TestSettings = make_settings()
+    platform = open_platform(settings)
+    table = f"public.cdcdef_{secrets.token_hex(3)}"
+    name = f"cdcdef_{secrets.token_hex(3)}"
+    pipeline = _pipeline(name, table, {"id": "int64", "v": "string"})
+    try:
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE TABLE {table} (id bigint PRIMARY KEY, v text)"))
+            conn.execute(sa.text(f"CREATE TABLE {table}_out (id bigint, v text)"))
+        with pytest.raises(ConfigError, match=r"^sink public\.cdcdef_\w+_out: .*no unique index"):
+            discover(platform, discovery_of(pipeline, settings))
+        assert _leftovers(platform.engine, name) == (0, 0)
+        with platform.engine.begin() as conn:
+            conn.execute(sa.text(f"ALTER TABLE {table}_out ADD PRIMARY KEY (id)"))
+        discover(platform, discovery_of(pipeline, settings))  # (an empty table: no chunk)
+        assert _leftovers(platform.engine, name) == (1, 1)
     finally:
         drop_slot(platform.engine, f"sluice_{name}", f"sluice_{name}")
         platform.close()

@@ -25,7 +25,7 @@ from spark_jobs.pipeline._checks import upsert_key
 from spark_jobs.pipeline._errors import check_table, quote
 from spark_jobs.sink._postgres_table import TABLE_SINK_NAME, PostgresTableSinkWriter
 from spark_jobs.sink._table_commit import PostgresTableSink
-from spark_jobs.sink._table_setup import ensure_tables, sweep_staged
+from spark_jobs.sink._table_setup import check_existing_target, ensure_tables, sweep_staged
 
 if TYPE_CHECKING:
     from spark_jobs.pipeline._checks import Context
@@ -113,6 +113,10 @@ class PostgresConnector(SinkConnector):
         # An upsert sink's rows are replaced by key; an append sink cannot replace rows:
         # re-materialising a day then only processes its new splits.
         return bool(plan.upsert_key)
+
+    def check_existing(self, engine: Engine, pipeline: Pipeline, settings: Settings) -> None:
+        options: PostgresOptions = pipeline.plan.sink.options
+        check_existing_target(engine, *options.table, pipeline.plan.sink.upsert_key)
 
     def prepare(self, engine: Engine, plan: Plan, pipeline: Pipeline, settings: Settings) -> None:
         options: PostgresOptions = plan.sink.options

@@ -21,6 +21,7 @@ from spark_jobs.connectors._interface import (
     TableInput,
     UpstreamAsset,
 )
+from spark_jobs.connectors._registry import sink_connector_named
 from spark_jobs.connectors.postgres_cdc._enumerator import (
     CHUNK_KIND,
     STREAM_KIND,
@@ -193,6 +194,9 @@ class CdcConnector(SourceConnector):
             # identity, lookups): nothing — publication, slot holding WAL — is created for a
             # definition that cannot run.
             resolve(pipeline, engine)
+            # An existing sink table that cannot take the changes (an upsert key without
+            # a unique index) is said now, not by the first run after the slot exists.
+            sink_connector_named(pipeline.plan.sink.kind).check_existing(engine, pipeline, settings)
             return CdcEnumerator(
                 engine,
                 source_engine(options.url_env, engine),
