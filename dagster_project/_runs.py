@@ -223,16 +223,13 @@ def summary_metadata(
 
     Never the database URL (nor anything else from the connection settings).
     """
-    found: dict[str, MetadataValue[Any]] = (
-        {}
-        if discovery is None
-        else {
-            "files_seen": MetadataValue.int(discovery.files_seen),
-            "splits_registered": MetadataValue.int(discovery.splits_registered),
-            "skipped_links": MetadataValue.int(discovery.skipped_links),
-            "skipped_names": MetadataValue.int(discovery.skipped_names),
-        }
-    )
+    found: dict[str, MetadataValue[Any]] = {}
+    if discovery is not None:
+        found["splits_registered"] = MetadataValue.int(discovery.splits_registered)
+        if discovery.of_files:  # (what a Kafka, CDC or table discovery counts is no file)
+            found["files_seen"] = MetadataValue.int(discovery.files_seen)
+            found["skipped_links"] = MetadataValue.int(discovery.skipped_links)
+            found["skipped_names"] = MetadataValue.int(discovery.skipped_names)
     steps = "\n".join(
         f"| {where} | {records_in:,} | {records_out:,} |"
         for where, records_in, records_out in summary.steps

@@ -286,7 +286,7 @@ def continuous_sensor(pipeline: Pipeline, job: JobDefinition) -> SensorDefinitio
                 DagsterRunStatus.CANCELED,
             )
             if not ended_badly and _unassigned(store, source) == 0:
-                return SkipReason(f"no new input ({discovery.files_seen} seen){note}")
+                return SkipReason(f"no new input ({discovery.seen}){note}")
             next_cursor = _Cursor(
                 cursor.generation + 1, f"{source}-c{secrets.token_hex(4)}", discovery.backlog_files
             )

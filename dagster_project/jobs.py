@@ -86,7 +86,7 @@ def _op_job(pipeline: Pipeline) -> JobDefinition:
         settings = sluice.settings()
         discovery, summary = drain_and_run(settings, pipeline, run_id=sluice_run_id(context.run))
         context.log.info(
-            f"discovery: {discovery.files_seen} seen, {discovery.splits_registered} new splits; "
+            f"discovery: {discovery.seen}, {discovery.splits_registered} new splits; "
             f"{describe_run(summary)}"
         )
         where = output_location(pipeline, settings, None)

@@ -106,9 +106,9 @@ def new_files_sensor(pipeline: Pipeline, job: IncrementalJob) -> SensorDefinitio
                     FilesSensorCursor(cursor.sequence, discovery.backlog_files).dump()
                 )
             reason = (
-                f"no new input ({discovery.files_seen} seen)"
+                f"no new input ({discovery.seen})"
                 if discovery.complete
-                else f"no new splits in this chunk ({discovery.files_seen} seen)"
+                else f"no new splits in this chunk ({discovery.seen})"
             )
             return SkipReason(reason + backlog_note(discovery))
         sequence = cursor.sequence + 1

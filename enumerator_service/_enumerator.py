@@ -56,6 +56,20 @@ class DiscoveryResult:
     #: day with no message in its time range, day splits registered before). Printed by
     #: ``sluice discover``; never secrets.
     notes: tuple[str, ...] = ()
+    #: What ``files_seen`` counts, plural: files, or an enumerator's own inputs (a Kafka
+    #: topic's partitions, a CDC source's chunks or stream, a table's key ranges).
+    seen_unit: str = "files"
+
+    @property
+    def seen(self) -> str:
+        """``files_seen`` for a person: "12 files seen", "1 stream seen"."""
+        unit = self.seen_unit if self.files_seen != 1 else self.seen_unit.removesuffix("s")
+        return f"{self.files_seen:,} {unit} seen"
+
+    @property
+    def of_files(self) -> bool:
+        """The tick listed files (the file-only counts mean something)."""
+        return self.seen_unit == "files"
 
     @property
     def complete(self) -> bool:

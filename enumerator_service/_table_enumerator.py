@@ -62,7 +62,7 @@ class TableRangeEnumerator(SplitEnumerator):
                 {"next_key": next_key},
             ).one()
         if not rows:
-            return DiscoveryResult(0, 0, {"next_key": next_key})
+            return DiscoveryResult(0, 0, {"next_key": next_key}, seen_unit="key ranges")
         # Ranges of equal key width sized for ~rows_per_split rows at the observed density.
         width = max(1, math.ceil((high - low + 1) * self._rows / rows))
         splits = [
@@ -74,4 +74,4 @@ class TableRangeEnumerator(SplitEnumerator):
         added = self._store.register(splits)
         cursor = {"next_key": high + 1}
         self._save_cursor(cursor)
-        return DiscoveryResult(len(splits), added, cursor)
+        return DiscoveryResult(len(splits), added, cursor, seen_unit="key ranges")

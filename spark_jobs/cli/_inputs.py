@@ -104,7 +104,7 @@ def discover_all(platform: Platform, pipeline: Pipeline, dates: list[date] | Non
     # Each also logged once as a warning naming it (escaped).
     names = f"; {unnamed} file(s) skipped: name not UTF-8" if unnamed else ""
     console.print(
-        f"Discovery ({pipeline.name}): {result.files_seen} seen, "
+        f"Discovery ({pipeline.name}): {result.seen}, "
         f"{registered} new splits registered{chunks}{links}{names}"
     )
     for note in notes:

@@ -363,7 +363,7 @@ def test_a_pipeline_registered_before_its_first_file(make_settings: MakeSettings
         )
         reader, _ = sensor_tick(sensor_named(built, "continuous"), sluice, None, instance)
         assert isinstance(reader, SkipReason)
-        assert (reader.skip_message or "").startswith("no new input (0 seen)")
+        assert (reader.skip_message or "").startswith("no new input (0 files seen)")
 
         run = built.incremental_job.execute_in_process(resources={"sluice": sluice})
         assert run.success

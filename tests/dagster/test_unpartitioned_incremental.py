@@ -99,6 +99,9 @@ def test_each_incremental_run_of_a_cdc_pipeline_is_a_materialisation(
             assert latest["splits"] == 1 and latest["rows_out"] == 0
             assert oldest["rows_out"] == 100  # the snapshot's chunks
             assert newest["rows_out"] == 10 + 5 + 20  # the changes, deletes included
+            # Its discovery counts chunks and a stream, not files: no file-only figures.
+            assert {"files_seen", "skipped_links", "skipped_names"}.isdisjoint(latest)
+            assert latest["splits_registered"] == 1
             for run in (first, second):
                 outcomes = _checks_passed(instance, run.run_id)
                 assert outcomes and all(outcomes.values()), outcomes

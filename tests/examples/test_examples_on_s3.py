@@ -345,13 +345,13 @@ def test_cli_discover_and_run_on_s3_equal_the_oracle(example: Example, tmp_path:
         ),
     }
     said = _sluice(["discover", example.name], env, work)
-    assert f"{objects} seen, {objects} new splits registered" in said, said
+    assert f"{objects} files seen, {objects} new splits registered" in said, said
     _sluice(["run", example.name], env, work)
     assert example.verdict() == (0, 0, 0)
     assert not (tmp_path / "cli-data" / "landing").exists()
     # Again: nothing new, nothing changes.
     again = _sluice(["discover", example.name], env, work)
-    assert f"{objects} seen, 0 new splits registered" in again, again
+    assert f"{objects} files seen, 0 new splits registered" in again, again
 
 
 # -- 2 and 3. Dagster: a backfill of two partitions, then the continuous sensor --------------

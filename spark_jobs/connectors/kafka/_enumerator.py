@@ -114,7 +114,7 @@ class KafkaEnumerator(SplitEnumerator):
             opened.update(s.path for s in added)
             state = {"next": known, "open": sorted(opened)}
             self.save_cursor(state, conn)
-        return DiscoveryResult(len(found), registered, state)
+        return DiscoveryResult(len(found), registered, state, seen_unit="partitions")
 
     def _discover_days(self, client: Consumer, found: list[tuple[str, int]]) -> DiscoveryResult:
         """The day splits of ``dates`` (see the module docstring)."""
@@ -146,7 +146,9 @@ class KafkaEnumerator(SplitEnumerator):
                 f"{len(added) - registered} day split(s) were registered before (a run of "
                 "that day reads them once; `sluice run --date D --replace` rebuilds the day)"
             )
-        return DiscoveryResult(len(found), registered, self.cursor(), notes=tuple(notes))
+        return DiscoveryResult(
+            len(found), registered, self.cursor(), notes=tuple(notes), seen_unit="partitions"
+        )
 
     def close_open(self) -> int:
         """Close the open splits no run holds at the partitions' end offsets now (a bounded

@@ -184,17 +184,17 @@ class CdcEnumerator(SplitEnumerator):
             added = self._store.register(chunks)
             cursor = {**cursor, "chunks": True}
             self._save_cursor(cursor)
-            return DiscoveryResult(len(chunks), added, cursor)
+            return DiscoveryResult(len(chunks), added, cursor, seen_unit="chunks")
         # Step 4: the stream split once every chunk committed and no stream split is open.
         pending_chunks, open_streams, reached = stream_state(self._engine, self._source)
         if pending_chunks or open_streams:
-            return DiscoveryResult(0, 0, cursor)
+            return DiscoveryResult(0, 0, cursor, seen_unit="streams")
         start = int(cursor["start_lsn"]) if reached is None else reached
         if reached is not None:
             advance_slot(self._source_db, self._slot, reached)  # committed: WAL before it can go
         split = StreamSplit(self._source, STREAM_KIND, self._slot, start, None)
         added = self._store.register([split])
-        return DiscoveryResult(1, added, cursor)
+        return DiscoveryResult(1, added, cursor, seen_unit="streams")
 
     def _claim_slot(self) -> dict[str, Any]:
         """Steps 0-2 of a discovery (under the slot's lock): the cursor, recording the slot."""
