@@ -3,7 +3,9 @@ shows and the live-state sensor reports to Dagster as an observation of the outp
 
 - watermark: the event time up to which the pipeline's output is complete (the run
   watermark of its latest completed checkpoint, :func:`run_watermark`; +infinity, lag 0,
-  once the run's input ended), and its lag behind now;
+  once the run's input ended — but a stream has no end: a Kafka or CDC source's output is
+  current as of the greatest finite watermark its runs reached, :func:`stream_watermark`,
+  whose lag grows until the next run), and its lag behind now;
 - the oldest unprocessed split's age: now - when it was registered (the file waited that
   long), for a stream split given back by a run now - when it was given back (it was read up
   to then);
@@ -36,7 +38,7 @@ from enumerator_service._schema import (
 from enumerator_service._schema import splits as splits_table
 from enumerator_service._splits import STREAM_KINDS
 
-__all__ = ["LiveState", "live_state", "run_watermark"]
+__all__ = ["LiveState", "live_state", "run_watermark", "stream_watermark"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,22 @@ def run_watermark(conn: sa.Connection, source: str, run_id: str) -> datetime | N
     return None if row.watermark is None else row.watermark.astimezone(UTC)
 
 
+def stream_watermark(conn: sa.Connection, source: str) -> datetime | None:
+    """For a source that reads a stream (Kafka, CDC): the greatest finite watermark any of
+    its runs recorded — what its output is current as of (each run reads the stream on from
+    where the last one committed; a backfill's older watermark does not lower it). None for
+    a source without stream splits, or before any run recorded one."""
+    s, w = splits_table, run_watermarks
+    streams = sa.select(sa.literal(1)).where(
+        s.c.source == source, s.c.kind.in_(sorted(STREAM_KINDS))
+    )
+    if conn.execute(streams.limit(1)).first() is None:
+        return None
+    found = conn.execute(sa.select(sa.func.max(w.c.watermark)).where(w.c.source == source))
+    value = found.scalar()
+    return None if value is None else value.astimezone(UTC)
+
+
 def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
     """``source``'s live state at ``now``."""
     c, t, s = checkpoints, sink_transactions, splits_table
@@ -141,6 +159,10 @@ def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
     ).scalar_one()
     since = previous or last.triggered_at
     window = (last.completed_at - since).total_seconds()
+    watermark = run_watermark(conn, source, last.run_id)
+    if watermark is not None and watermark >= END_OF_INPUT:
+        # A bounded run read its stream up to a point: not the end of the input.
+        watermark = stream_watermark(conn, source) or watermark
     return LiveState(
         source=source,
         at=now,
@@ -148,7 +170,7 @@ def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
         checkpoint_id=int(last.checkpoint_id),
         checkpoint_completed_at=last.completed_at,
         last_checkpoint_seconds=(last.completed_at - last.triggered_at).total_seconds(),
-        watermark=run_watermark(conn, source, last.run_id),
+        watermark=watermark,
         backlog_splits=int(backlog),
         oldest_unprocessed_at=oldest,
         rows_per_second=int(rows) / window if window > 0 else None,

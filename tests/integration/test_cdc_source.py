@@ -9,6 +9,7 @@ import dataclasses
 import secrets
 import threading
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ from cdc_oracle import ChangeGenerator, cdc_pipeline, compare, create_table, row
 from conftest import TestSettings
 from deltalake import DeltaTable
 
-from enumerator_service import SplitStore, splits
-from enumerator_service._live_state import run_watermark
+from enumerator_service import END_OF_INPUT, SplitStore, splits
+from enumerator_service._live_state import live_state, run_watermark
 from enumerator_service._operations import discover, open_platform
 from spark_jobs import DeltaSink, IcebergSink, Lookup
 from spark_jobs._spark import spark_for
@@ -70,9 +71,18 @@ def test_snapshot_then_changes_in_bounded_runs_make_the_sink_equal_the_table(
         assert changes.ops.get("delete") and changes.ops.get("rekey") and changes.ops.get("hot")
         # Run 2: the stream split from the slot's start, read up to now.
         assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 1
+        before = _server_clock(platform.engine)
         run_pipeline(settings, pipeline)
         diff = compare(rows_of(platform.engine, table), rows_of(platform.engine, f"{table}_out"))
         assert diff.equal, str(diff)
+        # A bounded run read the stream up to its start, not to an end: the output is
+        # current as of the marker it wrote then (less out_of_orderness, 5 s), and the lag
+        # grows until the next run (watermark_freshness sees a schedule that stopped).
+        with platform.engine.connect() as conn:
+            state = live_state(conn, name, before + timedelta(hours=1))
+        assert state.watermark is not None and state.watermark < END_OF_INPUT, state
+        assert before - timedelta(seconds=5) < state.watermark < _server_clock(platform.engine)
+        assert state.watermark_lag_seconds is not None and state.watermark_lag_seconds > 3600
         # Run 3: more changes, the next stream split from where the last one ended.
         more = ChangeGenerator(platform.url, table, first_new_key=10_000, max_ops=200)
         more.start()
@@ -95,6 +105,12 @@ def test_snapshot_then_changes_in_bounded_runs_make_the_sink_equal_the_table(
     finally:
         drop_slot(platform.engine, options.slot, options.publication)
         platform.close()
+
+
+def _server_clock(engine: sa.Engine) -> datetime:
+    with engine.connect() as conn:
+        now: datetime = conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+    return now
 
 
 def reading(engine: sa.Engine, source: str) -> bool:
