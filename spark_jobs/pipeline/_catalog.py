@@ -108,8 +108,9 @@ def _check_keys(pipeline: str, step: LookupPlan, catalog: dict[str, str]) -> Non
 def check_fields(
     pipeline: str, where: str, table: str, columns: Sequence[Column], catalog: dict[str, str]
 ) -> None:
-    """PipelineDefinitionError naming every declared field ``table`` lacks or holds with
-    another type family (one line: fixing the first would only show the next)."""
+    """PipelineDefinitionError naming every declared field ``table`` lacks, holds with
+    another type family, or holds wider than declared (an ``int32`` of a ``bigint``
+    column) — one line: fixing the first would only show the next."""
     problems = []
     for column in columns:
         name, kind = column.name, column.type
@@ -123,6 +124,13 @@ def check_fields(
             problems.append(
                 f"field {name!r} is declared {type_name(kind)} but {table}.{name} is "
                 f"{catalog[name]}"
+            )
+        elif family in ("integer", "float") and kind.bit_width < found.bit_width:
+            # Values past the narrower range would be dead letters (or rounded): declare
+            # the column's width.
+            problems.append(
+                f"field {name!r} is declared {type_name(kind)}, narrower than {table}.{name}"
+                f" ({catalog[name]}): declare {type_name(found)}"
             )
     if problems:
         raise PipelineDefinitionError(pipeline, where, "; ".join(problems))

@@ -87,8 +87,18 @@ def test_sluice_discover_of_a_missing_table_is_one_line_naming_the_setting(
         ("id bigint, v text", {"id": "int64", "v": "string"}, "no primary key"),
         ("id bigint PRIMARY KEY, v text", {"id": "int64", "w": "string"}, "has no column 'w'"),
         ("id bigint PRIMARY KEY, v int", {"id": "int64", "v": "string"}, "is declared string"),
+        (
+            "id bigint PRIMARY KEY, v text",
+            {"id": "int32", "v": "string"},
+            r"'id' is declared int32, narrower than .*\(bigint\): declare int64",
+        ),
+        (
+            "id bigint PRIMARY KEY, v double precision",
+            {"id": "int64", "v": "float32"},
+            r"'v' is declared float32, narrower than .*: declare float64",
+        ),
     ],
-    ids=["no-primary-key", "wrong-column", "wrong-type"],
+    ids=["no-primary-key", "wrong-column", "wrong-type", "narrower-key", "narrower-float"],
 )
 def test_discovery_of_a_definition_that_cannot_run_creates_nothing(
     make_settings: Any, create: str, schema: dict[str, str], expected: str
