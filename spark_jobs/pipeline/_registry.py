@@ -8,9 +8,13 @@ definition mistake surfaces here as the one-line :class:`PipelineDefinitionError
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
 import os
+import re
 import sys
+import traceback
 
 from enumerator_service import ConfigError, Settings
 from spark_jobs.pipeline._definition import Pipeline
@@ -34,6 +38,11 @@ def load_pipelines(settings: Settings) -> dict[str, Pipeline]:
             if exc.name is not None and name.startswith(exc.name):
                 raise ConfigError(_SETTING, f"no module named {name!r}") from None
             raise ConfigError(_SETTING, f"importing {name}: {exc}") from None
+        except TypeError as exc:
+            line = _bad_call(name, exc)
+            if line is None:
+                raise
+            raise ConfigError(_SETTING, line) from None
         pipelines = [value for value in vars(module).values() if isinstance(value, Pipeline)]
         if not pipelines:
             raise ConfigError(_SETTING, f"module {name} defines no Pipeline at its top level")
@@ -46,6 +55,33 @@ def load_pipelines(settings: Settings) -> dict[str, Pipeline]:
             found.setdefault(pipeline.name, pipeline)
             where.setdefault(pipeline.name, name)
     return found
+
+
+#: A call with a keyword the class does not take, or without one it needs.
+_BAD_CALL = re.compile(
+    r"^(?P<cls>\w+)\.__init__\(\) (got an unexpected keyword argument '(?P<kw>\w+)'"
+    r"|missing \d+ required .*argument)"
+)
+
+
+def _bad_call(module: str, exc: TypeError) -> str | None:
+    """One line for a definition that calls a Sluice class (a source, sink or step) with a
+    keyword it does not take, or without one it needs — where, what, and the closest
+    keyword — or None for any other TypeError (its traceback is the user's best help)."""
+    import spark_jobs
+
+    found = _BAD_CALL.match(str(exc))
+    cls = getattr(spark_jobs, found["cls"], None) if found else None
+    if found is None or not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        return None
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != "<string>"]
+    where = f" (line {frames[-1].lineno} of {frames[-1].filename})" if frames else ""
+    hint = ""
+    if found["kw"]:
+        fields = [f.name for f in dataclasses.fields(cls)]
+        close = difflib.get_close_matches(found["kw"], fields, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(fields)}"
+    return f"module {module}{where}: {exc}{hint}"
 
 
 def pick_pipeline(pipelines: dict[str, Pipeline], name: str | None) -> Pipeline:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import types
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -408,3 +409,42 @@ def test_registry_errors_name_the_setting() -> None:
         pick_pipeline(load_pipelines(Settings(pipelines="")), None)
     with pytest.raises(ConfigError, match="module json defines no Pipeline"):
         load_pipelines(Settings(pipelines="json"))
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (
+            'FileSource(schmea={"a": "int64"})',
+            r"FileSource.__init__\(\) got an unexpected keyword argument 'schmea';"
+            r" did you mean 'schema'\?$",
+        ),
+        (
+            'FileSource(schema={"a": "int64"}, frobnicate=1)',
+            r".*unexpected keyword argument 'frobnicate'; it takes schema, required, .*",
+        ),
+        ("PostgresSink()", r"PostgresSink.__init__\(\) missing 1 required positional argument"),
+    ],
+    ids=["typo", "unknown", "missing"],
+)
+def test_a_sluice_class_called_with_a_wrong_keyword_is_one_line_naming_the_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str, expected: str
+) -> None:
+    name = f"wrong_call_{abs(hash(call))}"
+    (tmp_path / f"{name}.py").write_text(
+        "from spark_jobs import FileSource, PostgresSink\n\n" + f"thing = {call}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        ConfigError, match=f"^SLUICE_PIPELINES: module {name} \\(line 3 of .*\\): " + expected
+    ):
+        load_pipelines(Settings(pipelines=name))
+
+
+def test_another_type_error_in_a_pipeline_module_keeps_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "own_type_error.py").write_text("def f(x):\n    return x\n\nf(1, 2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TypeError, match="takes 1 positional argument"):
+        load_pipelines(Settings(pipelines="own_type_error"))
