@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from enumerator_service._secrets import redact_url, split_password
+from enumerator_service._setting_typos import warn_misspelled_settings
 
 __all__ = [
     "ConfigError",
@@ -414,6 +415,7 @@ class Settings(BaseSettings):
 
 def load_settings(**overrides: Any) -> Settings:
     """Build Settings from the environment plus ``overrides``; ConfigError on a bad value."""
+    warn_misspelled_settings(os.environ, Settings.model_fields)
     try:
         return Settings(**overrides)
     except ValidationError as exc:

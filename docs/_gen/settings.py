@@ -38,6 +38,13 @@ A bad value fails fast with one line naming the variable, and exit code 2:
 sluice: configuration error: SLUICE_PARALLELISM: Input should be greater than or equal to 1
 ```
 
+A `SLUICE_*` variable that is not a setting is ignored; one a letter or two off a setting's
+name is also a warning, once per process:
+
+```text
+SLUICE_MAX_WATERMARK_LAG_SECOND is not a setting (did you mean SLUICE_MAX_WATERMARK_LAG_SECONDS?): ignored
+```
+
 Passwords and secrets are never printed: every URL Sluice shows (errors, logs, `sluice db`
 commands, the Dagster resources) has its password replaced by `***`.
 
