@@ -42,7 +42,7 @@ A `SLUICE_*` variable that is not a setting is ignored; one a letter or two off 
 name is also a warning, once per process:
 
 ```text
-SLUICE_MAX_WATERMARK_LAG_SECOND is not a setting (did you mean SLUICE_MAX_WATERMARK_LAG_SECONDS?): ignored
+SLUICE_PARALELLISM is not a setting (did you mean SLUICE_PARALLELISM?): ignored
 ```
 
 Passwords and secrets are never printed: every URL Sluice shows (errors, logs, `sluice db`
