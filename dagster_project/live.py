@@ -101,16 +101,19 @@ def freshness_outcome(state: LiveState, max_lag_seconds: float) -> AssetCheckRes
     metadata["watermark"] = MetadataValue.timestamp(state.watermark)
     metadata["watermark_lag_seconds"] = MetadataValue.float(lag)
     stale = lag > max_lag_seconds
-    return AssetCheckResult(
-        passed=not stale,
-        metadata=metadata,
-        description=(
+    description = None
+    if stale:
+        description = (
             f"the watermark ({state.watermark:%Y-%m-%d %H:%M:%S}) is {lag:,.0f}s behind, over "
             f"SLUICE_MAX_WATERMARK_LAG_SECONDS={max_lag_seconds:g}"
-            if stale
-            else None
-        ),
-    )
+        )
+        if state.backlog_splits == 0:
+            # Nothing registered is waiting: a stopped run or schedule, or a quiet source.
+            description += (
+                "; no input is waiting: is the run or its schedule stopped, or is the source"
+                " quiet (the watermark moves only with new event times)?"
+            )
+    return AssetCheckResult(passed=not stale, metadata=metadata, description=description)
 
 
 def freshness_check(pipeline: Pipeline, key: AssetKey) -> AssetChecksDefinition:

@@ -289,3 +289,20 @@ def test_the_sensor_observes_each_checkpoint_and_the_partial_days(
         clock.now += timedelta(hours=1)
         assert _tick(pipeline, clock, instance, cursor)[0] == "no new checkpoint"
         assert len(_freshness(instance, pipeline)) == 2  # an event per change only
+
+
+def test_a_stale_watermark_with_nothing_waiting_says_where_to_look() -> None:
+    """Behind with no input registered: a stopped run or schedule, or a quiet source; behind
+    with a backlog: the pipeline is not keeping up (no hint needed)."""
+    from dagster_project.live import freshness_outcome
+    from enumerator_service import LiveState
+
+    def state(backlog: int) -> LiveState:
+        watermark = T0 - timedelta(hours=2)
+        return LiveState("p", T0, "r", 3, T0, 0.1, watermark, backlog, None, None)
+
+    quiet = freshness_outcome(state(0), 3600.0)
+    assert not quiet.passed and "no input is waiting" in (quiet.description or "")
+    behind = freshness_outcome(state(2), 3600.0)
+    assert not behind.passed and "no input is waiting" not in (behind.description or "")
+    assert freshness_outcome(state(0), 10_000.0).passed
