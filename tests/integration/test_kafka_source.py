@@ -39,6 +39,7 @@ from enumerator_service import (
     dead_letters,
     splits,
 )
+from enumerator_service._live_state import live_state
 from enumerator_service._operations import discover, open_platform
 from enumerator_service._schema import (
     checkpoint_acks,
@@ -384,6 +385,12 @@ def test_a_day_is_backfilled_by_time_range_and_rebuilt_from_its_day_splits_alone
         assert {r.status for r in rows if "@" in r.uri} == {"COMPLETED"}
         # Day 2 completes again as a new generation (Dagster re-reports it), once.
         assert completions(name) == {days[0]: 1, days[1]: 2, days[2]: 1}
+        # A stream has no end: the output is current as of what the main line reached (day
+        # 3), not "end of input", and the day-2 rebuild read since does not lower it.
+        with platform.engine.connect() as conn:
+            live = live_state(conn, name, datetime.now(UTC))
+        assert live.watermark is not None, live
+        assert datetime(2026, 5, 3, tzinfo=UTC) <= live.watermark < datetime(2026, 5, 4, tzinfo=UTC)
     finally:
         broker.delete_topic(topic)
         platform.close()
