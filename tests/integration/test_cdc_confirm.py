@@ -42,6 +42,21 @@ _FIELDS = (
 )
 
 
+def stream_reader(
+    db_url: str, table: str, *, event_time: str | None, continuous: bool
+) -> StreamReader:
+    """A stream reader of ``table`` (``id``, ``s``) with the fixture's publication."""
+    return StreamReader(
+        RecordSchema(_FIELDS, frozenset(), event_time),
+        db_url.replace("postgresql+psycopg://", "postgresql://", 1),
+        publication=table.removeprefix("public."),
+        tables=(table,),
+        declared=("id", "s"),
+        key="id",
+        continuous=continuous,
+    )
+
+
 def _until(condition: Callable[[], bool], what: str, seconds: float = 15.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -84,15 +99,7 @@ def test_a_continuous_read_confirms_its_slot_while_it_streams(
     committed = {"offset": start}
     monkeypatch.setattr(CommittedOffsets, "of", lambda _self, _split: committed["offset"])
     monkeypatch.setattr(_stream, "_CONFIRM_SECONDS", (0.0, 0.0))  # a look per fetch
-    reader = StreamReader(
-        RecordSchema(_FIELDS, frozenset(), "_commit_time"),
-        db_url.replace("postgresql+psycopg://", "postgresql://", 1),
-        publication=table.removeprefix("public."),
-        tables=(table,),
-        declared=("id", "s"),
-        key="id",
-        continuous=True,
-    )
+    reader = stream_reader(db_url, table, event_time="_commit_time", continuous=True)
 
     def confirmed() -> int:
         with engine.connect() as conn:

@@ -17,30 +17,18 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from test_cdc_confirm import _FIELDS, _until, source
+from test_cdc_confirm import _until, source, stream_reader
 
 from enumerator_service import StreamSplit
 from spark_jobs.connectors.postgres_cdc import _stream
 from spark_jobs.connectors.postgres_cdc._advance import CommittedOffsets
 from spark_jobs.connectors.postgres_cdc._stream import StreamReader
-from spark_jobs.source._batch import ParsedBlock, RecordSchema
+from spark_jobs.source._batch import ParsedBlock
 from spark_jobs.source._records import SplitRead
 
 __all__ = ["source"]  # the fixture, shared with test_cdc_confirm
 
 Source = tuple[Engine, str, str, str, int]
-
-
-def _reader(db_url: str, table: str, *, event_time: str | None, continuous: bool) -> StreamReader:
-    return StreamReader(
-        RecordSchema(_FIELDS, frozenset(), event_time),
-        db_url.replace("postgresql+psycopg://", "postgresql://", 1),
-        publication=table.removeprefix("public."),
-        tables=(table,),
-        declared=("id", "s"),
-        key="id",
-        continuous=continuous,
-    )
 
 
 def _server_now(engine: Engine) -> datetime:
@@ -74,7 +62,7 @@ def test_a_caught_up_continuous_read_advances_its_event_time_to_the_servers_cloc
     source: Source, db_url: str
 ) -> None:
     engine, table, _, slot, start = source
-    reader = _reader(db_url, table, event_time="_commit_time", continuous=True)
+    reader = stream_reader(db_url, table, event_time="_commit_time", continuous=True)
     blocks: list[ParsedBlock] = []
     step = _fetching(reader, blocks)
     reader.open(SplitRead(1, StreamSplit("src", "pgcdc", slot, start, None), start))
@@ -111,7 +99,7 @@ def test_markers_are_no_heartbeat_when_the_event_time_is_a_column(
     source: Source, db_url: str
 ) -> None:
     engine, table, _, slot, start = source
-    reader = _reader(db_url, table, event_time=None, continuous=True)
+    reader = stream_reader(db_url, table, event_time=None, continuous=True)
     blocks: list[ParsedBlock] = []
     step = _fetching(reader, blocks)
     reader.open(SplitRead(1, StreamSplit("src", "pgcdc", slot, start, None), start))
@@ -136,7 +124,7 @@ def test_a_bounded_read_ends_at_its_marker_with_the_markers_time(
     engine, table, _, slot, start = source
     _insert(engine, table, 1)
     before = _server_now(engine)
-    reader = _reader(db_url, table, event_time="_commit_time", continuous=False)
+    reader = stream_reader(db_url, table, event_time="_commit_time", continuous=False)
     blocks: list[Any] = []
     reader.open(SplitRead(1, StreamSplit("src", "pgcdc", slot, start, None), start))
     try:
