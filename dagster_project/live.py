@@ -110,8 +110,9 @@ def freshness_outcome(state: LiveState, max_lag_seconds: float) -> AssetCheckRes
         if state.backlog_splits == 0:
             # Nothing registered is waiting: a stopped run or schedule, or a quiet source.
             description += (
-                "; no input is waiting: is the run or its schedule stopped, or is the source"
-                " quiet (the watermark moves only with new event times)?"
+                "; nothing registered is waiting: is the run or its schedule stopped (a Kafka"
+                " or CDC source's new input is registered when a run discovers), or is the"
+                " source quiet (the watermark moves only with new event times)?"
             )
     return AssetCheckResult(passed=not stale, metadata=metadata, description=description)
 

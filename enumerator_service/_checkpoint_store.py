@@ -66,7 +66,7 @@ from enumerator_service._completeness import (
     merge_partition_counts,
     record_run_watermark,
 )
-from enumerator_service._run_watermark import reached_watermark, run_watermark_of
+from enumerator_service._run_watermark import run_watermark_of
 from enumerator_service._schema import (
     CheckpointStatus,
     checkpoint_acks,
@@ -283,17 +283,11 @@ class CheckpointStore:
             SplitStore.mark_snapshotted(conn, run_id, checkpoint_id)
             # Step 5b: the run watermark, and the partitions it completes (in this
             # transaction: a completion exists exactly when its checkpoint does).
-            snapshots = [(a.snapshot, a.final) for a in acks]
-            watermark = run_watermark_of(conn, run_id, snapshots)
+            watermark = run_watermark_of(conn, run_id, ((a.snapshot, a.final) for a in acks))
             completions: list[PartitionCompletion] = []
             if self._source is not None:
                 watermark = record_run_watermark(
-                    conn,
-                    run_id,
-                    self._source,
-                    checkpoint_id,
-                    watermark,
-                    reached_watermark(snapshots),
+                    conn, run_id, self._source, checkpoint_id, watermark
                 )
                 completions = complete_partitions(
                     conn,

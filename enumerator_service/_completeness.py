@@ -234,21 +234,12 @@ def lock_source(conn: Connection, source: str) -> None:
 
 
 def record_run_watermark(
-    conn: Connection,
-    run_id: str,
-    source: str | None,
-    checkpoint_id: int,
-    watermark: datetime,
-    reached: datetime = NO_WATERMARK,
+    conn: Connection, run_id: str, source: str | None, checkpoint_id: int, watermark: datetime
 ) -> datetime:
     """Store the run watermark of a completed checkpoint; returns the effective one: the
-    greatest stored so far (a run watermark never moves backwards). When every input ended
-    (``watermark`` +infinity) the stored finite watermark takes ``reached``, what the
-    subtasks' sinks reached (``reached_watermark``): a stream source's output is current as
-    of it (``live_state``)."""
+    greatest stored so far (a run watermark never moves backwards)."""
     finished = watermark >= END_OF_INPUT
-    finite = reached if finished else watermark
-    value = None if finite <= NO_WATERMARK or finite >= END_OF_INPUT else finite
+    value = None if finished or watermark <= NO_WATERMARK else watermark
     stmt = insert(run_watermarks).values(
         run_id=run_id,
         source=source,

@@ -4,8 +4,8 @@ shows and the live-state sensor reports to Dagster as an observation of the outp
 - watermark: the event time up to which the pipeline's output is complete (the run
   watermark of its latest completed checkpoint, :func:`run_watermark`; +infinity, lag 0,
   once the run's input ended — but a stream has no end: a Kafka or CDC source's output is
-  current as of the greatest finite watermark its runs reached, :func:`stream_watermark`,
-  whose lag grows until the next run), and its lag behind now;
+  then current as of the greatest watermark its completed stream splits committed,
+  :func:`stream_watermark`, whose lag grows until the next run), and its lag behind now;
 - the oldest unprocessed split's age: now - when it was registered (the file waited that
   long), for a stream split given back by a run now - when it was given back (it was read up
   to then);
@@ -36,7 +36,7 @@ from enumerator_service._schema import (
     sink_transactions,
 )
 from enumerator_service._schema import splits as splits_table
-from enumerator_service._splits import STREAM_KINDS
+from enumerator_service._splits import STREAM_KINDS, STREAM_SOURCE_KINDS
 
 __all__ = ["LiveState", "live_state", "run_watermark", "stream_watermark"]
 
@@ -100,19 +100,20 @@ def run_watermark(conn: sa.Connection, source: str, run_id: str) -> datetime | N
 
 
 def stream_watermark(conn: sa.Connection, source: str) -> datetime | None:
-    """For a source that reads a stream (Kafka, CDC): the greatest finite watermark any of
-    its runs recorded — what its output is current as of (each run reads the stream on from
-    where the last one committed; a backfill's older watermark does not lower it). None for
-    a source without stream splits, or before any run recorded one."""
-    s, w = splits_table, run_watermarks
-    streams = sa.select(sa.literal(1)).where(
-        s.c.source == source, s.c.kind.in_(sorted(STREAM_KINDS))
-    )
-    if conn.execute(streams.limit(1)).first() is None:
-        return None
-    found = conn.execute(sa.select(sa.func.max(w.c.watermark)).where(w.c.source == source))
-    value = found.scalar()
-    return None if value is None else value.astimezone(UTC)
+    """For a source that reads a stream (Kafka, CDC): the greatest watermark its completed
+    stream splits committed — what its output is current as of (each bounded run reads the
+    stream on from where the last one committed, to where it started; a CDC snapshot chunk's
+    rows carry when they were read; a backfill's older day splits do not lower it). None for a
+    source without a completed stream split that has one."""
+    s = splits_table
+    found = conn.execute(
+        sa.select(sa.func.max(s.c.committed_watermark)).where(
+            s.c.source == source,
+            s.c.kind.in_(sorted(STREAM_SOURCE_KINDS)),
+            s.c.status == SplitStatus.COMPLETED,
+        )
+    ).scalar()
+    return None if found is None else found.astimezone(UTC)
 
 
 def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:

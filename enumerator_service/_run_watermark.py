@@ -48,14 +48,7 @@ from enumerator_service._completeness import END_OF_INPUT, NO_WATERMARK
 from enumerator_service._schema import SplitStatus, splits
 from enumerator_service._splits import CONCURRENT_STREAM_KINDS
 
-__all__ = [
-    "SubtaskMark",
-    "all_idle",
-    "reached_watermark",
-    "run_watermark",
-    "run_watermark_of",
-    "subtask_mark",
-]
+__all__ = ["SubtaskMark", "all_idle", "run_watermark", "run_watermark_of", "subtask_mark"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,14 +121,6 @@ def run_watermark(marks: Iterable[SubtaskMark], *, unread: bool = False) -> date
     if unread:
         return NO_WATERMARK
     return max(m.reached for m in marks)
-
-
-def reached_watermark(snapshots: Iterable[tuple[Mapping[str, Any], bool]]) -> datetime:
-    """The greatest watermark the acknowledging subtasks' sinks reached (NO_WATERMARK: none):
-    what a run whose every input ended knew for certain — for a stream read up to a point (a
-    bounded run of a CDC or Kafka source), the time its output is current as of."""
-    reached = [subtask_mark(snapshot, final=final).reached for snapshot, final in snapshots]
-    return max(reached, default=NO_WATERMARK)
 
 
 def run_watermark_of(

@@ -11,6 +11,7 @@ from enumerator_service._file_identity import FileIdentity
 __all__ = [
     "CONCURRENT_STREAM_KINDS",
     "STREAM_KINDS",
+    "STREAM_SOURCE_KINDS",
     "TABLE_KINDS",
     "FileSplit",
     "Split",
@@ -33,6 +34,9 @@ STREAM_KINDS = frozenset({"kafka", "pgcdc"})
 #: kinds alone; a CDC stream split is read one at a time after the snapshot chunks pulled
 #: with it, and may wait in its fetcher while READING.
 CONCURRENT_STREAM_KINDS = frozenset({"kafka"})
+#: Kinds of the splits of a source that reads a stream, whose input has no end: the stream
+#: kinds and a change-data-capture source's snapshot chunks.
+STREAM_SOURCE_KINDS = STREAM_KINDS | {"pgcdc-chunk"}
 
 
 @dataclass(frozen=True, slots=True)

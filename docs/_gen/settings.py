@@ -38,8 +38,8 @@ A bad value fails fast with one line naming the variable, and exit code 2:
 sluice: configuration error: SLUICE_PARALLELISM: Input should be greater than or equal to 1
 ```
 
-A `SLUICE_*` variable that is not a setting is ignored; one a letter or two off a setting's
-name is also a warning, once per process:
+A `SLUICE_*` variable that is not a setting is ignored; one an edit or two off a setting's
+name (a letter missing, swapped or wrong) is also a warning, once per process:
 
 ```text
 SLUICE_PARALELLISM is not a setting (did you mean SLUICE_PARALLELISM?): ignored

@@ -105,6 +105,18 @@ def _check_keys(pipeline: str, step: LookupPlan, catalog: dict[str, str]) -> Non
             )
 
 
+def _narrower(declared: pa.DataType, column: pa.DataType) -> bool:
+    """The declared type holds less than the column's of the same family: fewer bits, or
+    (a decimal) fewer digits before or after the point."""
+    if type_family(declared) in ("integer", "float"):
+        return bool(declared.bit_width < column.bit_width)
+    if pa.types.is_decimal(declared) and pa.types.is_decimal(column):
+        fewer_after = declared.scale < column.scale
+        fewer_before = declared.precision - declared.scale < column.precision - column.scale
+        return bool(fewer_after or fewer_before)
+    return False
+
+
 def check_fields(
     pipeline: str, where: str, table: str, columns: Sequence[Column], catalog: dict[str, str]
 ) -> None:
@@ -125,7 +137,7 @@ def check_fields(
                 f"field {name!r} is declared {type_name(kind)} but {table}.{name} is "
                 f"{catalog[name]}"
             )
-        elif family in ("integer", "float") and kind.bit_width < found.bit_width:
+        elif _narrower(kind, found):
             # Values past the narrower range would be dead letters (or rounded): declare
             # the column's width.
             problems.append(

@@ -302,7 +302,7 @@ def test_a_stale_watermark_with_nothing_waiting_says_where_to_look() -> None:
         return LiveState("p", T0, "r", 3, T0, 0.1, watermark, backlog, None, None)
 
     quiet = freshness_outcome(state(0), 3600.0)
-    assert not quiet.passed and "no input is waiting" in (quiet.description or "")
+    assert not quiet.passed and "nothing registered is waiting" in (quiet.description or "")
     behind = freshness_outcome(state(2), 3600.0)
-    assert not behind.passed and "no input is waiting" not in (behind.description or "")
+    assert not behind.passed and "nothing registered" not in (behind.description or "")
     assert freshness_outcome(state(0), 10_000.0).passed

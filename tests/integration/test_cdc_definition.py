@@ -97,8 +97,20 @@ def test_sluice_discover_of_a_missing_table_is_one_line_naming_the_setting(
             {"id": "int64", "v": "float32"},
             r"'v' is declared float32, narrower than .*: declare float64",
         ),
+        (
+            "id bigint PRIMARY KEY, v numeric(9,6)",
+            {"id": "int64", "v": "decimal(9,4)"},
+            r"'v' is declared decimal\(9,4\), narrower than .*\(numeric\(9,6\)\)",
+        ),
     ],
-    ids=["no-primary-key", "wrong-column", "wrong-type", "narrower-key", "narrower-float"],
+    ids=[
+        "no-primary-key",
+        "wrong-column",
+        "wrong-type",
+        "narrower-key",
+        "narrower-float",
+        "narrower-decimal",
+    ],
 )
 def test_discovery_of_a_definition_that_cannot_run_creates_nothing(
     make_settings: Any, create: str, schema: dict[str, str], expected: str

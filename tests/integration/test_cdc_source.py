@@ -63,8 +63,12 @@ def test_snapshot_then_changes_in_bounded_runs_make_the_sink_equal_the_table(
         first = discover(platform, discovery_of(pipeline, settings))
         assert first.splits_registered == 3
         assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 0
+        first_run = _server_clock(platform.engine)
         summary = run_pipeline(settings, pipeline)
         assert summary.rows_out == 100
+        with platform.engine.connect() as conn:  # the chunks' rows carry when they were read
+            snapshot = live_state(conn, name, first_run).watermark
+        assert snapshot is not None and first_run - timedelta(seconds=5) < snapshot < END_OF_INPUT
         changes = ChangeGenerator(platform.url, table, first_new_key=100, max_ops=300)
         changes.start()
         changes.finish()

@@ -18,12 +18,16 @@ def test_a_near_miss_is_named_with_the_setting_it_resembles() -> None:
         "SLUICE_CHECKPOINT_INTERVAL_SECNDS": "1",
         "SLUICE_PIPELINES": "examples.orders",  # a setting
         "SLUICE_ORDERS_DB_URL": "postgresql://…",  # a url_env of one's own
+        "SLUICE_SHOP_DATABASE_URL": "postgresql://…",  # (contains a setting's name)
+        "SLUICE_DATABASE_URL_2": "postgresql://…",
+        "SLUICE_LOG_LEVL": "DEBUG",  # a letter short
         "SLUICE_TEST_HOME": "home",
         "PATH": "/usr/bin",
     }
     assert misspelled_settings(environ, FIELDS) == [
         "SLUICE_CHECKPOINT_INTERVAL_SECNDS is not a setting (did you mean"
         " SLUICE_CHECKPOINT_INTERVAL_SECONDS?): ignored",
+        "SLUICE_LOG_LEVL is not a setting (did you mean SLUICE_LOG_LEVEL?): ignored",
         "SLUICE_MAX_WATERMARK_LAG_SECOND is not a setting (did you mean"
         " SLUICE_MAX_WATERMARK_LAG_SECONDS?): ignored",
     ]

@@ -187,8 +187,8 @@ class CdcEnumerator(SplitEnumerator):
             return DiscoveryResult(len(chunks), added, cursor, seen_unit="chunks")
         # Step 4: the stream split once every chunk committed and no stream split is open.
         pending_chunks, open_streams, reached = stream_state(self._engine, self._source)
-        if pending_chunks or open_streams:
-            return DiscoveryResult(0, 0, cursor, seen_unit="streams")
+        if pending_chunks or open_streams:  # (the open stream split reads the changes)
+            return DiscoveryResult(open_streams, 0, cursor, seen_unit="streams")
         start = int(cursor["start_lsn"]) if reached is None else reached
         if reached is not None:
             advance_slot(self._source_db, self._slot, reached)  # committed: WAL before it can go
