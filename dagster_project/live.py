@@ -52,6 +52,7 @@ from dagster import (
 from dagster_project._counts import partition_counts
 from dagster_project.resources import SluiceResource
 from enumerator_service import (
+    END_OF_INPUT,
     LiveState,
     Settings,
     completions_table_exists,
@@ -91,6 +92,14 @@ def read_live_state(settings: Settings, source: str, now: datetime) -> LiveState
         engine.dispose()
 
 
+def watermark_value(watermark: datetime) -> MetadataValue[Any]:
+    """A watermark as Dagster metadata: a timestamp, or the words for +infinity (a raw
+    9999-12-31 epoch is no help)."""
+    if watermark >= END_OF_INPUT:
+        return MetadataValue.text("end of input (every split read)")
+    return MetadataValue.timestamp(watermark)
+
+
 def freshness_outcome(state: LiveState, max_lag_seconds: float) -> AssetCheckResult:
     """Passes while the watermark is at most ``max_lag_seconds`` behind ``state.at``; a
     pipeline without a watermark yet (nothing committed) passes, with a note."""
@@ -98,7 +107,7 @@ def freshness_outcome(state: LiveState, max_lag_seconds: float) -> AssetCheckRes
     lag = state.watermark_lag_seconds
     if state.watermark is None or lag is None:
         return AssetCheckResult(passed=True, metadata=metadata, description="no watermark yet")
-    metadata["watermark"] = MetadataValue.timestamp(state.watermark)
+    metadata["watermark"] = watermark_value(state.watermark)
     metadata["watermark_lag_seconds"] = MetadataValue.float(lag)
     stale = lag > max_lag_seconds
     description = None
@@ -153,7 +162,7 @@ def live_metadata(state: LiveState) -> dict[str, Any]:
         if value is not None:
             metadata[name] = MetadataValue.float(value)
     if state.watermark is not None:
-        metadata["watermark"] = MetadataValue.timestamp(state.watermark)
+        metadata["watermark"] = watermark_value(state.watermark)
     return metadata
 
 
@@ -204,7 +213,7 @@ def _observe(
             "splits_completed": MetadataValue.int(counts.splits_completed),
         }
         if state.watermark is not None:
-            metadata["watermark"] = MetadataValue.timestamp(state.watermark)
+            metadata["watermark"] = watermark_value(state.watermark)
         instance.report_runless_asset_event(
             AssetObservation(
                 asset_key=key,

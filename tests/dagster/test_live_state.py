@@ -9,6 +9,7 @@ No ``__init__.py`` in this folder on purpose (see test_definitions.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
@@ -306,3 +307,6 @@ def test_a_stale_watermark_with_nothing_waiting_says_where_to_look() -> None:
     behind = freshness_outcome(state(2), 3600.0)
     assert not behind.passed and "nothing registered" not in (behind.description or "")
     assert freshness_outcome(state(0), 10_000.0).passed
+    ended = dataclasses.replace(state(0), watermark=END_OF_INPUT)
+    shown = freshness_outcome(ended, 60.0)
+    assert shown.passed and shown.metadata["watermark"].value == "end of input (every split read)"
