@@ -53,6 +53,7 @@ from dagster_project._counts import partition_counts
 from dagster_project.resources import SluiceResource
 from enumerator_service import (
     END_OF_INPUT,
+    ENDED_WORDS,
     LiveState,
     Settings,
     completions_table_exists,
@@ -96,7 +97,7 @@ def watermark_value(watermark: datetime) -> MetadataValue[Any]:
     """A watermark as Dagster metadata: a timestamp, or the words for +infinity (a raw
     9999-12-31 epoch is no help)."""
     if watermark >= END_OF_INPUT:
-        return MetadataValue.text("end of input (every split read)")
+        return MetadataValue.text(ENDED_WORDS)
     return MetadataValue.timestamp(watermark)
 
 

@@ -67,7 +67,7 @@ from enumerator_service._identifiers import qualified_name, quote_identifier
 from enumerator_service._landing import _PARTITION_DIR as PARTITION_DIR
 from enumerator_service._landing import LandingRoot, OutsideLandingError, landing_days
 from enumerator_service._landing import _kind_of as kind_of
-from enumerator_service._live_state import LiveState, live_state
+from enumerator_service._live_state import ENDED_WORDS, LiveState, live_state
 from enumerator_service._object_landing import (
     ObjectLanding,
     OutsidePrefixError,
@@ -136,6 +136,7 @@ __all__ = [
     "COORDINATOR_CHANNEL",
     "COUNTERS",
     "DETAIL",
+    "ENDED_WORDS",
     "END_OF_INPUT",
     "NO_CHECKPOINT",
     "OBJECT_STORE_SCHEMES",

@@ -38,7 +38,10 @@ from enumerator_service._schema import (
 from enumerator_service._schema import splits as splits_table
 from enumerator_service._splits import STREAM_KINDS, STREAM_SOURCE_KINDS
 
-__all__ = ["LiveState", "live_state", "run_watermark", "stream_watermark"]
+__all__ = ["ENDED_WORDS", "LiveState", "live_state", "run_watermark", "stream_watermark"]
+
+#: How a watermark of +infinity (every registered split read) is shown to a person.
+ENDED_WORDS = "end of input (every split read)"
 
 
 @dataclass(frozen=True, slots=True)

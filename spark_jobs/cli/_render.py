@@ -11,6 +11,7 @@ from rich.text import Text
 
 from enumerator_service import (
     END_OF_INPUT,
+    ENDED_WORDS,
     LiveState,
     PlatformStatus,
     QuarantinedSplit,
@@ -266,7 +267,7 @@ def _watermark_line(live: LiveState) -> str:
     if live.watermark is None:
         return "none yet"
     if live.watermark >= END_OF_INPUT:
-        return "end of input (every split read)"
+        return ENDED_WORDS
     lag = live.watermark_lag_seconds or 0
     if lag < 0:  # event times in the future (a producer's clock, or data dated ahead)
         return f"{live.watermark:%Y-%m-%d %H:%M:%S} ({-lag:,.0f}s ahead of this clock)"

@@ -216,15 +216,24 @@ def test_the_day_a_reader_gives_each_dead_letter_reaches_the_output() -> None:
     assert out.dead_days == [date(2026, 5, 2), None]
 
 
-def test_a_block_without_rows_moves_the_offset_but_not_the_watermark_or_activity() -> None:
+def _rowless_block_31_s_later(
+    rowless: ParsedBlock,
+) -> tuple[SourceReaderBase, Collect, list[float]]:
+    """Split 3 emitted a record (time 9 s) at clock 0; at clock 31 s, past the 30 s idle
+    timeout, ``rowless`` (a block of split 3 without rows) arrives."""
     now = [0.0]
     reader, handoff = harness(now)
     out = Collect()
     handoff.put(RecordsWithSplitIds(added=[assignment(3)], blocks=[block(3, 0, [9])]))
     drain(reader, out)
     now[0] = 31.0
-    handoff.put(RecordsWithSplitIds(blocks=[block(3, 10, [], [(10, b"", "x: y")])]))
+    handoff.put(RecordsWithSplitIds(blocks=[rowless]))
     drain(reader, out)
+    return reader, out, now
+
+
+def test_a_block_without_rows_moves_the_offset_but_not_the_watermark_or_activity() -> None:
+    reader, out, _ = _rowless_block_31_s_later(block(3, 10, [], [(10, b"", "x: y")]))
     state = reader.split_states[3]
     assert (state.offset, state.records, state.dead_letters) == (20, 1, 1)
     assert state.watermark == T0 + timedelta(seconds=4)
@@ -235,16 +244,9 @@ def test_a_block_without_rows_moves_the_offset_but_not_the_watermark_or_activity
 def test_a_heartbeat_block_raises_the_watermark_and_keeps_the_split_active() -> None:
     """A block without rows that carries an event time (a CDC reader's marker: every record
     still to come is of that time or later) is progress, not silence."""
-    now = [0.0]
-    reader, handoff = harness(now)
-    out = Collect()
-    handoff.put(RecordsWithSplitIds(added=[assignment(3)], blocks=[block(3, 0, [9])]))
-    drain(reader, out)
-    now[0] = 31.0
     beat = block(3, 10, [])
     beat.max_event_time = T0 + timedelta(seconds=40)
-    handoff.put(RecordsWithSplitIds(blocks=[beat]))
-    drain(reader, out)
+    reader, _, now = _rowless_block_31_s_later(beat)
     state = reader.split_states[3]
     assert (state.offset, state.records) == (10, 1)
     assert state.watermark == T0 + timedelta(seconds=35)  # minus out_of_orderness
