@@ -37,6 +37,7 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
+    AssetCheckSeverity,
     AssetKey,
     AssetObservation,
     DefaultSensorStatus,
@@ -103,13 +104,27 @@ def watermark_value(watermark: datetime) -> MetadataValue[Any]:
 
 def freshness_outcome(state: LiveState, max_lag_seconds: float) -> AssetCheckResult:
     """Passes while the watermark is at most ``max_lag_seconds`` behind ``state.at``; a
-    pipeline without a watermark yet (nothing committed) passes, with a note."""
+    pipeline without a watermark yet (nothing committed) passes, with a note. A watermark
+    more than ``max_lag_seconds`` *ahead* of ``state.at`` fails as a warning: an event time
+    from the future holds it there, and a stalled pipeline would look fresh behind it."""
     metadata: dict[str, Any] = {"max_watermark_lag_seconds": MetadataValue.float(max_lag_seconds)}
     lag = state.watermark_lag_seconds
     if state.watermark is None or lag is None:
         return AssetCheckResult(passed=True, metadata=metadata, description="no watermark yet")
     metadata["watermark"] = watermark_value(state.watermark)
     metadata["watermark_lag_seconds"] = MetadataValue.float(lag)
+    if -lag > max_lag_seconds:
+        return AssetCheckResult(
+            passed=False,
+            severity=AssetCheckSeverity.WARN,
+            metadata=metadata,
+            description=(
+                f"the watermark ({state.watermark:%Y-%m-%d %H:%M:%S}) is {-lag:,.0f}s ahead of"
+                f" the clock, over SLUICE_MAX_WATERMARK_LAG_SECONDS={max_lag_seconds:g}: an"
+                " event time from the future (a wrong clock or timestamp at the source) holds"
+                " it there, and freshness cannot be told until the clock passes it"
+            ),
+        )
     stale = lag > max_lag_seconds
     description = None
     if stale:
@@ -260,6 +275,7 @@ def live_state_sensor(
                     passed=outcome.passed,
                     metadata=outcome.metadata,
                     description=outcome.description,
+                    severity=outcome.severity,
                     blocking=False,
                 )
             )

@@ -11,7 +11,9 @@ shows and the live-state sensor reports to Dagster as an observation of the outp
   to then);
 - the backlog: splits not yet completed (unassigned, assigned, being read, held) — but a
   stream split (no end) a live run reads under its lease is not waiting;
-- rows/s: rows the last checkpoint committed over the time since the run's previous one;
+- rows/s: rows the latest run committed over its last minute (``RATE_WINDOW_SECONDS``: the
+  checkpoints it completed within that minute of its latest one, over the time since the one
+  before them — or since the run took its first split);
 - the last checkpoint's duration (triggered → completed).
 
 Every function takes a connection it does not commit and reads only; ``now`` is passed in
@@ -21,7 +23,7 @@ Every function takes a connection it does not commit and reads only; ``now`` is 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -38,7 +40,19 @@ from enumerator_service._schema import (
 from enumerator_service._schema import splits as splits_table
 from enumerator_service._splits import STREAM_KINDS, STREAM_SOURCE_KINDS
 
-__all__ = ["ENDED_WORDS", "LiveState", "live_state", "run_watermark", "stream_watermark"]
+__all__ = [
+    "ENDED_WORDS",
+    "RATE_WINDOW_SECONDS",
+    "LiveState",
+    "live_state",
+    "run_watermark",
+    "stream_watermark",
+]
+
+#: The span of a run's latest checkpoints whose rows make the live rows/s (one checkpoint's
+#: rows over its own window swung with each interval, and a run of one checkpoint showed
+#: its rows over the checkpoint's 50 ms: 176,010 rows/s beside a run's 2,205).
+RATE_WINDOW_SECONDS = 60.0
 
 #: How a watermark of +infinity (every registered split read) is shown to a person.
 ENDED_WORDS = "end of input (every split read)"
@@ -121,7 +135,7 @@ def stream_watermark(conn: sa.Connection, source: str) -> datetime | None:
 
 def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
     """``source``'s live state at ``now``."""
-    c, t, s = checkpoints, sink_transactions, splits_table
+    c, s = checkpoints, splits_table
     last = conn.execute(
         sa.select(c.c.run_id, c.c.checkpoint_id, c.c.triggered_at, c.c.completed_at)
         .where(c.c.source == source, c.c.status == CheckpointStatus.COMPLETED)
@@ -149,20 +163,6 @@ def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
     ).one()
     if last is None:
         return LiveState(source, now, None, None, None, None, None, int(backlog), oldest, None)
-    previous = conn.execute(
-        sa.select(sa.func.max(c.c.completed_at)).where(
-            c.c.run_id == last.run_id,
-            c.c.status == CheckpointStatus.COMPLETED,
-            c.c.checkpoint_id < last.checkpoint_id,
-        )
-    ).scalar()
-    rows = conn.execute(
-        sa.select(sa.func.coalesce(sa.func.sum(t.c.row_count), 0)).where(
-            t.c.run_id == last.run_id, t.c.checkpoint_id == last.checkpoint_id, t.c.committed
-        )
-    ).scalar_one()
-    since = previous or last.triggered_at
-    window = (last.completed_at - since).total_seconds()
     watermark = run_watermark(conn, source, last.run_id)
     if watermark is not None and watermark >= END_OF_INPUT:
         # A bounded run read its stream up to a point: not the end of the input.
@@ -177,5 +177,46 @@ def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
         watermark=watermark,
         backlog_splits=int(backlog),
         oldest_unprocessed_at=oldest,
-        rows_per_second=int(rows) / window if window > 0 else None,
+        rows_per_second=_rows_per_second(
+            conn, source, last.run_id, int(last.checkpoint_id), last.completed_at
+        ),
     )
+
+
+def _rows_per_second(
+    conn: sa.Connection, source: str, run_id: str, checkpoint_id: int, completed_at: datetime
+) -> float | None:
+    """Rows per second ``run_id`` committed over its last minute: the rows of its checkpoints
+    completed within :data:`RATE_WINDOW_SECONDS` of checkpoint ``checkpoint_id`` (completed
+    at ``completed_at``), over the time since the completion before them, else since the run
+    took its first split (else since its first checkpoint was triggered)."""
+    c, t, s = checkpoints, sink_transactions, splits_table
+    cutoff = completed_at - timedelta(seconds=RATE_WINDOW_SECONDS)
+    completed = sa.and_(c.c.run_id == run_id, c.c.status == CheckpointStatus.COMPLETED)
+    rows = conn.execute(
+        sa.select(sa.func.coalesce(sa.func.sum(t.c.row_count), 0))
+        .select_from(
+            t.join(c, sa.and_(t.c.run_id == c.c.run_id, t.c.checkpoint_id == c.c.checkpoint_id))
+        )
+        .where(
+            completed,
+            c.c.completed_at > cutoff,
+            c.c.checkpoint_id <= checkpoint_id,
+            t.c.committed,
+        )
+    ).scalar_one()
+    since = (
+        conn.execute(
+            sa.select(sa.func.max(c.c.completed_at)).where(completed, c.c.completed_at <= cutoff)
+        ).scalar()
+        or conn.execute(
+            sa.select(sa.func.min(s.c.assigned_at)).where(
+                s.c.source == source, s.c.run_id == run_id
+            )
+        ).scalar()
+        or conn.execute(
+            sa.select(sa.func.min(c.c.triggered_at)).where(c.c.run_id == run_id)
+        ).scalar()
+    )
+    window = (completed_at - since).total_seconds() if since is not None else 0.0
+    return int(rows) / window if window > 0 else None

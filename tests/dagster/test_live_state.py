@@ -165,8 +165,9 @@ def test_live_state_at_the_latest_completed_checkpoint(pipeline: Pipeline) -> No
         state = live_state(conn, pipeline.source, T0)
     assert (state.run_id, state.checkpoint_id) == (pipeline.run, 2)
     assert state.last_checkpoint_seconds == 4.0
-    # 3000 rows committed by checkpoint 2, 52 s after checkpoint 1 completed.
-    assert state.rows_per_second == pytest.approx(3000 / 52)
+    # The run's last minute: checkpoints 1 and 2 (4000 rows) since its first trigger (no
+    # split of it records when it was taken: the test wrote them without).
+    assert state.rows_per_second == pytest.approx(4000 / 54)
     # The run watermark recorded by checkpoint 2.
     assert state.watermark == T0 - timedelta(hours=2)
     assert state.watermark_lag_seconds == 7200.0
@@ -195,7 +196,7 @@ def test_live_state_at_the_latest_completed_checkpoint(pipeline: Pipeline) -> No
     text = console.export_text()
     assert "2026-01-03 10:00:00 (lag 7,200s)" in text
     assert "4 splits, oldest waiting 129,600s" in text
-    assert "57.7 rows/s; last checkpoint took 4.0s" in text
+    assert "74.1 rows/s; last checkpoint took 4.0s" in text
 
     # A run watermark never moves backwards; once every input ended it is +infinity, lag 0.
     pipeline.run_watermark(pipeline.run, 2, T0 - timedelta(hours=9))
@@ -241,6 +242,33 @@ def _freshness(instance: DagsterInstance, pipeline: Pipeline) -> list[Any]:
             AssetCheckKey(pipeline.built.output.key, FRESHNESS_CHECK), limit=100
         )
     )
+
+
+def test_rows_per_second_is_the_runs_last_minute(pipeline: Pipeline) -> None:
+    """A run of one checkpoint: its rows over the run's time since it took its first split
+    (was over the checkpoint's own 0.05 s: 176,010 rows/s for a run of 2,205 rows/s); a
+    longer run: the rows of its last minute, over the time since the completion before it."""
+    pipeline.register(DAYS[0], files=2)
+    run = f"{pipeline.source}-rate"
+    with pipeline.platform.engine.begin() as conn:
+        conn.execute(
+            splits.update()
+            .where(splits.c.source == pipeline.source, splits.c.partition_key == DAYS[0])
+            .values(run_id=run, status="COMPLETED", assigned_at=T0 - timedelta(seconds=10))
+        )
+    pipeline.checkpoint(run, 1, T0 - timedelta(seconds=0.05), took=0.05, rows=22_050)
+    with pipeline.platform.engine.connect() as conn:
+        assert live_state(conn, pipeline.source, T0).rows_per_second == pytest.approx(2_205)
+    # Nine more, completed every 10 s up to T0 + 90 s: the last minute holds checkpoints
+    # 5..10 (T0 + 40..90 s), counted from checkpoint 4's completion (T0 + 30 s).
+    for cid in range(2, 11):
+        pipeline.checkpoint(
+            run, cid, T0 + timedelta(seconds=10 * (cid - 1) - 1), 1.0, rows=100 * cid
+        )
+    with pipeline.platform.engine.connect() as conn:
+        state = live_state(conn, pipeline.source, T0 + timedelta(seconds=100))
+    assert state.checkpoint_id == 10
+    assert state.rows_per_second == pytest.approx(100 * sum(range(5, 11)) / 60)
 
 
 def test_the_sensor_observes_each_checkpoint_and_the_partial_days(
@@ -310,3 +338,22 @@ def test_a_stale_watermark_with_nothing_waiting_says_where_to_look() -> None:
     ended = dataclasses.replace(state(0), watermark=END_OF_INPUT)
     shown = freshness_outcome(ended, 60.0)
     assert shown.passed and shown.metadata["watermark"].value == "end of input (every split read)"
+
+
+def test_a_watermark_ahead_of_the_clock_is_a_warning() -> None:
+    """An event time from the future pins the watermark ahead of now: past the bound the check
+    fails as a warning saying so (a stalled pipeline behind it passed as fresh); within the
+    bound (clock skew, a source ahead by seconds) it passes."""
+    from dagster import AssetCheckSeverity
+
+    from dagster_project.live import freshness_outcome
+    from enumerator_service import LiveState
+
+    def ahead_by(seconds: float) -> LiveState:
+        return LiveState("p", T0, "r", 3, T0, 0.1, T0 + timedelta(seconds=seconds), 0, None, None)
+
+    future = freshness_outcome(ahead_by(3 * 86_400), 3600.0)
+    assert not future.passed and future.severity == AssetCheckSeverity.WARN
+    assert "259,200s ahead of the clock" in (future.description or "")
+    near = freshness_outcome(ahead_by(30), 3600.0)
+    assert near.passed and near.severity == AssetCheckSeverity.ERROR  # (the default)
