@@ -6,6 +6,8 @@ Threading: the CLI runs on one thread; nothing here is shared across threads.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Sequence
 from datetime import date
 from typing import Any, TypeVar
@@ -28,7 +30,20 @@ __all__ = [
     "settings_of",
 ]
 
-console = Console(highlight=False)
+#: The console's width when the output is piped or redirected and ``COLUMNS`` is not set.
+PIPED_WIDTH = 200
+
+
+def _width() -> int | None:
+    """None (the terminal's width) on a terminal or with ``COLUMNS``; else
+    :data:`PIPED_WIDTH` — rich's 80 columns wrapped paths, fields and error lines inside the
+    tables' cells, splitting what a ``grep`` or a log needs on one line."""
+    if os.environ.get("COLUMNS") or sys.stdout.isatty():
+        return None
+    return PIPED_WIDTH
+
+
+console = Console(highlight=False, width=_width())
 
 
 def settings_of(ctx: click.Context) -> Settings:

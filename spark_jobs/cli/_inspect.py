@@ -12,8 +12,15 @@ import json
 import sys
 
 import click
+from sqlalchemy.engine import Engine
 
-from enumerator_service import ConfigError, ServerUnreachable, list_dead_letters, platform_status
+from enumerator_service import (
+    ConfigError,
+    ServerUnreachable,
+    Settings,
+    list_dead_letters,
+    platform_status,
+)
 from spark_jobs._outcomes import ExitCode
 from spark_jobs.cli._common import (
     console,
@@ -28,8 +35,10 @@ from spark_jobs.cli._render_dead_letters import (
     dead_letters_json,
     dead_letters_view,
 )
-from spark_jobs.connectors._registry import source_connector_named
+from spark_jobs.connectors._registry import sink_connector_named, source_connector_named
+from spark_jobs.pipeline import Pipeline
 from spark_jobs.pipeline._errors import MissingTableError
+from spark_jobs.pipeline._plan import Plan
 from spark_jobs.pipeline._registry import load_pipelines, pick_pipeline
 
 __all__ = ["dead_letters_cmd", "pipelines_cmd", "status_cmd"]
@@ -45,11 +54,10 @@ def pipelines_cmd(ctx: click.Context) -> None:
 
     The output fields are shown with their types, those of looked-up columns from the
     database's catalog. A definition that does not fit the database (a key type, a missing
-    column) is an error: exit code 2 after the listing; a table not created yet is only a
-    note; a database that does not answer (a url_env server down) is exit code 1.
+    column, an existing sink table without a unique index on the upsert key) is an error:
+    exit code 2 after the listing; a table not created yet is only a note; a database that
+    does not answer (a url_env server down) is exit code 1.
     """
-    from spark_jobs.pipeline._catalog import resolve
-
     settings = settings_of(ctx)
     found = load_pipelines(settings)
     if not found:
@@ -58,18 +66,9 @@ def pipelines_cmd(ctx: click.Context) -> None:
     errors = unreachable = 0
     try:
         for pipeline in found.values():
-            error = False
-            try:
-                plan = resolve(pipeline, platform.engine).plan
-                note = None
-            except MissingTableError as exc:  # created later (sample data, the user)
-                plan, note = None, str(exc)
-            except ServerUnreachable as exc:  # an outage (a url_env server), not a mistake
-                plan, note = None, f"unreachable: {exc}"
-                unreachable += 1
-            except (ConfigError, ValueError) as exc:  # the definition does not fit
-                plan, note, error = None, str(exc), True
+            plan, note, error, outage = _checked(pipeline, platform.engine, settings)
             errors += error
+            unreachable += outage
             connector = source_connector_named(pipeline.plan.source.kind)
             landing = connector.location(pipeline, settings)
             console.print(describe_table(pipeline, plan, landing, note, error=error))
@@ -87,6 +86,29 @@ def pipelines_cmd(ctx: click.Context) -> None:
         sys.exit(ExitCode.FAILED)
 
 
+def _checked(
+    pipeline: Pipeline, engine: Engine, settings: Settings
+) -> tuple[Plan | None, str | None, bool, bool]:
+    """(the plan with the catalog's types or None, a note, is the note an error, is it an
+    outage) of checking ``pipeline`` against the database: its definition, then an existing
+    sink table (read-only)."""
+    from spark_jobs.pipeline._catalog import resolve
+
+    try:
+        plan = resolve(pipeline, engine).plan
+    except MissingTableError as exc:  # created later (sample data, the user)
+        return None, str(exc), False, False
+    except ServerUnreachable as exc:  # an outage (a url_env server), not a mistake
+        return None, f"unreachable: {exc}", False, True
+    except (ConfigError, ValueError) as exc:  # the definition does not fit
+        return None, str(exc), True, False
+    try:
+        sink_connector_named(pipeline.plan.sink.kind).check_existing(engine, pipeline, settings)
+    except ConfigError as exc:  # (e.g. an existing table without a unique index on the key)
+        return plan, str(exc), True, False
+    return plan, None, False, False
+
+
 @click.command("status")
 @click.argument("pipeline", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -96,9 +118,9 @@ def status_cmd(ctx: click.Context, pipeline: str | None, as_json: bool) -> None:
 
     Splits by state, committed rows, rows removed by steps, dead letters by reason,
     quarantined splits (file, reason, attempts, last error), the last checkpoint, live state
-    (watermark and lag, backlog and oldest waiting split, rows/s, last checkpoint's
-    duration), complete partitions, and what the source holds on a server (a CDC source's
-    replication slot: active or not, the WAL it retains).
+    (watermark and lag, backlog and oldest waiting split, rows/s over the latest run's last
+    minute, last checkpoint's duration), complete partitions, and what the source holds on a
+    server (a CDC source's replication slot: active or not, the WAL it retains).
     """
     settings = settings_of(ctx)
     found = load_pipelines(settings)  # (an import error fails before any database is opened)

@@ -37,7 +37,7 @@ orders = Pipeline(
 
 
 def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_") and k != "COLUMNS"}
     return subprocess.run(
         [SLUICE, *args], env={**clean, **env}, cwd=cwd, capture_output=True, text=True, timeout=120
     )
@@ -150,6 +150,11 @@ def test_pipelines_lists_source_steps_sink_and_output(db_url: str, tmp_path: Pat
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "not checked against the database yet" in out and "does not exist" in out
+    # Piped (no terminal, no COLUMNS): lines are not wrapped at rich's 80 columns.
+    assert (
+        "not checked against the database yet: pipeline cli_orders: step 1 (Lookup"
+        " public.cli_customers_later): table public.cli_customers_later does not exist" in out
+    ), out
     for text in (
         "Pipeline cli_events",
         "Pipeline cli_orders",
@@ -158,6 +163,36 @@ def test_pipelines_lists_source_steps_sink_and_output(db_url: str, tmp_path: Pat
         "customer_name",
     ):
         assert text in out, out
+
+
+def test_pipelines_refuses_an_existing_sink_table_without_a_key_index(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The sink table is there, made by hand without a unique index on the upsert key: the
+    listing says so (the run would refuse it), exit 2; the output fields are still shown."""
+    import sqlalchemy as sa
+
+    table = "cli_orders_noindex"
+    source = MODULE.replace("public.cli_orders", f"public.{table}").replace(
+        'steps=[Lookup("public.cli_customers", on={{"tenant": "tenant", "customer": "id"}},\n'
+        '                  columns={{"name": "customer_name"}})],',
+        "steps=[],",
+    )
+    assert "steps=[]," in source
+    engine = sa.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE TABLE public.{table} (order_id text, tenant bigint)"))
+        env = {**_module(tmp_path, tmp_path / "landing", source), "SLUICE_DATABASE_URL": db_url}
+        result = _run(["pipelines"], env, tmp_path)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert f"sink public.{table}: " in result.stdout and "unique index" in result.stdout
+        assert "customer" in result.stdout  # (the plan is still listed)
+        assert "1 pipeline definition error(s)" in result.stderr
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS public.{table}"))
+        engine.dispose()
 
 
 def test_missing_landing_folder_names_the_pipeline(db_url: str, tmp_path: Path) -> None:
