@@ -110,6 +110,7 @@ from enumerator_service._secrets import redact_text, split_password, with_passwo
 from enumerator_service._split_store import FencedError, SplitStore
 from enumerator_service._splits import (
     STREAM_KINDS,
+    STREAM_SOURCE_KINDS,
     TABLE_KINDS,
     FileSplit,
     Split,
@@ -144,6 +145,7 @@ __all__ = [
     "SCHEMA",
     "SECRETS_FOLDER",
     "STREAM_KINDS",
+    "STREAM_SOURCE_KINDS",
     "TABLE_KINDS",
     "AbortCause",
     "Acknowledgement",

@@ -224,17 +224,20 @@ class Acknowledgement:
     attempt: str
     final: bool
     #: {"splits": [{"id", "epoch", "offset", "watermark", "finished", "pending"}, …],
-    #: "attempt", "watermark", "finished", "idle"}. The top-level "watermark" is the subtask's
-    #: sink-side task watermark: the last Watermark marker that reached its sink before the
-    #: barrier (ISO-8601 UTC string, e.g. "2026-01-03T00:00:00+00:00"; null before the
-    #: first marker; a retried attempt resumes the committed one). "finished": the
+    #: "attempt", "watermark", "finished", "stream", "day_end", "idle"}. The top-level
+    #: "watermark" is the subtask's sink-side task watermark: the last Watermark marker that
+    #: reached its sink before the barrier (ISO-8601 UTC string, e.g.
+    #: "2026-01-03T00:00:00+00:00"; null before the first marker; a retried attempt resumes
+    #: the committed one). "finished": the
     #: subtask's input ended and everything was emitted (it then counts as +infinity, like
-    #: a closed channel). "idle": no active split (none held, or every one idle) and nothing
+    #: a closed channel — unless "stream": it read a piece of a stream that goes on, a
+    #: bounded run's Kafka or slot offsets; it then closes at the watermark it reached,
+    #: not +infinity; "day_end": the end of the latest day of the Kafka day splits it read,
+    #: which it reached). "idle": no active split (none held, or every one idle) and nothing
     #: in the operator chain: like Flink's idle watermark status, it does not hold the run's
     #: watermark back (and when every open subtask is idle, the greatest "watermark" any of
     #: them reached is the run's: ``_run_watermark``). A split's "watermark" is that split's
-    #: own (what
-    #: ``splits.committed_watermark`` stores and a restore resumes).
+    #: own (what ``splits.committed_watermark`` stores and a restore resumes).
     snapshot: Mapping[str, Any]
     sink: str
     staged: Any

@@ -4,7 +4,16 @@ Flink's ``StatusWatermarkValve`` over the reader subtasks (channels), with close
 
 - A subtask whose input ended and drained (``snapshot["finished"]`` with nothing pending in its
   chain, or a final acknowledgement) is a *closed* channel: +infinity. So is a subtask that did
-  not acknowledge (it closed at an earlier checkpoint).
+  not acknowledge (it closed at an earlier checkpoint). But a subtask that read a piece of a
+  stream that goes on (``snapshot["stream"]``: a bounded run's Kafka partition or slot
+  offsets, up to where the run started; a CDC snapshot chunk) is *stopped*, not ended: it
+  closes at the greatest watermark its splits reached — a Kafka day split (a day's whole
+  time range, ``snapshot["day_end"]``) at least at its day's end — and when every subtask
+  closed, the run watermark is the least a stopped one reached (+infinity only when none
+  is stopped): a backfill of day D completes D, not the day the main line stopped in.
+  Spark's ``availableNow``: a scheduled run's end is not the end of the topic, and the day
+  it stopped in stays open for the next run's records (it was completed, and their records
+  came late: a trial's every record of the current day after the first run).
 - A subtask is *idle* while its snapshot says so (``snapshot["idle"]``: no split, or every
   split idle, and nothing in its operator chain). An idle subtask never holds the run back: the
   run watermark is the minimum over the *active* subtasks' sink-side watermarks, a subtask
@@ -61,11 +70,19 @@ class SubtaskMark:
     closed: bool = False
     #: No active split and nothing in its chain: not part of the minimum.
     idle: bool = False
+    #: Closed after a piece of a stream that goes on: at ``reached``, not +infinity.
+    stopped: bool = False
 
     @property
     def watermark(self) -> datetime:
         """What it contributes to the minimum while active."""
-        return END_OF_INPUT if self.closed else self.reached
+        return END_OF_INPUT if self.closed and not self.stopped else self.reached
+
+    @property
+    def holds(self) -> bool:
+        """Part of the minimum: active, and not a stopped subtask without a watermark (a
+        piece without records says nothing of the event times to come)."""
+        return not self.idle and not (self.stopped and self.reached <= NO_WATERMARK)
 
 
 def subtask_mark(snapshot: Mapping[str, Any], *, final: bool = False) -> SubtaskMark:
@@ -80,8 +97,11 @@ def subtask_mark(snapshot: Mapping[str, Any], *, final: bool = False) -> Subtask
     states = snapshot.get("splits", ())
     drained = not any(state.get("pending") for state in states)
     closed = final or (bool(snapshot.get("finished")) and drained)
+    stopped = closed and bool(snapshot.get("stream"))
     idle = bool(snapshot.get("idle")) and not closed
-    if idle and drained:
+    if stopped and snapshot.get("day_end") is not None:
+        reached = max(reached, _parse(snapshot["day_end"]))
+    if (idle or stopped) and drained:
         # Every split idle and nothing in the chain: every record its splits emitted is at
         # the sink, so it has reached its splits' greatest watermark, as an all-idle run
         # reaches its subtasks' greatest. Its markers stopped at the minimum over the splits
@@ -90,7 +110,7 @@ def subtask_mark(snapshot: Mapping[str, Any], *, final: bool = False) -> Subtask
         # day every split had passed — the day never completed while the run lived.
         marks = [_parse(state.get("watermark")) for state in states]
         reached = max([reached, *marks])
-    return SubtaskMark(reached, closed=closed, idle=idle)
+    return SubtaskMark(reached, closed=closed, idle=idle, stopped=stopped)
 
 
 def _parse(value: object) -> datetime:
@@ -110,13 +130,17 @@ def all_idle(marks: Sequence[SubtaskMark]) -> bool:
 
 def run_watermark(marks: Iterable[SubtaskMark], *, unread: bool = False) -> datetime:
     """The run watermark of one checkpoint (module rules). ``unread``: the run holds splits
-    still to be read. No subtask, or only closed ones: END_OF_INPUT; NO_WATERMARK means no
-    new information (the stored run watermark stays where it is)."""
+    still to be read. No subtask, or only closed ones: END_OF_INPUT, or the least watermark
+    a stopped one reached; NO_WATERMARK means no new information (the stored run watermark
+    stays where it is)."""
     marks = list(marks)
     if all(m.closed for m in marks):
-        return END_OF_INPUT
-    active = [m.watermark for m in marks if not m.idle]
-    if any(not m.closed for m in marks if not m.idle):
+        stopped = [m.reached for m in marks if m.stopped]
+        if not stopped:
+            return END_OF_INPUT
+        return min((w for w in stopped if w > NO_WATERMARK), default=NO_WATERMARK)
+    active = [m.watermark for m in marks if m.holds]
+    if any(not m.closed for m in marks if m.holds):
         return min(active)
     if unread:
         return NO_WATERMARK

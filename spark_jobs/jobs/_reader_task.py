@@ -29,12 +29,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import date, datetime
+from datetime import UTC, date, datetime, time, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from enumerator_service import (
+    STREAM_SOURCE_KINDS,
     CheckpointStore,
     SplitAssignment,
     SplitState,
@@ -87,6 +88,13 @@ class ReaderTask(TaskCheckpoints):
         self._partitions: dict[int, str] = {}  # split → sink partition (kept after the split)
         self._uris: dict[int, str] = {}  # split → its file or table range (to name errors)
         self._input_ended = False
+        #: A split of this run was a piece of a stream that goes on (a Kafka partition's or a
+        #: slot's offsets up to the run's bound, a CDC snapshot chunk): the end of this
+        #: subtask's input is not the end of the source's (its final snapshot says so).
+        self._stream_piece = False
+        #: The end of the latest day of the Kafka day splits it read (a day split holds its
+        #: day's whole time range: read, the day is done), or None.
+        self._day_end: datetime | None = None
         self._last_trigger = 0
         self._last_complete = 0
         self._acked: set[int] = set()
@@ -213,6 +221,12 @@ class ReaderTask(TaskCheckpoints):
     def split_added(self, assignment: SplitAssignment, state: SplitState) -> None:
         split_id = assignment.split_id
         held = self._splits[split_id] = TaskSplit(assignment, state)
+        split = assignment.split
+        if split.kind in STREAM_SOURCE_KINDS:
+            self._stream_piece = True
+            if split.partition_key is not None:  # a day split: up to its day's end
+                end = datetime.combine(split.partition_key + timedelta(days=1), time(), UTC)
+                self._day_end = end if self._day_end is None else max(self._day_end, end)
         self._uris[split_id] = assignment.split.path
         # Restore: the ranges in flight at the committed checkpoint are read again first (by
         # the split's reader, as replay blocks) and run through the whole chain again.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import date
+from datetime import date, datetime
 
 from sqlalchemy.engine import Engine
 
@@ -55,6 +55,8 @@ class TaskCheckpoints:
     _watermarks: TaskWatermarks
     _splits: dict[int, TaskSplit]
     _input_ended: bool
+    _stream_piece: bool
+    _day_end: datetime | None
     _last_trigger: int
     _last_complete: int
     _acked: set[int]
@@ -93,13 +95,15 @@ class TaskCheckpoints:
         partitions = self._event_days.take()
         if final:
             self._final_acks.add(checkpoint_id)
-        # "watermark" (the sink-side task watermark), "finished" and "idle" are what partition
-        # completeness reads: specified on ``Acknowledgement.snapshot``.
+        # "watermark" (the sink-side task watermark), "finished", "stream", "day_end" and "idle"
+        # are what partition completeness reads: specified on ``Acknowledgement.snapshot``.
         snapshot = {
             "splits": states,
             "attempt": self._attempt,
             "watermark": self._watermarks.sink_watermark(),
             "finished": final,
+            "stream": self._stream_piece,
+            "day_end": None if self._day_end is None else self._day_end.isoformat(),
             "idle": self._reader.is_idle() and self._chain.in_flight() == 0,
         }
         done = self._io.submit(

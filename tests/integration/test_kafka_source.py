@@ -238,6 +238,43 @@ class _Feeder:
         self._thread.join(10)
 
 
+def test_a_bounded_run_leaves_the_day_it_stopped_in_open_for_the_next_run(
+    make_settings: Any, broker: KafkaBroker
+) -> None:
+    """A scheduled ("available now") run's end is not the end of the topic: the day it
+    stopped in completes only once a later run's records pass its end — with
+    late_records="dead_letter", the trial's second run sent all 200 records of the current
+    day to the dead letters (the first run had completed the day)."""
+    settings: TestSettings = make_settings(parallelism=2)
+    platform = open_platform(settings)
+    topic = f"open_{secrets.token_hex(3)}"
+    name = f"kafka_{secrets.token_hex(3)}"
+    broker.create_topic(topic, 2)
+    # 1,000 a day from 2026-05-01 00:00: events 0..299 are 05-01's first 7.2 hours.
+    pipeline = click_pipeline(name, broker.bootstrap, topics=topic, late_records="dead_letter")
+    try:
+        oracle = produce_clicks(broker.bootstrap, topic, range(0, 300))
+        discover(platform, discovery_of(pipeline, settings))
+        assert (run_pipeline(settings, pipeline).rows_out, _completions(platform, name)) == (
+            300,
+            {},
+        )
+        oracle |= produce_clicks(broker.bootstrap, topic, range(300, 600))  # the same day
+        discover(platform, discovery_of(pipeline, settings))
+        second = run_pipeline(settings, pipeline)
+        assert (second.rows_out, second.dead_letters) == (300, 0)  # none late
+        assert _completions(platform, name) == {}
+        # Records of 05-02 pass 05-01's end (+1 s out of order): 05-01 completes, once.
+        oracle |= produce_clicks(broker.bootstrap, topic, range(1000, 1100))
+        discover(platform, discovery_of(pipeline, settings))
+        assert run_pipeline(settings, pipeline).rows_out == 100
+        assert _completions(platform, name) == {date(2026, 5, 1): 1}
+        assert_exactly_once(output_rows(output_path(pipeline, settings)), oracle)
+    finally:
+        broker.delete_topic(topic)
+        platform.close()
+
+
 def test_a_continuous_run_reads_while_messages_arrive_and_finds_new_topics(
     make_settings: Any, broker: KafkaBroker
 ) -> None:
@@ -374,7 +411,9 @@ def test_a_day_is_backfilled_by_time_range_and_rebuilt_from_its_day_splits_alone
         assert run_pipeline(settings, pipeline).rows_out == 900
         folder = output_path(pipeline, settings)
         assert_exactly_once(output_rows(folder), oracle)
-        assert completions(name) == dict.fromkeys(days, 1)  # each day complete once
+        # Each day the main line passed complete once; day 3, where it stopped, stays open
+        # for the stream's next records.
+        assert completions(name) == {days[0]: 1, days[1]: 1}
         main_line = _split_rows(platform.engine, name)
         discover(platform, discovery_of(pipeline, settings), dates=[days[1]])
         rebuilt = run_pipeline(settings, pipeline, dates=[days[1]], rebuild=True)
@@ -384,7 +423,7 @@ def test_a_day_is_backfilled_by_time_range_and_rebuilt_from_its_day_splits_alone
         assert [r for r in rows if "@" not in r.uri] == main_line  # not re-read
         assert {r.status for r in rows if "@" in r.uri} == {"COMPLETED"}
         # Day 2 completes again as a new generation (Dagster re-reports it), once.
-        assert completions(name) == {days[0]: 1, days[1]: 2, days[2]: 1}
+        assert completions(name) == {days[0]: 1, days[1]: 2}
         # A stream has no end: the output is current as of what the main line reached (day
         # 3), not "end of input", and the day-2 rebuild read since does not lower it.
         with platform.engine.connect() as conn:
@@ -420,7 +459,9 @@ def test_a_day_rebuild_whose_day_splits_miss_the_committed_offsets_is_refused(
         assert run_pipeline(settings, pipeline).rows_out == 200
         assert_exactly_once(output_rows(folder), oracle)
         before = _completions(platform, name)
-        assert set(before) == set(days)  # (a day may complete twice: late records)
+        # Day 1 complete (it may complete twice: late records); day 2, where the main line
+        # stopped, stays open for the stream's next records.
+        assert set(before) == {days[0]}
         # Every day range empty: no day split at all.
         monkeypatch.setattr(kafka_enumerator, "timestamp_offsets", empty)
         nothing = discover(platform, discovery_of(pipeline, settings), dates=[days[1]])

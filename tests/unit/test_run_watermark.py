@@ -96,6 +96,30 @@ def test_an_idle_drained_subtask_has_reached_its_splits_greatest_watermark() -> 
     assert subtask_mark({**quiet, "splits": [{"watermark": None}]}).reached == low
 
 
+def test_a_subtask_stopped_in_a_stream_closes_at_the_watermark_it_reached() -> None:
+    """A bounded run's Kafka or slot offsets are a piece of a stream that goes on: the run's
+    end does not complete the day it stopped in (the next run's records of it would be late)."""
+    low, high = datetime(2026, 5, 2, 5, 49, tzinfo=UTC), datetime(2026, 5, 2, 9, 0, tzinfo=UTC)
+    split_states = [{"watermark": low.isoformat()}, {"watermark": high.isoformat()}]
+    stopped = {"watermark": low.isoformat(), "finished": True, "stream": True}
+    mark = subtask_mark({**stopped, "splits": split_states})
+    assert mark.closed and mark.stopped and mark.watermark == high  # (its splits' greatest)
+    assert subtask_mark({**stopped, "stream": False}).watermark is END_OF_INPUT
+    assert subtask_mark({"watermark": low.isoformat(), "stream": True}, final=True).stopped
+    other = subtask_mark({"watermark": low.isoformat(), "finished": True, "stream": True})
+    # Every subtask closed: the least a stopped one reached (a file subtask's +infinity and
+    # a stopped one without a watermark say nothing).
+    empty = subtask_mark({"watermark": None, "finished": True, "stream": True})
+    assert run_watermark([mark, other, SubtaskMark(closed=True), empty]) == low
+    assert run_watermark([empty, SubtaskMark(closed=True)]) == NO_WATERMARK
+    # While another subtask reads on, a stopped one holds the run at what it reached.
+    assert run_watermark([mark, _active(high + timedelta(hours=1))]) == high
+    assert run_watermark([empty, _active(high)]) == high
+    # A Kafka day split of 05-02 (its day's whole range): read, it reached 05-03 00:00.
+    day = subtask_mark({**stopped, "day_end": "2026-05-03T00:00:00+00:00"})
+    assert day.watermark == datetime(2026, 5, 3, tzinfo=UTC)
+
+
 def test_a_watermark_without_time_zone_is_refused() -> None:
     with pytest.raises(ValueError, match="no time zone"):
         subtask_mark({"watermark": "2026-01-02T03:04:05"})
