@@ -263,6 +263,22 @@ def _held_rows(table: Table, held: Mapping[str, Any]) -> None:
             _plain_row(table, name.replace("_", " "), str(value))
 
 
+def duration_words(seconds: float) -> str:
+    """A duration as a person reads it: ``45s``, ``12m 05s``, ``5h 03m``, ``210d 08h`` (a
+    lag of ``18,174,081s`` said nothing at a glance)."""
+    whole = round(seconds)
+    if whole < 100:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days:,}d {hours:02d}h"
+
+
 def _watermark_line(live: LiveState) -> str:
     if live.watermark is None:
         return "none yet"
@@ -270,13 +286,13 @@ def _watermark_line(live: LiveState) -> str:
         return ENDED_WORDS
     lag = live.watermark_lag_seconds or 0
     if lag < 0:  # event times in the future (a producer's clock, or data dated ahead)
-        return f"{live.watermark:%Y-%m-%d %H:%M:%S} ({-lag:,.0f}s ahead of this clock)"
-    return f"{live.watermark:%Y-%m-%d %H:%M:%S} (lag {lag:,.0f}s)"
+        return f"{live.watermark:%Y-%m-%d %H:%M:%S} ({duration_words(-lag)} ahead of this clock)"
+    return f"{live.watermark:%Y-%m-%d %H:%M:%S} (lag {duration_words(lag)})"
 
 
 def _backlog_line(live: LiveState) -> str:
     age = live.oldest_unprocessed_age_seconds
-    oldest = "" if age is None else f", oldest waiting {age:,.0f}s"
+    oldest = "" if age is None else f", oldest waiting {duration_words(age)}"
     return f"{live.backlog_splits:,} splits{oldest}"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
 from spark_jobs import ParquetSink, Pipeline
@@ -50,7 +51,7 @@ def test_a_watermark_ahead_of_the_clock_is_not_a_negative_lag() -> None:
 
     at = datetime(2026, 11, 28, 23, 53, 23, tzinfo=UTC)
     ahead = SimpleNamespace(watermark=at, watermark_lag_seconds=-142_690.0)
-    assert _watermark_line(ahead) == "2026-11-28 23:53:23 (142,690s ahead of this clock)"  # type: ignore[arg-type]
+    assert _watermark_line(ahead) == "2026-11-28 23:53:23 (39h 38m ahead of this clock)"  # type: ignore[arg-type]
     behind = SimpleNamespace(watermark=at, watermark_lag_seconds=61.0)
     assert _watermark_line(behind) == "2026-11-28 23:53:23 (lag 61s)"  # type: ignore[arg-type]
 
@@ -104,3 +105,22 @@ def test_lookup_totals_count_the_keys_that_met_a_cache() -> None:
     assert (uncached.cache_keys, uncached.cache_hit_rate) == (0, 0.0)
     cached = lookup_totals([SimpleNamespace(steps=(step(30, 10, 60),))])  # type: ignore[list-item]
     assert (cached.cache_keys, cached.cache_hit_rate, cached.cache_bypass_rate) == (100, 0.75, 0.6)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [
+        (0, "0s"),
+        (61.4, "61s"),
+        (99, "99s"),
+        (100, "1m 40s"),
+        (3599, "59m 59s"),
+        (7_200, "2h 00m"),
+        (172_799, "47h 59m"),
+        (18_174_081, "210d 08h"),
+    ],
+)
+def test_durations_read_as_a_person_reads_them(seconds: float, words: str) -> None:
+    from spark_jobs.cli._render import duration_words
+
+    assert duration_words(seconds) == words
