@@ -4,8 +4,9 @@ shows and the live-state sensor reports to Dagster as an observation of the outp
 - watermark: the event time up to which the pipeline's output is complete (the run
   watermark of its latest completed checkpoint, :func:`run_watermark`; +infinity, lag 0,
   once the run's input ended — but a stream has no end: a Kafka or CDC source's output is
-  then current as of the greatest watermark its completed stream splits committed,
-  :func:`stream_watermark`, whose lag grows until the next run), and its lag behind now;
+  current as of the greater of that and the greatest watermark its completed stream splits
+  committed, :func:`stream_watermark`, so a backfill of an older day does not pull it back;
+  its lag grows until the next run), and its lag behind now;
 - the oldest unprocessed split's age: now - when it was registered (the file waited that
   long), for a stream split given back by a run now - when it was given back (it was read up
   to then);
@@ -164,9 +165,14 @@ def live_state(conn: sa.Connection, source: str, now: datetime) -> LiveState:
     if last is None:
         return LiveState(source, now, None, None, None, None, None, int(backlog), oldest, None)
     watermark = run_watermark(conn, source, last.run_id)
-    if watermark is not None and watermark >= END_OF_INPUT:
-        # A bounded run read its stream up to a point: not the end of the input.
-        watermark = stream_watermark(conn, source) or watermark
+    reached = stream_watermark(conn, source)  # (None unless the source reads a stream)
+    if reached is not None and (
+        watermark is None or watermark >= END_OF_INPUT or reached > watermark
+    ):
+        # A stream has no end, and its output is current as of the furthest its completed
+        # splits reached: a later backfill of an older day (its run stopped at that day's
+        # end) does not pull it back, nor does a run recorded as +infinity.
+        watermark = reached
     return LiveState(
         source=source,
         at=now,

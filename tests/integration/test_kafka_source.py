@@ -430,6 +430,8 @@ def test_a_day_is_backfilled_by_time_range_and_rebuilt_from_its_day_splits_alone
             live = live_state(conn, name, datetime.now(UTC))
         assert live.watermark is not None, live
         assert datetime(2026, 5, 3, tzinfo=UTC) <= live.watermark < datetime(2026, 5, 4, tzinfo=UTC)
+        # (above the rebuild's own, the end of day 2: a backfill does not lower it)
+        assert live.watermark > datetime(2026, 5, 3, tzinfo=UTC), live
     finally:
         broker.delete_topic(topic)
         platform.close()
