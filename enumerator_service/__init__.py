@@ -18,7 +18,13 @@ from enumerator_service._checkpoint_store import (
     publish_committed,
     recover,
 )
-from enumerator_service._completeness import COUNTERS, DETAIL, END_OF_INPUT, completed_partitions
+from enumerator_service._completeness import (
+    COUNTERS,
+    DETAIL,
+    END_OF_INPUT,
+    completed_partitions,
+    partition_end,
+)
 from enumerator_service._completions import (
     PartitionCompletion,
     completions_table_exists,
@@ -232,6 +238,7 @@ __all__ = [
     "open_platform",
     "partition_completions",
     "partition_date",
+    "partition_end",
     "partition_rebuilds",
     "platform_status",
     "prune_finished_runs",

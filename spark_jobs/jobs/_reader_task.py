@@ -29,7 +29,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import date, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,6 +41,7 @@ from enumerator_service import (
     SplitState,
     SplitStore,
     committed_task_watermark,
+    partition_end,
 )
 from spark_jobs.async_io import Watermark
 from spark_jobs.checkpoint import CheckpointListener
@@ -225,7 +226,7 @@ class ReaderTask(TaskCheckpoints):
         if split.kind in STREAM_SOURCE_KINDS:
             self._stream_piece = True
             if split.partition_key is not None:  # a day split: up to its day's end
-                end = datetime.combine(split.partition_key + timedelta(days=1), time(), UTC)
+                end = partition_end(split.partition_key)
                 self._day_end = end if self._day_end is None else max(self._day_end, end)
         self._uris[split_id] = assignment.split.path
         # Restore: the ranges in flight at the committed checkpoint are read again first (by
