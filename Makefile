@@ -26,9 +26,12 @@ $(STAMP): pyproject.toml
 demo: install
 	$(BIN)/sluice demo clickstream
 
-## test: the whole suite against a real Postgres, real local Spark, real Dagster
+## test: the whole suite against a real Postgres, real local Spark, real Dagster; its files
+## spread over TEST_WORKERS processes (pytest-xdist, a file's tests in one process; each process
+## has its own database on the shared embedded server). TEST_WORKERS=0: one process
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 ## test-fast: unit tests only (no Postgres, no Spark)
 test-fast: install

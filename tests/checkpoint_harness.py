@@ -27,7 +27,7 @@ from enumerator_service._operations import Platform
 from enumerator_service._schema import checkpoints, sink_transactions, splits
 from spark_jobs.checkpoint import CheckpointCoordinator
 
-__all__ = ["RecordingSink", "Run", "status", "wait_until"]
+__all__ = ["RecordingSink", "Run", "forget_recorded", "status", "wait_until"]
 
 
 class RecordingSink:
@@ -56,6 +56,14 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.02)
+
+
+def forget_recorded(platform: Platform) -> None:
+    """Delete the test's sink transactions of kind ``recording`` (a test's teardown): a later
+    recovery in the same database (another test's run, in a process where no
+    ``RecordingSink`` is registered) would otherwise find them unpublished and fail."""
+    with platform.engine.begin() as conn:
+        conn.execute(sa.delete(sink_transactions).where(sink_transactions.c.sink == "recording"))
 
 
 def status(platform: Platform, run_id: str, checkpoint_id: int) -> str | None:

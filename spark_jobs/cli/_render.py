@@ -27,6 +27,7 @@ from spark_jobs.pipeline._plan import Plan
 __all__ = [
     "describe_table",
     "failed_line",
+    "kafka_lag_line",
     "left_lines",
     "nothing_line",
     "run_table",
@@ -96,7 +97,8 @@ def run_table(summary: RunSummary, pipeline: Pipeline, settings: Settings) -> Ta
         ("lookup cache hits", _cache_hits(summary)),
         ("lookup p50 / p99", f"{summary.lookup_p50_ms:.1f} / {summary.lookup_p99_ms:.1f} ms"),
         ("seconds", f"{summary.seconds:,.1f}"),
-        ("rows/s", f"{summary.rows_per_second:,.0f}"),
+        # (over the whole run; `sluice status` shows the latest run's last minute)
+        ("rows read/s (whole run)", f"{summary.rows_per_second:,.0f}"),
     ]
     for where, records_in, records_out in summary.steps:
         rows.append((f"  {where}", f"{records_in:,} → {records_out:,}"))
@@ -226,7 +228,11 @@ def status_table(status: PlatformStatus, held: Mapping[str, Any] | None = None) 
     if live is not None and live.run_id is not None:
         _plain_row(table, "watermark", _watermark_line(live))
         _plain_row(table, "backlog", _backlog_line(live))
-        rate = "" if live.rows_per_second is None else f"{live.rows_per_second:,.1f} rows/s; "
+        rate = (
+            ""
+            if live.rows_per_second is None
+            else f"{live.rows_per_second:,.1f} rows/s committed (last minute); "
+        )
         took = live.last_checkpoint_seconds or 0.0
         _plain_row(table, "throughput", f"{rate}last checkpoint took {took:.1f}s")
     _held_rows(table, held or {})
@@ -258,9 +264,32 @@ def _held_rows(table: Table, held: Mapping[str, Any]) -> None:
                 f"{held['slot']} {state}, retains {retained:,.1f} MB of WAL"
                 f" (confirmed {held.get('confirmed_flush_lsn')})",
             )
+    if "kafka_unknown" in held:
+        _plain_row(table, "message lag", f"unknown: {held['kafka_unknown']}")
+    elif "kafka_lag_messages" in held:
+        _plain_row(table, "message lag", kafka_lag_line(held))
     for name, value in held.items():
-        if not name.startswith(("slot", "retained_wal", "confirmed_flush")):
+        if not name.startswith(("slot", "retained_wal", "confirmed_flush", "kafka_")):
             _plain_row(table, name.replace("_", " "), str(value))
+
+
+def kafka_lag_line(held: Mapping[str, Any]) -> str:
+    """``1,204 messages on 4 partitions (clicks/2 1,100, clicks/0 104)``: the total, then
+    the partitions behind, the most behind first (three at most)."""
+    total, partitions = int(held["kafka_lag_messages"]), int(held["kafka_partitions"])
+    line = f"{total:,} messages on {partitions:,} partition{'' if partitions == 1 else 's'}"
+    behind = sorted(
+        ((int(lag), path) for path, lag in held.get("kafka_lag", {}).items() if lag),
+        key=lambda pair: (-pair[0], pair[1]),
+    )
+    if behind:
+        shown = ", ".join(f"{path} {lag:,}" for lag, path in behind[:3])
+        more = f", {len(behind) - 3} more" if len(behind) > 3 else ""
+        line += f" ({shown}{more})"
+    unseen = int(held.get("kafka_partitions_unseen", 0))
+    if unseen:
+        line += f"; {unseen:,} not discovered yet (run 'sluice discover')"
+    return line
 
 
 def duration_words(seconds: float) -> str:

@@ -196,7 +196,7 @@ def test_live_state_at_the_latest_completed_checkpoint(pipeline: Pipeline) -> No
     text = console.export_text()
     assert "2026-01-03 10:00:00 (lag 2h 00m)" in text
     assert "4 splits, oldest waiting 36h 00m" in text
-    assert "74.1 rows/s; last checkpoint took 4.0s" in text
+    assert "74.1 rows/s committed (last minute); last checkpoint took 4.0s" in text
 
     # A run watermark never moves backwards; once every input ended it is +infinity, lag 0.
     pipeline.run_watermark(pipeline.run, 2, T0 - timedelta(hours=9))

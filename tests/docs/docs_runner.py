@@ -278,10 +278,12 @@ def page_run(page: Page) -> Iterator[PageRun]:
     run.namespace = {"__name__": "__main__"}
     if page.shell:
         make_checkout(sandbox)
+    spark_before = _spark_gateway()
     try:
         yield run
     finally:
         stop_background(run)
+        _stop_spark_started_since(spark_before)
         if (sandbox / ".sluice" / "pg").exists():
             subprocess.run(
                 [str(VENV_BIN / "sluice"), "db", "stop"],
@@ -294,6 +296,43 @@ def page_run(page: Page) -> Iterator[PageRun]:
         _forget_modules(sandbox)
         if not os.environ.get("SLUICE_DOCS_KEEP"):
             shutil.rmtree(sandbox, ignore_errors=True)
+
+
+def _spark_gateway() -> object | None:
+    from pyspark import SparkContext
+
+    return SparkContext._gateway
+
+
+def _stop_spark_started_since(before: object | None) -> None:
+    """Stop the Spark JVM a Python block of the page launched in this process (a session
+    built while the block ran): the JVM was started in the page's sandbox (the block's cwd
+    and environment), and every Python worker it forks starts there — in a folder that is
+    gone once the page ends, for the next test that takes the same JVM. A stopped session
+    alone keeps the JVM (pyspark reuses its gateway): the gateway is shut down too."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    gateway = SparkContext._gateway
+    if gateway is None or gateway is before:
+        return
+    session = SparkSession.getActiveSession()
+    if session is not None:
+        session.stop()
+    elif SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:  # the JVM ends when its stdin closes (PythonGatewayServer)
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 Checks = dict[str, Callable[[PageRun], None]]

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from checkpoint_harness import RecordingSink, Run, status, wait_until
+from checkpoint_harness import RecordingSink, Run, forget_recorded, status, wait_until
 
 from enumerator_service import CheckpointStore, PublishFailed, Settings, StagedTransaction
 from enumerator_service._operations import Platform, open_platform
@@ -36,6 +36,7 @@ def platform(make_settings: Any) -> Iterator[Platform]:
     settings: Settings = make_settings()
     p = open_platform(settings)
     yield p
+    forget_recorded(p)
     p.close()
 
 

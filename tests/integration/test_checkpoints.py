@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from checkpoint_harness import RecordingSink, Run, status, wait_until
+from checkpoint_harness import RecordingSink, Run, forget_recorded, status, wait_until
 
 from enumerator_service import AbortCause, Settings, recover
 from enumerator_service._checkpoint_store import COORDINATOR_CHANNEL
@@ -27,6 +27,7 @@ def platform(make_settings: Any) -> Iterator[Platform]:
     settings: Settings = make_settings()
     p = open_platform(settings)
     yield p
+    forget_recorded(p)
     p.close()
 
 

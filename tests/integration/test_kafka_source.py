@@ -50,8 +50,10 @@ from enumerator_service._schema import (
 )
 from spark_jobs._outcomes import DeterministicFailure
 from spark_jobs._spark import spark_for
+from spark_jobs.cli._render import kafka_lag_line
 from spark_jobs.connectors.kafka import _enumerator as kafka_enumerator
 from spark_jobs.connectors.kafka._client import consumer, watermarks
+from spark_jobs.connectors.kafka._connector import KafkaConnector
 from spark_jobs.connectors.parquet import output_path
 from spark_jobs.jobs import run_pipeline
 from spark_jobs.pipeline._paths import discovery_of
@@ -83,6 +85,16 @@ def _split_rows(engine: sa.Engine, source: str) -> list[Any]:
         )
 
 
+def _lag(platform: Any, pipeline: Any) -> tuple[int, dict[str, int], int]:
+    """``sluice status``'s message lag: (total, per partition, unseen partitions>0) — and
+    its line renders."""
+    with platform.engine.connect() as conn:
+        held = KafkaConnector().source_status(conn, pipeline.plan)
+    assert "kafka_unknown" not in held, held
+    assert kafka_lag_line(held).startswith(f"{held['kafka_lag_messages']:,} messages on 4 ")
+    return held["kafka_lag_messages"], held["kafka_lag"], int(held["kafka_partitions_unseen"] > 0)
+
+
 def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
     make_settings: Any, broker: KafkaBroker
 ) -> None:
@@ -94,9 +106,14 @@ def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
     try:
         oracle = produce_clicks(broker.bootstrap, topic, range(0, 2000))
         pipeline = click_pipeline(name, broker.bootstrap, topics=[topic])
+        # Before any tick: no position, 4 partitions to discover.
+        assert _lag(platform, pipeline) == (0, {}, 1)
         assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 4
+        total, per_partition, _ = _lag(platform, pipeline)
+        assert total == 2000 and sum(per_partition.values()) == 2000, per_partition
         first = run_pipeline(settings, pipeline)
         assert (first.rows_out, first.dead_letters) == (2000, 0)
+        assert _lag(platform, pipeline) == (0, dict.fromkeys(per_partition, 0), 0)
         rows = _split_rows(platform.engine, name)
         # 4 partitions, 2 subtasks: each read its own 2 (one consumer per subtask).
         assert sorted(r.subtask for r in rows) == [0, 0, 1, 1], rows
@@ -113,9 +130,13 @@ def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
         sender.produce(topic, b"{oops", key=b"k1", partition=1, timestamp=stamp)
         sender.produce(topic, b"\xff", key=b"k2", partition=3, timestamp=stamp)
         assert sender.flush(10) == 0
+        # The lag counts what was produced since, before any tick (from the positions).
+        assert _lag(platform, pipeline)[0] == 1002
         discover(platform, discovery_of(pipeline, settings))
+        assert _lag(platform, pipeline)[0] == 1002
         second = run_pipeline(settings, pipeline)
         assert (second.rows_out, second.dead_letters) == (1000, 2)
+        assert _lag(platform, pipeline)[0] == 0
         assert_exactly_once(output_rows(folder), oracle)
         with platform.engine.connect() as conn:
             letters = conn.execute(

@@ -101,7 +101,7 @@ def _sluice(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Compl
 @pytest.fixture(scope="module")
 def setup(
     crm_server: str, db_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[dict[str, str], Path, str, dict[str, str | None]]:
+) -> Iterator[tuple[dict[str, str], Path, str, dict[str, str | None]]]:
     """Landing files, the decoy table in the platform database, the user's module; the
     oracle: order -> the customer's name on the operational server (None: no such id)."""
     root = tmp_path_factory.mktemp("lookup_url_env")
@@ -138,7 +138,13 @@ def setup(
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
         VARIABLE: crm_server,
     }
-    return env, root, name, oracle
+    yield env, root, name, oracle
+    # The decoy goes: the orders example fills crm.customers of this database with its own
+    # sample rows (and refuses a table it did not create).
+    platform = connect_engine(db_url, pool_size=1)
+    with platform.begin() as conn:
+        conn.execute(sa.text("DROP TABLE IF EXISTS crm.customers"))
+    platform.dispose()
 
 
 @pytest.mark.parametrize("variant", ["plain", "cached"])

@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from spark_jobs import ParquetSink, Pipeline
-from spark_jobs.cli._render import describe_table
+from spark_jobs.cli._render import describe_table, kafka_lag_line
 from spark_jobs.connectors.kafka import KafkaSource
 
 
@@ -124,3 +124,18 @@ def test_durations_read_as_a_person_reads_them(seconds: float, words: str) -> No
     from spark_jobs.cli._render import duration_words
 
     assert duration_words(seconds) == words
+
+
+def test_the_kafka_message_lag_names_the_partitions_most_behind() -> None:
+    held = {
+        "kafka_lag_messages": 1_311,
+        "kafka_lag": {"clicks/0": 104, "clicks/1": 0, "clicks/2": 1_100, "c/3": 5, "c/4": 102},
+        "kafka_partitions": 6,
+        "kafka_partitions_unseen": 1,
+    }
+    assert kafka_lag_line(held) == (
+        "1,311 messages on 6 partitions (clicks/2 1,100, clicks/0 104, c/4 102, 1 more);"
+        " 1 not discovered yet (run 'sluice discover')"
+    )
+    caught_up = {"kafka_lag_messages": 0, "kafka_lag": {"t/0": 0}, "kafka_partitions": 1}
+    assert kafka_lag_line(caught_up) == "0 messages on 1 partition"

@@ -233,13 +233,18 @@ def test_a_failed_split_is_snapshotted_as_failed_once_the_chain_holds_none_of_it
     ("name", "kind", "content", "reason"),
     [
         ("not_gzip.jsonl.gz", "jsonl.gz", b"plain text, not gzip\n", "corrupt gzip stream"),
-        ("empty.jsonl.gz", "jsonl.gz", gzip.compress(b"")[:5], "truncated compressed stream"),
+        (
+            "empty.jsonl.gz",
+            "jsonl.gz",
+            gzip.compress(b"", mtime=0)[:5],
+            "truncated compressed stream",
+        ),
         ("empty.parquet", "parquet", b"", "unreadable Parquet file"),
         ("text.parquet", "parquet", b"PAR1 not really\n", "unreadable Parquet file"),
         ("latin1.csv", "csv", b"event_id,\xe9v\xe9nement\n1,2\n", "bad CSV header"),
         ("dupes.csv", "csv", b"event_id,event_id\n1,2\n", "bad CSV header"),
         ("long.csv", "csv", b"x" * 5000 + b"\n1\n", "bad CSV header"),
-        ("header.csv.gz", "csv.gz", gzip.compress(b"a,b\n1,2\n"), "bad CSV header"),
+        ("header.csv.gz", "csv.gz", gzip.compress(b"a,b\n1,2\n", mtime=0), "bad CSV header"),
     ],
 )
 def test_more_poison_shapes_are_each_their_splits_failure(

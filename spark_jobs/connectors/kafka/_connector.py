@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from spark_jobs.connectors.kafka._client import consumer, list_partitions
 from spark_jobs.connectors.kafka._enumerator import KIND, KafkaEnumerator
 from spark_jobs.connectors.kafka._options import KafkaOptions, check_options, topic_of
 from spark_jobs.connectors.kafka._reader import KafkaSplitReader
+from spark_jobs.connectors.kafka._status import kafka_status
 
 if TYPE_CHECKING:
     from spark_jobs.pipeline._checks import Context
@@ -123,6 +124,10 @@ class KafkaConnector(SourceConnector):
 
     def content_errors(self) -> Sequence[tuple[type[BaseException], str]]:
         return ()
+
+    def source_status(self, conn: sa.Connection, plan: Plan) -> Mapping[str, Any]:
+        """The message lag, asked of the broker (``_status``)."""
+        return kafka_status(conn, plan.name, plan.source.options)
 
 
 class KafkaOffsetCommitter(CompletionHook):

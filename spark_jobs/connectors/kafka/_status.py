@@ -1,0 +1,75 @@
+"""What ``sluice status`` shows of a Kafka source: its message lag, asked of the broker.
+
+A split counts in the status backlog until a run reads it, but an open partition split
+(``[next, ∞)``) may hold nothing new: the number that says how far behind the pipeline is
+is the *message lag* — per partition, the broker's end offset now minus Sluice's position
+(its latest main-line split's committed offset, or that split's start when nothing of it
+committed yet), summed; the figure consumer-lag tools show, from the source of truth rather
+than the consumer group (which Sluice only updates after each checkpoint). A partition no
+tick has seen yet has no position: it is counted apart (the next ``discover`` gives it its
+start offset). Day splits (a backfill's) are not the main line and do not count.
+
+An unreachable broker or a missing topic is not a failure of ``sluice status``: the result
+says so in one line (``kafka_unknown``) and the rest of the status is shown.
+
+Threading: blocks on Postgres and on the broker (bounded by ``KafkaSource(timeout)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import distinct_on
+
+from enumerator_service import ConfigError, splits
+from spark_jobs.connectors.kafka._client import consumer, list_partitions, watermarks
+from spark_jobs.connectors.kafka._enumerator import KIND
+from spark_jobs.connectors.kafka._options import KafkaOptions, topic_of
+
+__all__ = ["kafka_status", "positions"]
+
+
+def positions(conn: sa.Connection, source: str) -> dict[str, int]:
+    """Per partition path, the offset the pipeline reads next on its main line."""
+    stmt = (
+        sa.select(splits.c.uri, sa.func.coalesce(splits.c.committed_offset, splits.c.start_offset))
+        .where(
+            splits.c.source == source,
+            splits.c.kind == KIND,
+            sa.not_(splits.c.uri.contains("@")),  # the main line, not day splits
+        )
+        .order_by(splits.c.uri, splits.c.start_offset.desc())
+        .ext(distinct_on(splits.c.uri))
+    )
+    return {uri: int(offset) for uri, offset in conn.execute(stmt).all()}
+
+
+def kafka_status(conn: sa.Connection, source: str, options: KafkaOptions) -> Mapping[str, Any]:
+    """``kafka_lag_messages`` (total), ``kafka_lag`` (per partition with a position),
+    ``kafka_partitions`` (every partition the source reads now) and
+    ``kafka_partitions_unseen`` (no tick has given them a position yet); or
+    ``kafka_unknown``: why the broker could not say."""
+    at = positions(conn, source)
+    try:
+        client = consumer(options)
+        try:
+            topics = list_partitions(client, options)
+            found = [(t, p) for t, count in sorted(topics.items()) for p in range(count)]
+            ends = watermarks(client, options, found)
+        finally:
+            client.close()
+    except ConfigError as exc:
+        return {"kafka_unknown": str(exc)}
+    lag = {
+        path: max(ends[topic_of(path)][1] - offset, 0)
+        for path, offset in sorted(at.items())
+        if topic_of(path) in ends
+    }
+    return {
+        "kafka_lag_messages": sum(lag.values()),
+        "kafka_lag": lag,
+        "kafka_partitions": len(found),
+        "kafka_partitions_unseen": sum(1 for t, p in found if f"{t}/{p}" not in at),
+    }
