@@ -227,7 +227,9 @@ def status_table(status: PlatformStatus, held: Mapping[str, Any] | None = None) 
     live = status.live
     if live is not None and live.run_id is not None:
         _plain_row(table, "watermark", _watermark_line(live))
+    if live is not None and (live.run_id is not None or live.backlog_splits):
         _plain_row(table, "backlog", _backlog_line(live))
+    if live is not None and live.run_id is not None:
         rate = (
             ""
             if live.rows_per_second is None
@@ -288,7 +290,7 @@ def kafka_lag_line(held: Mapping[str, Any]) -> str:
         line += f" ({shown}{more})"
     unseen = int(held.get("kafka_partitions_unseen", 0))
     if unseen:
-        line += f"; {unseen:,} not discovered yet (run 'sluice discover')"
+        line += f"; {unseen:,} not discovered yet (counted from where discovery starts them)"
     return line
 
 

@@ -106,11 +106,11 @@ def test_bounded_runs_read_each_message_once_and_commit_offsets_to_the_group(
     try:
         oracle = produce_clicks(broker.bootstrap, topic, range(0, 2000))
         pipeline = click_pipeline(name, broker.bootstrap, topics=[topic])
-        # Before any tick: no position, 4 partitions to discover.
-        assert _lag(platform, pipeline) == (0, {}, 1)
+        # Before any tick: 4 partitions to discover, counted from their start (earliest).
+        total, per_partition, unseen = _lag(platform, pipeline)
+        assert (total, len(per_partition), unseen) == (2000, 4, 1), per_partition
         assert discover(platform, discovery_of(pipeline, settings)).splits_registered == 4
-        total, per_partition, _ = _lag(platform, pipeline)
-        assert total == 2000 and sum(per_partition.values()) == 2000, per_partition
+        assert _lag(platform, pipeline) == (2000, per_partition, 0)
         first = run_pipeline(settings, pipeline)
         assert (first.rows_out, first.dead_letters) == (2000, 0)
         assert _lag(platform, pipeline) == (0, dict.fromkeys(per_partition, 0), 0)

@@ -135,7 +135,27 @@ def test_the_kafka_message_lag_names_the_partitions_most_behind() -> None:
     }
     assert kafka_lag_line(held) == (
         "1,311 messages on 6 partitions (clicks/2 1,100, clicks/0 104, c/4 102, 1 more);"
-        " 1 not discovered yet (run 'sluice discover')"
+        " 1 not discovered yet (counted from where discovery starts them)"
     )
     caught_up = {"kafka_lag_messages": 0, "kafka_lag": {"t/0": 0}, "kafka_partitions": 1}
     assert kafka_lag_line(caught_up) == "0 messages on 1 partition"
+
+
+def test_the_backlog_shows_before_the_first_run() -> None:
+    """Trial H: after the first discovery the status had no backlog row (only --json said 3)."""
+    from datetime import UTC, datetime, timedelta
+
+    from enumerator_service._live_state import LiveState
+    from enumerator_service._operations import PlatformStatus
+    from spark_jobs.cli._render import status_table
+
+    now = datetime(2026, 11, 28, 12, tzinfo=UTC)
+    live = LiveState(
+        "payments", now, None, None, None, None, None, 3, now - timedelta(minutes=2), None
+    )
+    status = PlatformStatus("payments", {}, 0, 0, 0, [], None, None, live=live)
+    console = Console(record=True, width=200)
+    console.print(status_table(status, {}))
+    text = console.export_text()
+    assert "backlog" in text and "3 splits, oldest waiting 2m 00s" in text, text
+    assert "watermark" not in text and "throughput" not in text, text

@@ -4,10 +4,12 @@ A split counts in the status backlog until a run reads it, but an open partition
 (``[next, ∞)``) may hold nothing new: the number that says how far behind the pipeline is
 is the *message lag* — per partition, the broker's end offset now minus Sluice's position
 (its latest main-line split's committed offset, or that split's start when nothing of it
-committed yet), summed; the figure consumer-lag tools show, from the source of truth rather
-than the consumer group (which Sluice only updates after each checkpoint). A partition no
-tick has seen yet has no position: it is counted apart (the next ``discover`` gives it its
-start offset). Day splits (a backfill's) are not the main line and do not count.
+committed yet, else the enumerator cursor's next offset), summed; the figure consumer-lag
+tools show, from the source of truth rather than the consumer group (which Sluice only
+updates after each checkpoint). A partition no tick has seen yet is counted from where the
+next ``discover`` will start it (``KafkaSource(start)``: with ``earliest``, all its
+messages), and named apart. Day splits (a backfill's) are not the main line and do not
+count.
 
 An unreachable broker or a missing topic is not a failure of ``sluice status``: the result
 says so in one line (``kafka_unknown``) and the rest of the status is shown.
@@ -24,8 +26,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import distinct_on
 
 from enumerator_service import ConfigError, splits
-from spark_jobs.connectors.kafka._client import consumer, list_partitions, watermarks
-from spark_jobs.connectors.kafka._enumerator import KIND
+from spark_jobs.connectors.kafka._client import (
+    consumer,
+    list_partitions,
+    start_offsets,
+    watermarks,
+)
+from spark_jobs.connectors.kafka._enumerator import KIND, KafkaEnumerator
 from spark_jobs.connectors.kafka._options import KafkaOptions, topic_of
 
 __all__ = ["kafka_status", "positions"]
@@ -47,23 +54,29 @@ def positions(conn: sa.Connection, source: str) -> dict[str, int]:
 
 
 def kafka_status(conn: sa.Connection, source: str, options: KafkaOptions) -> Mapping[str, Any]:
-    """``kafka_lag_messages`` (total), ``kafka_lag`` (per partition with a position),
+    """``kafka_lag_messages`` (total), ``kafka_lag`` (per partition),
     ``kafka_partitions`` (every partition the source reads now) and
-    ``kafka_partitions_unseen`` (no tick has given them a position yet); or
-    ``kafka_unknown``: why the broker could not say."""
-    at = positions(conn, source)
+    ``kafka_partitions_unseen`` (no tick has given them a position yet: counted from their
+    start); or ``kafka_unknown``: why the broker could not say."""
+    at = {
+        **KafkaEnumerator(conn.engine, source, options).cursor()["next"],
+        **positions(conn, source),
+    }
     try:
         client = consumer(options)
         try:
             topics = list_partitions(client, options)
             found = [(t, p) for t, count in sorted(topics.items()) for p in range(count)]
             ends = watermarks(client, options, found)
+            unseen = [tp for tp in found if f"{tp[0]}/{tp[1]}" not in at]
+            starts = start_offsets(client, options, unseen) if unseen else {}
         finally:
             client.close()
     except ConfigError as exc:
         return {"kafka_unknown": str(exc)}
+    at.update({f"{t}/{p}": offset for (t, p), offset in starts.items()})
     lag = {
-        path: max(ends[topic_of(path)][1] - offset, 0)
+        path: max(ends[topic_of(path)][1] - int(offset), 0)
         for path, offset in sorted(at.items())
         if topic_of(path) in ends
     }
@@ -71,5 +84,5 @@ def kafka_status(conn: sa.Connection, source: str, options: KafkaOptions) -> Map
         "kafka_lag_messages": sum(lag.values()),
         "kafka_lag": lag,
         "kafka_partitions": len(found),
-        "kafka_partitions_unseen": sum(1 for t, p in found if f"{t}/{p}" not in at),
+        "kafka_partitions_unseen": len(unseen),
     }
