@@ -224,12 +224,21 @@ def status_table(status: PlatformStatus, held: Mapping[str, Any] | None = None) 
         reopened = done.generations - done.partitions
         again = f", {reopened:,} completed again" if reopened else ""
         _plain_row(table, "partitions complete", f"{done.partitions:,}{again}{waiting}")
-    live = status.live
-    if live is not None and live.run_id is not None:
+    if status.live is not None:
+        _live_rows(table, status.live)
+    _held_rows(table, held or {})
+    return table
+
+
+def _live_rows(table: Table, live: LiveState) -> None:
+    """Watermark and throughput once a run completed a checkpoint; the backlog then, and
+    before any run whenever splits wait."""
+    ran = live.run_id is not None
+    if ran:
         _plain_row(table, "watermark", _watermark_line(live))
-    if live is not None and (live.run_id is not None or live.backlog_splits):
+    if ran or live.backlog_splits:
         _plain_row(table, "backlog", _backlog_line(live))
-    if live is not None and live.run_id is not None:
+    if ran:
         rate = (
             ""
             if live.rows_per_second is None
@@ -237,8 +246,6 @@ def status_table(status: PlatformStatus, held: Mapping[str, Any] | None = None) 
         )
         took = live.last_checkpoint_seconds or 0.0
         _plain_row(table, "throughput", f"{rate}last checkpoint took {took:.1f}s")
-    _held_rows(table, held or {})
-    return table
 
 
 def _held_rows(table: Table, held: Mapping[str, Any]) -> None:

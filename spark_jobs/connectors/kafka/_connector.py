@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.engine import Engine
 
-from enumerator_service import EnumeratorDiscovery, Settings, SplitEnumerator, splits
+from enumerator_service import EnumeratorDiscovery, Settings, SplitEnumerator
 from spark_jobs.connectors._interface import (
     CompletionHook,
     ReaderContext,
@@ -22,9 +21,14 @@ from spark_jobs.connectors._interface import (
 )
 from spark_jobs.connectors.kafka._client import consumer, list_partitions
 from spark_jobs.connectors.kafka._enumerator import KIND, KafkaEnumerator
-from spark_jobs.connectors.kafka._options import KafkaOptions, check_options, topic_of
+from spark_jobs.connectors.kafka._options import (
+    KafkaOptions,
+    check_options,
+    partition_path,
+    topic_of,
+)
 from spark_jobs.connectors.kafka._reader import KafkaSplitReader
-from spark_jobs.connectors.kafka._status import kafka_status
+from spark_jobs.connectors.kafka._status import kafka_status, main_line_offsets
 
 if TYPE_CHECKING:
     from spark_jobs.pipeline._checks import Context
@@ -153,7 +157,7 @@ class KafkaOffsetCommitter(CompletionHook):
         """librdkafka's report of an asynchronous commit."""
         failed = [tp for tp in partitions if error is not None or tp.error is not None]
         for tp in failed:
-            self._sent.pop(f"{tp.topic}/{tp.partition}", None)  # sent again next time
+            self._sent.pop(partition_path((tp.topic, tp.partition)), None)  # sent again next time
         if failed:
             _log.warning(
                 "offsets not committed to consumer group %s (lag tools only; retried at the "
@@ -162,19 +166,8 @@ class KafkaOffsetCommitter(CompletionHook):
 
     def offsets(self) -> dict[str, int]:
         """Per partition path, the committed offset of its latest split."""
-        stmt = (
-            sa.select(splits.c.uri, splits.c.committed_offset)
-            .where(
-                splits.c.source == self._source,
-                splits.c.kind == KIND,
-                splits.c.committed_offset.is_not(None),
-                sa.not_(splits.c.uri.contains("@")),  # the main line, not day splits
-            )
-            .order_by(splits.c.uri, splits.c.start_offset.desc())
-            .ext(distinct_on(splits.c.uri))
-        )
         with self._engine.connect() as conn:
-            return {uri: int(offset) for uri, offset in conn.execute(stmt).all()}
+            return main_line_offsets(conn, self._source, committed=True)
 
     def completed(self, checkpoint_id: int) -> None:
         try:

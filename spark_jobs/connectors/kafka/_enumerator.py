@@ -55,7 +55,7 @@ from spark_jobs.connectors.kafka._client import (
     timestamp_offsets,
     watermarks,
 )
-from spark_jobs.connectors.kafka._options import KafkaOptions, day_path, topic_of
+from spark_jobs.connectors.kafka._options import KafkaOptions, day_path, partition_path, topic_of
 
 __all__ = ["KIND", "KafkaEnumerator"]
 
@@ -92,7 +92,7 @@ class KafkaEnumerator(SplitEnumerator):
             if self._dates is not None:
                 return self._discover_days(client, found)
             seen = self.cursor()["next"]
-            new = [tp for tp in found if _path(tp) not in seen]
+            new = [tp for tp in found if partition_path(tp) not in seen]
             starts = start_offsets(client, self._options, new) if new else {}
         finally:
             client.close()
@@ -103,12 +103,12 @@ class KafkaEnumerator(SplitEnumerator):
             cursor = self.cursor()
             known: dict[str, int] = dict(cursor["next"])
             for tp, offset in starts.items():
-                known.setdefault(_path(tp), offset)
+                known.setdefault(partition_path(tp), offset)
             opened = set(cursor["open"])
             added = [
-                StreamSplit(self._source, KIND, _path(tp), known[_path(tp)], None)
+                StreamSplit(self._source, KIND, partition_path(tp), known[partition_path(tp)], None)
                 for tp in found
-                if _path(tp) not in opened
+                if partition_path(tp) not in opened
             ]
             registered = len(SplitStore.insert(conn, added))
             opened.update(s.path for s in added)
@@ -228,7 +228,3 @@ def _lock_cursor(conn: sa.Connection, source: str) -> None:
 
 def _millis(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
-
-
-def _path(tp: tuple[str, int]) -> str:
-    return f"{tp[0]}/{tp[1]}"

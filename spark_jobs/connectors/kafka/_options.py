@@ -10,7 +10,15 @@ from typing import Any
 
 from spark_jobs.connectors.kafka._spec import METADATA_FIELDS
 
-__all__ = ["FORMATS", "KafkaOptions", "check_options", "day_of", "day_path", "topic_of"]
+__all__ = [
+    "FORMATS",
+    "KafkaOptions",
+    "check_options",
+    "day_of",
+    "day_path",
+    "partition_path",
+    "topic_of",
+]
 
 FORMATS = ("json", "csv", "raw")
 _START_WORDS = ("earliest", "latest", "committed")
@@ -54,6 +62,12 @@ def topic_of(path: str) -> tuple[str, int]:
     (topic, partition)."""
     topic, _, partition = path.partition("@")[0].rpartition("/")
     return topic, int(partition)
+
+
+def partition_path(tp: tuple[str, int]) -> str:
+    """The path of a main-line split of (topic, partition): ``"<topic>/<partition>"``
+    (:func:`topic_of`'s inverse)."""
+    return f"{tp[0]}/{tp[1]}"
 
 
 def day_of(path: str) -> date | None:

@@ -33,15 +33,23 @@ from spark_jobs.connectors.kafka._client import (
     watermarks,
 )
 from spark_jobs.connectors.kafka._enumerator import KIND, KafkaEnumerator
-from spark_jobs.connectors.kafka._options import KafkaOptions, topic_of
+from spark_jobs.connectors.kafka._options import KafkaOptions, partition_path, topic_of
 
-__all__ = ["kafka_status", "positions"]
+__all__ = ["kafka_status", "main_line_offsets"]
 
 
-def positions(conn: sa.Connection, source: str) -> dict[str, int]:
-    """Per partition path, the offset the pipeline reads next on its main line."""
+def main_line_offsets(conn: sa.Connection, source: str, *, committed: bool) -> dict[str, int]:
+    """Per partition path, from its latest main-line split (day splits left out):
+    ``committed`` — the committed offset of the latest split with one (what the consumer
+    group is told); else the offset the pipeline reads next (the latest split's committed
+    offset, or its start when nothing of it committed yet)."""
+    offset = (
+        splits.c.committed_offset
+        if committed
+        else sa.func.coalesce(splits.c.committed_offset, splits.c.start_offset)
+    )
     stmt = (
-        sa.select(splits.c.uri, sa.func.coalesce(splits.c.committed_offset, splits.c.start_offset))
+        sa.select(splits.c.uri, offset)
         .where(
             splits.c.source == source,
             splits.c.kind == KIND,
@@ -50,7 +58,9 @@ def positions(conn: sa.Connection, source: str) -> dict[str, int]:
         .order_by(splits.c.uri, splits.c.start_offset.desc())
         .ext(distinct_on(splits.c.uri))
     )
-    return {uri: int(offset) for uri, offset in conn.execute(stmt).all()}
+    if committed:
+        stmt = stmt.where(splits.c.committed_offset.is_not(None))
+    return {uri: int(value) for uri, value in conn.execute(stmt).all()}
 
 
 def kafka_status(conn: sa.Connection, source: str, options: KafkaOptions) -> Mapping[str, Any]:
@@ -60,7 +70,7 @@ def kafka_status(conn: sa.Connection, source: str, options: KafkaOptions) -> Map
     start); or ``kafka_unknown``: why the broker could not say."""
     at = {
         **KafkaEnumerator(conn.engine, source, options).cursor()["next"],
-        **positions(conn, source),
+        **main_line_offsets(conn, source, committed=False),
     }
     try:
         client = consumer(options)
@@ -68,13 +78,13 @@ def kafka_status(conn: sa.Connection, source: str, options: KafkaOptions) -> Map
             topics = list_partitions(client, options)
             found = [(t, p) for t, count in sorted(topics.items()) for p in range(count)]
             ends = watermarks(client, options, found)
-            unseen = [tp for tp in found if f"{tp[0]}/{tp[1]}" not in at]
+            unseen = [tp for tp in found if partition_path(tp) not in at]
             starts = start_offsets(client, options, unseen) if unseen else {}
         finally:
             client.close()
     except ConfigError as exc:
         return {"kafka_unknown": str(exc)}
-    at.update({f"{t}/{p}": offset for (t, p), offset in starts.items()})
+    at.update({partition_path(tp): offset for tp, offset in starts.items()})
     lag = {
         path: max(ends[topic_of(path)][1] - int(offset), 0)
         for path, offset in sorted(at.items())
