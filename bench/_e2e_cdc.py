@@ -49,7 +49,7 @@ from _e2e_cdc_tables import APPLIED, OUT, cdc_pipeline, create_orders, sink_diff
 from _e2e_common import Context, Result
 from _e2e_procs import timed_run
 from _e2e_sluice import sluice_settings
-from _harness import forget_source, verdict_line
+from _harness import drop_sink_tables, forget_source, verdict_line
 
 from enumerator_service import Settings
 from enumerator_service._operations import Platform, discover
@@ -230,10 +230,8 @@ class CdcBench:
             forget_source(self.engine, pipe.name)
         with self.source.engine.begin() as conn:
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {state.table}"))
-        with self.engine.begin() as conn:
-            sinks = [f"{state.table}{p.sink}" for p in state.pipes.values()]
-            staged = [f"{sink}__staged" for sink in sinks]  # the Postgres sink's staging
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {', '.join([*sinks, *staged])}"))
+        sinks = [f"{state.table}{p.sink}" for p in state.pipes.values()]
+        drop_sink_tables(self.engine, "public", sinks)
 
     def apply(self) -> Result:
         label = f"CDC Sluice: stream -> Postgres upsert (apply){self.source.label}"

@@ -27,7 +27,7 @@ from _e2e_cdc_tables import cdc_pipeline, create_orders, sink_diff
 from _e2e_common import Context
 from _e2e_latency import POLL, Latency, Poller
 from _e2e_sluice import sluice_settings
-from _harness import forget_source
+from _harness import drop_sink_tables, forget_source
 
 from enumerator_service import SplitStore, asyncpg_dsn, splits
 from enumerator_service._operations import Platform, discover
@@ -152,7 +152,8 @@ def measure_cdc_latency(ctx: Context, rate: float, seconds: float) -> Latency:
         drop_slot(engine, options.slot, options.publication)
         forget_source(engine, name)
         with engine.begin() as conn:
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}, {table}_out, {table}_out__staged"))
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
+        drop_sink_tables(engine, "public", [f"{table}_out"])
     offered = sum(rows for _, _, rows in commits)
     return Latency(
         "CDC latency: commit -> visible in the Postgres sink (continuous run)",

@@ -23,7 +23,7 @@ from _e2e_common import (
 )
 from _e2e_pgcpu import breakdown
 from _e2e_procs import MemorySampler, _cmdline, _descendants, _process_table, timed_run
-from _harness import clickstream_over, forget_source
+from _harness import clickstream_over, drop_sink_tables, forget_source
 
 from enumerator_service import Settings, StorageOptions, load_settings, open_location
 from enumerator_service._operations import Platform, discover
@@ -184,7 +184,6 @@ def _run_pipeline(
 
 def run_orders(ctx: Context, latency_ms: float) -> Result:
     """The orders example over the bench's orders files (rows in = orders read)."""
-    import sqlalchemy as sa
 
     from examples.orders import orders
     from spark_jobs import PostgresSink
@@ -202,8 +201,7 @@ def run_orders(ctx: Context, latency_ms: float) -> Result:
     try:
         summary, wall, cpu, memory = _run_pipeline(ctx, settings, pipeline)
     finally:
-        with ctx.platform.engine.begin() as conn:
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}, {table}__staged"))
+        drop_sink_tables(ctx.platform.engine, "public", [table])
     note = (
         f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} / p99 "
         f"{summary.checkpoint_p99_ms:.0f} ms), {summary.lookup_queries:,} queries, "

@@ -92,6 +92,16 @@ def timed(fn: Callable[[], T]) -> tuple[float, T]:
     return time.perf_counter() - start, result
 
 
+def drop_sink_tables(engine: sa.Engine, schema: str, tables: Iterable[str]) -> None:
+    """Drop Postgres sink tables and the staged batch tables of each (a failed run's)."""
+    from spark_jobs.sink import batch_tables
+
+    with engine.begin() as conn:
+        for table in tables:
+            for name in [table, *batch_tables(conn, schema, table)]:
+                conn.execute(sa.text(f'DROP TABLE IF EXISTS "{schema}"."{name}"'))
+
+
 def forget_source(engine: sa.Engine, source: str) -> None:
     """Delete a benchmark source's splits, dead letters, cursor, checkpoints and sink
     transactions, so repeated runs leave nothing behind in the platform database."""

@@ -70,7 +70,7 @@ def stage(
     platform: Platform, batches: list[pa.RecordBatch], *, via_csv: bool
 ) -> tuple[float, float]:
     """(Wall seconds, this process' CPU seconds) to stage and pre-commit ``batches``; the
-    staged rows are deleted after."""
+    staged batch tables are dropped after."""
     run_id = f"bench-{secrets.token_hex(4)}"
     io = ThreadPoolExecutor(1)
     writer = PostgresTableSinkWriter(
@@ -90,15 +90,13 @@ def stage(
     start, cpu = time.perf_counter(), time.process_time()
     for b in batches:
         writer.write_batch("2026-01-01", b)
-    writer.pre_commit().result()
+    out = writer.pre_commit().result()
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     io.submit(writer.close).result()
     io.shutdown()
     with platform.engine.begin() as conn:
-        conn.execute(
-            sa.text(f'DELETE FROM public."{TABLE}__staged" WHERE "__sluice_run_id" = :r'),
-            {"r": run_id},
-        )
+        for entry in out.files:
+            conn.execute(sa.text(f'DROP TABLE public."{entry["staged_table"]}"'))
     return seconds, cpu
 
 

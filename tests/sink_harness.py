@@ -27,7 +27,16 @@ from enumerator_service._operations import Platform
 from enumerator_service._schema import sink_transactions
 from spark_jobs.sink import PostgresTableSink, StagedOutput, build_sinks
 
-__all__ = ["COLUMNS", "DAY1", "DAY2", "ORDERS", "Run", "expected", "orders"]
+__all__ = [
+    "COLUMNS",
+    "DAY1",
+    "DAY2",
+    "ORDERS",
+    "Run",
+    "expected",
+    "orders",
+    "refuse_batch_tables",
+]
 
 DAY1, DAY2 = date(2026, 1, 1), date(2026, 1, 2)
 ORDERS = pa.schema(
@@ -136,3 +145,26 @@ class Run:
                     .order_by(sink_transactions.c.checkpoint_id)
                 ).scalars()
             )
+
+
+def refuse_batch_tables(schema: str, function: str) -> str:
+    """SQL of an event trigger that puts a ``BEFORE INSERT`` trigger running ``function``
+    (a trigger function that may raise) on every staged batch table created in ``schema``:
+    a batch table only exists from its batch's first COPY. Dropped by ``DROP EVENT TRIGGER
+    refuse_batch_tables``."""
+    return f"""
+CREATE OR REPLACE FUNCTION {schema}.arm_refusal() RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE created record;
+BEGIN
+    FOR created IN SELECT * FROM pg_event_trigger_ddl_commands()
+        WHERE command_tag = 'CREATE TABLE' AND schema_name = '{schema}'
+        AND starts_with(object_identity, '{schema}.__sluice_staged_')
+    LOOP
+        EXECUTE 'CREATE TRIGGER refuse BEFORE INSERT ON ' || created.object_identity
+            || ' FOR EACH ROW EXECUTE FUNCTION {function}()';
+    END LOOP;
+END $$;
+DROP EVENT TRIGGER IF EXISTS refuse_batch_tables;
+CREATE EVENT TRIGGER refuse_batch_tables ON ddl_command_end WHEN TAG IN ('CREATE TABLE')
+    EXECUTE FUNCTION {schema}.arm_refusal();
+"""

@@ -1,6 +1,7 @@
 """Sinks: two-phase-commit output (staged per checkpoint, committed with it), for any output
 schema a pipeline derives."""
 
+from spark_jobs.sink._batch_tables import batch_tables, staged_rows
 from spark_jobs.sink._folders import replace_folder
 from spark_jobs.sink._parquet import (
     SINK_NAME,
@@ -35,6 +36,7 @@ __all__ = [
     "SinkWriter",
     "StagedFileError",
     "StagedOutput",
+    "batch_tables",
     "build_sinks",
     "committer",
     "ensure_tables",
@@ -42,6 +44,7 @@ __all__ = [
     "open_sink_writer",
     "publish_files",
     "replace_folder",
+    "staged_rows",
     "sweep_staged",
     "table_lock",
 ]

@@ -1,6 +1,6 @@
 """The table sink's staged rows as ``COPY … FROM STDIN (FORMAT CSV)`` input, rendered by
-Arrow's CSV writer (C++) instead of one Python ``write_row`` per row: the staging key and
-sequence columns are added as Arrow arrays, so no Python loop runs per row.
+Arrow's CSV writer (C++) instead of one Python ``write_row`` per row: the sequence column
+is added as an Arrow array, so no Python loop runs per row.
 
 Why this is exact for every type but ``binary``: Arrow quotes every string value and writes
 a null as an empty unquoted field, which is Postgres' CSV rule for NULL vs ``''``; quotes
@@ -31,7 +31,6 @@ __all__ = ["CSV_COPY_OPTIONS", "CsvRows", "csv_exact"]
 CSV_COPY_OPTIONS = "(FORMAT CSV, ENCODING 'UTF8')"
 
 _WRITE = pacsv.WriteOptions(include_header=False, quoting_style="needed")
-_KEY_TYPES = (pa.string(), pa.int32(), pa.string(), pa.int64())
 
 
 def csv_exact(schema: pa.Schema) -> bool:
@@ -40,15 +39,14 @@ def csv_exact(schema: pa.Schema) -> bool:
 
 
 class CsvRows:
-    """Renders batches of ``schema`` as staging rows: the key, the sequence, the fields,
-    then the partition date when ``partitioned`` (the staging COPY's column order)."""
+    """Renders batches of ``schema`` as staging rows: the sequence, the fields, then the
+    partition date when ``partitioned`` (the batch table's COPY column order)."""
 
     def __init__(self, schema: pa.Schema, *, partitioned: bool) -> None:
         if not csv_exact(schema):
             raise ValueError(f"schema ({schema}) has a field CSV COPY cannot carry exactly")
         self._partitioned = partitioned
-        fields = [pa.field(f"k{i}", kind) for i, kind in enumerate(_KEY_TYPES)]
-        fields.append(pa.field("seq", pa.int64()))
+        fields = [pa.field("seq", pa.int64())]
         # UTC timestamps go to the writer as text, rendered by ``_utc_text``.
         self._utc = frozenset(i for i, f in enumerate(schema) if _is_utc(f.type))
         fields.extend(
@@ -62,10 +60,9 @@ class CsvRows:
     def encode(
         self,
         batches: list[tuple[str, pa.RecordBatch]],
-        key: tuple[str, int, str, int],
         seq: int,
     ) -> tuple[pa.Buffer, int]:
-        """(CSV of ``batches``' rows with ``key`` and sequence numbers ``seq + 1`` …, the
+        """(CSV of ``batches``' rows with sequence numbers ``seq + 1`` …, the
         last sequence number). A batch's partition is an ISO date, or ``""`` unpartitioned."""
         out = pa.BufferOutputStream()
         with pacsv.CSVWriter(out, self._schema, write_options=_WRITE) as writer:
@@ -73,11 +70,8 @@ class CsvRows:
                 n = batch.num_rows
                 if not n:
                     continue
-                columns = [
-                    pa.repeat(pa.scalar(v, t), n) for v, t in zip(key, _KEY_TYPES, strict=True)
-                ]
                 ones = pa.repeat(pa.scalar(1, pa.int64()), n)
-                columns.append(pc.add(pc.cumulative_sum(ones), pa.scalar(seq, pa.int64())))
+                columns = [pc.add(pc.cumulative_sum(ones), pa.scalar(seq, pa.int64()))]
                 columns.extend(
                     _utc_text(column) if i in self._utc else column
                     for i, column in enumerate(batch.columns)

@@ -2,11 +2,12 @@
 the same transaction as the split states.
 
 Task side, :class:`PostgresTableSinkWriter`: record batches (the pipeline's output schema)
-are COPYed into the staging table ``<schema>.<table>__staged`` under the staging key (run,
-subtask, attempt, batch, seq; see ``_table_layout``). One batch is what a task attempt wrote
-between two pre-commits; it is staged in one transaction on the writer's own connection, and
-the pre-commit commits that transaction — durable, and invisible to readers of the target
-table. A task that dies mid-batch leaves nothing: its transaction rolls back. (That
+are COPYed into a table of their batch (``_batch_tables``: named by the staging key — run,
+subtask, attempt, batch — with a sequence number per row). One batch is what a task attempt
+wrote between two pre-commits; its table is created and loaded in one transaction on the
+writer's own connection, and the pre-commit commits that transaction — durable, and
+invisible to readers of the target table. A task that dies mid-batch leaves nothing: its
+transaction, table and all, rolls back. (That
 transaction stays open for one checkpoint interval; a server-side
 ``idle_in_transaction_session_timeout`` shorter than the interval fails the task.) Rows go
 over CSV COPY rendered by Arrow (``_copy_csv``: no Python work per row), 8192 per
@@ -19,9 +20,9 @@ upsert would keep (``latest_rows``: the latest ``latest_by``, then the last): th
 could never win, so COPY, staging and the commit skip them (a change stream's updates and
 deletes of rows inserted moments before); they still count as rows written.
 
-The pre-commit's staged entry describes itself (table, columns, partitioning, upsert key), so
-the commit side (``_table_commit``) needs no pipeline. Leftovers of attempts that died after
-a pre-commit are removed by ``sweep_staged`` (``_table_setup``).
+The pre-commit's staged entry describes itself (table, columns, partitioning, upsert key,
+batch table), so the commit side (``_table_commit``) needs no pipeline. Leftovers of attempts
+that died after a pre-commit are dropped by ``sweep_staged`` (``_table_setup``).
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ from psycopg import sql
 
 from enumerator_service import encode_dead_letters
 from spark_jobs.pipeline._types import postgres_type
+from spark_jobs.sink._batch_tables import batch_table_ddl, batch_table_name
 from spark_jobs.sink._copy_csv import CSV_COPY_OPTIONS, CsvRows, csv_exact
 from spark_jobs.sink._latest import latest_rows
 from spark_jobs.sink._staged import StagedOutput, conform_batch
 from spark_jobs.sink._table_layout import (
-    KEY_COLUMNS,
     SEQ_COLUMN,
     TABLE_SINK_NAME,
     TableLayout,
@@ -108,13 +109,8 @@ class PostgresTableSinkWriter:
         self._csv = (
             CsvRows(columns, partitioned=partitioned) if via_csv and csv_exact(columns) else None
         )
-        options = CSV_COPY_OPTIONS if self._csv is not None else "(FORMAT BINARY)"
-        self._copy_sql = sql.SQL("COPY {} ({}) FROM STDIN " + options).format(
-            self._layout.staging,
-            column_list([n for n, _ in KEY_COLUMNS] + [SEQ_COLUMN, *self._layout.names]),
-        )
+        self._copy_options = CSV_COPY_OPTIONS if self._csv is not None else "(FORMAT BINARY)"
         self._copy_types = [
-            *(kind for _, kind in KEY_COLUMNS),
             "bigint",
             *(_copy_type(f.type) for f in columns),
             *(["date"] if partitioned else []),
@@ -131,6 +127,7 @@ class PostgresTableSinkWriter:
         # Writer thread only:
         self._conn: psycopg.Connection[Any] | None = None
         self._batch = 1
+        self._table: str | None = None  # the open batch's table (created in its transaction)
         self._staged = 0  # rows in the open batch (its transaction is not committed yet)
         self._superseded = 0  # rows of the open batch not staged: a later one of its key won
         self._by_partition: dict[str, int] = {}
@@ -209,13 +206,13 @@ class PostgresTableSinkWriter:
                 batches = self._latest(batches)
             if self._conn is None:
                 self._conn = psycopg.connect(self._dsn, application_name="sluice-sink")
-            key, seq = (*self._key, self._batch), self._staged
-            with self._conn.cursor() as cur, cur.copy(self._copy_sql) as copy:
+            seq = self._staged
+            with self._conn.cursor() as cur, cur.copy(self._batch_copy(cur)) as copy:
                 if self._csv is not None:
-                    payload, seq = self._csv.encode(batches, key, seq)
+                    payload, seq = self._csv.encode(batches, seq)
                     copy.write(memoryview(payload))
                 else:
-                    seq = self._write_rows(copy, batches, key, seq)
+                    seq = self._write_rows(copy, batches, seq)
             if partitioned:
                 for partition, batch in batches:
                     counts[partition] = counts.get(partition, 0) + batch.num_rows
@@ -226,6 +223,20 @@ class PostgresTableSinkWriter:
         self._staged = seq
         for partition, rows in counts.items():
             self._by_partition[partition] = self._by_partition.get(partition, 0) + rows
+
+    def _batch_copy(self, cur: psycopg.Cursor[Any]) -> sql.Composed:
+        """The COPY into the open batch's table, creating the table first in the batch's
+        transaction (``FREEZE``: rows loaded into a table of the loading transaction)."""
+        if self._table is None:
+            name = batch_table_name(self._layout, (*self._key, self._batch))
+            for statement in batch_table_ddl(self._layout, name, self._schema, self._key[0]):
+                cur.execute(statement)
+            self._table = name
+        options = self._copy_options[:-1] + ", FREEZE)"
+        return sql.SQL("COPY {} ({}) FROM STDIN " + options).format(
+            sql.Identifier(self._layout.schema, self._table),
+            column_list([SEQ_COLUMN, *self._layout.names]),
+        )
 
     def _latest(
         self, batches: list[tuple[str, pa.RecordBatch]]
@@ -242,7 +253,6 @@ class PostgresTableSinkWriter:
         self,
         copy: psycopg.Copy,
         batches: list[tuple[str, pa.RecordBatch]],
-        key: tuple[str, int, str, int],
         seq: int,
     ) -> int:
         """Binary COPY, one ``write_row`` per row; returns the last sequence number."""
@@ -255,7 +265,7 @@ class PostgresTableSinkWriter:
                 columns.append([date.fromisoformat(partition)] * batch.num_rows)
             for row in zip(*columns, strict=True):
                 seq += 1
-                copy.write_row((*key, seq, *row))
+                copy.write_row((seq, *row))
         return seq
 
     def _commit_batch(
@@ -284,12 +294,14 @@ class PostgresTableSinkWriter:
                     "subtask": subtask,
                     "attempt": attempt,
                     "batch": self._batch,
+                    "staged_table": self._table,
                     "rows": self._staged,
                     "rows_by_partition": dict(sorted(self._by_partition.items())),
                 }
             )
             out.rows = self._staged + self._superseded
             self._batch += 1
+            self._table = None
             self._staged = self._superseded = 0
             self._by_partition = {}
         return out
@@ -303,3 +315,4 @@ class PostgresTableSinkWriter:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+            self._table = None  # (rolled back with its transaction)

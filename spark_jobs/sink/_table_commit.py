@@ -1,20 +1,24 @@
 """Commit side of the Postgres table sink: staged batches move into their target table inside
 the transaction that completes their checkpoint.
 
-``commit`` runs one statement per table layout on the connection of the completion
-transaction: a ``DELETE … RETURNING`` of the staged batches feeding an ``INSERT`` into the
-target, so the rows become visible atomically with the split states and roll back with them.
-An upsert sink inserts ``DISTINCT ON`` its key — the row of the latest event time wins
-(``latest_by``), then the last staged (highest batch, then sequence), so rows of one commit
-never conflict with each other — ``ON CONFLICT … DO UPDATE`` every other column, unless the
-stored row's event time is later (a rebuild of an older day, a late record: the latest event
-stays, whatever the order of processing). A change stream's upsert (``op_field``, e.g. a CDC
-source's ``_op``) also deletes: a key whose winning row is a delete loses its stored row,
-unless that one is of a later ``latest_by`` (``_lsn``). ``publish`` has nothing left to do;
-``abort`` deletes staged batches.
+``commit`` reads each entry's batch table (``_batch_tables``; the checks: every table is
+there and holds the rows its pre-commit recorded), writes the rows into the target and drops
+the batch tables, on the connection of the completion transaction, so the rows become
+visible atomically with the split states and roll back with them. An upsert sink takes per
+key the row of the latest event time (``latest_by``), then the last staged (highest batch,
+then sequence), so rows of one commit never conflict with each other, and replaces a stored
+row unless that one's event time is later (a rebuild of an older day, a late record: the
+latest event stays, whatever the order of processing): one ``MERGE`` on Postgres 15 and
+later (``_table_merge``), else ``INSERT … ON CONFLICT … DO UPDATE``. A change stream's upsert
+(``op_field``, e.g. a CDC source's ``_op``) also deletes: a key whose winning row is a delete
+loses its stored row, unless that one is of a later ``latest_by`` (``_lsn``). An entry
+without a batch table was staged by a version before them, into one shared
+``<table>__staged``: it is moved from there (``DELETE … RETURNING``). ``publish`` has nothing
+left to do; ``abort`` drops batch tables.
 
-Every staged entry names its table, columns, partitioning and upsert key; they are validated
-again (``TableLayout.from_entry``) before any of them reaches SQL.
+Every staged entry names its table, columns, partitioning, upsert key and batch table; they
+are validated again (``TableLayout.from_entry``, ``checked_batch_table``) before any of them
+reaches SQL.
 
 AT_LEAST_ONCE: the reader task passes this sink to ``acknowledge``, which runs ``commit`` in
 the subtask's acknowledgement transaction — the rows become visible together with that
@@ -34,6 +38,7 @@ from psycopg import sql
 from sqlalchemy.engine import Connection, Engine
 
 from enumerator_service import StagedTransaction
+from spark_jobs.sink._batch_tables import checked_batch_table, drop_batch_tables
 from spark_jobs.sink._table_layout import (
     ENTRY_KEY,
     KEY_COLUMNS,
@@ -42,8 +47,10 @@ from spark_jobs.sink._table_layout import (
     TableLayout,
     column_list,
     execute,
+    staging_table,
     table_names,
 )
+from spark_jobs.sink._table_merge import merge_rows, merge_supported
 
 __all__ = ["PostgresTableSink"]
 
@@ -150,19 +157,38 @@ def _upsert_and_delete(layout: TableLayout) -> sql.Composed:
     )
 
 
-def _move(layout: TableLayout) -> sql.Composed:
-    """The statement moving the batches ``%(keys)s`` into the target; returns the number of
-    staged rows it deleted."""
+def _legacy_rows(layout: TableLayout) -> sql.Composed:
+    """The staged rows of the batches ``%(keys)s`` in the shared staging table (a batch staged
+    before issue 25's batch tables), deleted as they are read."""
+    return sql.SQL(
+        "DELETE FROM {staging} AS s USING ({keys}) AS k WHERE {match} RETURNING {returned}"
+    ).format(
+        staging=layout.staging,
+        keys=_KEYS,
+        match=_MATCH,
+        returned=column_list([_BATCH, SEQ_COLUMN, *layout.names], "s"),
+    )
+
+
+def _batch_rows(layout: TableLayout, entries: Sequence[Mapping[str, Any]]) -> sql.Composed:
+    """The rows of the entries' batch tables, each with its batch number."""
+    return sql.SQL(" UNION ALL ").join(
+        sql.SQL("SELECT CAST({number} AS bigint) AS {batch}, {columns} FROM {table}").format(
+            number=sql.Literal(int(entry["batch"])),
+            batch=sql.Identifier(_BATCH),
+            columns=column_list([SEQ_COLUMN, *layout.names]),
+            table=sql.Identifier(layout.schema, checked_batch_table(entry["staged_table"])),
+        )
+        for entry in entries
+    )
+
+
+def _move(layout: TableLayout, rows: sql.Composable) -> sql.Composed:
+    """The statement writing the staged ``rows`` (batch, sequence, columns) into the target;
+    returns how many it read."""
     if layout.op_field is not None:
-        return sql.SQL(
-            "WITH moved AS (DELETE FROM {staging} AS s USING ({keys}) AS k WHERE {match}"
-            " RETURNING {returned}), {writes} SELECT count(*) FROM moved"
-        ).format(
-            staging=layout.staging,
-            keys=_KEYS,
-            match=_MATCH,
-            returned=column_list([_BATCH, SEQ_COLUMN, *layout.names], "s"),
-            writes=_upsert_and_delete(layout),
+        return sql.SQL("WITH moved AS ({rows}), {writes} SELECT count(*) FROM moved").format(
+            rows=rows, writes=_upsert_and_delete(layout)
         )
     if layout.upsert_key is None:
         insert = sql.SQL("INSERT INTO {target} ({columns}) SELECT {columns} FROM moved").format(
@@ -171,16 +197,60 @@ def _move(layout: TableLayout) -> sql.Composed:
     else:
         insert = _upsert(layout)
     return sql.SQL(
-        "WITH moved AS (DELETE FROM {staging} AS s USING ({keys}) AS k WHERE {match}"
-        " RETURNING {returned}), written AS ({insert})"
-        " SELECT count(*) FROM moved"
-    ).format(
-        staging=layout.staging,
-        keys=_KEYS,
-        match=_MATCH,
-        returned=column_list([_BATCH, SEQ_COLUMN, *layout.names], "s"),
-        insert=insert,
+        "WITH moved AS ({rows}), written AS ({insert}) SELECT count(*) FROM moved"
+    ).format(rows=rows, insert=insert)
+
+
+def _missing_tables(conn: Connection, schema: str, names: Sequence[str]) -> list[str]:
+    found = conn.exec_driver_sql(
+        "SELECT n FROM unnest(CAST(%(names)s AS text[])) AS n"
+        " WHERE to_regclass(quote_ident(%(schema)s) || '.' || quote_ident(n)) IS NULL",
+        {"names": list(names), "schema": schema},
     )
+    return sorted(str(row[0]) for row in found)
+
+
+def _commit_layout(
+    conn: Connection, layout: TableLayout, entries: Sequence[Mapping[str, Any]]
+) -> None:
+    """Move the entries' rows of one layout; RuntimeError (the completion rolls back) when
+    fewer are staged than their pre-commits recorded."""
+    in_tables = [e for e in entries if "staged_table" in e]
+    legacy = [e for e in entries if "staged_table" not in e]
+    moved = expected = 0
+    if legacy:
+        query = _move(layout, _legacy_rows(layout))
+        moved += conn.exec_driver_sql(query.as_string(), {"keys": _keys(legacy)}).scalar_one()
+        expected += sum(int(e["rows"]) for e in legacy)
+    if in_tables:
+        names = [checked_batch_table(e["staged_table"]) for e in in_tables]
+        missing = _missing_tables(conn, layout.schema, names)
+        if missing:
+            raise RuntimeError(
+                f"staged output is lost: {len(missing)} staged batch table(s) of"
+                f" {layout.qualified} are missing ({', '.join(missing[:3])})"
+            )
+        rows = _batch_rows(layout, in_tables)
+        merged = (
+            layout.upsert_key is not None
+            and merge_supported(conn)
+            and merge_rows(conn, layout, rows)
+        )
+        query = (
+            sql.SQL("SELECT count(*) FROM ({}) AS r").format(rows)
+            if merged
+            else _move(layout, rows)
+        )
+        moved += conn.exec_driver_sql(query.as_string()).scalar_one()
+        expected += sum(int(e["rows"]) for e in in_tables)
+        drop = drop_batch_tables(layout.schema, names)
+        assert drop is not None
+        execute(conn, drop)
+    if moved != expected:
+        raise RuntimeError(
+            f"staged output is lost: {expected} rows were staged for"
+            f" {layout.qualified}, {moved} are left"
+        )
 
 
 class PostgresTableSink:
@@ -208,14 +278,7 @@ class PostgresTableSink:
         for entry in _entries(txns):
             grouped[TableLayout.from_entry(entry)].append(entry)
         for layout, entries in sorted(grouped.items(), key=lambda item: repr(item[0])):
-            query = _move(layout)
-            moved = conn.exec_driver_sql(query.as_string(), {"keys": _keys(entries)}).scalar_one()
-            expected = sum(int(e["rows"]) for e in entries)
-            if moved != expected:
-                raise RuntimeError(
-                    f"staged output is lost: {expected} rows were staged for"
-                    f" {layout.qualified}, {moved} are left"
-                )
+            _commit_layout(conn, layout, entries)
 
     def publish(self, txns: Sequence[StagedTransaction]) -> None:
         return None  # the rows became visible when the completion transaction committed
@@ -230,8 +293,20 @@ class PostgresTableSink:
             grouped[entry["schema"], entry["table"]].append(entry)
         with self._engine.begin() as conn:
             for (schema, table), entries in sorted(grouped.items()):
-                _, staging = table_names(schema, table)
-                query = sql.SQL("DELETE FROM {} AS s USING ({}) AS k WHERE {}").format(
-                    staging, _KEYS, _MATCH
+                drop = drop_batch_tables(
+                    schema, [e["staged_table"] for e in entries if "staged_table" in e]
                 )
-                execute(conn, query, keys=_keys(entries))
+                if drop is not None:
+                    execute(conn, drop)
+                legacy = [e for e in entries if "staged_table" not in e]
+                if legacy and _has_staging(conn, schema, table):
+                    _, staging = table_names(schema, table)
+                    query = sql.SQL("DELETE FROM {} AS s USING ({}) AS k WHERE {}").format(
+                        staging, _KEYS, _MATCH
+                    )
+                    execute(conn, query, keys=_keys(legacy))
+
+
+def _has_staging(conn: Connection, schema: str, table: str) -> bool:
+    """Whether the shared staging table of a sink from before the batch tables exists."""
+    return bool(_missing_tables(conn, schema, [staging_table(table)]) == [])

@@ -1,15 +1,15 @@
 """Setting up a Postgres sink table before a run, and removing what dead runs staged.
 
-:func:`ensure_tables` creates the schema, the target table and its staging table when they
-are missing and checks a target that exists: it must have every output column and no other
-NOT NULL column without a default, and an upsert sink needs a unique index or constraint on
-exactly its key (``ON CONFLICT`` infers it). The
-staging table is the platform's own: one of another layout (the output changed) is rebuilt
-once no live run has rows in it.
+:func:`ensure_tables` creates the schema and the target table when they are missing and
+checks a target that exists: it must have every output column and no other NOT NULL column
+without a default, and an upsert sink needs a unique index or constraint on exactly its key
+(``ON CONFLICT`` infers it). Staged rows live in a table per batch (``_batch_tables``), each
+of its own layout, created by the writer.
 
 :func:`sweep_staged`: a batch pre-committed by an attempt that died before acknowledging has
-no ``sink_transactions`` row; the driver deletes the staged rows of runs that hold no split
-(after recovery, at the start and at the end of every run).
+no ``sink_transactions`` row; the driver drops the batch tables of runs that hold no split
+(after recovery, at the start and at the end of every run), and empties and then drops the
+shared staging table a sink had before the batch tables.
 
 Threading: blocking database calls; the driver's thread.
 """
@@ -26,10 +26,10 @@ from sqlalchemy.engine import Connection, Engine
 
 from enumerator_service import SCHEMA, ConfigError, splits
 from spark_jobs.pipeline._types import postgres_type
+from spark_jobs.sink._batch_tables import dead_batch_tables, drop_batch_tables, table_rows
 from spark_jobs.sink._table_layout import (
     KEY_COLUMNS,
     PARTITION_COLUMN,
-    SEQ_COLUMN,
     TableLayout,
     column_list,
     execute,
@@ -41,11 +41,6 @@ __all__ = ["check_existing_target", "ensure_tables", "sweep_staged"]
 
 _log = logging.getLogger(__name__)
 
-#: ``postgres_type`` spellings that ``format_type`` (the catalog) spells differently.
-_CATALOG_SPELLING = {
-    "timestamptz": "timestamp with time zone",
-    "timestamp": "timestamp without time zone",
-}
 _COLUMNS = sa.text(
     "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,"
     " a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = ''"
@@ -88,15 +83,14 @@ def ensure_tables(
     partitioned: bool,
     upsert_key: Sequence[str] | None,
 ) -> None:
-    """Create the target and staging tables of sink ``schema_name.table`` if missing.
+    """Create the target table of sink ``schema_name.table`` if missing.
 
     ``columns``: the pipeline's output schema (the target gets these columns, then ``dt
     date`` when ``partitioned``, and ``PRIMARY KEY (upsert_key)`` when upserting). A
     ConfigError (one line, setting ``sink <schema>.<table>``) when an existing target lacks
     an output column or has a NOT NULL column without a default that the output does not
-    fill, when an upsert sink's target has no unique index or constraint on exactly the key
-    columns, or when the staging table has another layout and a live run still has rows
-    staged in it. Column types of an existing target are not checked (INSERT casts). Run by
+    fill, or when an upsert sink's target has no unique index or constraint on exactly the
+    key columns. Column types of an existing target are not checked (INSERT casts). Run by
     the driver at the start of a run.
     """
     setting = f"sink {schema_name}.{table}"
@@ -112,9 +106,6 @@ def ensure_tables(
     target = [_definition(name, kind, not_null) for name, kind, not_null in types]
     if layout.upsert_key is not None:
         target.append(sql.SQL("PRIMARY KEY ({})").format(column_list(layout.upsert_key)))
-    # Staging: key and sequence NOT NULL, output columns nullable (the target checks).
-    staged = [(name, kind, True) for name, kind in [*KEY_COLUMNS, (SEQ_COLUMN, "bigint")]]
-    staged += [(name, kind, False) for name, kind, _ in types]
     with engine.begin() as conn:
         execute(conn, sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema_name)))
         execute(
@@ -143,7 +134,6 @@ def ensure_tables(
                 f" does not fill: {', '.join(unfilled)}",
             )
         _require_unique_key(conn, schema_name, table, layout.upsert_key)
-        _ensure_staging(conn, layout, staged, setting)
 
 
 def _require_unique_key(
@@ -173,52 +163,6 @@ def check_existing_target(
             _require_unique_key(conn, schema_name, table, upsert_key)
 
 
-def _ensure_staging(
-    conn: Connection, layout: TableLayout, staged: list[tuple[str, str, bool]], setting: str
-) -> None:
-    """Create the staging table, or rebuild one of another layout that holds no live rows.
-
-    No index: the table only holds the batches of checkpoints not yet completed (a commit
-    deletes what it moves, ``sweep_staged`` what dead runs left), so a commit's scan of it
-    is short, while an index (the staging key was a primary key until issue 15) cost the
-    COPY of every row half its Postgres time. The commit's row count (moved = staged)
-    catches a batch staged twice. A staging table created with the key keeps it."""
-    create = sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
-        layout.staging,
-        sql.SQL(", ").join(_definition(*column) for column in staged),
-    )
-    execute(conn, create)
-    name = staging_table(layout.table)
-    present = _catalog(conn, layout.schema, name)
-    wrong = [
-        column
-        for column, kind, not_null in staged
-        if present.get(column, ("", False))[:2] != (_CATALOG_SPELLING.get(kind, kind), not_null)
-    ]
-    expected = {column for column, _, _ in staged}
-    wrong += [c for c, (_, not_null, _) in present.items() if not_null and c not in expected]
-    if not wrong:
-        return
-    # Another layout: no writer may stage into it while we look (rows of open batches
-    # become visible, or wait for us), and rows of runs that hold no split are dead.
-    execute(conn, sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(layout.staging))
-    run_id = KEY_COLUMNS[0][0]
-    if run_id in present:
-        execute(conn, _sweep_query(layout.staging))
-    live = conn.exec_driver_sql(
-        sql.SQL("SELECT EXISTS (SELECT FROM {})").format(layout.staging).as_string()
-    ).scalar_one()
-    if live:
-        raise ConfigError(
-            setting,
-            f"{layout.schema}.{name} has another layout (column(s) {', '.join(sorted(wrong))})"
-            " and a live run still has rows staged in it",
-        )
-    _log.info("rebuilding %s.%s for a changed output layout", layout.schema, name)
-    execute(conn, sql.SQL("DROP TABLE {}").format(layout.staging))
-    execute(conn, create)
-
-
 def _sweep_query(staging: sql.Identifier) -> sql.Composed:
     return sql.SQL(
         "DELETE FROM {} WHERE {} NOT IN (SELECT run_id FROM {}"
@@ -226,15 +170,34 @@ def _sweep_query(staging: sql.Identifier) -> sql.Composed:
     ).format(staging, sql.Identifier(KEY_COLUMNS[0][0]), sql.Identifier(SCHEMA, splits.name))
 
 
+def _sweep_legacy(conn: Connection, schema: str, table: str) -> int:
+    """Rows of dead runs in the shared staging table of a sink from before the batch tables;
+    the table itself once it holds no rows (nothing stages into it any more)."""
+    _, staging = table_names(schema, table)
+    if not _catalog(conn, schema, staging_table(table)):
+        return 0
+    deleted = execute(conn, _sweep_query(staging))
+    left = conn.exec_driver_sql(
+        sql.SQL("SELECT EXISTS (SELECT FROM {})").format(staging).as_string()
+    ).scalar_one()
+    if not left:
+        execute(conn, sql.SQL("DROP TABLE {}").format(staging))
+    return deleted
+
+
 def sweep_staged(engine: Engine, schema: str, table: str) -> int:
-    """Delete staged rows of runs that hold no split any more; how many were deleted.
+    """Drop the batch tables of runs that hold no split any more; how many rows they held.
 
     Run it after :func:`~enumerator_service.recover`: what a dead run staged can then never
     commit (its uncommitted transactions were aborted, committed ones were moved).
     """
-    _, staging = table_names(schema, table)
     with engine.begin() as conn:
-        deleted = execute(conn, _sweep_query(staging))
+        dead = dead_batch_tables(conn, schema, table)
+        deleted = sum(table_rows(conn, schema, name) for name in dead)
+        drop = drop_batch_tables(schema, dead)
+        if drop is not None:
+            execute(conn, drop)
+        deleted += _sweep_legacy(conn, schema, table)
     if deleted:
-        _log.info("deleted %d staged rows of dead runs from %s.%s", deleted, schema, table)
+        _log.info("dropped %d staged row(s) of dead runs of %s.%s", deleted, schema, table)
     return deleted

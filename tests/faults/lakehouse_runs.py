@@ -229,7 +229,7 @@ def check_table(lander: Lander, db_url: str, label: str) -> None:
                 case.pipeline,
                 landed,
                 table=f"lake_read.{reader.replace('-', '_')}",
-                staged=None,
+                staged=False,
             )
             print(f"{orders.line(f'{label} {reader}')} key_duplicates={twice}", flush=True)
             assert twice == 0 and orders.missing == 0 and orders.unexpected == 0

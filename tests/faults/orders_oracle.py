@@ -24,6 +24,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from spark_jobs.sink import staged_rows
+
 __all__ = ["LandedOrders", "OrdersVerdict", "landed_orders", "verify_orders"]
 
 HEADER = ["order_id", "tenant_id", "customer_id", "currency", "amount", "ordered_at"]
@@ -122,7 +124,7 @@ class OrdersVerdict:
     dropped: int  # dropped_count over committed sink transactions
     expected_dropped: int  # well-formed, known currency, amount_eur <= 0
     uncommitted: int  # sink transactions never committed (aborted or superseded)
-    staged_left: int  # rows left in the staging table
+    staged_left: int  # rows left in staged batch tables
     splits: dict[str, int]
 
     def line(self, mode: str) -> str:
@@ -210,12 +212,12 @@ def verify_orders(
     landed: LandedOrders,
     *,
     table: str = _TABLE,
-    staged: str | None = f"{_TABLE}__staged",
+    staged: bool = True,
 ) -> OrdersVerdict:
     """Compare ``table`` (the Postgres sink's; or the rows a test read from another sink's
     table and loaded) and the committed sink transactions and dead letters of ``pipeline``
-    with ``landed`` joined with the reference tables. ``staged``: the staging table whose
-    leftover rows are counted (None: the sink has none)."""
+    with ``landed`` joined with the reference tables. ``staged``: count the rows left in
+    the Postgres sink's staged batch tables (False: the sink has none)."""
     engine = sa.create_engine(sa.make_url(db_url).set(drivername="postgresql+psycopg"))
     try:
         with engine.connect() as conn:
@@ -244,11 +246,7 @@ def verify_orders(
                 sa.text("SELECT count(*) FROM sluice.dead_letters WHERE source = :s"),
                 {"s": pipeline},
             ).scalar_one()
-            staged_left = (
-                conn.execute(sa.text(f"SELECT count(*) FROM {staged}")).scalar_one()
-                if staged
-                else 0
-            )
+            staged_left = staged_rows(conn, *_TABLE.split(".")) if staged else 0
             splits: dict[str, int] = dict(
                 conn.execute(
                     sa.text(

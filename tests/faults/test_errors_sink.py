@@ -45,6 +45,7 @@ from fault_harness import (
 )
 from kill_cases import LEASE_SECONDS, own_postgres, run_settings
 from orders_oracle import landed_orders, verify_orders
+from sink_harness import refuse_batch_tables
 
 from enumerator_service._database import asyncpg_dsn
 from examples._clickstream_data import DemoSpec, generate_events, load_users
@@ -222,7 +223,7 @@ def _execute(db_url: str, statements: str) -> None:
     # Both `extended` (make faults only, CI's time budget): the refusals of both tables are
     # covered without Spark by tests/integration/test_sink_refusals.py in make test.
     [
-        pytest.param("orders_enriched__staged", marks=pytest.mark.extended),
+        pytest.param("__sluice_staged_", marks=pytest.mark.extended),
         pytest.param("orders_enriched", marks=pytest.mark.extended),
     ],
 )
@@ -230,7 +231,7 @@ def test_a_table_refusing_writes_fails_the_run_and_loses_nothing(
     postgres: tuple[OwnPostgres, Path], table: str
 ) -> None:
     server, root = postgres
-    name = "staging" if table.endswith("__staged") else "target"
+    name = "staging" if table.startswith("__sluice") else "target"
     work = root / f"refused_{name}"
     work.mkdir()
     db_url = server.create_database(f"errors_refused_{name}")
@@ -248,9 +249,13 @@ def test_a_table_refusing_writes_fails_the_run_and_loses_nothing(
     # `sluice run` creates the sink's tables before its Spark stage starts (seconds before
     # the first write): the trigger goes on as soon as they exist.
     _execute(db_url, _REFUSE)
+    if name == "staging":  # every batch table refuses, from its batch's first COPY
+        _execute(db_url, "CREATE SCHEMA IF NOT EXISTS analytics")
+        _execute(db_url, refuse_batch_tables("analytics", "public.refuse_writes"))
     run = Run(1, env, work, "orders")
     try:
-        _arm_trigger_when_created(db_url, table, run)
+        if name == "target":
+            _arm_trigger_when_created(db_url, table, run)
         failed_rc = _finish(run)
     finally:
         if run.alive():

@@ -33,8 +33,11 @@ from spark_jobs.sink import (
     ensure_tables,
     open_sink_writer,
     publish_files,
+    staged_rows,
     sweep_staged,
 )
+from spark_jobs.sink._batch_tables import batch_table_name
+from spark_jobs.sink._table_layout import TableLayout
 
 
 @pytest.fixture
@@ -164,7 +167,8 @@ def _select(platform: Platform, query: str) -> list[tuple[Any, ...]]:
 
 
 def _staged_count(platform: Platform, table: str) -> int:
-    return int(_select(platform, f"SELECT count(*) FROM sales.{table}__staged")[0][0])
+    with platform.engine.connect() as conn:
+        return staged_rows(conn, "sales", table)
 
 
 def test_append_rows_commit_with_their_checkpoint(
@@ -192,11 +196,16 @@ def test_append_rows_commit_with_their_checkpoint(
             "subtask": 0,
             "attempt": "a1",
             "batch": 1,
+            "staged_table": batch_table_name(
+                TableLayout.build("sales", table, ORDERS.names, partitioned=True, upsert_key=None),
+                (run.run_id, 0, "a1", 1),
+            ),
             "rows": 10_001,
             "rows_by_partition": {"2026-01-01": 10_000, "2026-01-02": 1},
         }
     ]
     assert _select(platform, f"SELECT count(*) FROM sales.{table}") == [(0,)]  # invisible
+    assert _staged_count(platform, table) == 10_001
     run.checkpoint(1, out)
     rows = _select(platform, f"SELECT {COLUMNS}, dt FROM sales.{table} ORDER BY order_id")
     assert rows == [(*r, DAY1) for r in expected(first)] + [(*expected(second)[0], DAY2)]
@@ -331,7 +340,7 @@ def test_aborted_and_orphaned_staged_rows_are_removed(
     PostgresTableSink(platform.engine).abort([txn])  # idempotent
 
 
-def test_staged_entries_are_validated_again_and_staging_follows_the_layout(
+def test_staged_entries_are_validated_again_and_each_batch_has_its_layout(
     platform: Platform, io: ThreadPoolExecutor
 ) -> None:
     table = f"t_{secrets.token_hex(3)}"
@@ -342,25 +351,32 @@ def test_staged_entries_are_validated_again_and_staging_follows_the_layout(
     out = writer.pre_commit().result(timeout=30)
     io.submit(writer.close).result(timeout=30)
     sink = PostgresTableSink(platform.engine)
-    for tampered in ({"columns": ['x" text); DROP TABLE t; --']}, {"table": "a;b"}):
+    for tampered in (
+        {"columns": ['x" text); DROP TABLE t; --']},
+        {"table": "a;b"},
+        {"staged_table": 'x"; DROP TABLE t; --'},
+        {"staged_table": f"{out.files[0]['staged_table']}x"},
+        {"staged_table": None},
+    ):
         entry = {**out.files[0], **tampered}
         txn = StagedTransaction(0, run.run_id, 0, "a1", 1, TABLE_SINK_NAME, [entry], 1)
         with pytest.raises((ValueError, ConfigError)), platform.engine.begin() as conn:
             sink.commit(conn, [txn])
-    # The output changes (total gets a wider type) while a live run has rows staged: refused;
-    # once that run is gone its rows are swept and the staging table is rebuilt.
+    # The output changes (total gets a wider type) while a live run has a batch staged: a
+    # batch table has the layout of its own batch, so both commit.
     wider = ORDERS.set(3, pa.field("total", pa.decimal128(14, 2)))
-    with pytest.raises(ConfigError, match=r"another layout .*total.* live run"):
-        ensure_tables(platform.engine, "sales", table, wider, partitioned=False, upsert_key=None)
-    run.store.release_run(run.run_id)
     ensure_tables(platform.engine, "sales", table, wider, partitioned=False, upsert_key=None)
-    assert _staged_count(platform, table) == 0
     again = Run(platform, TABLE_SINK_NAME)
     writer = _table_writer(io, again, table, schema=wider)
     writer.write_batch("", orders((2, "Bob", 2, "2.50"), schema=wider))
     again.checkpoint(1, writer.pre_commit().result(timeout=30))
+    run.checkpoint(1, out)
     io.submit(writer.close).result(timeout=30)
-    assert _select(platform, f"SELECT order_id, total FROM sales.{table}") == [(2, Decimal("2.50"))]
+    assert _select(platform, f"SELECT order_id, total FROM sales.{table} ORDER BY 1") == [
+        (1, Decimal("1.00")),
+        (2, Decimal("2.50")),
+    ]
+    assert _staged_count(platform, table) == 0
 
 
 def test_every_supported_type_round_trips_through_the_table(
@@ -402,3 +418,41 @@ def test_every_supported_type_round_trips_through_the_table(
         tuple(values),
         (None,) * len(kinds),
     ]
+
+
+def test_a_batch_staged_before_batch_tables_commits_and_the_shared_table_goes(
+    platform: Platform, io: ThreadPoolExecutor
+) -> None:
+    """An upgrade with a batch pre-committed by a version that staged into one shared
+    ``<table>__staged`` (staging key columns in every row): the entry without a batch table
+    still commits from there; the sweep deletes dead runs' rows and drops the emptied table."""
+    table = f"t_{secrets.token_hex(3)}"
+    ensure_tables(
+        platform.engine, "sales", table, ORDERS, partitioned=False, upsert_key=["order_id"]
+    )
+    run = Run(platform, TABLE_SINK_NAME)
+    writer = _table_writer(io, run, table, upsert_key=["order_id"])
+    writer.write_batch("", orders((1, "Ann", 1, "1.00"), (2, "Bob", 2, "2.00")))
+    out = writer.pre_commit().result(timeout=30)
+    io.submit(writer.close).result(timeout=30)
+    batch_table = out.files[0].pop("staged_table")  # the entry as the old version wrote it
+    with platform.engine.begin() as conn:
+        conn.exec_driver_sql(
+            f'CREATE TABLE sales."{table}__staged" AS SELECT CAST(%(run)s AS text)'
+            ' AS "__sluice_run_id", 0 AS "__sluice_subtask", CAST(%(attempt)s AS text)'
+            ' AS "__sluice_attempt", CAST(1 AS bigint) AS "__sluice_batch", *'
+            f' FROM sales."{batch_table}"',
+            {"run": run.run_id, "attempt": "a1"},
+        )
+        conn.exec_driver_sql(f'DROP TABLE sales."{batch_table}"')
+        conn.exec_driver_sql(  # a row of a run that died long ago
+            f"INSERT INTO sales.\"{table}__staged\" SELECT 'gone', 0, 'a1', 1, 1, 9"
+        )
+    run.checkpoint(1, out)
+    got = _select(platform, f'SELECT order_id, "Customer" FROM sales.{table} ORDER BY 1')
+    assert got == [(1, "Ann"), (2, "Bob")]
+    assert _select(platform, f'SELECT count(*) FROM sales."{table}__staged"') == [(1,)]
+    assert sweep_staged(platform.engine, "sales", table) == 1
+    exists = _select(platform, f"SELECT to_regclass('sales.\"{table}__staged\"')")
+    assert exists == [(None,)]
+    assert sweep_staged(platform.engine, "sales", table) == 0

@@ -40,6 +40,7 @@ from spark_jobs.sink import (
     StagedOutput,
     build_sinks,
     ensure_tables,
+    staged_rows,
     sweep_staged,
 )
 
@@ -82,10 +83,11 @@ def _count(platform: Platform, table: str) -> int:
 
 
 def _counts(platform: Platform) -> tuple[int, int]:
-    """(rows visible in the target table, rows in its staging table)."""
+    """(rows visible in the target table, rows in its staged batch tables)."""
     assert isinstance(platform.settings, Settings)
     table = _table(platform.settings)
-    return _count(platform, table), _count(platform, f"{table}__staged")
+    with platform.engine.connect() as conn:
+        return _count(platform, table), staged_rows(conn, "public", table)
 
 
 @pytest.mark.spark
