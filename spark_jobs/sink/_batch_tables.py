@@ -107,18 +107,22 @@ def _owner(comment: str | None) -> Mapping[str, Any]:
     return owner if isinstance(owner, dict) else {}
 
 
+def _owned(conn: Connection, schema: str, table: str) -> list[tuple[str, Any]]:
+    """(name, run id in its comment) of every batch table of sink ``schema.table``."""
+    found = conn.execute(_TABLES, {"schema": schema, "prefix": BATCH_TABLE_PREFIX})
+    owned = []
+    for name, comment in found:
+        owner = _owner(comment)
+        if _NAME.fullmatch(name) and owner.get("target") == table:
+            owned.append((str(name), owner.get("run_id")))
+    return sorted(owned)
+
+
 def dead_batch_tables(conn: Connection, schema: str, table: str) -> list[str]:
     """The batch tables of sink ``schema.table`` staged by runs that hold no split any more
     (what they staged can never commit once recovery has run)."""
     live = set(conn.execute(_LIVE_RUNS).scalars())
-    found = conn.execute(_TABLES, {"schema": schema, "prefix": BATCH_TABLE_PREFIX})
-    dead = []
-    for name, comment in found:
-        owner = _owner(comment)
-        mine = _NAME.fullmatch(name) and owner.get("target") == table
-        if mine and owner.get("run_id") not in live:
-            dead.append(str(name))
-    return sorted(dead)
+    return [name for name, run_id in _owned(conn, schema, table) if run_id not in live]
 
 
 def drop_batch_tables(schema: str, names: Iterable[str]) -> sql.Composed | None:
@@ -131,12 +135,7 @@ def drop_batch_tables(schema: str, names: Iterable[str]) -> sql.Composed | None:
 
 def batch_tables(conn: Connection, schema: str, table: str) -> list[str]:
     """Every batch table of sink ``schema.table`` (committed and not yet moved, or dead)."""
-    found = conn.execute(_TABLES, {"schema": schema, "prefix": BATCH_TABLE_PREFIX})
-    return sorted(
-        str(name)
-        for name, comment in found
-        if _NAME.fullmatch(name) and _owner(comment).get("target") == table
-    )
+    return [name for name, _ in _owned(conn, schema, table)]
 
 
 def staged_rows(conn: Connection, schema: str, table: str) -> int:

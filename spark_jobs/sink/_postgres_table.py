@@ -109,7 +109,9 @@ class PostgresTableSinkWriter:
         self._csv = (
             CsvRows(columns, partitioned=partitioned) if via_csv and csv_exact(columns) else None
         )
-        self._copy_options = CSV_COPY_OPTIONS if self._csv is not None else "(FORMAT BINARY)"
+        # FREEZE: the rows go into a table of the loading transaction (``_batch_copy``).
+        options = CSV_COPY_OPTIONS if self._csv is not None else "(FORMAT BINARY)"
+        self._copy_options = options[:-1] + ", FREEZE)"
         self._copy_types = [
             "bigint",
             *(_copy_type(f.type) for f in columns),
@@ -232,8 +234,7 @@ class PostgresTableSinkWriter:
             for statement in batch_table_ddl(self._layout, name, self._schema, self._key[0]):
                 cur.execute(statement)
             self._table = name
-        options = self._copy_options[:-1] + ", FREEZE)"
-        return sql.SQL("COPY {} ({}) FROM STDIN " + options).format(
+        return sql.SQL("COPY {} ({}) FROM STDIN " + self._copy_options).format(
             sql.Identifier(self._layout.schema, self._table),
             column_list([SEQ_COLUMN, *self._layout.names]),
         )

@@ -47,8 +47,10 @@ from spark_jobs.sink._table_layout import (
     TableLayout,
     column_list,
     execute,
+    missing_tables,
     staging_table,
     table_names,
+    winners,
 )
 from spark_jobs.sink._table_merge import merge_rows, merge_supported
 
@@ -79,16 +81,12 @@ def _upsert(layout: TableLayout) -> sql.Composed:
     """The upsert of the moved rows: one per key (the latest by ``latest_by``, then the last
     staged), replacing a target row unless that one is of a later ``latest_by``."""
     assert layout.upsert_key is not None
-    key = column_list(layout.upsert_key)
     others = [n for n in layout.names if n not in layout.upsert_key]
-    newest: sql.Composable = sql.SQL("")
     keep_later: sql.Composable = sql.SQL("")
     if layout.latest_by is not None:
-        latest = sql.Identifier(layout.latest_by)
-        newest = sql.SQL("{} DESC NULLS LAST, ").format(latest)
         # (a stored row without an event time is older than any)
         keep_later = sql.SQL(" WHERE stored.{c} IS NULL OR stored.{c} <= EXCLUDED.{c}").format(
-            c=latest
+            c=sql.Identifier(layout.latest_by)
         )
     update = (
         sql.SQL("DO UPDATE SET {}{}").format(
@@ -101,15 +99,12 @@ def _upsert(layout: TableLayout) -> sql.Composed:
         else sql.SQL("DO NOTHING")
     )
     return sql.SQL(
-        "INSERT INTO {target} AS stored ({columns}) SELECT DISTINCT ON ({key}) {columns}"
-        " FROM moved ORDER BY {key}, {newest}{batch} DESC, {seq} DESC ON CONFLICT ({key}) {update}"
+        "INSERT INTO {target} AS stored ({columns}) {winners} ON CONFLICT ({key}) {update}"
     ).format(
         target=layout.target,
         columns=column_list(layout.names),
-        key=key,
-        newest=newest,
-        batch=sql.Identifier(_BATCH),
-        seq=sql.Identifier(SEQ_COLUMN),
+        winners=winners(layout),
+        key=column_list(layout.upsert_key),
         update=update,
     )
 
@@ -138,18 +133,16 @@ def _upsert_and_delete(layout: TableLayout) -> sql.Composed:
         sql.SQL("stored.{0} = w.{0}").format(sql.Identifier(n)) for n in layout.upsert_key
     )
     return sql.SQL(
-        "winners AS (SELECT DISTINCT ON ({key}) {columns} FROM moved"
-        " ORDER BY {key}, {latest} DESC NULLS LAST, {batch} DESC, {seq} DESC),"
+        "winners AS ({winners}),"
         " upserted AS (INSERT INTO {target} AS stored ({columns}) SELECT {columns} FROM winners"
         " WHERE {op} IS DISTINCT FROM 'd' ON CONFLICT ({key}) {update}),"
         " deleted AS (DELETE FROM {target} AS stored USING winners AS w WHERE w.{op} = 'd'"
         " AND {same_key} AND (stored.{latest} IS NULL OR stored.{latest} <= w.{latest}))"
     ).format(
+        winners=winners(layout),
         key=key,
         columns=column_list(layout.names),
         latest=latest,
-        batch=sql.Identifier(_BATCH),
-        seq=sql.Identifier(SEQ_COLUMN),
         target=layout.target,
         op=op,
         update=update,
@@ -201,15 +194,6 @@ def _move(layout: TableLayout, rows: sql.Composable) -> sql.Composed:
     ).format(rows=rows, insert=insert)
 
 
-def _missing_tables(conn: Connection, schema: str, names: Sequence[str]) -> list[str]:
-    found = conn.exec_driver_sql(
-        "SELECT n FROM unnest(CAST(%(names)s AS text[])) AS n"
-        " WHERE to_regclass(quote_ident(%(schema)s) || '.' || quote_ident(n)) IS NULL",
-        {"names": list(names), "schema": schema},
-    )
-    return sorted(str(row[0]) for row in found)
-
-
 def _commit_layout(
     conn: Connection, layout: TableLayout, entries: Sequence[Mapping[str, Any]]
 ) -> None:
@@ -224,7 +208,7 @@ def _commit_layout(
         expected += sum(int(e["rows"]) for e in legacy)
     if in_tables:
         names = [checked_batch_table(e["staged_table"]) for e in in_tables]
-        missing = _missing_tables(conn, layout.schema, names)
+        missing = missing_tables(conn, layout.schema, names)
         if missing:
             raise RuntimeError(
                 f"staged output is lost: {len(missing)} staged batch table(s) of"
@@ -309,4 +293,4 @@ class PostgresTableSink:
 
 def _has_staging(conn: Connection, schema: str, table: str) -> bool:
     """Whether the shared staging table of a sink from before the batch tables exists."""
-    return bool(_missing_tables(conn, schema, [staging_table(table)]) == [])
+    return not missing_tables(conn, schema, [staging_table(table)])

@@ -31,8 +31,10 @@ __all__ = [
     "TableLayout",
     "column_list",
     "execute",
+    "missing_tables",
     "staging_table",
     "table_names",
+    "winners",
 ]
 
 TABLE_SINK_NAME = "postgres"
@@ -74,6 +76,37 @@ def column_list(names: Iterable[str], prefix: str | None = None) -> sql.Composed
 def execute(conn: Connection, query: sql.Composable, **params: Any) -> int:
     """Run a psycopg-composed statement on a SQLAlchemy connection (its transaction)."""
     return int(conn.exec_driver_sql(query.as_string(), params).rowcount)
+
+
+def missing_tables(conn: Connection, schema: str, names: Sequence[str]) -> list[str]:
+    """Which of the tables ``names`` of ``schema`` do not exist."""
+    found = conn.exec_driver_sql(
+        "SELECT n FROM unnest(CAST(%(names)s AS text[])) AS n"
+        " WHERE to_regclass(quote_ident(%(schema)s) || '.' || quote_ident(n)) IS NULL",
+        {"names": list(names), "schema": schema},
+    )
+    return sorted(str(row[0]) for row in found)
+
+
+def winners(layout: TableLayout) -> sql.Composed:
+    """The query of an upsert's rows from the staged rows ``moved`` (batch, sequence,
+    columns): one per key, the latest ``latest_by`` (a null one oldest), then the last staged
+    (highest batch, then sequence)."""
+    assert layout.upsert_key is not None
+    key = column_list(layout.upsert_key)
+    newest: sql.Composable = sql.SQL("")
+    if layout.latest_by is not None:
+        newest = sql.SQL("{} DESC NULLS LAST, ").format(sql.Identifier(layout.latest_by))
+    return sql.SQL(
+        "SELECT DISTINCT ON ({key}) {columns} FROM moved ORDER BY {key}, {newest}{batch} DESC,"
+        " {seq} DESC"
+    ).format(
+        key=key,
+        columns=column_list(layout.names),
+        newest=newest,
+        batch=sql.Identifier(KEY_COLUMNS[3][0]),
+        seq=sql.Identifier(SEQ_COLUMN),
+    )
 
 
 def _field_names(names: object, what: str) -> tuple[str, ...]:

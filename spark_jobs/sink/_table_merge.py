@@ -25,12 +25,11 @@ import sqlalchemy as sa
 from psycopg import errors, sql
 from sqlalchemy.engine import Connection
 
-from spark_jobs.sink._table_layout import KEY_COLUMNS, SEQ_COLUMN, TableLayout, column_list
+from spark_jobs.sink._table_layout import TableLayout, column_list, winners
 
 __all__ = ["merge_rows", "merge_supported"]
 
 _log = logging.getLogger(__name__)
-_BATCH = KEY_COLUMNS[3][0]
 
 
 def merge_supported(conn: Connection) -> bool:
@@ -40,15 +39,13 @@ def merge_supported(conn: Connection) -> bool:
 
 def _merge(layout: TableLayout, rows: sql.Composable) -> sql.Composed:
     assert layout.upsert_key is not None
-    key = column_list(layout.upsert_key)
     others = [n for n in layout.names if n not in layout.upsert_key]
-    newest: sql.Composable = sql.SQL("")
     later: sql.Composable = sql.SQL("")
     if layout.latest_by is not None:
-        latest = sql.Identifier(layout.latest_by)
-        newest = sql.SQL("{} DESC NULLS LAST, ").format(latest)
         # (a stored row without an event time is older than any)
-        later = sql.SQL(" AND (stored.{c} IS NULL OR stored.{c} <= w.{c})").format(c=latest)
+        later = sql.SQL(" AND (stored.{c} IS NULL OR stored.{c} <= w.{c})").format(
+            c=sql.Identifier(layout.latest_by)
+        )
     update = (
         sql.SQL("UPDATE SET {}").format(
             sql.SQL(", ").join(sql.SQL("{0} = w.{0}").format(sql.Identifier(n)) for n in others)
@@ -80,16 +77,11 @@ def _merge(layout: TableLayout, rows: sql.Composable) -> sql.Composed:
         sql.SQL("stored.{0} = w.{0}").format(sql.Identifier(n)) for n in layout.upsert_key
     )
     return sql.SQL(
-        "WITH moved AS ({rows}), winners AS (SELECT DISTINCT ON ({key}) {columns} FROM moved"
-        " ORDER BY {key}, {newest}{batch} DESC, {seq} DESC)"
+        "WITH moved AS ({rows}), winners AS ({winners})"
         " MERGE INTO {target} AS stored USING winners AS w ON {same_key}{actions}"
     ).format(
         rows=rows,
-        key=key,
-        columns=column_list(layout.names),
-        newest=newest,
-        batch=sql.Identifier(_BATCH),
-        seq=sql.Identifier(SEQ_COLUMN),
+        winners=winners(layout),
         target=layout.target,
         same_key=same_key,
         actions=actions,
