@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from enumerator_service import StreamSplit
+from spark_jobs.connectors.postgres_cdc import _receiver
 from spark_jobs.connectors.postgres_cdc._receiver import Receiver
 from spark_jobs.connectors.postgres_cdc._stream import StreamReader
 from spark_jobs.source._records import SplitRead
@@ -275,6 +276,59 @@ def test_confirm_sends_a_flush_below_the_last_message_start_promptly() -> None:
         receiver.confirm(6_000)  # still bounded to 1,999: nothing more to send
         time.sleep(0.1)
         assert cursor.feedback == [400, 1_999] and receiver.confirmed() == 1_999
+    finally:
+        receiver.stop()
+        cursor.close()
+
+
+def test_a_heartbeat_repeats_the_last_flush_once_a_message_was_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The stream's server sends a keepalive mid-transaction only after half its
+    # wal_sender_timeout without a status update: the receiver never stays that quiet.
+    monkeypatch.setattr(_receiver, "HEARTBEAT_SECONDS", 0.05)
+    cond = threading.Condition()
+    cursor = _Cursor([b"a"], starts=[1_000])
+    receiver = Receiver(cursor, cond, 1 << 20)
+    receiver.start()
+    try:
+        assert _wait_for(lambda: len(cursor.feedback) >= 2, 3.0)
+        assert set(cursor.feedback) == {0}  # nothing confirmed: nothing moved
+        receiver.confirm(400)
+        assert _wait_for(lambda: cursor.feedback[-2:] == [400, 400], 3.0)
+        assert receiver.confirmed() == 400
+    finally:
+        receiver.stop()
+        cursor.close()
+
+
+def test_no_heartbeat_before_the_first_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_receiver, "HEARTBEAT_SECONDS", 0.01)
+    cond = threading.Condition()
+    cursor = _Cursor([])
+    receiver = Receiver(cursor, cond, 1 << 20)
+    receiver.start()
+    try:
+        time.sleep(1.5)  # (more than one select round)
+        assert cursor.feedback == []
+    finally:
+        receiver.stop()
+        cursor.close()
+
+
+def test_the_heartbeat_goes_while_the_receiver_waits_for_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_receiver, "HEARTBEAT_SECONDS", 0.05)
+    cond = threading.Condition()
+    messages = [b"x" * 10 for _ in range(2_500)]  # more than two hand-overs
+    cursor = _Cursor([*messages], starts=list(range(1_000, 3_500)))
+    receiver = Receiver(cursor, cond, 100)  # full after one hand-over; nobody takes
+    receiver.start()
+    try:
+        assert _wait_for(lambda: len(cursor.feedback) >= 3, 3.0)
+        assert cursor.reads < len(messages)  # (still waiting for room)
+        assert [p for chunk in [receiver.take()] for p in chunk]  # room: it goes on
     finally:
         receiver.stop()
         cursor.close()

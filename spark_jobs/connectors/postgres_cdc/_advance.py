@@ -6,9 +6,11 @@ Every second (bounded: 5 s) between two transactions, the reader reads its split
 operator, which a restore re-reads from the slot) and, when it moved, the receive thread sends
 it as the flushed position of a status update (``Receiver.confirm``). (Stopping the stream to
 advance the idle slot instead made the walsender decode again, from the restart point, all it
-had sent past the offset: a continuous run fell behind.) The connection runs with
-``wal_sender_timeout = 0`` (the server asks for no replies and sends keepalives only between
-whole transactions) and no periodic status updates. psycopg2 forwards its flush to a
+had sent past the offset: a continuous run fell behind.) The connection runs with the
+largest ``wal_sender_timeout`` (``_replication.WAL_SENDER_TIMEOUT_MS``: the server sends
+keepalives between whole transactions only — in the middle of one only after 12 days without
+a status update, and the receive thread sends one at least every minute) and no periodic
+status updates of psycopg2's own. psycopg2 forwards its flush to a
 keepalive's WAL end when it was given one at or past the last message's start, and before the
 first message always: the receiver keeps what it sends below that start, and the reader
 confirms nothing below its stream's first transaction or marker (the *floor*: a keepalive

@@ -46,9 +46,14 @@ the connection, so it sends the standby status update itself, between two reads:
 psycopg2 forwards its flush position to a keepalive's WAL end when the last flush it was given
 is at or past the start of the last message it read (``explicitly_flushed_lsn >=
 last_msg_data_start``): the bound keeps ``f`` below that start, so psycopg2 never moves the
-flush past what the reader asked for (the server sends keepalives between whole transactions
-only, with ``wal_sender_timeout = 0``, and every later message starts past ``f``). Nothing is
-sent before the first message (psycopg2's start is 0 then).
+flush past what the reader asked for when a keepalive comes between two transactions. In the
+middle of a transaction the bound does not hold (transactions interleave in the WAL: a change
+of the transaction after ``f``'s may start before ``f``), so none may come there: the stream
+runs with the largest ``wal_sender_timeout`` (``_replication``), with which the server sends
+one mid-transaction only after half of it (12 days) without a status update, and this thread
+sends one at least every ``HEARTBEAT_SECONDS`` (the last flush again; from its loop, and
+while it waits for room). Nothing is sent before the first message (psycopg2's start is 0
+then).
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ import time
 from collections import deque
 from typing import Any
 
-__all__ = ["Receiver"]
+__all__ = ["HEARTBEAT_SECONDS", "Receiver"]
 
 #: Messages read per hand-over at most (one lock round per batch, not per message).
 _BATCH = 1000
@@ -71,6 +76,9 @@ _SELECT_SECONDS = 1.0
 #: Seconds the thread sleeps after a hand-over that drained the connection, so that the
 #: next read gathers what arrived meanwhile (see the module docstring).
 _GATHER_SECONDS = 0.001
+#: Seconds at most between two status updates once a message was read (see the module
+#: docstring: the server's keepalive bound is 12 days; this is far inside it).
+HEARTBEAT_SECONDS = 60.0
 
 
 class Receiver:
@@ -98,6 +106,7 @@ class Receiver:
         self._requested = 0  # the flush the reader asked for (under the condition)
         self._confirmed = 0  # the flush last sent (receive thread only)
         self._last_start = 0  # WAL start of the last message read (receive thread only)
+        self._sent_at = time.monotonic()  # when the last status update went (likewise)
         self._thread = threading.Thread(target=self._run, name="cdc-receiver", daemon=True)
 
     def start(self) -> None:
@@ -217,22 +226,38 @@ class Receiver:
 
     def _send_confirmed(self) -> None:
         """Send the flush the reader asked for, bounded below the last message's start (see
-        the module docstring), when that moves it."""
+        the module docstring), when that moves it; else the last one again when the
+        heartbeat is due."""
         with self._cond:
             requested = self._requested
         flush = min(requested, self._last_start - 1)
         if flush > self._confirmed:
-            self._cursor.send_feedback(flush_lsn=flush, force=True)
-            self._confirmed = flush
+            self._send(flush)
+        else:
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        """The last flush again, once ``HEARTBEAT_SECONDS`` passed since the last status
+        update (after the first message only)."""
+        if self._last_start and time.monotonic() - self._sent_at >= HEARTBEAT_SECONDS:
+            self._send(self._confirmed)
+
+    def _send(self, flush: int) -> None:
+        self._cursor.send_feedback(flush_lsn=flush, force=True)
+        self._confirmed = flush
+        self._sent_at = time.monotonic()
 
     def _put(self, chunk: list[bytes], size: int) -> bool:
-        """Hand ``chunk`` over; waits while the buffer is full. False: stopping."""
-        with self._cond:
-            while self._bytes >= self._capacity and not self._stopping:
-                self._cond.wait()
-            if self._stopping:
-                return False
-            self._chunks.append(chunk)
-            self._bytes += size
-            self._cond.notify_all()
-        return True
+        """Hand ``chunk`` over; waits while the buffer is full (sending the heartbeat while
+        it waits long). False: stopping."""
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return False
+                if self._bytes < self._capacity:
+                    self._chunks.append(chunk)
+                    self._bytes += size
+                    self._cond.notify_all()
+                    return True
+                self._cond.wait(HEARTBEAT_SECONDS)
+            self._heartbeat()  # (outside the condition: a send may block briefly)
