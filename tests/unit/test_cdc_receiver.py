@@ -17,6 +17,8 @@ import pytest
 
 from enumerator_service import StreamSplit
 from spark_jobs.connectors.postgres_cdc import _receiver
+from spark_jobs.connectors.postgres_cdc._changes import CdcError
+from spark_jobs.connectors.postgres_cdc._pgoutput import DecodeError
 from spark_jobs.connectors.postgres_cdc._receiver import Receiver
 from spark_jobs.connectors.postgres_cdc._stream import StreamReader
 from spark_jobs.source._records import SplitRead
@@ -331,4 +333,52 @@ def test_the_heartbeat_goes_while_the_receiver_waits_for_room(
         assert [p for chunk in [receiver.take()] for p in chunk]  # room: it goes on
     finally:
         receiver.stop()
+        cursor.close()
+
+
+def _fetch_20(reader: StreamReader) -> None:
+    for _ in range(20):  # (an error must not turn into empty fetches)
+        reader.fetch()
+
+
+def test_a_change_outside_a_transaction_fails_the_read() -> None:
+    insert = _one_insert(100, 1)[2]
+    cursor = _Cursor([insert])
+    reader = _reader(cursor)
+    try:
+        with pytest.raises(CdcError, match="change outside a transaction"):
+            _fetch_20(reader)
+    finally:
+        reader.close()
+        cursor.close()
+
+
+def test_an_empty_message_fails_the_read_after_the_ones_before_it() -> None:
+    # (the changes between two other messages are kept as one run: an empty payload among
+    # them still reaches the decoder, in its place)
+    first, second = _one_insert(100, 1), _one_insert(200, 2)
+    cursor = _Cursor([*first, *second[:3], b"", second[3]])
+    reader = _reader(cursor)
+    try:
+        with pytest.raises(DecodeError, match="empty pgoutput message"):
+            _fetch_20(reader)
+    finally:
+        reader.close()
+        cursor.close()
+
+
+def test_many_transactions_in_one_hand_over_keep_every_change_in_order() -> None:
+    messages = [m for key in range(1, 301) for m in _one_insert(100 + key, key)]
+    cursor = _Cursor([*messages, marker(10_000)])
+    reader = _reader(cursor)
+    try:
+        ids: list[int] = []
+        done = False
+        while not done:
+            block, done = reader.fetch()
+            if block is not None:
+                ids += block.rows.column("id").to_pylist()
+        assert ids == list(range(1, 301))
+    finally:
+        reader.close()
         cursor.close()

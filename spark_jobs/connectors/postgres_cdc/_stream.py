@@ -36,6 +36,8 @@ fetcher waits on (shared with the receive thread, which notifies it when message
 
 from __future__ import annotations
 
+import operator
+import re
 import threading
 import time
 from datetime import datetime
@@ -87,6 +89,8 @@ _BLOCK_ROWS = 20_000
 _RECEIVE_BYTES = 1 << 20
 #: First payload bytes of Insert, Update and Delete messages (decoded a block at a time).
 _CHANGE_KINDS = frozenset(b"IUD")
+_NOT_A_CHANGE = re.compile(rb"[^IUD]")
+_FIRST_BYTE = operator.itemgetter(0)
 
 
 class StreamReader:
@@ -271,29 +275,34 @@ class StreamReader:
 
     def _handle_backlog(self, read: SplitRead) -> tuple[ParsedBlock | None, bool] | None:
         """Handle the backlog's messages in order; a result when ``fetch`` returns (the
-        messages after a full block stay in the backlog)."""
+        messages after a full block stay in the backlog). The change messages between two
+        others are kept as one run (no Python per change)."""
         backlog, self._backlog = self._backlog, []
         self._last_message = time.monotonic()
-        for i, payload in enumerate(backlog):
-            if payload and payload[0] in _CHANGE_KINDS:
-                self._change(payload)
-                continue
-            if self._handle(decode_message(payload)):
+        start = 0
+        for i in _others(backlog):
+            if i > start:
+                self._keep(backlog[start:i])
+            start = i + 1
+            if self._handle(decode_message(backlog[i])):
                 return self._finish(read)
             if self._txn is None:
                 if self._counted >= _BLOCK_ROWS:
                     self._backlog = backlog[i + 1 :]
                     return self._block(read), False
                 self._maybe_confirm(self._last_message)  # (also under constant load)
+        if start < len(backlog):
+            self._keep(backlog[start:])
         return None
 
-    def _change(self, payload: bytes) -> None:
-        """An Insert, Update or Delete: kept (undecoded) when its transaction counts."""
+    def _keep(self, changes: list[bytes]) -> None:
+        """Insert, Update and Delete messages of the open transaction: kept (undecoded)
+        when it counts."""
         txn = self._txn
         if txn is None:
             raise CdcError("pgoutput change outside a transaction")
         if txn.commit_lsn >= self._position:
-            self._txn_payloads.append(payload)
+            self._txn_payloads.extend(changes)
 
     def _decode_pending(self) -> None:
         """Decode the payloads kept so far (a Relation message is about to change how they
@@ -384,3 +393,13 @@ class StreamReader:
         """Between transactions: see ``SlotConfirmer.maybe_confirm``."""
         if self._receiver is not None and self._read is not None:
             self._confirmer.maybe_confirm(now, self._read.split_id, self._receiver)
+
+
+def _others(payloads: list[bytes]) -> list[int]:
+    """The indices of the messages that are not changes (Insert, Update, Delete), in order;
+    their first bytes are scanned at once."""
+    try:
+        kinds = bytes(map(_FIRST_BYTE, payloads))
+    except IndexError:  # an empty payload (``decode`` judges it): one at a time
+        return [i for i, p in enumerate(payloads) if not (p and p[0] in _CHANGE_KINDS)]
+    return [match.start() for match in _NOT_A_CHANGE.finditer(kinds)]
