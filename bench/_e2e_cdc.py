@@ -48,7 +48,7 @@ from _e2e_cdc_source import CdcSource
 from _e2e_cdc_tables import APPLIED, OUT, cdc_pipeline, create_orders, sink_diff, write_changes
 from _e2e_common import Context, Result
 from _e2e_procs import timed_run
-from _e2e_sluice import sluice_settings
+from _e2e_sluice import cpu_breakdown, sluice_settings
 from _harness import drop_sink_tables, forget_source, verdict_line
 
 from enumerator_service import Settings
@@ -264,7 +264,7 @@ class CdcBench:
             None, f"{self.source.kind}-{kind}", label, state.changes, wall,
             state.changes / wall, cpu, memory.worker_mib, memory.driver_mib,
             f"{summary.checkpoints} ckpts (p50 {summary.checkpoint_p50_ms:.0f} ms), "
-            f"{queries}sink == table (checked)",
+            f"{queries}sink == table (checked); {cpu_breakdown(memory.cpu_by)}",
             postgres_cpu=memory.postgres_cpu, checkpoint_p50_ms=summary.checkpoint_p50_ms,
         )  # fmt: skip
 

@@ -146,7 +146,9 @@ class MemorySampler(threading.Thread):
 
     On entry the high-water marks of this process and its descendants are reset (``5`` to
     ``/proc/<pid>/clear_refs``); the thread then reads ``VmHWM`` every ``interval`` seconds,
-    so a peak between two samples is still seen, and a worker that exits early is too.
+    so a peak between two samples is still seen, and a worker that exits early is too (each
+    sample reads ``/proc`` for every process: a cost the measured run shares its cores with,
+    hence 0.5 s, not finer).
     ``trace`` holds (seconds since entry, the largest worker's current RSS in KiB).
     ``postgres_cpu``: CPU seconds of the watched Postgres between entry and exit (None when
     none is watched); ``postgres_cpu_by``: the same by kind of statement (``_e2e_pgcpu``).
@@ -156,7 +158,7 @@ class MemorySampler(threading.Thread):
     the rest of the machine's busy CPU meanwhile (other tenants: the load a run competes with).
     """
 
-    def __init__(self, interval: float = 0.25) -> None:
+    def __init__(self, interval: float = 0.5) -> None:
         super().__init__(name="memory-sampler", daemon=True)
         self._interval = interval
         self._stop_event = threading.Event()
@@ -171,6 +173,8 @@ class MemorySampler(threading.Thread):
         self._driver_began = 0.0
         self._machine_began = 0.0
         self.cpu_by: dict[str, float] = {}
+        # A process's kind, by pid (its command line is read once, not at every sample).
+        self._kinds: dict[int, str | None] = {}
 
     def __enter__(self) -> MemorySampler:
         table = _process_table()
@@ -223,7 +227,9 @@ class MemorySampler(threading.Thread):
         table = _process_table()
         pids = [(os.getpid(), "driver")]
         for pid in _descendants(table):
-            kind = _kind(pid, table[pid][1]) if pid in table else None
+            if pid not in self._kinds:
+                self._kinds[pid] = _kind(pid, table[pid][1]) if pid in table else None
+            kind = self._kinds[pid]
             if kind is not None:
                 pids.append((pid, kind))
         worker_rss = 0

@@ -89,7 +89,10 @@ def _commit(
     table: str,
     layout: tuple[str | None, str | None],
     batches: list[list[dict[str, Any]]],
-) -> None:
+    work_mem: str | None = None,
+) -> str:
+    """Stage and commit ``batches``; the completion transaction's ``work_mem`` after the
+    commit (``work_mem``: set for that transaction before it)."""
     latest, op = layout
     io = ThreadPoolExecutor(1)
     run_id = f"m-{secrets.token_hex(3)}"
@@ -117,7 +120,10 @@ def _commit(
         StagedTransaction(1, run_id, 0, "a1", 1, TABLE_SINK_NAME, o.files, o.rows) for o in outs
     ]
     with platform.engine.begin() as conn:
+        if work_mem is not None:
+            conn.execute(sa.text(f"SET LOCAL work_mem = '{work_mem}'"))
         PostgresTableSink(platform.engine).commit(conn, txns)
+        return str(conn.execute(sa.text("SHOW work_mem")).scalar_one())
 
 
 def _table(platform: Platform, table: str) -> dict[int, dict[str, Any]]:
@@ -193,3 +199,38 @@ def test_a_key_inserted_meanwhile_falls_back_to_on_conflict(
         7: {"id": 7, "v": "ours", "_op": "u", "_lsn": 5},
         8: {"id": 8, "v": "new", "_op": "c", "_lsn": 6},
     }
+
+
+def test_the_commit_sorts_in_memory_for_its_transaction_only(platform: Platform) -> None:
+    # An upsert's DISTINCT ON sorts a checkpoint's staged rows: work_mem is raised to 64MB
+    # for the completion transaction (never lowered), and the server's setting is untouched.
+    rows = [{"id": i, "v": "x", "_op": "c", "_lsn": i} for i in range(10)]
+    table = f"mg_{secrets.token_hex(3)}"
+    ensure_tables(platform.engine, "public", table, SCHEMA, partitioned=False, upsert_key=["id"])
+    assert _commit(platform, table, LAYOUTS["change stream"], [rows]) == "64MB"
+    assert _commit(platform, table, LAYOUTS["change stream"], [rows], "256MB") == "256MB"
+    with platform.engine.connect() as conn:
+        assert conn.execute(sa.text("SHOW work_mem")).scalar_one() != "64MB"
+    appended = f"mg_{secrets.token_hex(3)}"  # no upsert: no sort, nothing raised
+    ensure_tables(platform.engine, "public", appended, SCHEMA, partitioned=False, upsert_key=None)
+    io = ThreadPoolExecutor(1)
+    writer = PostgresTableSinkWriter(
+        io,
+        dsn=asyncpg_dsn(platform.url),
+        schema_name="public",
+        table=appended,
+        columns=SCHEMA,
+        partitioned=False,
+        upsert_key=None,
+        run_id="m-append",
+        subtask=0,
+        attempt="a1",
+    )
+    writer.write_batch("", pa.RecordBatch.from_pylist(rows, schema=SCHEMA))
+    out = writer.pre_commit().result(timeout=60)
+    io.submit(writer.close).result(timeout=30)
+    io.shutdown()
+    txn = StagedTransaction(1, "m-append", 0, "a1", 1, TABLE_SINK_NAME, out.files, out.rows)
+    with platform.engine.begin() as conn:
+        PostgresTableSink(platform.engine).commit(conn, [txn])
+        assert conn.execute(sa.text("SHOW work_mem")).scalar_one() != "64MB"
