@@ -283,7 +283,7 @@ def test_confirm_sends_a_flush_below_the_last_message_start_promptly() -> None:
         cursor.close()
 
 
-def test_a_heartbeat_repeats_the_last_flush_once_a_message_was_read(
+def test_a_heartbeat_repeats_the_last_flush_once_one_was_confirmed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The stream's server sends a keepalive mid-transaction only after half its
@@ -294,8 +294,9 @@ def test_a_heartbeat_repeats_the_last_flush_once_a_message_was_read(
     receiver = Receiver(cursor, cond, 1 << 20)
     receiver.start()
     try:
-        assert _wait_for(lambda: len(cursor.feedback) >= 2, 3.0)
-        assert set(cursor.feedback) == {0}  # nothing confirmed: nothing moved
+        assert _wait_for(receiver.ready, 0.5)
+        time.sleep(1.5)  # (more than one select round)
+        assert cursor.feedback == []  # nothing confirmed yet: no heartbeat either
         receiver.confirm(400)
         assert _wait_for(lambda: cursor.feedback[-2:] == [400, 400], 3.0)
         assert receiver.confirmed() == 400
@@ -326,9 +327,11 @@ def test_the_heartbeat_goes_while_the_receiver_waits_for_room(
     messages = [b"x" * 10 for _ in range(2_500)]  # more than two hand-overs
     cursor = _Cursor([*messages], starts=list(range(1_000, 3_500)))
     receiver = Receiver(cursor, cond, 100)  # full after one hand-over; nobody takes
+    receiver.confirm(500)  # (sent after the first hand-over)
     receiver.start()
     try:
         assert _wait_for(lambda: len(cursor.feedback) >= 3, 3.0)
+        assert set(cursor.feedback) == {500}
         assert cursor.reads < len(messages)  # (still waiting for room)
         assert [p for chunk in [receiver.take()] for p in chunk]  # room: it goes on
     finally:

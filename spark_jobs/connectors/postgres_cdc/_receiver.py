@@ -51,9 +51,12 @@ middle of a transaction the bound does not hold (transactions interleave in the 
 of the transaction after ``f``'s may start before ``f``), so none may come there: the stream
 runs with the largest ``wal_sender_timeout`` (``_replication``), with which the server sends
 one mid-transaction only after half of it (12 days) without a status update, and this thread
-sends one at least every ``HEARTBEAT_SECONDS`` (the last flush again; from its loop, and
-while it waits for room). Nothing is sent before the first message (psycopg2's start is 0
-then).
+sends one at least every ``HEARTBEAT_SECONDS`` once it has confirmed a position (the last
+flush again; from its loop, and while it waits for room). Before that, psycopg2's
+``explicitly_flushed_lsn`` is 0, below every message's start: a keepalive forwards nothing,
+and the heartbeat would only send what a keepalive before the first message forwarded (the
+reader's *floor*, ``_advance``). Nothing is sent before the first message (psycopg2's start
+is 0 then).
 """
 
 from __future__ import annotations
@@ -238,8 +241,8 @@ class Receiver:
 
     def _heartbeat(self) -> None:
         """The last flush again, once ``HEARTBEAT_SECONDS`` passed since the last status
-        update (after the first message only)."""
-        if self._last_start and time.monotonic() - self._sent_at >= HEARTBEAT_SECONDS:
+        update (once a flush was confirmed: see the module docstring)."""
+        if self._confirmed and time.monotonic() - self._sent_at >= HEARTBEAT_SECONDS:
             self._send(self._confirmed)
 
     def _send(self, flush: int) -> None:
