@@ -90,6 +90,7 @@ def _commit(
     layout: tuple[str | None, str | None],
     batches: list[list[dict[str, Any]]],
     work_mem: str | None = None,
+    upsert_key: tuple[str, ...] | None = ("id",),
 ) -> str:
     """Stage and commit ``batches``; the completion transaction's ``work_mem`` after the
     commit (``work_mem``: set for that transaction before it)."""
@@ -103,7 +104,7 @@ def _commit(
         table=table,
         columns=SCHEMA,
         partitioned=False,
-        upsert_key=["id"],
+        upsert_key=upsert_key,
         run_id=run_id,
         subtask=0,
         attempt="a1",
@@ -213,24 +214,4 @@ def test_the_commit_sorts_in_memory_for_its_transaction_only(platform: Platform)
         assert conn.execute(sa.text("SHOW work_mem")).scalar_one() != "64MB"
     appended = f"mg_{secrets.token_hex(3)}"  # no upsert: no sort, nothing raised
     ensure_tables(platform.engine, "public", appended, SCHEMA, partitioned=False, upsert_key=None)
-    io = ThreadPoolExecutor(1)
-    writer = PostgresTableSinkWriter(
-        io,
-        dsn=asyncpg_dsn(platform.url),
-        schema_name="public",
-        table=appended,
-        columns=SCHEMA,
-        partitioned=False,
-        upsert_key=None,
-        run_id="m-append",
-        subtask=0,
-        attempt="a1",
-    )
-    writer.write_batch("", pa.RecordBatch.from_pylist(rows, schema=SCHEMA))
-    out = writer.pre_commit().result(timeout=60)
-    io.submit(writer.close).result(timeout=30)
-    io.shutdown()
-    txn = StagedTransaction(1, "m-append", 0, "a1", 1, TABLE_SINK_NAME, out.files, out.rows)
-    with platform.engine.begin() as conn:
-        PostgresTableSink(platform.engine).commit(conn, [txn])
-        assert conn.execute(sa.text("SHOW work_mem")).scalar_one() != "64MB"
+    assert _commit(platform, appended, (None, None), [rows], upsert_key=None) != "64MB"

@@ -344,26 +344,26 @@ def _fetch_20(reader: StreamReader) -> None:
         reader.fetch()
 
 
-def test_a_change_outside_a_transaction_fails_the_read() -> None:
-    insert = _one_insert(100, 1)[2]
-    cursor = _Cursor([insert])
-    reader = _reader(cursor)
-    try:
-        with pytest.raises(CdcError, match="change outside a transaction"):
-            _fetch_20(reader)
-    finally:
-        reader.close()
-        cursor.close()
+_FIRST, _SECOND = _one_insert(100, 1), _one_insert(200, 2)
 
 
-def test_an_empty_message_fails_the_read_after_the_ones_before_it() -> None:
-    # (the changes between two other messages are kept as one run: an empty payload among
-    # them still reaches the decoder, in its place)
-    first, second = _one_insert(100, 1), _one_insert(200, 2)
-    cursor = _Cursor([*first, *second[:3], b"", second[3]])
+@pytest.mark.parametrize(
+    ("messages", "error", "match"),
+    [
+        ([_FIRST[2]], CdcError, "change outside a transaction"),
+        # (the changes between two other messages are kept as one run: an empty payload
+        # among them still reaches the decoder, in its place, after the ones before it)
+        ([*_FIRST, *_SECOND[:3], b"", _SECOND[3]], DecodeError, "empty pgoutput message"),
+    ],
+    ids=["change outside a transaction", "empty message"],
+)
+def test_a_message_out_of_place_fails_the_read(
+    messages: list[bytes], error: type[Exception], match: str
+) -> None:
+    cursor = _Cursor([*messages])
     reader = _reader(cursor)
     try:
-        with pytest.raises(DecodeError, match="empty pgoutput message"):
+        with pytest.raises(error, match=match):
             _fetch_20(reader)
     finally:
         reader.close()
