@@ -70,9 +70,11 @@ class ChangeRows:
         if missing:
             gone = ", ".join(repr(n) for n in missing)
             raise CdcError(
-                f"table {relation.qualified} has no column {gone} any more (dropped or"
-                " renamed): change the pipeline's schema and run on (a dropped column: remove"
-                " it; a renamed one: declare the new name, and take a new snapshot to fill it)"
+                f"table {relation.qualified} has no column {gone} any more in the definition"
+                " its changes still to read were written under (dropped, renamed, or added after"
+                " them): a dropped column: remove it from the pipeline's schema and run on; a"
+                " renamed or added one cannot be filled in those changes: take a new snapshot"
+                " ('sluice cdc drop', empty the sink, discover again)"
             )
         positions = tuple(names.index(n) for n in self._declared)
         if self._key not in names:

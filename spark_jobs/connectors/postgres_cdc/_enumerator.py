@@ -138,7 +138,7 @@ def require_own_slot(engine: Engine, source_db: Engine, source: str, slot: str) 
     raise SlotMissingError(
         f"replication slot {slot!r} of {source} does not exist (dropped?): changes after its"
         f" last committed position (LSN {lsn_text(position)}) may be lost; run 'sluice cdc"
-        f" drop {source}' and discover again to take a new snapshot"
+        f" drop {source}', empty the sink and discover again to take a new snapshot"
     )
 
 

@@ -314,7 +314,8 @@ def release_source(
         f"replication slot {slot}: {_dropped(dropped_slot)}",
         *earlier,
         f"publication {publication}: {shown}",
-        f"{forgotten} split(s) of {source} forgotten: the next discovery takes a new snapshot",
+        f"{forgotten} split(s) of {source} forgotten: the next discovery takes a new snapshot"
+        " (empty the sink table first: a row deleted meanwhile has no delete to replay)",
     ]
 
 

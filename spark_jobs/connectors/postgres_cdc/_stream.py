@@ -198,7 +198,8 @@ class StreamReader:
             raise SlotMissingError(
                 f"replication slot {self._slot!r} does not exist (dropped by an admin?): the"
                 f" changes after LSN {lsn_text(self._position)} are gone; run 'sluice cdc"
-                f" drop {self._read.split.source}' and discover again to take a new snapshot"
+                f" drop {self._read.split.source}', empty the sink and discover again to take a"
+                " new snapshot"
             ) from None
         self._backlog = []
         self._confirmer.new_stream()
@@ -353,7 +354,7 @@ class StreamReader:
             if mine:
                 raise CdcError(
                     f"table {mine[0]} was truncated: a CDC source cannot replay TRUNCATE; take a"
-                    " new snapshot ('sluice cdc drop', then discover again)"
+                    " new snapshot ('sluice cdc drop', empty the sink, then discover again)"
                 )
         return False
 
