@@ -48,7 +48,10 @@ from spark_jobs.sink._table_layout import (
     column_list,
     execute,
     missing_tables,
+    same_key,
+    set_from,
     staging_table,
+    stored_not_later,
     table_names,
     winners,
 )
@@ -89,22 +92,14 @@ def _upsert(layout: TableLayout) -> sql.Composed:
     """The upsert of the moved rows: one per key (the latest by ``latest_by``, then the last
     staged), replacing a target row unless that one is of a later ``latest_by``."""
     assert layout.upsert_key is not None
-    others = [n for n in layout.names if n not in layout.upsert_key]
+    columns = set_from(layout, "EXCLUDED")
     keep_later: sql.Composable = sql.SQL("")
     if layout.latest_by is not None:
-        # (a stored row without an event time is older than any)
-        keep_later = sql.SQL(" WHERE stored.{c} IS NULL OR stored.{c} <= EXCLUDED.{c}").format(
-            c=sql.Identifier(layout.latest_by)
-        )
+        keep_later = sql.SQL(" WHERE {}").format(stored_not_later(layout, "EXCLUDED"))
     update = (
-        sql.SQL("DO UPDATE SET {}{}").format(
-            sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in others
-            ),
-            keep_later,
-        )
-        if others
-        else sql.SQL("DO NOTHING")
+        sql.SQL("DO NOTHING")
+        if columns is None
+        else sql.SQL("DO UPDATE SET {}{}").format(columns, keep_later)
     )
     return sql.SQL(
         "INSERT INTO {target} AS stored ({columns}) {winners} ON CONFLICT ({key}) {update}"
@@ -124,37 +119,29 @@ def _upsert_and_delete(layout: TableLayout) -> sql.Composed:
     :func:`_upsert`. One statement: each target row is touched at most once."""
     assert layout.upsert_key is not None and layout.latest_by is not None
     assert layout.op_field is not None
-    key = column_list(layout.upsert_key)
-    latest, op = sql.Identifier(layout.latest_by), sql.Identifier(layout.op_field)
-    others = [n for n in layout.names if n not in layout.upsert_key]
+    columns = set_from(layout, "EXCLUDED")
     update = (
-        sql.SQL("DO UPDATE SET {} WHERE stored.{c} IS NULL OR stored.{c} <= EXCLUDED.{c}").format(
-            sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in others
-            ),
-            c=latest,
+        sql.SQL("DO NOTHING")
+        if columns is None
+        else sql.SQL("DO UPDATE SET {} WHERE {}").format(
+            columns, stored_not_later(layout, "EXCLUDED")
         )
-        if others
-        else sql.SQL("DO NOTHING")
-    )
-    same_key = sql.SQL(" AND ").join(
-        sql.SQL("stored.{0} = w.{0}").format(sql.Identifier(n)) for n in layout.upsert_key
     )
     return sql.SQL(
         "winners AS ({winners}),"
         " upserted AS (INSERT INTO {target} AS stored ({columns}) SELECT {columns} FROM winners"
         " WHERE {op} IS DISTINCT FROM 'd' ON CONFLICT ({key}) {update}),"
         " deleted AS (DELETE FROM {target} AS stored USING winners AS w WHERE w.{op} = 'd'"
-        " AND {same_key} AND (stored.{latest} IS NULL OR stored.{latest} <= w.{latest}))"
+        " AND {same_key} AND ({not_later}))"
     ).format(
         winners=winners(layout),
-        key=key,
+        key=column_list(layout.upsert_key),
         columns=column_list(layout.names),
-        latest=latest,
         target=layout.target,
-        op=op,
+        op=sql.Identifier(layout.op_field),
         update=update,
-        same_key=same_key,
+        same_key=same_key(layout, "w"),
+        not_later=stored_not_later(layout, "w"),
     )
 
 

@@ -32,7 +32,10 @@ __all__ = [
     "column_list",
     "execute",
     "missing_tables",
+    "same_key",
+    "set_from",
     "staging_table",
+    "stored_not_later",
     "table_names",
     "winners",
 ]
@@ -106,6 +109,37 @@ def winners(layout: TableLayout) -> sql.Composed:
         newest=newest,
         batch=sql.Identifier(KEY_COLUMNS[3][0]),
         seq=sql.Identifier(SEQ_COLUMN),
+    )
+
+
+def stored_not_later(layout: TableLayout, source: str) -> sql.Composed:
+    """The condition under which an upsert replaces (or deletes) the ``stored`` row with the
+    ``source`` one (an alias: ``w``, ``EXCLUDED``): the stored row is not of a later
+    ``latest_by`` (a stored row without one is older than any)."""
+    assert layout.latest_by is not None
+    return sql.SQL("stored.{c} IS NULL OR stored.{c} <= {s}.{c}").format(
+        c=sql.Identifier(layout.latest_by), s=sql.SQL(source)
+    )
+
+
+def set_from(layout: TableLayout, source: str) -> sql.Composed | None:
+    """``column = <source>.column, …`` for the output columns outside the upsert key; None
+    when there are none (the upsert then has nothing to update)."""
+    assert layout.upsert_key is not None
+    others = [n for n in layout.names if n not in layout.upsert_key]
+    if not others:
+        return None
+    return sql.SQL(", ").join(
+        sql.SQL("{0} = {s}.{0}").format(sql.Identifier(n), s=sql.SQL(source)) for n in others
+    )
+
+
+def same_key(layout: TableLayout, source: str) -> sql.Composed:
+    """``stored.k = <source>.k AND …`` over the upsert key."""
+    assert layout.upsert_key is not None
+    return sql.SQL(" AND ").join(
+        sql.SQL("stored.{0} = {s}.{0}").format(sql.Identifier(n), s=sql.SQL(source))
+        for n in layout.upsert_key
     )
 
 

@@ -25,7 +25,14 @@ import sqlalchemy as sa
 from psycopg import errors, sql
 from sqlalchemy.engine import Connection
 
-from spark_jobs.sink._table_layout import TableLayout, column_list, winners
+from spark_jobs.sink._table_layout import (
+    TableLayout,
+    column_list,
+    same_key,
+    set_from,
+    stored_not_later,
+    winners,
+)
 
 __all__ = ["merge_rows", "merge_supported"]
 
@@ -38,21 +45,11 @@ def merge_supported(conn: Connection) -> bool:
 
 
 def _merge(layout: TableLayout, rows: sql.Composable) -> sql.Composed:
-    assert layout.upsert_key is not None
-    others = [n for n in layout.names if n not in layout.upsert_key]
     later: sql.Composable = sql.SQL("")
     if layout.latest_by is not None:
-        # (a stored row without an event time is older than any)
-        later = sql.SQL(" AND (stored.{c} IS NULL OR stored.{c} <= w.{c})").format(
-            c=sql.Identifier(layout.latest_by)
-        )
-    update = (
-        sql.SQL("UPDATE SET {}").format(
-            sql.SQL(", ").join(sql.SQL("{0} = w.{0}").format(sql.Identifier(n)) for n in others)
-        )
-        if others
-        else sql.SQL("DO NOTHING")
-    )
+        later = sql.SQL(" AND ({})").format(stored_not_later(layout, "w"))
+    columns = set_from(layout, "w")
+    update = sql.SQL("DO NOTHING") if columns is None else sql.SQL("UPDATE SET {}").format(columns)
     insert = sql.SQL("INSERT ({}) VALUES ({})").format(
         column_list(layout.names), column_list(layout.names, "w")
     )
@@ -73,9 +70,6 @@ def _merge(layout: TableLayout, rows: sql.Composable) -> sql.Composed:
             update=update,
             insert=insert,
         )
-    same_key = sql.SQL(" AND ").join(
-        sql.SQL("stored.{0} = w.{0}").format(sql.Identifier(n)) for n in layout.upsert_key
-    )
     return sql.SQL(
         "WITH moved AS ({rows}), winners AS ({winners})"
         " MERGE INTO {target} AS stored USING winners AS w ON {same_key}{actions}"
@@ -83,7 +77,7 @@ def _merge(layout: TableLayout, rows: sql.Composable) -> sql.Composed:
         rows=rows,
         winners=winners(layout),
         target=layout.target,
-        same_key=same_key,
+        same_key=same_key(layout, "w"),
         actions=actions,
     )
 

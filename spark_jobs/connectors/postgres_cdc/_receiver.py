@@ -79,7 +79,7 @@ _SELECT_SECONDS = 1.0
 #: Seconds the thread sleeps after a hand-over that drained the connection, so that the
 #: next read gathers what arrived meanwhile (see the module docstring).
 _GATHER_SECONDS = 0.001
-#: Seconds at most between two status updates once a message was read (see the module
+#: Seconds at most between two status updates once a flush was confirmed (see the module
 #: docstring: the server's keepalive bound is 12 days; this is far inside it).
 HEARTBEAT_SECONDS = 60.0
 
