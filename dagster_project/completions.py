@@ -11,7 +11,8 @@ sensor turns each row it has not reported (``reported_at`` NULL) into
 2. the row's ``reported_at`` mark, and
 3. a request for a run of the output's asset checks for that partition, run key
    ``<pipeline>:checks:<day>:g<generation>`` (the checks attribute their evaluations to the
-   partition's latest materialisation: the one just reported). When one tick reports several
+   partition's latest materialisation: the one just reported; tagged ``sluice/checks``, so
+   the run queue runs one per pipeline at a time). When one tick reports several
    generations of a day (rebuilt or reopened since), only the last is checked: the checks
    read the day's output as it is now, so the others would repeat the same evaluation.
 
@@ -89,6 +90,7 @@ from spark_jobs.connectors import source_connector_named
 from spark_jobs.pipeline import Pipeline
 
 __all__ = [
+    "CHECKS_TAG",
     "GENERATION_TAG",
     "PARTITION_TAG",
     "REPORT_BATCH",
@@ -106,6 +108,10 @@ __all__ = [
 SOURCE_TAG = "sluice/source"
 GENERATION_TAG = "sluice/generation"
 PARTITION_TAG = "sluice/partition"
+#: Tag of a checks' run (value: the pipeline), limited to one at a time per pipeline by the
+#: Dagster homes Sluice writes (``sluice dagster-home``, docker/dagster.yaml): a reporter that
+#: catches up on many days requests a run per day, and each run is a process of its own.
+CHECKS_TAG = "sluice/checks"
 #: Completions one tick reports at most (a tick must stay well inside Dagster's sensor timeout;
 #: the rest go to the next ticks).
 REPORT_BATCH = 50
@@ -196,7 +202,12 @@ def checks_run_request(
         run_key=f"{pipeline.name}:checks:{day}:g{completion.generation}",
         asset_selection=[],
         asset_check_keys=checks,
-        tags={PIPELINE_TAG: pipeline.name, **completion_tags(completion), **partition},
+        tags={
+            PIPELINE_TAG: pipeline.name,
+            CHECKS_TAG: pipeline.name,
+            **completion_tags(completion),
+            **partition,
+        },
     )
 
 

@@ -5,8 +5,16 @@ community" dialog, which ``dagster-webserver`` shows over whatever page a browse
 127.0.0.1/localhost until someone dismisses it: the UI asks ``shouldShowNux``, answered by the
 instance's ``nux: enabled`` setting (and a ``.nux/nux.yaml`` marker once dismissed).
 
-An existing ``dagster.yaml`` is kept: a missing ``telemetry`` or ``nux`` block is appended; a
-value the user set is left as it is.
+It also bounds the run queue as the compose deployment's ``docker/dagster.yaml`` does: Dagster's
+default lets 10 runs start at once, and a reporter catching up on many completed days (a
+continuous run that reopened days with late records, a first ``dagster dev`` over a history)
+requests one checks' run per day, each a Python process of its own (a trial's continuous run
+that reopened days queued 17 of them and held a 2-core machine at a load of 14 for about 8
+minutes). Here: 4 runs at once, one checks' run per pipeline (tag
+``sluice/checks``), one continuous run per pipeline (``sluice/continuous``), two backfills.
+
+An existing ``dagster.yaml`` is kept: a missing ``telemetry``, ``nux`` or ``run_coordinator``
+block is appended; a value the user set is left as it is.
 """
 
 from __future__ import annotations
@@ -21,14 +29,30 @@ from enumerator_service import ConfigError
 __all__ = ["DAGSTER_YAML_DEFAULTS", "prepare_dagster_home"]
 
 #: The settings every Dagster home Sluice creates has (unless the user set them otherwise).
+#: The tags are ``dagster_project``'s ``CHECKS_TAG`` and ``CONTINUOUS_TAG`` (this package may
+#: not import that one; a test holds them equal).
 DAGSTER_YAML_DEFAULTS: dict[str, dict[str, Any]] = {
     "telemetry": {"enabled": False},
     "nux": {"enabled": False},
+    "run_coordinator": {
+        "module": "dagster",
+        "class": "QueuedRunCoordinator",
+        "config": {
+            "max_concurrent_runs": 4,
+            "tag_concurrency_limits": [
+                {"key": key, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+                for key in ("sluice/checks", "sluice/continuous")
+            ]
+            + [{"key": "dagster/backfill", "limit": 2}],
+        },
+    },
 }
 
 _HEADER = (
     "# Dagster instance of Sluice's local UI (written by `sluice dagster-home`, `make ui`).\n"
-    "# telemetry: off; nux: no first-visit 'Join the Dagster community' dialog.\n"
+    "# telemetry: off; nux: no first-visit 'Join the Dagster community' dialog;\n"
+    "# run_coordinator: at most 4 runs at once, one checks' run and one continuous run per\n"
+    "# pipeline, two backfills.\n"
 )
 
 

@@ -271,6 +271,7 @@ def test_dagster_resolves_the_checks_run_request(reporting: Reporting) -> None:
     (request,) = data.run_requests or []
     assert request.run_key == f"{reporting.source}:checks:2026-01-03:g1"
     assert request.tags["dagster/partition"] == "2026-01-03"
+    assert request.tags[completions.CHECKS_TAG] == reporting.source  # (one at a time per pipeline)
     assert set(request.asset_check_keys or []) == {
         key for check in reporting.built.checks for key in check.check_keys
     }
