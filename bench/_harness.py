@@ -1,11 +1,13 @@
 """Shared pieces of the benchmarks: driving an AsyncWaitOperator over an input iterator, timing,
-forgetting a source, and the words of a verdict."""
+forgetting a source, one run at a time per Sluice home, and the words of a verdict."""
 
 from __future__ import annotations
 
+import fcntl
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import IO, Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -20,7 +22,15 @@ from spark_jobs.async_io import (
 )
 from spark_jobs.runtime import MailboxController, MailboxProcessor
 
-__all__ = ["clickstream_over", "forget_source", "run_operator", "timed", "verdict", "verdict_line"]
+__all__ = [
+    "clickstream_over",
+    "forget_source",
+    "one_run_at_a_time",
+    "run_operator",
+    "timed",
+    "verdict",
+    "verdict_line",
+]
 
 T = TypeVar("T")
 
@@ -84,6 +94,26 @@ async def run_operator(
 
 
 _END = object()
+
+
+def one_run_at_a_time(home: Path, bench: str) -> IO[str]:
+    """Lock ``<home>/bench/<bench>.lock`` for this process; exits with one line when another
+    run of the benchmark holds it. Runs under one Sluice home share their data, tables and
+    servers: a second one dropped the first one's CDC table and stopped its source server.
+    Keep the returned file open while the run lasts (the lock goes with it, or with the
+    process, however it ends)."""
+    path = home / "bench" / f"{bench}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise SystemExit(
+            f"bench/{bench}.py: another run of it is using {home} ({path} is locked): wait for "
+            "it to end, or give this one another SLUICE_HOME"
+        ) from None
+    return handle
 
 
 def timed(fn: Callable[[], T]) -> tuple[float, T]:

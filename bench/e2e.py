@@ -140,6 +140,7 @@ from _e2e_sluice import profile_sluice, run_orders, run_sluice
 from _e2e_small import small_plans, small_verdicts
 from _e2e_spark import ensure_jdbc_driver, run_broadcast, run_naive, start_spark
 from _e2e_streams import StreamRows
+from _harness import one_run_at_a_time
 
 from enumerator_service import asyncpg_dsn, load_settings
 from enumerator_service._operations import open_platform
@@ -232,6 +233,7 @@ def main() -> None:
     load = os.getloadavg()
     console.print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     settings = load_settings()
+    lock = one_run_at_a_time(settings.home_path, "e2e")
     platform = open_platform(settings)
     skipped: list[str] = []
     results: list[Result] = []
@@ -395,6 +397,7 @@ def main() -> None:
     finally:
         servers.close()
         platform.close()
+        lock.close()
     load = os.getloadavg()
     console.print(
         f"total {time.perf_counter() - started:,.0f} s; load average at the end: "
