@@ -29,8 +29,9 @@ from enumerator_service import ConfigError
 __all__ = ["DAGSTER_YAML_DEFAULTS", "prepare_dagster_home"]
 
 #: The settings every Dagster home Sluice creates has (unless the user set them otherwise).
-#: The tags are ``dagster_project``'s ``CHECKS_TAG`` and ``CONTINUOUS_TAG`` (this package may
-#: not import that one; a test holds them equal).
+#: ``run_coordinator`` is ``docker/dagster.yaml``'s, and its tags are ``dagster_project``'s
+#: ``CONTINUOUS_TAG`` and ``CHECKS_TAG`` (this package may not import that one): tests hold
+#: the block equal to docker's and the tags to those constants.
 DAGSTER_YAML_DEFAULTS: dict[str, dict[str, Any]] = {
     "telemetry": {"enabled": False},
     "nux": {"enabled": False},
@@ -40,10 +41,14 @@ DAGSTER_YAML_DEFAULTS: dict[str, dict[str, Any]] = {
         "config": {
             "max_concurrent_runs": 4,
             "tag_concurrency_limits": [
-                {"key": key, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
-                for key in ("sluice/checks", "sluice/continuous")
-            ]
-            + [{"key": "dagster/backfill", "limit": 2}],
+                {
+                    "key": "sluice/continuous",
+                    "value": {"applyLimitPerUniqueValue": True},
+                    "limit": 1,
+                },
+                {"key": "sluice/checks", "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
+                {"key": "dagster/backfill", "limit": 2},
+            ],
         },
     },
 }

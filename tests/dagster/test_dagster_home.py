@@ -11,7 +11,7 @@ from dagster._core.run_coordinator import QueuedRunCoordinator
 
 from dagster_project.completions import CHECKS_TAG
 from dagster_project.continuous import CONTINUOUS_TAG
-from spark_jobs.cli._dagster_home import prepare_dagster_home
+from spark_jobs.cli._dagster_home import DAGSTER_YAML_DEFAULTS, prepare_dagster_home
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,20 +30,18 @@ def test_dagster_loads_the_home_with_the_run_queue_limits(tmp_path: Path) -> Non
         queue = coordinator.get_run_queue_config()
         assert queue.max_concurrent_runs == 4
         assert list(queue.tag_concurrency_limits) == [
-            _per_pipeline(CHECKS_TAG),
             _per_pipeline(CONTINUOUS_TAG),
+            _per_pipeline(CHECKS_TAG),
             {"key": "dagster/backfill", "limit": 2},
         ]
         assert not instance.telemetry_enabled
         assert not instance.nux_enabled
 
 
-def test_the_deployment_limits_checks_runs_the_same_way() -> None:
-    """The compose deployment's instance has the same per-pipeline limits."""
+def test_the_deployment_queues_runs_the_same_way() -> None:
+    """The compose deployment's instance has the same run queue, block for block."""
     config = yaml.safe_load((REPO / "docker" / "dagster.yaml").read_text())
-    limits = config["run_coordinator"]["config"]["tag_concurrency_limits"]
-    assert _per_pipeline(CHECKS_TAG) in limits
-    assert _per_pipeline(CONTINUOUS_TAG) in limits
+    assert config["run_coordinator"] == DAGSTER_YAML_DEFAULTS["run_coordinator"]
 
 
 def test_a_run_queue_of_the_users_own_is_kept(tmp_path: Path) -> None:
