@@ -6,7 +6,7 @@ The result is *defined* by the per-message reference path (:meth:`BlockDecoder.r
 :func:`decode`, :meth:`ChangeRows.rows`, :meth:`RecordConverter.from_values`); the fast path
 only takes what it can prove gives the same records:
 
-1. framing (:class:`Frame`, Arrow kernels over the joined payloads, no Python per message or
+1. framing (:class:`Frame`, vectorised NumPy over the joined payloads, no Python per message or
    value): the tuple of each insert and update without an old tuple (its new row) and of
    each delete (its old row: the key columns, or the whole row), grouped by relation, one
    record each. Any other message — an update with an old tuple (a key change, ``REPLICA
@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -174,20 +175,17 @@ class BlockDecoder:
                 if len(rows):
                     groups.append(_Group(layout, pc.cast(rows, pa.int64()), columns, delete))
         # The other messages, by index (no Python per fast message).
-        everything = pc.subtract(
-            pc.cumulative_sum(pc.fill_null(pa.nulls(len(payloads), pa.int64()), 1)), 1
-        )
-        fast = pa.concat_arrays([g.rows for g in groups]) if groups else pa.array([], pa.int64())
-        slow = pc.indices_nonzero(pc.invert(pc.is_in(everything, value_set=fast)))
-        return groups, slow.to_pylist(), frame.inserts
+        slow = np.ones(len(payloads), np.bool_)
+        for group in groups:
+            slow[group.rows.to_numpy()] = False
+        return groups, np.flatnonzero(slow).tolist(), frame.inserts
 
     def _fast(self, payloads: Sequence[bytes], runs: Runs) -> Piece:
         groups, slow_messages, frame_inserts = self._frame(payloads)
         # Each message's transaction (index into runs); record positions: 2 x message index
         # (+ 1 for a key change's second record).
-        run_of: list[int] = []
-        for index, (end, _, _) in enumerate(runs):
-            run_of.extend([index] * (end - len(run_of)))
+        ends = np.fromiter((end for end, _, _ in runs), np.int64, len(runs))
+        run_of = np.repeat(np.arange(len(runs)), np.diff(ends, prepend=0))
         slow: list[tuple[int, list[Any]]] = []
         for i in slow_messages:
             _, lsn, committed = runs[run_of[i]]
@@ -195,7 +193,7 @@ class BlockDecoder:
                 slow.append((2 * i + sub, values))
         if runs[-1][1] > _MAX_LSN:
             raise _Fallback
-        run_index = pa.array(run_of, pa.int64())
+        run_index = pa.array(run_of)
         parts: list[tuple[pa.Array, pa.RecordBatch]] = []
         for group in groups:
             inserts = pc.take(frame_inserts, group.rows)
@@ -238,7 +236,7 @@ class BlockDecoder:
             bad.update(range(count))
         lsns = pc.take(pa.array([lsn for _, lsn, _ in runs], pa.int64()), runs_of)
         if group.delete:
-            ops, before = pa.array(["d"] * count, pa.string()), self._before(group)
+            ops, before = pa.repeat(pa.scalar("d", pa.string()), count), self._before(group)
         else:
             ops, before = pc.if_else(inserts, "c", "u"), pa.nulls(count, pa.string())
         arrays += [
@@ -246,7 +244,7 @@ class BlockDecoder:
             lsns,
             pc.take(self._times(runs), runs_of),
             before,
-            pa.array([relation.qualified] * count, pa.string()),
+            pa.repeat(pa.scalar(relation.qualified, pa.string()), count),
             lsns,
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=self._batch_schema), bad

@@ -1,16 +1,22 @@
-"""Column-wise framing of a block of pgoutput change messages with Arrow compute.
+"""Column-wise framing of a block of pgoutput change messages with NumPy.
 
 The block's payloads are joined into one byte buffer; every step below runs over all
-messages at once (Arrow kernels, no Python per message or per value):
+messages at once (vectorised array operations, no Python per message or per value):
 
 - each message's kind (``I``/``U``), relation id, tuple marker (``N``: a new tuple without an
   old one) and column count (:attr:`Frame.candidates`, :attr:`Frame.relids`);
 - for the candidates of one relation, column after column: the value's tag (``t`` text,
   ``n`` null; anything else — ``u`` an unchanged TOASTed value, a binary value — stops that
   message), its big-endian length and its bytes, gathered into one binary array per column
-  (a list view over the buffer, flattened). A message whose walk leaves its bounds or does
+  (one fancy-indexed copy out of the buffer). A message whose walk leaves its bounds or does
   not end exactly at its end is not ``ok``: the caller decodes it the per-message way, which
   gives its exact error or meaning.
+
+Why NumPy and not Arrow compute (the first design): a message's fields are single bytes and
+big-endian integers at computed positions; Arrow has no gather of bytes by position cheaper
+than a ``take`` plus a ``cast`` per byte, and building the gather's per-byte index took five
+kernels. The same steps in NumPy cost a third of the framing's CPU, which was the largest
+part of decoding a change (``bench/e2e.py``'s CDC row). The results are Arrow arrays.
 
 Threading: plain values; the fetcher thread builds and uses one per block.
 """
@@ -19,12 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 __all__ = ["Frame"]
 
 _T, _N = 116, 110  # value tags 't' and 'n'
+_Ints = npt.NDArray[np.int64]
+_Mask = npt.NDArray[np.bool_]
 
 
 class Frame:
@@ -34,36 +43,36 @@ class Frame:
         data = b"".join(payloads)
         #: Beyond int32 offsets: the caller decodes the block the per-message way.
         self.too_big = len(data) >= 1 << 31
-        lengths = pa.array(list(map(len, payloads)), pa.int64())
-        self.ends = pc.cumulative_sum(lengths)
-        self.starts = pc.subtract(self.ends, lengths)
-        self._size = len(data)
-        self._flat = pa.Array.from_buffers(pa.uint8(), len(data), [None, pa.py_buffer(data)])
-        self._last = max(len(data) - 1, 0)
-        long = pc.greater_equal(lengths, 8)
-        starts = pc.if_else(long, self.starts, 0)  # (short ones are never candidates)
+        # (One zero byte stands in for an empty block: every read below is clamped into it.)
+        self._flat = np.frombuffer(data or b"\0", np.uint8)
+        self._last = len(self._flat) - 1
+        lengths = np.fromiter(map(len, payloads), np.int64, len(payloads))
+        self._ends = np.cumsum(lengths)
+        self._starts = self._ends - lengths
+        long = lengths >= 8
+        starts = np.where(long, self._starts, 0)  # (short ones are never candidates)
         kind = self._byte(starts)
-        update = pc.equal(kind, ord("U"))
-        self.inserts = pc.and_(long, pc.equal(kind, ord("I")))
-        marker = self._byte(pc.add(starts, 5))
+        marker = self._byte(starts + 5)
+        inserts = long & (kind == ord("I"))
+        update = kind == ord("U")
+        old = (marker == ord("K")) | (marker == ord("O"))
         #: Messages the column walk may take: inserts and updates without an old tuple (their
         #: new tuple), deletes (their old tuple: the key columns, or the whole row).
-        self.candidates = pc.and_(
-            pc.and_(long, pc.or_(self.inserts, update)), pc.equal(marker, ord("N"))
-        )
-        old = pc.or_(pc.equal(marker, ord("K")), pc.equal(marker, ord("O")))
-        self.deletes = pc.and_(pc.and_(long, pc.equal(kind, ord("D"))), old)
-        self.relids = self._int(pc.add(starts, 1), 4)
-        self.ncols = self._int(pc.add(starts, 6), 2)
+        self.candidates = pa.array(long & (inserts | update) & (marker == ord("N")))
+        self.deletes = pa.array(long & (kind == ord("D")) & old)
+        self.inserts = pa.array(inserts)
+        self.relids = pa.array(self._int(starts + 1, 4))
+        self._ncols = self._int(starts + 6, 2)
 
-    def _byte(self, at: pa.Array) -> pa.Array:
-        return pc.cast(pc.take(self._flat, pc.min_element_wise(at, self._last)), pa.int64())
+    def _byte(self, at: _Ints) -> _Ints:
+        picked: _Ints = self._flat[np.minimum(at, self._last)].astype(np.int64)
+        return picked
 
-    def _int(self, at: pa.Array, width: int) -> pa.Array:
+    def _int(self, at: _Ints, width: int) -> _Ints:
         """Unsigned big-endian integers of ``width`` bytes at ``at``."""
         value = self._byte(at)
         for i in range(1, width):
-            value = pc.add(pc.multiply(value, 256), self._byte(pc.add(at, i)))
+            value = (value << 8) | self._byte(at + i)
         return value
 
     def tuples(self, rows: pa.Array, ncols: int) -> tuple[pa.Array, list[pa.Array]]:
@@ -71,53 +80,40 @@ class Frame:
         ``ncols`` columns; each message ends with its tuple): which ones framed ``ok`` and
         each column's raw values (binary; null for ``n``), for every row (meaningless where
         not ok)."""
-        end = pc.take(self.ends, rows)
-        at = pc.add(pc.take(self.starts, rows), 8)
-        ok = pc.equal(pc.take(self.ncols, rows), ncols)
+        picked = rows.to_numpy(zero_copy_only=False).astype(np.int64)
+        end = self._ends[picked]
+        at = self._starts[picked] + 8
+        ok = self._ncols[picked] == ncols
         starts, sizes, valid = [], [], []
         for _ in range(ncols):
             tag = self._byte(at)
-            text = pc.equal(tag, _T)
-            size = self._int(pc.add(at, 1), 4)
-            after = pc.add(pc.add(at, 5), size)
-            good_text = pc.and_(text, pc.and_(pc.less(size, 1 << 31), pc.less_equal(after, end)))
-            ok = pc.and_(ok, pc.and_(pc.less(at, end), pc.or_(good_text, pc.equal(tag, _N))))
-            value = pc.and_(ok, text)
-            starts.append(pc.add(at, 5))
-            sizes.append(pc.if_else(value, size, 0))
+            text = tag == _T
+            size = self._int(at + 1, 4)
+            after = at + 5 + size
+            good_text = text & (size < 1 << 31) & (after <= end)
+            ok &= (at < end) & (good_text | (tag == _N))
+            value = ok & text
+            starts.append(at + 5)
+            sizes.append(np.where(value, size, 0))
             valid.append(value)
-            at = pc.if_else(ok, pc.if_else(text, after, pc.add(at, 1)), at)
-        count = len(rows)
-        raw = self._gather(pa.concat_arrays(starts), pa.concat_arrays(sizes), valid)
+            at = np.where(ok, np.where(text, after, at + 1), at)
+        count = len(picked)
+        raw = self._gather(np.concatenate(starts), np.concatenate(sizes), np.concatenate(valid))
         columns = [raw.slice(c * count, count) for c in range(ncols)]
-        return pc.and_(ok, pc.equal(at, end)), columns
+        return pa.array(ok & (at == end)), columns
 
-    def _gather(self, start: pa.Array, size: pa.Array, valid: list[pa.Array]) -> pa.Array:
+    def _gather(self, start: _Ints, size: _Ints, valid: _Mask) -> pa.Array:
         """A binary array of the bytes ``[start, start + size)`` (null where not valid): one
-        ``take`` of the buffer at ``start + 0, 1, ...`` of each value (a run-end decoded
-        shift added to a running index)."""
-        total = pc.sum(size).as_py() or 0
-        offsets = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(size)])
-        if total:
-            nonempty = pc.greater(size, 0)
-            starts, sizes = pc.filter(start, nonempty), pc.filter(size, nonempty)
-            ends = pc.cumulative_sum(sizes)
-            shift = pc.subtract(starts, pc.subtract(ends, sizes))
-            runs = pa.RunEndEncodedArray.from_arrays(pc.cast(ends, pa.int32()), shift)
-            ones = pc.fill_null(pa.nulls(total, pa.int64()), 1)
-            index = pc.add(pc.run_end_decode(runs), pc.subtract(pc.cumulative_sum(ones), 1))
-            data = _values(pc.take(self._flat, index))
-        else:
-            data = pa.py_buffer(b"")
-        mask = pa.concat_arrays(valid)
-        bitmap = _values(mask) if mask.offset == 0 else _values(pa.concat_arrays([mask]))
+        fancy index of the buffer at ``start + 0, 1, ...`` of each value."""
+        offsets = np.zeros(len(size) + 1, np.int64)
+        np.cumsum(size, out=offsets[1:])
+        total = int(offsets[-1])
+        # Byte j of the output is at (its value's start) + (j - its value's first byte).
+        index = np.repeat(start - offsets[:-1], size) + np.arange(total, dtype=np.int64)
+        data = self._flat[index]
+        bitmap = pa.array(valid).buffers()[1]
         return pa.Array.from_buffers(
-            pa.binary(), len(size), [bitmap, pc.cast(offsets, pa.int32()).buffers()[1], data]
+            pa.binary(),
+            len(size),
+            [bitmap, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
         )
-
-
-def _values(data: pa.Array) -> pa.Buffer | None:
-    """The value buffer of an array (copied when it is a slice)."""
-    if data.offset:
-        data = pa.concat_arrays([data])
-    return data.buffers()[1]
