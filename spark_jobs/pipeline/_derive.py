@@ -87,6 +87,7 @@ def derive(
             f"an upsert of a change stream needs the source's field(s) {', '.join(lost)}"
             " in the output (the steps dropped them)"
         )
+    _refuse_foreign_upsert_key(ctx, source, sink.upsert_key, produced)
     per_record = [s for s in stages if isinstance(s, AsyncMapPlan) and s.per_record]
     if sink.upsert_key is None and source.order_field is not None and per_record:
         # The records of one transaction share a stream position: a restore re-reads a
@@ -145,6 +146,24 @@ def _refuse_lossy_lookups(ctx: Context, source: SourcePlan, stages: list[StagePl
                 " carries only the key, its other columns are null, so it misses): use"
                 ' on_miss="keep"',
             )
+
+
+def _refuse_foreign_upsert_key(
+    ctx: Context, source: SourcePlan, upsert_key: tuple[str, ...] | None, produced: set[str]
+) -> None:
+    """A change stream's delete carries only the source's key columns (the others are null
+    unless the table has ``REPLICA IDENTITY FULL``): an upsert keyed without them would never
+    apply a delete (or, with the full old row, delete a row another source row shares), and
+    several source rows would share one stored row. A key a step renamed is not checked."""
+    if upsert_key is None or source.op_field not in produced or not source.row_key:
+        return
+    if not set(source.row_key) <= produced or set(source.row_key) <= set(upsert_key):
+        return
+    raise ctx.fail(
+        f"upsert_key ({', '.join(upsert_key)}) of a change stream must include the source's"
+        f" key ({', '.join(source.row_key)}): a delete carries only the key's columns, so"
+        " deletes would never reach the stored rows"
+    )
 
 
 def _refuse_reordering_steps(ctx: Context, source: SourcePlan, stages: list[StagePlan]) -> None:

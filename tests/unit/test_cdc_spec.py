@@ -75,6 +75,26 @@ def test_an_upsert_without_the_change_fields_is_refused() -> None:
         _pipeline(steps=[Map(_drop_op)])
 
 
+def test_an_upsert_keyed_without_the_source_key_is_refused() -> None:
+    """A delete carries only the source's key columns: an upsert on other fields would never
+    apply it. Refused in one line naming the sink; a key that includes the source's key (a
+    multi-table sink on ``_table`` and the key) and a key a step renamed are allowed."""
+    with pytest.raises(PipelineDefinitionError, match="must include the source's key") as err:
+        _pipeline(sink=PostgresSink("shop.copy", upsert_key=["v"]))
+    line = str(err.value)
+    assert "\n" not in line and "orders_cdc" in line and "sink" in line
+    assert "upsert_key (v)" in line and "key (id)" in line and "deletes" in line
+    both = _pipeline(sink=PostgresSink("shop.copy", upsert_key=["_table", "id"])).plan.sink
+    assert both.op_field == "_op"
+
+    def renamed(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return batch.rename_columns(["order_id" if n == "id" else n for n in batch.schema.names])
+
+    step = Map(renamed)
+    sink = PostgresSink("shop.copy", upsert_key=["order_id"])
+    assert _pipeline(sink=sink, steps=[step]).plan.sink.upsert_key == ("order_id",)
+
+
 async def _enrich(record: dict[str, Any]) -> dict[str, Any]:
     return {"extra": 1}
 
