@@ -148,6 +148,8 @@ def _upsert_and_delete(layout: TableLayout) -> sql.Composed:
 def _legacy_rows(layout: TableLayout) -> sql.Composed:
     """The staged rows of the batches ``%(keys)s`` in the shared staging table (a batch staged
     before issue 25's batch tables), deleted as they are read."""
+    if layout.staging is None:  # (such a sink never had one: see ``table_names``)
+        raise RuntimeError(f"sink {layout.qualified} has no shared staging table to move from")
     return sql.SQL(
         "DELETE FROM {staging} AS s USING ({keys}) AS k WHERE {match} RETURNING {returned}"
     ).format(
@@ -280,8 +282,8 @@ class PostgresTableSink:
                 if drop is not None:
                     execute(conn, drop)
                 legacy = [e for e in entries if "staged_table" not in e]
-                if legacy and _has_staging(conn, schema, table):
-                    _, staging = table_names(schema, table)
+                _, staging = table_names(schema, table)
+                if legacy and staging is not None and _has_staging(conn, schema, table):
                     query = sql.SQL("DELETE FROM {} AS s USING ({}) AS k WHERE {}").format(
                         staging, _KEYS, _MATCH
                     )

@@ -42,6 +42,8 @@ __all__ = [
 
 TABLE_SINK_NAME = "postgres"
 STAGING_SUFFIX = "__staged"
+#: Postgres' longest identifier (NAMEDATALEN - 1).
+_NAME_BYTES = 63
 #: The date column of a day-partitioned output.
 PARTITION_COLUMN = "dt"
 #: (column, SQL type) of the staging key: one batch is what a task attempt staged between
@@ -62,11 +64,16 @@ def staging_table(table: str) -> str:
     return f"{table}{STAGING_SUFFIX}"
 
 
-def table_names(schema: str, table: str) -> tuple[sql.Identifier, sql.Identifier]:
-    """(target, staging) as quoted identifiers, after validating both names."""
+def table_names(schema: str, table: str) -> tuple[sql.Identifier, sql.Identifier | None]:
+    """(target, shared staging table) as quoted identifiers, after validating the names.
+
+    The shared staging table ``<table>__staged`` is only read to finish or sweep what a
+    sink staged before the batch tables; sink table names were at most 55 characters then,
+    so a longer one has none (None: its name would not fit Postgres' 63)."""
     validate_identifier(schema, "sink schema")
-    validate_identifier(staging_table(validate_identifier(table, "sink table")), "sink table")
-    return sql.Identifier(schema, table), sql.Identifier(schema, staging_table(table))
+    legacy = staging_table(validate_identifier(table, "sink table"))
+    staging = sql.Identifier(schema, legacy) if len(legacy.encode()) <= _NAME_BYTES else None
+    return sql.Identifier(schema, table), staging
 
 
 def column_list(names: Iterable[str], prefix: str | None = None) -> sql.Composed:
@@ -250,7 +257,7 @@ class TableLayout:
         return table_names(self.schema, self.table)[0]
 
     @property
-    def staging(self) -> sql.Identifier:
+    def staging(self) -> sql.Identifier | None:
         return table_names(self.schema, self.table)[1]
 
     @property

@@ -175,7 +175,7 @@ def _sweep_legacy(conn: Connection, schema: str, table: str) -> int:
     """Rows of dead runs in the shared staging table of a sink from before the batch tables;
     the table itself once it holds no rows (nothing stages into it any more)."""
     _, staging = table_names(schema, table)
-    if missing_tables(conn, schema, [staging_table(table)]):
+    if staging is None or missing_tables(conn, schema, [staging_table(table)]):
         return 0
     deleted = execute(conn, _sweep_query(staging))
     left = conn.exec_driver_sql(

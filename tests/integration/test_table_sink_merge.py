@@ -26,6 +26,7 @@ from spark_jobs.sink import (
     _table_commit,
     ensure_tables,
     staged_rows,
+    sweep_staged,
 )
 
 SCHEMA = pa.schema(
@@ -215,3 +216,53 @@ def test_the_commit_sorts_in_memory_for_its_transaction_only(platform: Platform)
     appended = f"mg_{secrets.token_hex(3)}"  # no upsert: no sort, nothing raised
     ensure_tables(platform.engine, "public", appended, SCHEMA, partitioned=False, upsert_key=None)
     assert _commit(platform, appended, (None, None), [rows], upsert_key=None) != "64MB"
+
+
+def test_a_sink_table_name_of_63_characters_upserts_aborts_and_sweeps(
+    platform: Platform,
+) -> None:
+    """Postgres' longest name (63 bytes): the sink has no shared staging table from before
+    the batch tables (``<table>__staged`` would not fit), and needs none — it stages, moves,
+    aborts and sweeps through batch tables alone; the result equals the oracle's."""
+    table = f"long_{secrets.token_hex(3)}_".ljust(63, "x")
+    assert len(table) == 63
+    ensure_tables(platform.engine, "public", table, SCHEMA, partitioned=False, upsert_key=["id"])
+    rng = random.Random(63)
+    commits = [[_stream(rng, 120, 500 * c + 200 * b) for b in range(2)] for c in range(2)]
+    for batches in commits:
+        _commit(platform, table, LAYOUTS["change stream"], batches)
+    expected: dict[int, dict[str, Any]] = {}
+    for batches in commits:
+        expected = _oracle(expected, batches, *LAYOUTS["change stream"])
+    assert _table(platform, table) == expected and expected
+    # A batch staged and never completed: aborted, then nothing is left to sweep.
+    io = ThreadPoolExecutor(1)
+    run_id = f"m-{secrets.token_hex(3)}"
+    writer = PostgresTableSinkWriter(
+        io,
+        dsn=asyncpg_dsn(platform.url),
+        schema_name="public",
+        table=table,
+        columns=SCHEMA,
+        partitioned=False,
+        upsert_key=("id",),
+        run_id=run_id,
+        subtask=0,
+        attempt="a1",
+        latest_by="_lsn",
+        op_field="_op",
+    )
+    pending = _stream(rng, 50, 9000)
+    writer.write_batch("", pa.RecordBatch.from_pylist(pending, schema=SCHEMA))
+    out = writer.pre_commit().result(timeout=60)
+    io.submit(writer.close).result(timeout=30)
+    io.shutdown()
+    with platform.engine.connect() as conn:
+        # (the writer stages only each key's latest change)
+        assert staged_rows(conn, "public", table) == len({row["id"] for row in pending})
+    txn = StagedTransaction(1, run_id, 0, "a1", 1, TABLE_SINK_NAME, out.files, out.rows)
+    PostgresTableSink(platform.engine).abort([txn])
+    with platform.engine.connect() as conn:
+        assert staged_rows(conn, "public", table) == 0
+    assert sweep_staged(platform.engine, "public", table) == 0
+    assert _table(platform, table) == expected

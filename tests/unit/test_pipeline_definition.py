@@ -247,6 +247,11 @@ def _error(build: Any) -> str:
             id="bad table name",
         ),
         pytest.param(
+            lambda: orders(sink=PostgresSink("analytics." + "t" * 64)),
+            f"pipeline orders: sink: table '{'t' * 64}' is not a valid identifier",
+            id="sink table name beyond 63 characters",
+        ),
+        pytest.param(
             lambda: orders(name="Orders!"),
             "pipeline Orders!: pipeline name 'Orders!' is not a valid identifier",
             id="bad pipeline name",
@@ -448,3 +453,11 @@ def test_another_type_error_in_a_pipeline_module_keeps_its_traceback(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(TypeError, match="takes 1 positional argument"):
         load_pipelines(Settings(pipelines="own_type_error"))
+
+
+def test_a_postgres_sink_table_name_of_63_characters_is_accepted() -> None:
+    """Postgres' longest name; the sink's batch tables have names of their own, so the target
+    may use all of it (the limit was 55 while staging went through ``<table>__staged``)."""
+    table = "t" * 63
+    plan = orders(sink=PostgresSink(f"analytics.{table}")).plan
+    assert plan.sink.options.table == ("analytics", table)

@@ -67,8 +67,6 @@ class PostgresConnector(SinkConnector):
         is_open: bool,
     ) -> SinkDetails:
         table = ctx.check(check_table, spec.table, "table")
-        if len(table[1]) > 55:
-            raise ctx.fail(f"table name {table[1]!r} is too long (at most 55: +'__staged')")
         upsert = upsert_key(ctx, spec.upsert_key, columns, is_open)
         return SinkDetails(PostgresOptions(table), upsert)
 
