@@ -85,16 +85,13 @@ def _oracle(
     return out
 
 
-def _commit(
+def _writer(
     platform: Platform,
     table: str,
     layout: tuple[str | None, str | None],
-    batches: list[list[dict[str, Any]]],
-    work_mem: str | None = None,
     upsert_key: tuple[str, ...] | None = ("id",),
-) -> str:
-    """Stage and commit ``batches``; the completion transaction's ``work_mem`` after the
-    commit (``work_mem``: set for that transaction before it)."""
+) -> tuple[ThreadPoolExecutor, str, PostgresTableSinkWriter]:
+    """(its I/O thread, the run id, a writer) staging into ``table`` for a fresh run."""
     latest, op = layout
     io = ThreadPoolExecutor(1)
     run_id = f"m-{secrets.token_hex(3)}"
@@ -112,6 +109,20 @@ def _commit(
         latest_by=latest,
         op_field=op,
     )
+    return io, run_id, writer
+
+
+def _commit(
+    platform: Platform,
+    table: str,
+    layout: tuple[str | None, str | None],
+    batches: list[list[dict[str, Any]]],
+    work_mem: str | None = None,
+    upsert_key: tuple[str, ...] | None = ("id",),
+) -> str:
+    """Stage and commit ``batches``; the completion transaction's ``work_mem`` after the
+    commit (``work_mem``: set for that transaction before it)."""
+    io, run_id, writer = _writer(platform, table, layout, upsert_key)
     outs = []
     for rows in batches:
         writer.write_batch("", pa.RecordBatch.from_pylist(rows, schema=SCHEMA))
@@ -236,22 +247,7 @@ def test_a_sink_table_name_of_63_characters_upserts_aborts_and_sweeps(
         expected = _oracle(expected, batches, *LAYOUTS["change stream"])
     assert _table(platform, table) == expected and expected
     # A batch staged and never completed: aborted, then nothing is left to sweep.
-    io = ThreadPoolExecutor(1)
-    run_id = f"m-{secrets.token_hex(3)}"
-    writer = PostgresTableSinkWriter(
-        io,
-        dsn=asyncpg_dsn(platform.url),
-        schema_name="public",
-        table=table,
-        columns=SCHEMA,
-        partitioned=False,
-        upsert_key=("id",),
-        run_id=run_id,
-        subtask=0,
-        attempt="a1",
-        latest_by="_lsn",
-        op_field="_op",
-    )
+    io, run_id, writer = _writer(platform, table, LAYOUTS["change stream"])
     pending = _stream(rng, 50, 9000)
     writer.write_batch("", pa.RecordBatch.from_pylist(pending, schema=SCHEMA))
     out = writer.pre_commit().result(timeout=60)
