@@ -47,12 +47,11 @@ from spark_jobs.sink._table_layout import (
     TableLayout,
     column_list,
     execute,
+    existing_staging,
     missing_tables,
     same_key,
     set_from,
-    staging_table,
     stored_not_later,
-    table_names,
     winners,
 )
 from spark_jobs.sink._table_merge import merge_rows, merge_supported
@@ -282,14 +281,9 @@ class PostgresTableSink:
                 if drop is not None:
                     execute(conn, drop)
                 legacy = [e for e in entries if "staged_table" not in e]
-                _, staging = table_names(schema, table)
-                if legacy and staging is not None and _has_staging(conn, schema, table):
+                staging = existing_staging(conn, schema, table) if legacy else None
+                if staging is not None:
                     query = sql.SQL("DELETE FROM {} AS s USING ({}) AS k WHERE {}").format(
                         staging, _KEYS, _MATCH
                     )
                     execute(conn, query, keys=_keys(legacy))
-
-
-def _has_staging(conn: Connection, schema: str, table: str) -> bool:
-    """Whether the shared staging table of a sink from before the batch tables exists."""
-    return not missing_tables(conn, schema, [staging_table(table)])

@@ -18,7 +18,7 @@ from typing import Any
 from psycopg import sql
 from sqlalchemy.engine import Connection
 
-from enumerator_service import validate_identifier
+from enumerator_service import ConfigError, validate_identifier
 from spark_jobs.pipeline._errors import RESERVED_PREFIX, check_field_name
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "TableLayout",
     "column_list",
     "execute",
+    "existing_staging",
     "missing_tables",
     "same_key",
     "set_from",
@@ -42,8 +43,6 @@ __all__ = [
 
 TABLE_SINK_NAME = "postgres"
 STAGING_SUFFIX = "__staged"
-#: Postgres' longest identifier (NAMEDATALEN - 1).
-_NAME_BYTES = 63
 #: The date column of a day-partitioned output.
 PARTITION_COLUMN = "dt"
 #: (column, SQL type) of the staging key: one batch is what a task attempt staged between
@@ -72,7 +71,10 @@ def table_names(schema: str, table: str) -> tuple[sql.Identifier, sql.Identifier
     so a longer one has none (None: its name would not fit Postgres' 63)."""
     validate_identifier(schema, "sink schema")
     legacy = staging_table(validate_identifier(table, "sink table"))
-    staging = sql.Identifier(schema, legacy) if len(legacy.encode()) <= _NAME_BYTES else None
+    try:
+        staging: sql.Identifier | None = sql.Identifier(schema, validate_identifier(legacy))
+    except ConfigError:  # (only its length can fail it, the table's name passed)
+        staging = None
     return sql.Identifier(schema, table), staging
 
 
@@ -96,6 +98,15 @@ def missing_tables(conn: Connection, schema: str, names: Sequence[str]) -> list[
         {"names": list(names), "schema": schema},
     )
     return sorted(str(row[0]) for row in found)
+
+
+def existing_staging(conn: Connection, schema: str, table: str) -> sql.Identifier | None:
+    """The shared staging table of sink ``schema.table`` from before the batch tables, if
+    it has one (None: it never had one, or it was dropped once empty)."""
+    staging = table_names(schema, table)[1]
+    if staging is None or missing_tables(conn, schema, [staging_table(table)]):
+        return None
+    return staging
 
 
 def winners(layout: TableLayout) -> sql.Composed:

@@ -33,9 +33,7 @@ from spark_jobs.sink._table_layout import (
     TableLayout,
     column_list,
     execute,
-    missing_tables,
-    staging_table,
-    table_names,
+    existing_staging,
 )
 
 __all__ = ["check_existing_target", "ensure_tables", "sweep_staged"]
@@ -174,8 +172,8 @@ def _sweep_query(staging: sql.Identifier) -> sql.Composed:
 def _sweep_legacy(conn: Connection, schema: str, table: str) -> int:
     """Rows of dead runs in the shared staging table of a sink from before the batch tables;
     the table itself once it holds no rows (nothing stages into it any more)."""
-    _, staging = table_names(schema, table)
-    if staging is None or missing_tables(conn, schema, [staging_table(table)]):
+    staging = existing_staging(conn, schema, table)
+    if staging is None:
         return 0
     deleted = execute(conn, _sweep_query(staging))
     left = conn.exec_driver_sql(
