@@ -20,12 +20,24 @@ def latest_rank(rows: pa.Table, latest_by: str | None) -> pa.Array:
     staged = pa.array(range(rows.num_rows), pa.int64())
     if latest_by is None or rows.num_rows == 0:
         return staged
-    ordered = pa.table({"t": rows.column(latest_by), "n": staged})
+    times = rows.column(latest_by)
+    if _in_order(times):
+        return staged  # (a change stream's rows come in LSN order: no sort needed)
+    ordered = pa.table({"t": times, "n": staged})
     order = pc.sort_indices(
         ordered, sort_keys=[("t", "ascending", "at_start"), ("n", "ascending", "at_start")]
     )
     # The inverse permutation of ``order``: rank[order[i]] = i.
     return pc.sort_indices(order).cast(pa.int64())
+
+
+def _in_order(times: pa.ChunkedArray) -> bool:
+    """Whether ``times`` has no null and never decreases (staging order is then rank order:
+    ties keep the staging order)."""
+    if times.null_count or len(times) < 2:
+        return bool(times.null_count == 0)
+    later = pc.greater_equal(times.slice(1), times.slice(0, len(times) - 1))
+    return bool(pc.all(later).as_py())
 
 
 def latest_rows(rows: pa.Table, key: Sequence[str], latest_by: str | None) -> pa.Table:

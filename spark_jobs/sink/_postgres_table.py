@@ -10,11 +10,13 @@ invisible to readers of the target table. A task that dies mid-batch leaves noth
 transaction, table and all, rolls back. (That
 transaction stays open for one checkpoint interval; a server-side
 ``idle_in_transaction_session_timeout`` shorter than the interval fails the task.) Rows go
-over CSV COPY rendered by Arrow (``_copy_csv``: no Python work per row), 8192 per
-hand-over; an output with a ``binary`` field, which CSV cannot carry exactly, goes over
-binary COPY row by row with the column types of ``postgres_type``, a ``timestamp`` (UTC)
-field time-zone aware for its ``timestamptz`` column, naive values taken as UTC, as in
-Parquet. Both stage the same rows (tests/integration/test_table_sink_copy.py). An
+over binary COPY built column-wise (``_copy_binary``: no Python work per row, and Postgres
+parses no text), 8192 per hand-over; an output with a ``decimal`` field, which that encoder
+does not build, goes over CSV COPY rendered by Arrow (``_copy_csv``), and one with both a
+``decimal`` and a ``binary`` field (CSV cannot carry bytes exactly) over binary COPY row by
+row with the column types of ``postgres_type``, a ``timestamp`` (UTC) field time-zone aware
+for its ``timestamptz`` column, naive values taken as UTC, as in Parquet. All three stage the
+same rows (tests/integration/test_table_sink_copy.py). An
 unpartitioned upsert sink stages, of each hand-over, only the row of each key the commit's
 upsert would keep (``latest_rows``: the latest ``latest_by``, then the last): the others
 could never win, so COPY, staging and the commit skip them (a change stream's updates and
@@ -39,10 +41,12 @@ from psycopg import sql
 from enumerator_service import encode_dead_letters
 from spark_jobs.pipeline._types import postgres_type
 from spark_jobs.sink._batch_tables import batch_table_ddl, batch_table_name
+from spark_jobs.sink._copy_binary import BINARY_COPY_OPTIONS, BinaryRows, binary_columnar
 from spark_jobs.sink._copy_csv import CSV_COPY_OPTIONS, CsvRows, csv_exact
 from spark_jobs.sink._latest import latest_rows
 from spark_jobs.sink._staged import StagedOutput, conform_batch
 from spark_jobs.sink._table_layout import (
+    PARTITION_COLUMN,
     SEQ_COLUMN,
     TABLE_SINK_NAME,
     TableLayout,
@@ -57,6 +61,21 @@ _CHUNK = 8192  # rows per hand-over to the writer thread (one COPY each)
 def _copy_type(kind: pa.DataType) -> str:
     """The type name binary COPY sends a field as (``postgres_type`` without a modifier)."""
     return postgres_type(kind).split("(", 1)[0]
+
+
+def _encoder(
+    columns: pa.Schema, partitioned: bool, via: str
+) -> tuple[BinaryRows | CsvRows | None, str]:
+    """The writer's batch encoder and COPY options for ``via`` (see the writer; None: binary
+    COPY row by row)."""
+    if via not in ("columns", "csv", "rows"):
+        raise ValueError(f"via: {via!r} is not 'columns', 'csv' or 'rows'")
+    if via == "columns" and binary_columnar(columns):
+        names = [SEQ_COLUMN, *columns.names, *([PARTITION_COLUMN] if partitioned else [])]
+        return BinaryRows(columns, partitioned=partitioned, names=names), BINARY_COPY_OPTIONS
+    if via != "rows" and csv_exact(columns):
+        return CsvRows(columns, partitioned=partitioned), CSV_COPY_OPTIONS
+    return None, BINARY_COPY_OPTIONS
 
 
 def _as_utc(values: list[Any]) -> list[Any]:
@@ -88,11 +107,13 @@ class PostgresTableSinkWriter:
         run_id: str,
         subtask: int,
         attempt: str,
-        via_csv: bool = True,
+        via: str = "columns",
         latest_by: str | None = None,
         op_field: str | None = None,
     ) -> None:
-        """``via_csv=False`` forces binary COPY (tests compare the two paths)."""
+        """``via``: "columns" (binary COPY built column-wise, else CSV when a field is a
+        decimal, else "rows"), "csv" (CSV, else "rows") or "rows" (binary COPY row by row):
+        tests compare the paths."""
         self._layout = TableLayout.build(
             schema_name,
             table,
@@ -106,11 +127,8 @@ class PostgresTableSinkWriter:
         self._dsn = dsn
         self._schema = columns
         self._key = (run_id, subtask, attempt)
-        self._csv = (
-            CsvRows(columns, partitioned=partitioned) if via_csv and csv_exact(columns) else None
-        )
+        self._encoder, options = _encoder(columns, partitioned, via)
         # FREEZE: the rows go into a table of the loading transaction (``_batch_copy``).
-        options = CSV_COPY_OPTIONS if self._csv is not None else "(FORMAT BINARY)"
         self._copy_options = options[:-1] + ", FREEZE)"
         self._copy_types = [
             "bigint",
@@ -207,11 +225,19 @@ class PostgresTableSinkWriter:
             if self._layout.upsert_key and not partitioned:
                 batches = self._latest(batches)
             if self._conn is None:
-                self._conn = psycopg.connect(self._dsn, application_name="sluice-sink")
+                # UTF8: binary COPY's text goes as UTF-8 bytes (``_copy_binary``).
+                self._conn = psycopg.connect(
+                    self._dsn, application_name="sluice-sink", client_encoding="UTF8"
+                )
             seq = self._staged
-            with self._conn.cursor() as cur, cur.copy(self._batch_copy(cur)) as copy:
-                if self._csv is not None:
-                    payload, seq = self._csv.encode(batches, seq)
+            names = [SEQ_COLUMN, *self._layout.names]
+            payload: bytes | None = None
+            if isinstance(self._encoder, BinaryRows):
+                payload, seq, names = self._encoder.encode(batches, seq)
+            elif self._encoder is not None:
+                payload, seq = self._encoder.encode(batches, seq)
+            with self._conn.cursor() as cur, cur.copy(self._batch_copy(cur, names)) as copy:
+                if payload is not None:
                     copy.write(memoryview(payload))
                 else:
                     seq = self._write_rows(copy, batches, seq)
@@ -226,9 +252,10 @@ class PostgresTableSinkWriter:
         for partition, rows in counts.items():
             self._by_partition[partition] = self._by_partition.get(partition, 0) + rows
 
-    def _batch_copy(self, cur: psycopg.Cursor[Any]) -> sql.Composed:
-        """The COPY into the open batch's table, creating the table first in the batch's
-        transaction (``FREEZE``: rows loaded into a table of the loading transaction)."""
+    def _batch_copy(self, cur: psycopg.Cursor[Any], names: Sequence[str]) -> sql.Composed:
+        """The COPY of columns ``names`` into the open batch's table, creating the table
+        first in the batch's transaction (``FREEZE``: rows loaded into a table of the loading
+        transaction)."""
         if self._table is None:
             name = batch_table_name(self._layout, (*self._key, self._batch))
             for statement in batch_table_ddl(self._layout, name, self._schema, self._key[0]):
@@ -236,7 +263,7 @@ class PostgresTableSinkWriter:
             self._table = name
         return sql.SQL("COPY {} ({}) FROM STDIN " + self._copy_options).format(
             sql.Identifier(self._layout.schema, self._table),
-            column_list([SEQ_COLUMN, *self._layout.names]),
+            column_list(names),
         )
 
     def _latest(

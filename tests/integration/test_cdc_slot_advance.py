@@ -43,6 +43,12 @@ def slot_and_table(db_url: str) -> Iterator[tuple[Engine, str, str]]:
         engine.dispose()
 
 
+#: What an advance may keep below ``WalWritten.lowest_restart``: about two rounds. The bugs
+#: these tests are for kept 7.4 MiB (one advance pass) and all of a run's WAL (a confirmed
+#: slot); a 2 MiB bound failed once in 961 tests under the other test process's load (2.2).
+_SLACK = 4 << 20
+
+
 @dataclass
 class WalWritten:
     """The lowest ``restart_lsn`` an advance over the rounds' WAL may leave.
@@ -107,7 +113,7 @@ def test_an_advanced_idle_slot_keeps_only_the_wal_after_its_last_restart_point(
     # Kept: about the last round (Postgres restarts decoding from a restart point a
     # little before the last one), not the 8 rounds (one advance alone kept ~7).
     assert after.restart_lsn is not None
-    assert wal.lowest_restart - after.restart_lsn < 2 << 20, (wal, after)
+    assert wal.lowest_restart - after.restart_lsn < _SLACK, (wal, after)
     # Advancing again to where it is: nothing to do (unless a transaction elsewhere held it).
     if target - after.restart_lsn < 8 << 20:
         assert not advance_slot(engine, slot, target)
@@ -137,6 +143,6 @@ def test_a_slot_its_reader_confirmed_still_gives_its_wal_back(
         after = slot_info(conn, slot)
     assert after is not None and after.confirmed_flush == target
     assert after.restart_lsn is not None
-    assert wal.lowest_restart - after.restart_lsn < 2 << 20, (wal, after)
+    assert wal.lowest_restart - after.restart_lsn < _SLACK, (wal, after)
     if target - after.restart_lsn < 8 << 20:  # else a transaction elsewhere held it
         assert not advance_slot(engine, slot, target)  # nothing left to give back

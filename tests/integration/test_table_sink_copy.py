@@ -1,7 +1,8 @@
-"""The table sink's CSV COPY (Arrow-rendered) stages exactly the rows its binary COPY does.
+"""The table sink's COPY paths stage exactly the same rows: binary COPY row by row (psycopg's
+``write_row``, the oracle), CSV rendered by Arrow, and binary COPY built column-wise.
 
 Real Postgres: one batch of every supported type, with the awkward values each can hold,
-staged by both paths under two run ids; the staging table must hold the same rows.
+staged by each path under its own run id; the batch tables must hold the same rows.
 """
 
 from __future__ import annotations
@@ -68,13 +69,19 @@ _VALUES: dict[str, tuple[pa.DataType, list[Any]]] = {
     "at": (pa.timestamp("us", tz="UTC"), [t and t.replace(tzinfo=UTC) for t in _TS]),
     "naive": (pa.timestamp("us"), _TS),
 }
+_RAW = (pa.binary(), [b'\x00\xff,"\n', b"", None, b"\\N", b"\r\n", b"x" * 300, b"\x80", b"NULL"])
 SCHEMA = pa.schema([(name, kind) for name, (kind, _) in _VALUES.items()])
+#: Every type binary COPY built column-wise takes (no decimal), and a binary field.
+COLUMNAR = pa.schema(
+    [f for f in SCHEMA if not pa.types.is_decimal(f.type)] + [pa.field("raw", _RAW[0])]
+)
+_ENCODER = {"rows": "NoneType", "csv": "CsvRows", "columns": "BinaryRows"}
 
 
-def _batch(rows: int = len(_TS)) -> pa.RecordBatch:
+def _batch(rows: int = len(_TS), schema: pa.Schema = SCHEMA) -> pa.RecordBatch:
+    values = {**_VALUES, "raw": _RAW}
     return pa.RecordBatch.from_arrays(
-        [pa.array((values * rows)[:rows], kind) for kind, values in _VALUES.values()],
-        schema=SCHEMA,
+        [pa.array((values[f.name][1] * rows)[:rows], f.type) for f in schema], schema=schema
     )
 
 
@@ -91,8 +98,9 @@ def _stage(
     schema: pa.Schema,
     batches: list[tuple[str, pa.RecordBatch]],
     *,
-    via_csv: bool,
+    via: str,
     partitioned: bool,
+    encoder: str | None = None,
 ) -> str:
     run_id = f"run-{secrets.token_hex(4)}"
     io = ThreadPoolExecutor(1)
@@ -107,9 +115,9 @@ def _stage(
         run_id=run_id,
         subtask=3,
         attempt='a\'1,"x"',
-        via_csv=via_csv,
+        via=via,
     )
-    assert (writer._csv is not None) == (via_csv and "raw" not in schema.names)
+    assert type(writer._encoder).__name__ == _ENCODER[encoder or via]
     for partition, batch in batches:
         writer.write_batch(partition, batch)
     out = writer.pre_commit().result(timeout=60)
@@ -143,6 +151,13 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b) and type(a) is type(b)
 
 
+def _compare(oracle: list[Any], other: list[Any]) -> None:
+    assert len(oracle) == len(other) == 9008
+    assert [r[0] for r in other] == list(range(1, 9009))
+    for o_row, row in zip(oracle, other, strict=True):
+        assert all(_same(x, y) for x, y in zip(o_row, row, strict=True)), (o_row, row)
+
+
 @pytest.mark.parametrize("partitioned", [True, False])
 def test_csv_and_binary_copy_stage_the_same_rows(platform: Platform, partitioned: bool) -> None:
     table = f"copy_{secrets.token_hex(3)}"
@@ -152,20 +167,16 @@ def test_csv_and_binary_copy_stage_the_same_rows(platform: Platform, partitioned
     day = "2026-01-02" if partitioned else ""
     batches = [(day, _batch()), ("2026-01-03" if partitioned else "", _batch(9000))]
     names = [*SCHEMA.names, *(["dt"] if partitioned else [])]
-    binary = _staged(
-        platform,
-        _stage(platform, table, SCHEMA, batches, via_csv=False, partitioned=partitioned),
-        names,
-    )
-    csv = _staged(
-        platform,
-        _stage(platform, table, SCHEMA, batches, via_csv=True, partitioned=partitioned),
-        names,
-    )
-    assert len(binary) == len(csv) == 9008
-    assert [r[0] for r in csv] == list(range(1, 9009))
-    for b_row, c_row in zip(binary, csv, strict=True):
-        assert all(_same(x, y) for x, y in zip(b_row, c_row, strict=True)), (b_row, c_row)
+
+    def staged(via: str, encoder: str | None = None) -> list[Any]:
+        name = _stage(
+            platform, table, SCHEMA, batches, via=via, partitioned=partitioned, encoder=encoder
+        )
+        return _staged(platform, name, names)
+
+    binary = staged("rows")
+    _compare(binary, staged("csv"))
+    _compare(binary, staged("columns", encoder="csv"))  # (a decimal: CSV)
     # The binary path carries the values as given (the oracle of the comparison above).
     first = {n: binary[0][1 + 2 * i] for i, n in enumerate(names)}
     second = {n: binary[1][1 + 2 * i] for i, n in enumerate(names)}
@@ -177,6 +188,36 @@ def test_csv_and_binary_copy_stage_the_same_rows(platform: Platform, partitioned
     assert second["amount"] == Decimal("-9999999999999999999999999999.9999999999")
     if partitioned:
         assert (first["dt"], binary[-1][-2]) == (date(2026, 1, 2), date(2026, 1, 3))
+
+
+@pytest.mark.parametrize("partitioned", [True, False])
+def test_columnar_binary_copy_stages_the_rows_write_row_does(
+    platform: Platform, partitioned: bool
+) -> None:
+    table = f"copyc_{secrets.token_hex(3)}"
+    ensure_tables(
+        platform.engine, "public", table, COLUMNAR, partitioned=partitioned, upsert_key=None
+    )
+    day = "1999-12-31" if partitioned else ""
+    batches = [
+        (day, _batch(schema=COLUMNAR)),
+        ("2026-01-03" if partitioned else "", _batch(9001, COLUMNAR).slice(1)),
+    ]
+    names = [*COLUMNAR.names, *(["dt"] if partitioned else [])]
+    rows, columns = (
+        _staged(
+            platform,
+            _stage(platform, table, COLUMNAR, batches, via=via, partitioned=partitioned),
+            names,
+        )
+        for via in ("rows", "columns")
+    )
+    _compare(rows, columns)
+    first = {n: columns[0][1 + 2 * i] for i, n in enumerate(names)}
+    assert bytes(first["raw"]) == b'\x00\xff,"\n' and first["i64"] == -(2**63)
+    assert first["at"] == datetime(1, 1, 1, tzinfo=UTC) and first["s"] == ""
+    if partitioned:
+        assert (first["dt"], columns[-1][-2]) == (date(1999, 12, 31), date(2026, 1, 3))
 
 
 def test_an_output_with_a_binary_field_keeps_binary_copy(platform: Platform) -> None:
@@ -191,7 +232,9 @@ def test_an_output_with_a_binary_field_keeps_binary_copy(platform: Platform) -> 
         ],
         schema=schema,
     )
-    staged = _stage(platform, table, schema, [("", batch)], via_csv=True, partitioned=False)
+    staged = _stage(
+        platform, table, schema, [("", batch)], via="csv", partitioned=False, encoder="rows"
+    )
     rows = _staged(platform, staged, schema.names)
     assert [(r[1], bytes(r[3]) if r[3] is not None else None, r[5]) for r in rows] == [
         (1, b'\x00\xff,"\n', "x"),

@@ -79,3 +79,17 @@ def test_latest_rows_keeps_exactly_the_winner_of_each_key_in_order(
             expected[key] = index
     assert kept.column("seq").to_pylist() == sorted(expected.values())  # once each, in order
     assert kept.schema == table.schema
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 5)), max_size=40))
+def test_times_in_staging_order_rank_in_staging_order(data: list[tuple[int, int]]) -> None:
+    # A change stream's rows come in LSN order: ranked without a sort, the same ranks.
+    data = sorted(data, key=lambda row: row[1])
+    times = pa.array([_T0 + timedelta(seconds=t) for _, t in data], pa.timestamp("us", tz="UTC"))
+    ranked = latest_rank(pa.table({"k": [k for k, _ in data], "t": times}), "t").to_pylist()
+    assert ranked == list(range(len(data)))
+
+
+def test_a_null_time_takes_the_sorting_path() -> None:
+    times = pa.array([_T0, None, _T0], pa.timestamp("us", tz="UTC"))
+    assert latest_rank(pa.table({"t": times}), "t").to_pylist() == [1, 0, 2]
