@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spark_jobs.sink import _copy_binary
 from spark_jobs.sink._copy_binary import BinaryRows, binary_columnar
 
 _EPOCH_US = 946_684_800_000_000
@@ -138,3 +139,18 @@ def test_a_value_past_postgres_range_fails_instead_of_wrapping(
     encoder = BinaryRows(batch.schema, partitioned=False, names=["seq", "v"])
     with pytest.raises(ValueError, match="out of Postgres' range"):
         encoder.encode([("", batch)], 0)
+
+
+def test_a_batch_goes_in_slices_with_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = pa.RecordBatch.from_pydict(
+        {"id": list(range(7)), "s": ["a", None, "", "é", "b", None, "c"]},
+        schema=pa.schema([("id", pa.int64()), ("s", pa.string())]),
+    )
+
+    def encoded() -> tuple[bytes, int, list[str]]:
+        encoder = BinaryRows(batch.schema, partitioned=False, names=["seq", "id", "s"])
+        return encoder.encode([("", batch), ("", batch.slice(3))], 5)
+
+    whole = encoded()
+    monkeypatch.setattr(_copy_binary, "_SLICE", 2)
+    assert encoded() == whole and whole[1] == 5 + 7 + 4
