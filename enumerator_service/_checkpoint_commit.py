@@ -83,20 +83,24 @@ def encode_dead_letters(dead: Iterable[tuple[int, int, bytes, str]]) -> list[dic
     ]
 
 
-# A line is recorded once per split and offset. Re-rejected by a partition rebuild, it is
-# re-tagged with the rebuild (and run), so the rebuild's swap keeps it and deletes only the
-# earlier generation's dead letters that the rebuild no longer produced.
+# A line is recorded once per split, offset and ordinal (its place among the dead letters of
+# that split and offset in this acknowledgement, in their order: one block's, so a replay
+# numbers them alike). Re-rejected by a partition rebuild, it is re-tagged with the rebuild
+# (and run), so the rebuild's swap keeps it and deletes only the earlier generation's dead
+# letters that the rebuild no longer produced.
 _INSERT_DEAD_LETTERS = sa.text(
     """
     INSERT INTO sluice.dead_letters
-        (split_id, source, uri, "offset", raw, reason, run_id, rebuild_id)
-    SELECT DISTINCT ON (s.id, d."offset")
-           s.id, s.source, s.uri, d."offset", decode(d.raw, 'base64'), d.reason, :run_id,
-           s.rebuild_id
-    FROM jsonb_to_recordset(CAST(:dead AS jsonb))
-         AS d(split_id bigint, "offset" bigint, raw text, reason text)
+        (split_id, source, uri, "offset", "ordinal", raw, reason, run_id, rebuild_id)
+    SELECT s.id, s.source, s.uri, d."offset",
+           row_number() OVER (PARTITION BY s.id, d."offset" ORDER BY d.n) - 1,
+           decode(d.raw, 'base64'), d.reason, :run_id, s.rebuild_id
+    FROM ROWS FROM (
+             jsonb_to_recordset(CAST(:dead AS jsonb))
+             AS (split_id bigint, "offset" bigint, raw text, reason text)
+         ) WITH ORDINALITY AS d(split_id, "offset", raw, reason, n)
     JOIN sluice.splits AS s ON s.id = d.split_id
-    ON CONFLICT (split_id, "offset") DO UPDATE
+    ON CONFLICT (split_id, "offset", "ordinal") DO UPDATE
     SET run_id = EXCLUDED.run_id, rebuild_id = EXCLUDED.rebuild_id, reason = EXCLUDED.reason
     WHERE dead_letters.rebuild_id IS DISTINCT FROM EXCLUDED.rebuild_id
     """

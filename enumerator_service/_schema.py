@@ -289,8 +289,12 @@ dead_letters = Table(
     # The output partition the dead letter counts on (a step's: the record's event day; a
     # reader's: the split's landing day): a rebuild of that day replaces it.
     Column("partition_key", Date),
+    # Its place among the dead letters of its split and offset (0, 1, …; in the order its
+    # block rejected them): a change stream's changes of one transaction share the commit
+    # LSN as their offset.
+    Column("ordinal", Integer, nullable=False, server_default="0"),
     # A split re-read after a crash re-rejects the same lines; this keeps them once.
-    UniqueConstraint("split_id", "offset"),
+    UniqueConstraint("split_id", "offset", "ordinal"),
 )
 
 partition_rebuilds = Table(

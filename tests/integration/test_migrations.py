@@ -70,7 +70,7 @@ def test_upgrade_is_idempotent(empty_engine: sa.Engine) -> None:
             sa.text(f"SELECT version_num FROM {SCHEMA}.alembic_version")
         ).scalar()
     head = ScriptDirectory.from_config(alembic_config(empty_engine)).get_current_head()
-    assert version == head == "0011"
+    assert version == head == "0012"
 
 
 def test_partition_completeness_migrates_down_and_up_again(empty_engine: sa.Engine) -> None:
@@ -83,5 +83,19 @@ def test_partition_completeness_migrates_down_and_up_again(empty_engine: sa.Engi
     assert not event_time_tables & set(inspector.get_table_names(schema=SCHEMA))
     columns = {c["name"] for c in inspector.get_columns("sink_transactions", schema=SCHEMA)}
     assert "partition_counts" not in columns
+    upgrade_schema(empty_engine)
+    assert _diff(empty_engine) == []
+
+
+def test_dead_letter_ordinals_migrate_down_and_up_again(empty_engine: sa.Engine) -> None:
+    from alembic import command
+
+    upgrade_schema(empty_engine)
+    command.downgrade(alembic_config(empty_engine), "0011")
+    inspector = sa.inspect(empty_engine)
+    columns = {c["name"] for c in inspector.get_columns("dead_letters", schema=SCHEMA)}
+    assert "ordinal" not in columns
+    unique = inspector.get_unique_constraints("dead_letters", schema=SCHEMA)
+    assert [u["column_names"] for u in unique] == [["split_id", "offset"]]
     upgrade_schema(empty_engine)
     assert _diff(empty_engine) == []
