@@ -54,6 +54,7 @@ Threading: immutable after construction; any thread (used on the fetcher thread)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -161,9 +162,17 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _finite_or_text(value: Any) -> Any:
+    return repr(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def raw_json(values: Mapping[str, Any]) -> bytes:
     """A row as JSON bytes (the raw form of a Parquet or table row's dead letter): bytes as
-    UTF-8 text (invalid bytes escaped), decimals and other values as text."""
+    UTF-8 text (invalid bytes escaped), decimals and other values as text, a non-finite float
+    as its text (``nan``, ``inf``: JSON has no such number, and orjson would write null — the
+    very value the dead letter is about)."""
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values.values()):
+        values = {k: _finite_or_text(v) for k, v in values.items()}
     try:
         return orjson.dumps(values, default=_jsonable)
     except TypeError:  # e.g. an int beyond 64 bits

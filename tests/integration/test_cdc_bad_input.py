@@ -243,6 +243,7 @@ def test_every_bad_change_of_one_transaction_is_a_dead_letter(make_settings: Any
         assert len({offset for offset, _, _, _ in letters}) == 1  # the commit's LSN
         raws = [bytes(raw) for _, _, raw, _ in letters]
         assert [b'"id":1' in raws[0], b'"id":2' in raws[1], b'"id":4' in raws[2]] == [True] * 3
+        assert b'"f":"nan"' in raws[0] and b'"f":"-inf"' in raws[2]  # the value itself
         # A replay of the block (a crash after it was acknowledged) keeps them once.
         again = [(split, offset, raw, "again") for offset, _, raw, split in letters]
         with platform.engine.begin() as conn:

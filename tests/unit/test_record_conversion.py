@@ -249,3 +249,9 @@ def test_raw_json_of_a_row() -> None:
     raw = raw_json({"a": Decimal("1.5"), "b": T0, "c": b"x\xff", "d": None})
     assert raw == b'{"a":"1.5","b":"2026-01-01T00:00:00+00:00","c":"x\\\\xff","d":null}'
     assert raw_json({"big": 2**70}) == repr({"big": 2**70}).encode()
+    # A non-finite float keeps its text (orjson alone writes null: the trial's dead letter
+    # showed "score":null for the -Infinity it was about).
+    nan = float("nan")
+    assert raw_json({"id": 1, "f": nan, "g": -float("inf"), "h": 0.5}) == (
+        b'{"id":1,"f":"nan","g":"-inf","h":0.5}'
+    )
