@@ -19,6 +19,7 @@ Threading: pure functions and an immutable encoder, any thread.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import date
 
 import pyarrow as pa
@@ -39,13 +40,14 @@ def csv_exact(schema: pa.Schema) -> bool:
 
 
 class CsvRows:
-    """Renders batches of ``schema`` as staging rows: the sequence, the fields, then the
-    partition date when ``partitioned`` (the batch table's COPY column order)."""
+    """Renders batches of ``schema`` as staging rows of the COPY columns ``names``: the
+    sequence, the fields, then the partition date when ``partitioned``."""
 
-    def __init__(self, schema: pa.Schema, *, partitioned: bool) -> None:
+    def __init__(self, schema: pa.Schema, *, partitioned: bool, names: Sequence[str]) -> None:
         if not csv_exact(schema):
             raise ValueError(f"schema ({schema}) has a field CSV COPY cannot carry exactly")
         self._partitioned = partitioned
+        self._names = list(names)  # the COPY's columns, in the rendered order
         fields = [pa.field("seq", pa.int64())]
         # UTC timestamps go to the writer as text, rendered by ``_utc_text``.
         self._utc = frozenset(i for i, f in enumerate(schema) if _is_utc(f.type))
@@ -61,9 +63,10 @@ class CsvRows:
         self,
         batches: list[tuple[str, pa.RecordBatch]],
         seq: int,
-    ) -> tuple[pa.Buffer, int]:
-        """(CSV of ``batches``' rows with sequence numbers ``seq + 1`` …, the
-        last sequence number). A batch's partition is an ISO date, or ``""`` unpartitioned."""
+    ) -> tuple[pa.Buffer, int, list[str]]:
+        """(CSV of ``batches``' rows with sequence numbers ``seq + 1`` …, the last sequence
+        number, the COPY columns: ``names``, as :class:`~._copy_binary.BinaryRows` returns
+        its own order). A batch's partition is an ISO date, or ``""`` unpartitioned."""
         out = pa.BufferOutputStream()
         with pacsv.CSVWriter(out, self._schema, write_options=_WRITE) as writer:
             for partition, batch in batches:
@@ -81,7 +84,7 @@ class CsvRows:
                     columns.append(pa.repeat(day, n))
                 writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=self._schema))
                 seq += n
-        return out.getvalue(), seq
+        return out.getvalue(), seq, self._names
 
 
 def _is_utc(kind: pa.DataType) -> bool:

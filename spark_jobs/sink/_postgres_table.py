@@ -70,11 +70,11 @@ def _encoder(
     COPY row by row)."""
     if via not in ("columns", "csv", "rows"):
         raise ValueError(f"via: {via!r} is not 'columns', 'csv' or 'rows'")
+    names = [SEQ_COLUMN, *columns.names, *([PARTITION_COLUMN] if partitioned else [])]
     if via == "columns" and binary_columnar(columns):
-        names = [SEQ_COLUMN, *columns.names, *([PARTITION_COLUMN] if partitioned else [])]
         return BinaryRows(columns, partitioned=partitioned, names=names), BINARY_COPY_OPTIONS
     if via != "rows" and csv_exact(columns):
-        return CsvRows(columns, partitioned=partitioned), CSV_COPY_OPTIONS
+        return CsvRows(columns, partitioned=partitioned, names=names), CSV_COPY_OPTIONS
     return None, BINARY_COPY_OPTIONS
 
 
@@ -231,11 +231,9 @@ class PostgresTableSinkWriter:
                 )
             seq = self._staged
             names = [SEQ_COLUMN, *self._layout.names]
-            payload: bytes | None = None
-            if isinstance(self._encoder, BinaryRows):
+            payload: bytes | pa.Buffer | None = None
+            if self._encoder is not None:  # (it picks the COPY's column order)
                 payload, seq, names = self._encoder.encode(batches, seq)
-            elif self._encoder is not None:
-                payload, seq = self._encoder.encode(batches, seq)
             with self._conn.cursor() as cur, cur.copy(self._batch_copy(cur, names)) as copy:
                 if payload is not None:
                     copy.write(memoryview(payload))

@@ -27,7 +27,9 @@ def test_utc_text_is_arrows_rendering(values: list[int | None], unit: str) -> No
 def test_encoded_rows_equal_arrows_csv_of_the_zoned_column(values: list[int | None]) -> None:
     stamps = pa.array(values, pa.int64()).cast(pa.timestamp("us", "UTC"))
     batch = pa.RecordBatch.from_arrays([stamps], names=["at"])
-    encoded, last = CsvRows(batch.schema, partitioned=False).encode([("", batch)], 0)
+    rows = CsvRows(batch.schema, partitioned=False, names=["seq", "at"])
+    encoded, last, names = rows.encode([("", batch)], 0)
+    assert names == ["seq", "at"]
     assert last == len(values)
     out = pa.BufferOutputStream()
     options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
