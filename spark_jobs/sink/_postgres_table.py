@@ -43,9 +43,11 @@ from spark_jobs.pipeline._types import postgres_type
 from spark_jobs.sink._batch_tables import batch_table_ddl, batch_table_name
 from spark_jobs.sink._copy_binary import BINARY_COPY_OPTIONS, BinaryRows, binary_columnar
 from spark_jobs.sink._copy_csv import CSV_COPY_OPTIONS, CsvRows, csv_exact
-from spark_jobs.sink._latest import latest_rows
+from spark_jobs.sink._latest import born_rows, latest_rows
 from spark_jobs.sink._staged import StagedOutput, conform_batch
 from spark_jobs.sink._table_layout import (
+    BORN_COLUMN,
+    CREATED_OP,
     PARTITION_COLUMN,
     SEQ_COLUMN,
     TABLE_SINK_NAME,
@@ -126,13 +128,20 @@ class PostgresTableSinkWriter:
         self._io = io
         self._dsn = dsn
         self._schema = columns
+        # A change stream's unpartitioned upsert stages, per kept row, whether its key was
+        # created in the hand-over (``BORN_COLUMN``; see ``_table_merge``).
+        self._born = bool(upsert_key) and op_field is not None and not partitioned
+        staged = columns
+        if self._born:
+            staged = columns.append(pa.field(BORN_COLUMN, pa.bool_(), nullable=False))
+        self._staged_schema = staged
         self._key = (run_id, subtask, attempt)
-        self._encoder, options = _encoder(columns, partitioned, via)
+        self._encoder, options = _encoder(staged, partitioned, via)
         # FREEZE: the rows go into a table of the loading transaction (``_batch_copy``).
         self._copy_options = options[:-1] + ", FREEZE)"
         self._copy_types = [
             "bigint",
-            *(_copy_type(f.type) for f in columns),
+            *(_copy_type(f.type) for f in staged),
             *(["date"] if partitioned else []),
         ]
         self._utc = [
@@ -230,7 +239,7 @@ class PostgresTableSinkWriter:
                     self._dsn, application_name="sluice-sink", client_encoding="UTF8"
                 )
             seq = self._staged
-            names = [SEQ_COLUMN, *self._layout.names]
+            names = [SEQ_COLUMN, *self._layout.names, *([BORN_COLUMN] if self._born else [])]
             payload: bytes | pa.Buffer | None = None
             if self._encoder is not None:  # (it picks the COPY's column order)
                 payload, seq, names = self._encoder.encode(batches, seq)
@@ -256,7 +265,8 @@ class PostgresTableSinkWriter:
         transaction)."""
         if self._table is None:
             name = batch_table_name(self._layout, (*self._key, self._batch))
-            for statement in batch_table_ddl(self._layout, name, self._schema, self._key[0]):
+            ddl = batch_table_ddl(self._layout, name, self._staged_schema, self._key[0])
+            for statement in ddl:
                 cur.execute(statement)
             self._table = name
         return sql.SQL("COPY {} ({}) FROM STDIN " + self._copy_options).format(
@@ -269,8 +279,15 @@ class PostgresTableSinkWriter:
     ) -> list[tuple[str, pa.RecordBatch]]:
         """The rows of ``batches`` (one partition) the upsert can keep (see the docstring)."""
         rows = pa.Table.from_batches([batch for _, batch in batches], schema=self._schema)
-        assert self._layout.upsert_key is not None
-        kept = latest_rows(rows, self._layout.upsert_key, self._layout.latest_by)
+        layout = self._layout
+        assert layout.upsert_key is not None
+        if self._born:
+            assert layout.latest_by is not None and layout.op_field is not None
+            kept = born_rows(
+                rows, layout.upsert_key, layout.latest_by, layout.op_field, CREATED_OP, BORN_COLUMN
+            )
+        else:
+            kept = latest_rows(rows, layout.upsert_key, layout.latest_by)
         self._superseded += rows.num_rows - kept.num_rows
         self.rows_written += rows.num_rows - kept.num_rows
         return [(batches[0][0], batch) for batch in kept.to_batches() if batch.num_rows]
@@ -321,6 +338,7 @@ class PostgresTableSinkWriter:
                     "attempt": attempt,
                     "batch": self._batch,
                     "staged_table": self._table,
+                    **({"born": True} if self._born else {}),
                     "rows": self._staged,
                     "rows_by_partition": dict(sorted(self._by_partition.items())),
                 }

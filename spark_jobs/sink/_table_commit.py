@@ -40,6 +40,7 @@ from sqlalchemy.engine import Connection, Engine
 from enumerator_service import StagedTransaction
 from spark_jobs.sink._batch_tables import checked_batch_table, drop_batch_tables
 from spark_jobs.sink._table_layout import (
+    BORN_COLUMN,
     ENTRY_KEY,
     KEY_COLUMNS,
     SEQ_COLUMN,
@@ -159,13 +160,17 @@ def _legacy_rows(layout: TableLayout) -> sql.Composed:
     )
 
 
-def _batch_rows(layout: TableLayout, entries: Sequence[Mapping[str, Any]]) -> sql.Composed:
-    """The rows of the entries' batch tables, each with its batch number."""
+def _batch_rows(
+    layout: TableLayout, entries: Sequence[Mapping[str, Any]], born: bool = False
+) -> sql.Composed:
+    """The rows of the entries' batch tables, each with its batch number (and, ``born``,
+    then ``BORN_COLUMN``)."""
+    extra = [BORN_COLUMN] if born else []
     return sql.SQL(" UNION ALL ").join(
         sql.SQL("SELECT CAST({number} AS bigint) AS {batch}, {columns} FROM {table}").format(
             number=sql.Literal(int(entry["batch"])),
             batch=sql.Identifier(_BATCH),
-            columns=column_list([SEQ_COLUMN, *layout.names]),
+            columns=column_list([SEQ_COLUMN, *layout.names, *extra]),
             table=sql.Identifier(layout.schema, checked_batch_table(entry["staged_table"])),
         )
         for entry in entries
@@ -210,13 +215,16 @@ def _commit_layout(
                 f"staged output is lost: {len(missing)} staged batch table(s) of"
                 f" {layout.qualified} are missing ({', '.join(missing[:3])})"
             )
-        rows = _batch_rows(layout, in_tables)
+        # Batch tables that say whether their rows' keys were created in them (every one
+        # staged since that column: the commit may insert those rows without a lookup).
+        born = all(e.get("born") is True for e in in_tables)
+        rows = _batch_rows(layout, in_tables, born)
         if layout.upsert_key is not None:
             execute(conn, _SORT_MEMORY)
         merged = (
             layout.upsert_key is not None
             and merge_supported(conn)
-            and merge_rows(conn, layout, rows)
+            and merge_rows(conn, layout, rows, born=born)
         )
         query = (
             sql.SQL("SELECT count(*) FROM ({}) AS r").format(rows)

@@ -22,6 +22,8 @@ from enumerator_service import ConfigError, validate_identifier
 from spark_jobs.pipeline._errors import RESERVED_PREFIX, check_field_name
 
 __all__ = [
+    "BORN_COLUMN",
+    "CREATED_OP",
     "ENTRY_KEY",
     "KEY_COLUMNS",
     "PARTITION_COLUMN",
@@ -55,6 +57,14 @@ KEY_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 #: A row's place within its batch (1, 2, …): the last staged row of a key wins an upsert.
 SEQ_COLUMN = f"{RESERVED_PREFIX}_seq"
+#: A change stream's batch tables (``op_field``): whether the row's key was created in its
+#: hand-over (its first change there has the operation ``CREATED_OP``, an insert): the key
+#: had no row before it, so the commit inserts such a winner without looking for one
+#: (``_table_merge``; a stored row after all makes the insert fail and the commit take the
+#: general path).
+BORN_COLUMN = f"{RESERVED_PREFIX}_born"
+#: The operation of a change that created its key (a change-data-capture insert).
+CREATED_OP = "c"
 #: The staging key's fields in a staged entry, in KEY_COLUMNS order.
 ENTRY_KEY = ("run_id", "subtask", "attempt", "batch")
 
@@ -109,10 +119,11 @@ def existing_staging(conn: Connection, schema: str, table: str) -> sql.Identifie
     return staging
 
 
-def winners(layout: TableLayout) -> sql.Composed:
+def winners(layout: TableLayout, extra: Sequence[str] = ()) -> sql.Composed:
     """The query of an upsert's rows from the staged rows ``moved`` (batch, sequence,
     columns): one per key, the latest ``latest_by`` (a null one oldest), then the last staged
-    (highest batch, then sequence)."""
+    (highest batch, then sequence); ``extra``: staging columns selected before the output
+    columns."""
     assert layout.upsert_key is not None
     key = column_list(layout.upsert_key)
     newest: sql.Composable = sql.SQL("")
@@ -123,7 +134,7 @@ def winners(layout: TableLayout) -> sql.Composed:
         " {seq} DESC"
     ).format(
         key=key,
-        columns=column_list(layout.names),
+        columns=column_list([*extra, *layout.names]),
         newest=newest,
         batch=sql.Identifier(KEY_COLUMNS[3][0]),
         seq=sql.Identifier(SEQ_COLUMN),

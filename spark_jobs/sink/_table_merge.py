@@ -8,6 +8,17 @@ is inserted. The result is the one ``INSERT … ON CONFLICT`` gives, at about th
 its Postgres CPU for a change stream (an ``ON CONFLICT`` insert is speculative: an extra
 index check and WAL record per row).
 
+A change stream's batch tables also say, per row, whether its key was created in the row's
+hand-over (``BORN_COLUMN``: the key's first change there was an insert, so the source had no
+row of it before). Such a winner cannot match a stored row (the target mirrors the source
+up to the hand-over), so :func:`merge_rows` first inserts those winners with a plain
+``INSERT`` — no lookup of the key and no ``MERGE`` action, about a sixth less of the commit's
+Postgres CPU when most changes create their key — and merges the others, in one statement.
+Where the premise does not hold (a stored row of a born key: a snapshot row read after the
+insert, a replay at least once, a writer outside the pipeline) the unique index of the key
+refuses the insert: the statement rolls back to its savepoint and the plain ``MERGE`` runs
+instead, so the result is always the ``MERGE``'s.
+
 ``MERGE`` inserting a key another transaction inserted after this statement's snapshot
 fails with a unique violation where ``ON CONFLICT`` would have waited and updated: only a
 writer outside the pipeline's checkpoints can do that (another pipeline upserting into the
@@ -26,6 +37,7 @@ from psycopg import errors, sql
 from sqlalchemy.engine import Connection
 
 from spark_jobs.sink._table_layout import (
+    BORN_COLUMN,
     TableLayout,
     column_list,
     same_key,
@@ -44,7 +56,11 @@ def merge_supported(conn: Connection) -> bool:
     return version is not None and version >= (15,)
 
 
-def _merge(layout: TableLayout, rows: sql.Composable) -> sql.Composed:
+def _merge(layout: TableLayout, rows: sql.Composable, born: bool = False) -> sql.Composed:
+    """The ``MERGE`` of ``rows``' winners; ``born`` (a change stream's rows with
+    ``BORN_COLUMN``): the winners of born keys that upsert are inserted first, by a plain
+    ``INSERT`` in the statement's ``WITH``, and merged are only the others (the two sets
+    have no key in common: one winner per key)."""
     later: sql.Composable = sql.SQL("")
     if layout.latest_by is not None:
         later = sql.SQL(" AND ({})").format(stored_not_later(layout, "w"))
@@ -70,22 +86,58 @@ def _merge(layout: TableLayout, rows: sql.Composable) -> sql.Composed:
             update=update,
             insert=insert,
         )
+    if not born:
+        return sql.SQL(
+            "WITH moved AS ({rows}), winners AS ({winners})"
+            " MERGE INTO {target} AS stored USING winners AS w ON {same_key}{actions}"
+        ).format(
+            rows=rows,
+            winners=winners(layout),
+            target=layout.target,
+            same_key=same_key(layout, "w"),
+            actions=actions,
+        )
+    assert layout.op_field is not None
+    new = sql.SQL("{born} AND {op} IS DISTINCT FROM 'd'").format(
+        born=sql.Identifier(BORN_COLUMN), op=sql.Identifier(layout.op_field)
+    )
     return sql.SQL(
-        "WITH moved AS ({rows}), winners AS ({winners})"
-        " MERGE INTO {target} AS stored USING winners AS w ON {same_key}{actions}"
+        "WITH moved AS ({rows}), winners AS MATERIALIZED ({winners}),"
+        " inserted AS (INSERT INTO {target} ({columns}) SELECT {columns} FROM winners"
+        " WHERE {new})"
+        " MERGE INTO {target} AS stored USING (SELECT {columns} FROM winners WHERE NOT ({new}))"
+        " AS w ON {same_key}{actions}"
     ).format(
         rows=rows,
-        winners=winners(layout),
+        winners=winners(layout, [BORN_COLUMN]),
         target=layout.target,
+        columns=column_list(layout.names),
+        new=new,
         same_key=same_key(layout, "w"),
         actions=actions,
     )
 
 
-def merge_rows(conn: Connection, layout: TableLayout, rows: sql.Composable) -> bool:
-    """Upsert ``rows`` (batch, sequence, columns) into ``layout``'s target with ``MERGE``;
-    False (nothing written) when a concurrent insert of one of its keys made it fail: then
-    upsert them with ``ON CONFLICT`` instead."""
+def merge_rows(
+    conn: Connection, layout: TableLayout, rows: sql.Composable, *, born: bool = False
+) -> bool:
+    """Upsert ``rows`` (batch, sequence, columns, and ``BORN_COLUMN`` if ``born``) into
+    ``layout``'s target with ``MERGE`` (inserting born keys' winners directly, if ``born``:
+    see the module docstring); False (nothing written) when a concurrent insert of one of
+    its keys made it fail: then upsert them with ``ON CONFLICT`` instead."""
+    if born:
+        try:
+            with conn.begin_nested():
+                conn.exec_driver_sql(_merge(layout, rows, born=True).as_string())
+            return True
+        except sa.exc.IntegrityError as exc:
+            if not isinstance(exc.orig, errors.UniqueViolation):
+                raise
+            _log.info(
+                "a key of a change stream's batch is stored in %s already (or was inserted"
+                " meanwhile); merging every row instead",
+                layout.qualified,
+            )
     try:
         with conn.begin_nested():
             conn.exec_driver_sql(_merge(layout, rows).as_string())

@@ -24,6 +24,7 @@ from spark_jobs.sink import (
     PostgresTableSink,
     PostgresTableSinkWriter,
     _table_commit,
+    _table_merge,
     ensure_tables,
     staged_rows,
     sweep_staged,
@@ -179,9 +180,13 @@ def test_merge_and_on_conflict_leave_the_oracle_s_table(
         assert len(expected) == 60
 
 
+@pytest.mark.parametrize("kind", ["latest event", "change stream"])
 def test_a_key_inserted_meanwhile_falls_back_to_on_conflict(
-    platform: Platform, caplog: pytest.LogCaptureFixture
+    platform: Platform, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
+    # A change stream's commit first tries inserting its created keys (key 8) and merging
+    # the rest: that statement meets the key too, and the commit then merges every row,
+    # which sees the other transaction's key 7 committed by then and updates it.
     table = f"mg_{secrets.token_hex(3)}"
     ensure_tables(platform.engine, "public", table, SCHEMA, partitioned=False, upsert_key=["id"])
     other = platform.engine.connect()
@@ -201,12 +206,15 @@ def test_a_key_inserted_meanwhile_falls_back_to_on_conflict(
             {"id": 8, "v": "new", "_op": "c", "_lsn": 6},
         ]
         with caplog.at_level("INFO"):
-            _commit(platform, table, LAYOUTS["change stream"], [rows])
+            _commit(platform, table, LAYOUTS[kind], [rows])
     finally:
         thread.join()
         other.close()
     assert committed.is_set()
-    assert "upserting with ON CONFLICT instead" in caplog.text
+    if kind == "change stream":
+        assert _fallbacks(caplog) == 1
+    else:
+        assert "upserting with ON CONFLICT instead" in caplog.text
     got = _table(platform, table)
     assert got == {
         7: {"id": 7, "v": "ours", "_op": "u", "_lsn": 5},
@@ -262,3 +270,88 @@ def test_a_sink_table_name_of_63_characters_upserts_aborts_and_sweeps(
         assert staged_rows(conn, "public", table) == 0
     assert sweep_staged(platform.engine, "public", table) == 0
     assert _table(platform, table) == expected
+
+
+def _fallbacks(caplog: pytest.LogCaptureFixture) -> int:
+    return caplog.text.count("merging every row instead")
+
+
+def test_keys_created_in_a_batch_are_inserted_and_a_stored_one_falls_back(
+    platform: Platform, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A change stream's batches mark the keys created in them; their winners are inserted
+    # without a lookup. A created key that is stored after all (a snapshot row read after
+    # the insert: a later _lsn) makes that insert fail, and the commit merges every row.
+    statements: list[bool] = []  # per MERGE statement run: whether it inserted born keys
+    real_merge = _table_merge._merge
+
+    def merge(layout: Any, rows: Any, born: bool = False) -> Any:
+        statements.append(born)
+        return real_merge(layout, rows, born)
+
+    monkeypatch.setattr(_table_merge, "_merge", merge)
+    table = f"mg_{secrets.token_hex(3)}"
+    ensure_tables(platform.engine, "public", table, SCHEMA, partitioned=False, upsert_key=["id"])
+    layout = LAYOUTS["change stream"]
+    stored = [{"id": k, "v": f"old{k}", "_op": "r", "_lsn": 10} for k in range(5)]
+    _commit(platform, table, layout, [stored])
+    created = [
+        {"id": 10, "v": "a", "_op": "c", "_lsn": 20},  # created, then updated: inserted
+        {"id": 11, "v": "b", "_op": "c", "_lsn": 21},  # created, then deleted: nothing
+        {"id": 1, "v": "new1", "_op": "u", "_lsn": 22},  # stored: merged
+        {"id": 10, "v": "a2", "_op": "u", "_lsn": 23},
+        {"id": 11, "v": "b", "_op": "d", "_lsn": 24},
+        {"id": 2, "v": None, "_op": "d", "_lsn": 25},  # stored: deleted
+        {"id": 12, "v": "c", "_op": "c", "_lsn": 26},
+    ]
+    # A second batch of the same commit updates a key created in the first.
+    later = [{"id": 12, "v": "c2", "_op": "u", "_lsn": 27}]
+    with caplog.at_level("INFO"):
+        _commit(platform, table, layout, [created, later])
+    assert _fallbacks(caplog) == 0
+    assert statements == [True, True]  # the snapshot rows', then these
+    expected = _oracle(_oracle({}, [stored], *layout), [created, later], *layout)
+    assert _table(platform, table) == expected
+    assert expected[10]["v"] == "a2" and 11 not in expected and 2 not in expected
+    # Key 3 "created" at _lsn 5, while the stored row (the snapshot's) is of _lsn 10.
+    replayed = [
+        {"id": 3, "v": "early", "_op": "c", "_lsn": 5},
+        {"id": 13, "v": "d", "_op": "c", "_lsn": 28},
+    ]
+    with caplog.at_level("INFO"):
+        _commit(platform, table, layout, [replayed])
+    assert _fallbacks(caplog) == 1
+    assert statements[2:] == [True, False]
+    expected = _oracle(expected, [replayed], *layout)
+    assert _table(platform, table) == expected
+    assert expected[3]["v"] == "old3" and expected[13]["v"] == "d"
+
+
+def test_batches_staged_without_the_born_column_commit_alongside(
+    platform: Platform, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A batch table staged by a version before the column (its entry says nothing) commits
+    # with the plain MERGE, together with newer ones.
+    table = f"mg_{secrets.token_hex(3)}"
+    ensure_tables(platform.engine, "public", table, SCHEMA, partitioned=False, upsert_key=["id"])
+    layout = LAYOUTS["change stream"]
+    io, run_id, writer = _writer(platform, table, layout)
+    batches = [
+        [{"id": 1, "v": "a", "_op": "c", "_lsn": 1}, {"id": 2, "v": "b", "_op": "c", "_lsn": 2}],
+        [{"id": 2, "v": "b2", "_op": "u", "_lsn": 3}, {"id": 3, "v": "c", "_op": "c", "_lsn": 4}],
+    ]
+    outs = []
+    for rows in batches:
+        writer.write_batch("", pa.RecordBatch.from_pylist(rows, schema=SCHEMA))
+        outs.append(writer.pre_commit().result(timeout=60))
+    io.submit(writer.close).result(timeout=30)
+    io.shutdown()
+    assert all(entry.get("born") is True for out in outs for entry in out.files)
+    del outs[0].files[0]["born"]
+    txns = [
+        StagedTransaction(1, run_id, 0, "a1", 1, TABLE_SINK_NAME, o.files, o.rows) for o in outs
+    ]
+    with caplog.at_level("INFO"), platform.engine.begin() as conn:
+        PostgresTableSink(platform.engine).commit(conn, txns)
+    assert _fallbacks(caplog) == 0
+    assert _table(platform, table) == _oracle({}, batches, *layout)

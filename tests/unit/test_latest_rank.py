@@ -10,7 +10,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_jobs.sink._latest import latest_rank, latest_rows
+from spark_jobs.sink._latest import born_rows, latest_rank, latest_rows
 
 _T0 = datetime(2026, 1, 1, tzinfo=UTC)
 rows = st.lists(
@@ -93,3 +93,29 @@ def test_times_in_staging_order_rank_in_staging_order(data: list[tuple[int, int]
 def test_a_null_time_takes_the_sorting_path() -> None:
     times = pa.array([_T0, None, _T0], pa.timestamp("us", tz="UTC"))
     assert latest_rank(pa.table({"t": times}), "t").to_pylist() == [1, 0, 2]
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.sampled_from(["c", "u", "d", None])), max_size=40))
+def test_born_rows_mark_keys_whose_first_change_created_them(
+    data: list[tuple[int, str | None]],
+) -> None:
+    # A change stream's hand-over, in LSN order: the kept rows are latest_rows' and say
+    # whether the key's first change in the hand-over was an insert ("c").
+    table = pa.table(
+        {
+            "k": pa.array([k for k, _ in data], pa.int64()),
+            "lsn": pa.array(range(len(data)), pa.int64()),
+            "op": pa.array([op for _, op in data], pa.string()),
+        }
+    )
+    marked = born_rows(table, ["k"], "lsn", "op", "c", "__born")
+    kept = latest_rows(table, ["k"], "lsn")
+    assert marked.drop_columns(["__born"]) == kept
+    assert marked.schema.field("__born").type == pa.bool_()
+    assert not marked.schema.field("__born").nullable
+    first: dict[int, str | None] = {}
+    for key, op in data:
+        first.setdefault(key, op)
+    assert marked.column("__born").to_pylist() == [
+        first[k] == "c" for k in marked.column("k").to_pylist()
+    ]
