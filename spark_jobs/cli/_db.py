@@ -12,8 +12,13 @@ so that a user can open their own tables next to the platform's.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Sequence
+from itertools import islice
+from urllib.parse import quote
 
 import click
+from sqlalchemy.engine import make_url
 
 from enumerator_service import (
     ConfigError,
@@ -124,6 +129,138 @@ def db_url(ctx: click.Context, show_password: bool) -> None:
     click.echo(url if show_password else redact_url(url))
 
 
+#: psql's short options that take a value (its getopt string is
+#: ``aAbc:d:eEf:F:h:HlL:no:p:P:qR:sStT:U:v:VwWxXz?01``).
+_PSQL_SHORT_WITH_VALUE = frozenset("cdfFhLopPRTUv")
+#: psql's long options, True for those that take a value (``--help[=topic]`` takes one only
+#: after ``=``). psql's getopt_long also takes an unambiguous prefix: ``--db`` is ``--dbname``.
+_PSQL_LONG = {
+    **dict.fromkeys(
+        [
+            "command",
+            "dbname",
+            "file",
+            "field-separator",
+            "host",
+            "log-file",
+            "output",
+            "port",
+            "pset",
+            "record-separator",
+            "table-attr",
+            "username",
+            "set",
+            "variable",
+        ],
+        True,
+    ),
+    **dict.fromkeys(
+        [
+            "echo-all",
+            "no-align",
+            "echo-queries",
+            "echo-errors",
+            "echo-hidden",
+            "field-separator-zero",
+            "html",
+            "list",
+            "no-readline",
+            "single-transaction",
+            "quiet",
+            "record-separator-zero",
+            "single-step",
+            "single-line",
+            "tuples-only",
+            "version",
+            "no-password",
+            "password",
+            "expanded",
+            "no-psqlrc",
+            "help",
+            "csv",
+        ],
+        False,
+    ),
+}
+
+
+def _long_option(name: str) -> str | None:
+    """The psql long option ``--name`` stands for (exact, else a prefix of one only), None
+    when psql would not know it (and refuse it)."""
+    if name in _PSQL_LONG:
+        return name
+    found = [option for option in _PSQL_LONG if option.startswith(name)]
+    return found[0] if len(found) == 1 else None
+
+
+def _split_dbname(psql_args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """(the database of the last ``-d``/``--dbname`` in ``psql_args`` or None, the arguments
+    without those), read as psql reads its options: ``-d x``, ``-dx``, ``-Atd x``, ``--dbname
+    x``, ``--dbname=x``, ``--db x``; an option's value (``-c '-d'``) is no option, and all after
+    ``--`` is left as is. UsageError for a ``-d`` without a name or with an empty one."""
+    name: str | None = None
+    rest: list[str] = []
+    args = iter(psql_args)
+    for arg in args:
+        if arg == "--":
+            rest += [arg, *args]
+            break
+        if arg.startswith("--"):
+            key, eq, value = arg[2:].partition("=")
+            option = _long_option(key)
+            if option != "dbname":
+                rest.append(arg)
+                if option is not None and _PSQL_LONG[option] and not eq:
+                    rest += islice(args, 1)  # its value
+                continue
+            name = value if eq else next(args, "")
+        elif arg.startswith("-") and len(arg) > 1:
+            # A cluster of short options (-At): the first that takes a value takes the rest of
+            # the argument, or the next argument when nothing is left.
+            at = next((at for at in range(1, len(arg)) if arg[at] in _PSQL_SHORT_WITH_VALUE), 0)
+            if arg[at] != "d":
+                rest.append(arg)
+                if at == len(arg) - 1:
+                    rest += islice(args, 1)  # its value
+                continue
+            if at > 1:
+                rest.append(arg[:at])  # the -At of -Atd
+            name = arg[at + 1 :] or next(args, "")
+        else:
+            rest.append(arg)  # an operand (psql's [DBNAME [USERNAME]]): psql's to read
+            continue
+        if not name:
+            raise click.UsageError("-d/--dbname needs a database name (missing or empty)")
+    return name, rest
+
+
+def _with_database(url: str, name: str) -> str:
+    """``url`` (libpq form, parsed by SQLAlchemy) on the database ``name``: its host, socket,
+    port, user and parameters kept; the name percent-encoded whole (libpq decodes it)."""
+    stand_in = "SLUICE0DBNAME0STANDIN"  # renders as is; swapped for the encoded name
+    rendered = make_url(url).set(database=stand_in).render_as_string(hide_password=False)
+    return rendered.replace(f"/{stand_in}", "/" + quote(name, safe=""), 1)
+
+
+def psql_target(url: str, psql_args: Sequence[str]) -> tuple[str, list[str]]:
+    """(the URL psql connects to, the arguments psql gets): a ``-d NAME``/``--dbname NAME`` in
+    ``psql_args`` is taken out and names another database on ``url``'s server; psql would
+    read it as the whole connection instead, on its default socket.
+
+    A connection string given as the name (``-d postgresql://…``, ``-d 'host=… dbname=…'``)
+    is refused (psql would take it for the whole connection, and get the platform's password).
+    Errors never show ``url`` or the name: either may hold a password."""
+    name, rest = _split_dbname(psql_args)
+    if name is None:
+        return url, rest
+    if "=" in name or re.match(r"postgres(ql)?://", name):
+        raise click.UsageError(
+            "-d/--dbname takes a database name on the platform's server, not a connection "
+            "string (for another server run psql itself)"
+        )
+    return _with_database(url, name), rest
+
+
 @click.command(
     "shell",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
@@ -134,17 +271,19 @@ def db_shell(ctx: click.Context, psql_args: tuple[str, ...]) -> None:
     """Open psql on the platform database.
 
     Runs the psql bundled with the embedded server, with PSQL_ARGS passed on: sluice db
-    shell -c 'select 1', sluice db shell -f tables.sql. Starts the home's embedded
-    PostgreSQL if it is stopped. The password goes to psql through the environment
-    (PGPASSWORD), never on its command line.
+    shell -c 'select 1', sluice db shell -f tables.sql. -d NAME (--dbname NAME) opens
+    another database on the same server. Starts the home's embedded PostgreSQL if it is
+    stopped. The password goes to psql through the environment (PGPASSWORD), never on its
+    command line.
     """
     bare, password = split_password(_libpq_url(_settings(ctx)))
+    target, args = psql_target(bare, psql_args)
     env = dict(os.environ)
     if password is not None:
         env["PGPASSWORD"] = password
     psql = psql_path()
     # psql replaces this process: its exit code, signals (Ctrl-C) and terminal are the user's.
-    os.execve(psql, [psql, "--dbname", bare, *psql_args], env)  # noqa: S606 (no shell: argv as given)
+    os.execve(psql, [psql, "--dbname", target, *args], env)  # noqa: S606 (no shell: argv as given)
 
 
 @click.command("upgrade")

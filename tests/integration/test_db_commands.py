@@ -265,6 +265,16 @@ def test_db_url_and_shell_open_the_embedded_server(short_home: Path, tmp_path: P
     failed = _run(["db", "shell", "-c", "SELECT nope"], env, tmp_path)  # psql's exit code
     assert failed.returncode == 1 and 'column "nope" does not exist' in failed.stderr
 
+    # -d NAME: another database on the same server (psql took it for the whole connection,
+    # on its default socket, and failed).
+    made_db = _run(["db", "shell", "-c", 'CREATE DATABASE "shop 1/x"'], env, tmp_path)
+    assert made_db.returncode == 0, made_db.stderr
+    for dbname in (["-d", "shop 1/x"], ["-Atd", "shop 1/x"]):
+        other = _run(
+            ["db", "shell", *dbname, "-At", "-c", "SELECT current_database()"], env, tmp_path
+        )
+        assert (other.returncode, other.stdout.strip()) == (0, "shop 1/x"), other.stderr
+
 
 FAKE_PSQL = """#!/bin/sh
 printf '%s\\n' "$@" > "$0.argv"
@@ -288,18 +298,34 @@ def test_db_url_and_shell_keep_a_password_off_screen_and_off_argv(
     fake.write_text(FAKE_PSQL)
     fake.chmod(0o755)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    code = (
-        "import sys, spark_jobs.cli._db as db\n"
-        f"db.psql_path = lambda: {str(fake)!r}\n"
-        "from spark_jobs.cli import main\n"
-        "sys.argv = ['sluice', 'db', 'shell', '-c', 'SELECT 1']\n"
-        "main()\n"
-    )
-    ran = subprocess.run(
-        [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True
-    )
-    assert ran.returncode == 0, ran.stderr
-    argv = (tmp_path / "psql.argv").read_text().splitlines()
+
+    def shell(*args: str) -> list[str]:
+        code = (
+            "import sys, spark_jobs.cli._db as db\n"
+            f"db.psql_path = lambda: {str(fake)!r}\n"
+            "from spark_jobs.cli import main\n"
+            f"sys.argv = ['sluice', 'db', 'shell', *{args!r}]\n"
+            "main()\n"
+        )
+        ran = subprocess.run(
+            [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert (tmp_path / "psql.password").read_text() == secret
+        argv = (tmp_path / "psql.argv").read_text().splitlines()
+        assert secret not in " ".join(argv)
+        return argv
+
+    argv = shell("-c", "SELECT 1")
     assert argv[0] == "--dbname" and argv[2:] == ["-c", "SELECT 1"]
-    assert secret not in " ".join(argv)
-    assert (tmp_path / "psql.password").read_text() == secret
+    # -d NAME: the same server, user and password, another database
+    argv = shell("-d", "shop", "-c", "SELECT 1")
+    assert argv[0] == "--dbname" and argv[2:] == ["-c", "SELECT 1"]
+    given, asked = make_url(argv[1]), make_url(db_url)
+    assert given.database == "shop" and given.password is None
+    assert (given.host, given.port, given.username, given.query) == (
+        asked.host,
+        asked.port,
+        asked.username,
+        asked.query,
+    )
