@@ -6,6 +6,7 @@ a key change (id 2 -> 3), a delete, an insert/update/delete of ``f``, and a TRUN
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, date, datetime
 
 import orjson
@@ -17,6 +18,7 @@ from spark_jobs.connectors.postgres_cdc._pgoutput import (
     UNCHANGED,
     Begin,
     Change,
+    Column,
     Commit,
     DecodeError,
     Marker,
@@ -118,8 +120,57 @@ def test_text_values_convert_by_type_oid() -> None:
     assert from_text(1114, "2026-01-01 10:00:00") == datetime(2026, 1, 1, 10)
     assert from_text(1082, "2026-02-03") == date(2026, 2, 3)
     assert from_text(1007, "{1,2}") == "{1,2}"
-    with pytest.raises(ValueError, match="outside Python's range"):
+    with pytest.raises(ValueError, match="cannot be represented"):
         from_text(1184, "infinity")
+
+
+@pytest.mark.parametrize("oid", [1082, 1114, 1184])  # date, timestamp, timestamptz
+@pytest.mark.parametrize("text", ["infinity", "-infinity"])
+def test_an_infinite_date_or_timestamp_says_so_in_one_line(oid: int, text: str) -> None:
+    """Python's own wording ("Invalid isoformat string: 'infinity'") was the run's error."""
+    kind = "date" if oid == 1082 else "timestamp"
+    with pytest.raises(ValueError, match="cannot be represented") as err:
+        from_text(oid, text)
+    assert str(err.value) == (
+        f"{kind} value {text!r} cannot be represented"
+        f" (Postgres {text} has no Arrow/Python equivalent)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("oid", "text", "why"),
+    [
+        (1082, "0044-03-15 BC", "years BC"),
+        (1184, "0044-03-15 12:00:00+00 BC", "years BC"),
+        (1082, "10000-01-01", "years after 9999"),
+        (1114, "10000-01-01 00:00:00", "years after 9999"),
+    ],
+)
+def test_a_date_or_timestamp_past_pythons_years_says_so(oid: int, text: str, why: str) -> None:
+    refused = f"value '{text}' cannot be represented ({why} are outside Python's date range)"
+    with pytest.raises(ValueError, match=re.escape(refused)):
+        from_text(oid, text)
+
+
+def test_dates_and_timestamps_at_pythons_limits_still_convert() -> None:
+    assert from_text(1082, "0001-01-01") == date(1, 1, 1)
+    assert from_text(1082, "9999-12-31") == date(9999, 12, 31)
+    last = datetime(9999, 12, 31, 23, 59, 59, 999999)
+    assert from_text(1114, "9999-12-31 23:59:59.999999") == last
+    assert from_text(1184, "0001-01-01 00:00:00+00") == datetime(1, 1, 1, tzinfo=UTC)
+
+
+def test_an_infinite_date_in_a_change_names_its_table_and_column() -> None:
+    relation = Relation(7, "public", "d", "d", (Column("id", 20, True), Column("day", 1082, False)))
+    rows = ChangeRows(("id", "day"), ["public.d"], "id")
+    rows.relation(relation)
+    change = Change("c", relation.relid, ("1", "-infinity"), None, None)
+    with pytest.raises(CdcError) as err:
+        rows.rows(change, 1, datetime(2026, 1, 1, tzinfo=UTC))
+    assert str(err.value) == (
+        "table public.d: column 'day': date value '-infinity' cannot be represented"
+        " (Postgres -infinity has no Arrow/Python equivalent)"
+    )
 
 
 def test_bad_messages_are_one_line_errors() -> None:

@@ -18,6 +18,7 @@ fetcher thread.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -254,10 +255,37 @@ _TIMESTAMP = 1114
 _TIMESTAMPTZ = 1184
 
 
+def _unrepresentable(kind: str, text: str) -> ValueError | None:
+    """The one-line error for a ``date`` or timestamp value Postgres holds and Python cannot
+    (nor the Arrow column it is written to, for ``infinity``), else None: ``infinity`` and
+    ``-infinity``, years BC (printed with a `` BC`` suffix), years after 9999."""
+    if text in ("infinity", "-infinity"):
+        why = f"Postgres {text} has no Arrow/Python equivalent"
+    elif text.endswith(" BC"):
+        why = "years BC are outside Python's date range"
+    elif _PAST_9999.match(text):
+        why = "years after 9999 are outside Python's date range"
+    else:
+        return None
+    return ValueError(f"{kind} value {text!r} cannot be represented ({why})")
+
+
+#: A date or timestamp text of a year with five digits or more.
+_PAST_9999 = re.compile(r"\d{5,}-")
+
+
+def _date(text: str) -> date:
+    unrepresentable = _unrepresentable("date", text)
+    if unrepresentable is not None:
+        raise unrepresentable
+    return date.fromisoformat(text)
+
+
 def _timestamp(text: str, aware: bool) -> datetime:
     # The walsender prints ISO style ("2026-01-01 00:00:00+00"); Python 3.11 parses it.
-    if text in ("infinity", "-infinity") or text.endswith(" BC"):
-        raise ValueError(f"timestamp {text!r} is outside Python's range")
+    unrepresentable = _unrepresentable("timestamp", text)
+    if unrepresentable is not None:
+        raise unrepresentable
     value = datetime.fromisoformat(text)
     if aware and value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
@@ -267,7 +295,8 @@ def _timestamp(text: str, aware: bool) -> datetime:
 def from_text(type_oid: int, text: str) -> Any:
     """A column's text value as the Python value a table read gives (int, float, bool,
     bytes, date, datetime; numeric and any other type as its text). ValueError when it does not
-    parse."""
+    parse, or is a date or timestamp Python cannot hold (``infinity``, years BC or after 9999:
+    a one-line message saying so, to which the caller adds the table and column)."""
     if type_oid in _INTS:
         return int(text)
     if type_oid == _NUMERIC:
@@ -287,7 +316,7 @@ def from_text(type_oid: int, text: str) -> Any:
             raise ValueError("bytea not in hex format (bytea_output = hex is needed)")
         return bytes.fromhex(text[2:])
     if type_oid == _DATE:
-        return date.fromisoformat(text)
+        return _date(text)
     if type_oid in (_TIMESTAMP, _TIMESTAMPTZ):
         return _timestamp(text, type_oid == _TIMESTAMPTZ)
     return text
