@@ -22,7 +22,11 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extras
 
-from spark_jobs.connectors.postgres_cdc._source_db import PLATFORM, connect_patiently
+from spark_jobs.connectors.postgres_cdc._source_db import (
+    PLATFORM,
+    connect_patiently,
+    session_options,
+)
 
 __all__ = ["TAKEOVER_SECONDS", "WAL_SENDER_TIMEOUT_MS", "open_replication"]
 
@@ -58,7 +62,7 @@ def open_replication(
             lambda: psycopg2.connect(
                 dsn,
                 connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                options=f"-c wal_sender_timeout={WAL_SENDER_TIMEOUT_MS}",
+                options=session_options(dsn, f"-c wal_sender_timeout={WAL_SENDER_TIMEOUT_MS}"),
                 application_name="sluice-cdc-stream",
             ),
             dsn,

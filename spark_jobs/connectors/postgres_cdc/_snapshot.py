@@ -38,7 +38,11 @@ import psycopg
 from enumerator_service import TableRangeSplit, qualified_name
 from spark_jobs.connectors.postgres_cdc._changes import CdcError
 from spark_jobs.connectors.postgres_cdc._pgoutput import from_text
-from spark_jobs.connectors.postgres_cdc._source_db import PLATFORM, connect_patiently
+from spark_jobs.connectors.postgres_cdc._source_db import (
+    PLATFORM,
+    connect_patiently,
+    session_options,
+)
 from spark_jobs.pipeline._errors import quote
 from spark_jobs.source._batch import ParsedBlock, RecordSchema
 from spark_jobs.source._convert import RecordConverter
@@ -141,7 +145,11 @@ class ChunkReader:
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         if self._conn is None:
             self._conn = connect_patiently(
-                lambda: psycopg.connect(self._dsn, application_name="sluice-cdc-snapshot"),
+                lambda: psycopg.connect(
+                    self._dsn,
+                    application_name="sluice-cdc-snapshot",
+                    options=session_options(self._dsn),
+                ),
                 self._dsn,
                 self._where,
             )

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import psycopg
+import psycopg.conninfo
 import psycopg2
 from sqlalchemy.engine import Engine
 
@@ -40,14 +41,32 @@ from spark_jobs._url_env import PLATFORM
 __all__ = [
     "CONNECT_PATIENCE",
     "PLATFORM",
+    "SESSION_OPTIONS",
     "SETTING",
     "connect_patiently",
+    "session_options",
     "source_engine",
     "task_dsn",
     "where_of",
 ]
 
 _T = TypeVar("_T")
+
+#: Session settings of the readers' connections (libpq ``options``), whatever the source
+#: server, database or role sets: the text of a value that the stream (pgoutput) and the
+#: snapshot (``format('%s', col)``, psycopg's text) parse must be the one they expect — dates
+#: in ISO form (not ``28/02/2026``), floats round-tripping exactly (``extra_float_digits`` of
+#: 0 or less gives 15 significant digits: a changed value), ``bytea`` in hex (not escapes).
+SESSION_OPTIONS = "-c datestyle=ISO,YMD -c extra_float_digits=3 -c bytea_output=hex"
+
+
+def session_options(dsn: str, *more: str) -> str:
+    """The ``options`` a reader connects to ``dsn`` with: the URL's own (a user's
+    ``?options=-c search_path=...``) first, then ``more``, then ``SESSION_OPTIONS`` (a
+    later ``-c`` of a setting wins)."""
+    own = psycopg.conninfo.conninfo_to_dict(dsn).get("options")
+    return " ".join(str(part) for part in (own, *more, SESSION_OPTIONS) if part)
+
 
 #: Seconds a task's reader waits for a server that does not answer (a restart) to come back.
 CONNECT_PATIENCE = 30.0
