@@ -17,7 +17,10 @@ Postgres CPU when most changes create their key — and merges the others, in on
 Where the premise does not hold (a stored row of a born key: a snapshot row read after the
 insert, a replay at least once, a writer outside the pipeline) the unique index of the key
 refuses the insert: the statement rolls back to its savepoint and the plain ``MERGE`` runs
-instead, so the result is always the ``MERGE``'s.
+instead, so the result is always the ``MERGE``'s. After such a fallback the next
+``_SKIP_AFTER_FALLBACK`` commits of that table in the process go straight to the ``MERGE``:
+while a stream catches up with its snapshot, created keys are stored ones commit after
+commit, and each would pay for the failed statement too.
 
 ``MERGE`` inserting a key another transaction inserted after this statement's snapshot
 fails with a unique violation where ``ON CONFLICT`` would have waited and updated: only a
@@ -31,6 +34,7 @@ Threading: the caller's connection (the completion transaction).
 from __future__ import annotations
 
 import logging
+import threading
 
 import sqlalchemy as sa
 from psycopg import errors, sql
@@ -49,6 +53,21 @@ from spark_jobs.sink._table_layout import (
 __all__ = ["merge_rows", "merge_supported"]
 
 _log = logging.getLogger(__name__)
+
+#: Commits of a table that skip the insert of created keys after it failed (see above).
+_SKIP_AFTER_FALLBACK = 16
+#: Per target (``schema.table``): commits left to skip; any thread commits (one lock).
+_skips: dict[str, int] = {}
+_skips_lock = threading.Lock()
+
+
+def _try_born(table: str) -> bool:
+    """Whether this commit of ``table`` tries the insert of created keys (counts a skip)."""
+    with _skips_lock:
+        left = _skips.pop(table, 0)
+        if left > 1:
+            _skips[table] = left - 1
+        return left == 0
 
 
 def merge_supported(conn: Connection) -> bool:
@@ -125,7 +144,7 @@ def merge_rows(
     ``layout``'s target with ``MERGE`` (inserting born keys' winners directly, if ``born``:
     see the module docstring); False (nothing written) when a concurrent insert of one of
     its keys made it fail: then upsert them with ``ON CONFLICT`` instead."""
-    if born:
+    if born and _try_born(layout.qualified):
         try:
             with conn.begin_nested():
                 conn.exec_driver_sql(_merge(layout, rows, born=True).as_string())
@@ -138,6 +157,8 @@ def merge_rows(
                 " meanwhile); merging every row instead",
                 layout.qualified,
             )
+            with _skips_lock:
+                _skips[layout.qualified] = _SKIP_AFTER_FALLBACK
     try:
         with conn.begin_nested():
             conn.exec_driver_sql(_merge(layout, rows).as_string())

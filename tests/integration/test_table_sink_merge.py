@@ -290,6 +290,7 @@ def test_keys_created_in_a_batch_are_inserted_and_a_stored_one_falls_back(
         return real_merge(layout, rows, born)
 
     monkeypatch.setattr(_table_merge, "_merge", merge)
+    monkeypatch.setattr(_table_merge, "_SKIP_AFTER_FALLBACK", 2)
     table = f"mg_{secrets.token_hex(3)}"
     ensure_tables(platform.engine, "public", table, SCHEMA, partitioned=False, upsert_key=["id"])
     layout = LAYOUTS["change stream"]
@@ -325,6 +326,16 @@ def test_keys_created_in_a_batch_are_inserted_and_a_stored_one_falls_back(
     expected = _oracle(expected, [replayed], *layout)
     assert _table(platform, table) == expected
     assert expected[3]["v"] == "old3" and expected[13]["v"] == "d"
+    # The next commits of the table skip the attempt (a stream catching up with its
+    # snapshot meets stored keys commit after commit), then it is tried again.
+    for n in range(3):
+        _commit(platform, table, layout, [[{"id": 20 + n, "v": "e", "_op": "c", "_lsn": 30 + n}]])
+    assert statements[4:] == [False, False, True]
+    assert _fallbacks(caplog) == 1
+    assert _table(platform, table) == {
+        **expected,
+        **{20 + n: {"id": 20 + n, "v": "e", "_op": "c", "_lsn": 30 + n} for n in range(3)},
+    }
 
 
 def test_batches_staged_without_the_born_column_commit_alongside(
