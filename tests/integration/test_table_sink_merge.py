@@ -113,6 +113,27 @@ def _writer(
     return io, run_id, writer
 
 
+def _stage(
+    platform: Platform,
+    table: str,
+    layout: tuple[str | None, str | None],
+    batches: list[list[dict[str, Any]]],
+    upsert_key: tuple[str, ...] | None = ("id",),
+) -> list[StagedTransaction]:
+    """One batch table per batch of ``batches`` (a pre-commit each): the staged transactions
+    a checkpoint's completion commits."""
+    io, run_id, writer = _writer(platform, table, layout, upsert_key)
+    outs = []
+    for rows in batches:
+        writer.write_batch("", pa.RecordBatch.from_pylist(rows, schema=SCHEMA))
+        outs.append(writer.pre_commit().result(timeout=60))
+    io.submit(writer.close).result(timeout=30)
+    io.shutdown()
+    return [
+        StagedTransaction(1, run_id, 0, "a1", 1, TABLE_SINK_NAME, o.files, o.rows) for o in outs
+    ]
+
+
 def _commit(
     platform: Platform,
     table: str,
@@ -123,16 +144,7 @@ def _commit(
 ) -> str:
     """Stage and commit ``batches``; the completion transaction's ``work_mem`` after the
     commit (``work_mem``: set for that transaction before it)."""
-    io, run_id, writer = _writer(platform, table, layout, upsert_key)
-    outs = []
-    for rows in batches:
-        writer.write_batch("", pa.RecordBatch.from_pylist(rows, schema=SCHEMA))
-        outs.append(writer.pre_commit().result(timeout=60))
-    io.submit(writer.close).result(timeout=30)
-    io.shutdown()
-    txns = [
-        StagedTransaction(1, run_id, 0, "a1", 1, TABLE_SINK_NAME, o.files, o.rows) for o in outs
-    ]
+    txns = _stage(platform, table, layout, batches, upsert_key)
     with platform.engine.begin() as conn:
         if work_mem is not None:
             conn.execute(sa.text(f"SET LOCAL work_mem = '{work_mem}'"))
@@ -346,22 +358,13 @@ def test_batches_staged_without_the_born_column_commit_alongside(
     table = f"mg_{secrets.token_hex(3)}"
     ensure_tables(platform.engine, "public", table, SCHEMA, partitioned=False, upsert_key=["id"])
     layout = LAYOUTS["change stream"]
-    io, run_id, writer = _writer(platform, table, layout)
     batches = [
         [{"id": 1, "v": "a", "_op": "c", "_lsn": 1}, {"id": 2, "v": "b", "_op": "c", "_lsn": 2}],
         [{"id": 2, "v": "b2", "_op": "u", "_lsn": 3}, {"id": 3, "v": "c", "_op": "c", "_lsn": 4}],
     ]
-    outs = []
-    for rows in batches:
-        writer.write_batch("", pa.RecordBatch.from_pylist(rows, schema=SCHEMA))
-        outs.append(writer.pre_commit().result(timeout=60))
-    io.submit(writer.close).result(timeout=30)
-    io.shutdown()
-    assert all(entry.get("born") is True for out in outs for entry in out.files)
-    del outs[0].files[0]["born"]
-    txns = [
-        StagedTransaction(1, run_id, 0, "a1", 1, TABLE_SINK_NAME, o.files, o.rows) for o in outs
-    ]
+    txns = _stage(platform, table, layout, batches)
+    assert all(entry.get("born") is True for txn in txns for entry in txn.staged)
+    del txns[0].staged[0]["born"]
     with caplog.at_level("INFO"), platform.engine.begin() as conn:
         PostgresTableSink(platform.engine).commit(conn, txns)
     assert _fallbacks(caplog) == 0
