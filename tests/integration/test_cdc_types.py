@@ -152,8 +152,11 @@ def test_a_snapshot_value_the_stream_refuses_fails_with_the_streams_line(
         split = TableRangeSplit(name, table, "id", 1, 3, kind="pgcdc-chunk")
         reader.open(SplitRead(1, split, 1))
         refused = f"table {table}: column 'at': timestamp value 'infinity' cannot be represented"
-        with pytest.raises(CdcError, match=refused):
+        with pytest.raises(CdcError, match=refused) as err:
             reader.fetch()
+        assert str(err.value).endswith(
+            "the snapshot reads it again from the table: change the value there, then run again"
+        )
         reader.close()
     finally:
         platform.close()

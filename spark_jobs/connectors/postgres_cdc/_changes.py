@@ -149,9 +149,19 @@ class ChangeRows:
                     values.append(from_text(column.type_oid, text))
                 except ValueError as exc:
                     raise CdcError(
-                        f"table {relation.qualified}: column {column.name!r}: {exc}"
+                        f"table {relation.qualified}: column {column.name!r}: {exc};"
+                        f" a change of {self._key} {self._key_text(relation, texts)} in the"
+                        " slot holds it (fixing the row adds a change, this one stays): take"
+                        " a new snapshot once no row holds such a value ('sluice cdc drop',"
+                        " empty the sink, discover again)"
                     ) from None
         return values
+
+    def _key_text(self, relation: Relation, texts: tuple[str | None, ...]) -> str:
+        """The key's value in ``texts`` as the error shows it (its text, or "unknown")."""
+        names = [c.name for c in relation.columns]
+        text = texts[names.index(self._key)] if self._key in names else None
+        return "unknown" if not isinstance(text, str) else repr(text[:40])
 
     @staticmethod
     def _before_json(relation: Relation, before: list[Any]) -> str:

@@ -180,7 +180,10 @@ class ChunkReader:
                     try:
                         values[i] = from_text(oid, text)
                     except ValueError as exc:
-                        raise CdcError(f"table {self._table}: column {name!r}: {exc}") from None
+                        raise CdcError(
+                            f"table {self._table}: column {name!r}: {exc}; the snapshot reads"
+                            " it again from the table: change the value there, then run again"
+                        ) from None
             out.append(values)
         return out
 
