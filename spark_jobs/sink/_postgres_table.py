@@ -66,13 +66,12 @@ def _copy_type(kind: pa.DataType) -> str:
 
 
 def _encoder(
-    columns: pa.Schema, partitioned: bool, via: str
+    columns: pa.Schema, partitioned: bool, via: str, names: list[str]
 ) -> tuple[BinaryRows | CsvRows | None, str]:
     """The writer's batch encoder and COPY options for ``via`` (see the writer; None: binary
-    COPY row by row)."""
+    COPY row by row, of the columns ``names``)."""
     if via not in ("columns", "csv", "rows"):
         raise ValueError(f"via: {via!r} is not 'columns', 'csv' or 'rows'")
-    names = [SEQ_COLUMN, *columns.names, *([PARTITION_COLUMN] if partitioned else [])]
     if via == "columns" and binary_columnar(columns):
         return BinaryRows(columns, partitioned=partitioned, names=names), BINARY_COPY_OPTIONS
     if via != "rows" and csv_exact(columns):
@@ -135,8 +134,10 @@ class PostgresTableSinkWriter:
         if self._born:
             staged = columns.append(pa.field(BORN_COLUMN, pa.bool_(), nullable=False))
         self._staged_schema = staged
+        # The batch table's COPY columns: the sequence, the staged fields, then ``dt``.
+        self._copy_names = [SEQ_COLUMN, *staged.names, *([PARTITION_COLUMN] if partitioned else [])]
         self._key = (run_id, subtask, attempt)
-        self._encoder, options = _encoder(staged, partitioned, via)
+        self._encoder, options = _encoder(staged, partitioned, via, self._copy_names)
         # FREEZE: the rows go into a table of the loading transaction (``_batch_copy``).
         self._copy_options = options[:-1] + ", FREEZE)"
         self._copy_types = [
@@ -239,7 +240,7 @@ class PostgresTableSinkWriter:
                     self._dsn, application_name="sluice-sink", client_encoding="UTF8"
                 )
             seq = self._staged
-            names = [SEQ_COLUMN, *self._layout.names, *([BORN_COLUMN] if self._born else [])]
+            names = self._copy_names
             payload: bytes | pa.Buffer | None = None
             if self._encoder is not None:  # (it picks the COPY's column order)
                 payload, seq, names = self._encoder.encode(batches, seq)

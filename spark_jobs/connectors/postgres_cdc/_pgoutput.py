@@ -255,9 +255,9 @@ _TIMESTAMP = 1114
 _TIMESTAMPTZ = 1184
 
 
-def _unrepresentable(kind: str, text: str) -> ValueError | None:
-    """The one-line error for a ``date`` or timestamp value Postgres holds and Python cannot
-    (nor the Arrow column it is written to, for ``infinity``), else None: ``infinity`` and
+def _check_representable(kind: str, text: str) -> None:
+    """ValueError, one line, for a ``date`` or timestamp value Postgres holds and Python
+    cannot (nor the Arrow column it is written to, for ``infinity``): ``infinity`` and
     ``-infinity``, years BC (printed with a `` BC`` suffix), years after 9999."""
     if text in ("infinity", "-infinity"):
         why = f"Postgres {text} has no Arrow/Python equivalent"
@@ -266,8 +266,8 @@ def _unrepresentable(kind: str, text: str) -> ValueError | None:
     elif _PAST_9999.match(text):
         why = "years after 9999 are outside Python's date range"
     else:
-        return None
-    return ValueError(f"{kind} value {text!r} cannot be represented ({why})")
+        return
+    raise ValueError(f"{kind} value {text!r} cannot be represented ({why})")
 
 
 #: A date or timestamp text of a year with five digits or more.
@@ -275,17 +275,13 @@ _PAST_9999 = re.compile(r"\d{5,}-")
 
 
 def _date(text: str) -> date:
-    unrepresentable = _unrepresentable("date", text)
-    if unrepresentable is not None:
-        raise unrepresentable
+    _check_representable("date", text)
     return date.fromisoformat(text)
 
 
 def _timestamp(text: str, aware: bool) -> datetime:
     # The walsender prints ISO style ("2026-01-01 00:00:00+00"); Python 3.11 parses it.
-    unrepresentable = _unrepresentable("timestamp", text)
-    if unrepresentable is not None:
-        raise unrepresentable
+    _check_representable("timestamp", text)
     value = datetime.fromisoformat(text)
     if aware and value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
