@@ -174,7 +174,8 @@ def stop_embedded(settings: Settings) -> int | None:
             f"not allowed to stop the embedded PostgreSQL in {state.pgdata} (pid {state.pid})",
         ) from None
     deadline = time.monotonic() + _STOP_TIMEOUT
-    while _postmaster_pid(state.pgdata) == state.pid:
+    # The postmaster removes its pid file just before it exits: wait for the process too.
+    while _postmaster_pid(state.pgdata) == state.pid or _running(state.pid):
         if time.monotonic() > deadline:
             raise ConfigError(
                 "SLUICE_HOME",
@@ -183,6 +184,21 @@ def stop_embedded(settings: Settings) -> int | None:
             )
         time.sleep(0.1)
     return state.pid
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (an exited one not yet reaped, a zombie, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True  # (no /proc: the signal check above is all there is)
 
 
 def psql_path() -> str:
